@@ -1,0 +1,178 @@
+"""The core's queue, cancellation, replay and no-rerun behaviour, with tiny runners."""
+
+import threading
+import time
+
+import pytest
+
+from webapp.core import InferenceCore, Job, QueueFull
+from webapp.core.jobs import CANCELLED, DONE, FAILED
+
+
+def wait_for(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def drain(job, heartbeat=0.05):
+    return [e for e in job.subscribe(heartbeat) if e is not None]
+
+
+def counting_runner(n, delay=0.0, gate=None, calls=None):
+    def run(job, core):
+        if calls is not None:
+            calls.append(job.id)
+        if gate is not None:
+            gate.wait(5)
+        for i in range(n):
+            job.emit("token", text=str(i))
+            time.sleep(delay)
+    return run
+
+
+@pytest.fixture
+def core():
+    core = InferenceCore({})
+    yield core
+    core.shutdown(timeout=5)
+
+
+def test_job_runs_and_subscriber_receives_every_event_then_end(core):
+    job = core.submit(Job("t", "owner", counting_runner(5)))
+    events = drain(job)
+    assert [e.data["text"] for e in events if e.name == "token"] == ["0", "1", "2", "3", "4"]
+    assert job.state == DONE
+    assert core.counters["done"] == 1
+
+
+def test_late_subscriber_gets_replay_and_finished_job_is_not_rerun(core):
+    calls = []
+    job = core.submit(Job("t", "owner", counting_runner(3, calls=calls)))
+    first = drain(job)
+    second = drain(job)  # opened after the job finished: replays, then ends
+    assert [e.data for e in first if e.name == "token"] == [e.data for e in second if e.name == "token"]
+    assert calls == [job.id]
+
+
+def test_jobs_run_one_at_a_time_in_fifo_order_with_positions(core):
+    gates, order = [threading.Event() for _ in range(3)], []
+
+    def runner(tag):
+        def run(job, core):
+            order.append(tag)
+            gates[tag].wait(5)
+        return run
+
+    jobs = [core.submit(Job("t", "o", runner(i))) for i in range(3)]
+    assert wait_for(lambda: core.running is jobs[0])
+    assert [j.position for j in jobs] == [0, 1, 2]
+    stream = jobs[2].subscribe(0.05)
+    assert next(stream).data == {"position": 2}
+    gates[0].set()
+    assert wait_for(lambda: core.running is jobs[1])
+    assert next(e for e in stream if e is not None).data == {"position": 1}
+    assert order == [0, 1]  # one at a time: job 2 has not started
+    gates[1].set(), gates[2].set()
+    list(stream)
+    assert order == [0, 1, 2]
+
+
+def test_last_subscriber_leaving_cancels_a_running_job_promptly(core):
+    job = core.submit(Job("t", "o", counting_runner(10_000, delay=0.01)))
+    stream = job.subscribe(0.05)
+    next(e for e in stream if e is not None and e.name == "token")
+    left = time.monotonic()
+    stream.close()
+    assert wait_for(lambda: job.state == CANCELLED, timeout=1.0)
+    assert time.monotonic() - left < 1.0
+    assert core.counters["cancelled"] == 1
+    # the device is free: the next job runs
+    after = core.submit(Job("t", "o", counting_runner(1)))
+    assert [e.name for e in drain(after) if e.name != "position"] == ["token"]
+
+
+def test_one_of_two_subscribers_leaving_does_not_cancel(core):
+    gate = threading.Event()
+    job = core.submit(Job("t", "o", counting_runner(2, gate=gate)))
+    a, b = job.subscribe(0.05), job.subscribe(0.05)
+    next(a), next(b)
+    a.close()
+    gate.set()
+    assert [e.name for e in b if e is not None] == ["token", "token"]
+    assert job.state == DONE
+
+
+def test_cancelled_while_queued_never_runs_and_on_finish_is_called(core):
+    gate, calls, finished = threading.Event(), [], []
+    blocker = core.submit(Job("t", "o", counting_runner(0, gate=gate)))
+    waiting = core.submit(Job("t", "o", counting_runner(1, calls=calls),
+                              on_finish=lambda job, outcome, error: finished.append(outcome)))
+    waiting.cancel()
+    gate.set()
+    assert wait_for(lambda: waiting.state == CANCELLED)
+    assert calls == [] and finished == [CANCELLED]
+    assert [e for e in drain(blocker) if e.name != "position"] == []
+
+
+def test_failure_is_reported_not_hidden(core):
+    def broken(job, core):
+        job.emit("token", text="a")
+        raise FloatingPointError("Nonfinite model output")
+
+    job = core.submit(Job("t", "o", broken))
+    drain(job)
+    assert job.state == FAILED and job.error == "Nonfinite model output"
+    assert core.counters["failed"] == 1
+
+
+def test_orphaned_job_is_cancelled(core):
+    job = core.submit(Job("t", "o", counting_runner(10_000, delay=0.01), orphan_seconds=0.2))
+    assert wait_for(lambda: job.state == CANCELLED, timeout=2.0)
+
+
+def test_queue_limit_and_shutdown_cancel_everything():
+    core = InferenceCore({}, max_queue=1)
+    gate = threading.Event()
+    running = core.submit(Job("t", "o", counting_runner(0, gate=gate)))
+    assert wait_for(lambda: core.running is running)
+    queued = core.submit(Job("t", "o", counting_runner(1)))
+    with pytest.raises(QueueFull):
+        core.submit(Job("t", "o", counting_runner(1)))
+
+    def slow(job, core):
+        while True:
+            job.emit("token", text="x")
+            time.sleep(0.01)
+
+    gate.set()
+    assert wait_for(lambda: running.state == DONE)
+    core.shutdown(timeout=5)
+    assert queued.state in (DONE, CANCELLED)
+
+
+def test_shutdown_cancels_running_job_and_ends_streams():
+    core = InferenceCore({})
+
+    def forever(job, core):
+        while True:
+            job.emit("token", text="x")
+            time.sleep(0.01)
+
+    job = core.submit(Job("t", "o", forever))
+    stream = job.subscribe(0.05)
+    next(stream)
+    core.shutdown(timeout=5)
+    list(stream)  # ends: the job finished as cancelled
+    assert job.state == CANCELLED
+
+
+def test_warm_up_sets_ready():
+    warmed = []
+    core = InferenceCore({"m": object()}, warmups={"m": warmed.append})
+    assert core.ready.wait(5)
+    assert len(warmed) == 1
+    core.shutdown()

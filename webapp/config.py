@@ -1,0 +1,52 @@
+"""Settings, each read from a GLASSBOX_* environment variable (documented in README.md)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class ConfigError(Exception):
+    """A setting has a value the app cannot use; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Models
+    chat_checkpoint: str = str(ROOT / "models/chat/model.safetensors")
+    chat_arch: str = ""          # preset name, e.g. gpt2 or gpt2-254m; empty: from the checkpoint
+    chat_tokenizer: str = ""     # "byte" or "gpt2:/path/gpt2.tiktoken"; empty: from the checkpoint
+    chat_factory: str = ""       # "module:function", the owner's build_model(arch)
+    loop_model: str = str(ROOT / "models/loops")  # directory, or "module:function"
+    device: str = "cpu"
+    dtype: str = ""              # float32, bfloat16, float16; empty: bf16 on GPU, fp32 on CPU
+    torch_threads: int = 0       # intra-op threads of the core's worker; 0 = torch's default
+    # Serving
+    secret_key: str = ""         # empty: a random key kept in the instance folder
+    instance_path: str = ""      # empty: ./instance
+    heartbeat_seconds: float = 1.0
+    max_queue: int = 64
+    max_streams: int = 24
+    max_new_tokens: int = 200    # default for a reply; the form may ask for more, up to the window
+    max_message_chars: int = 8000
+    max_messages: int = 200      # per conversation
+    max_jobs_per_owner: int = 4  # queued or running at once
+    max_body_bytes: int = 256 * 1024
+
+    @classmethod
+    def from_env(cls, environ: dict | None = None) -> "Settings":
+        environ = os.environ if environ is None else environ
+        values = {}
+        for f in fields(cls):
+            raw = environ.get(f"GLASSBOX_{f.name.upper()}")
+            if raw is None:
+                continue
+            kind = type(f.default)
+            try:
+                values[f.name] = kind(raw)
+            except ValueError:
+                raise ConfigError(f"GLASSBOX_{f.name.upper()}={raw!r} is not a valid {kind.__name__}")
+        return cls(**values)

@@ -1,0 +1,160 @@
+"""A job: one unit of device work, its event log, and its subscribers.
+
+A job is created by a view, waits in the core's queue, runs on the core's worker and
+publishes events.  Any number of streams may subscribe; each one first replays what was
+published so far, so a late or reconnecting subscriber misses nothing and nothing is ever
+generated twice.  When the last subscriber leaves an unfinished job, the job is cancelled.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+QUEUED, RUNNING, DONE, CANCELLED, FAILED = "queued", "running", "done", "cancelled", "failed"
+FINISHED = frozenset({DONE, CANCELLED, FAILED})
+
+
+class JobCancelled(Exception):
+    """Raised inside a runner when its job was cancelled; the core treats it as a clean stop."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One published event: a name the stream uses as its SSE event name, and its data."""
+
+    name: str
+    data: dict
+
+
+@dataclass
+class Job:
+    kind: str
+    owner: str
+    runner: Callable[["Job", Any], None]
+    # Called once with (job, outcome, error) before the end is announced: saves results,
+    # whatever the outcome (done, cancelled, failed).
+    on_finish: Callable[["Job", str, str | None], None] | None = None
+    # A job nobody ever subscribed to is abandoned after this many seconds.
+    orphan_seconds: float = 30.0
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: float = field(default_factory=time.monotonic)
+    state: str = QUEUED
+    position: int = 0  # 1-based place in the queue while waiting; 0 once running
+    error: str | None = None
+    started: float | None = None
+    finished: float | None = None
+    result: dict = field(default_factory=dict)  # runner's own summary (timings, counts)
+
+    def __post_init__(self) -> None:
+        self._events: list[Event] = []
+        self._cond = threading.Condition()
+        self._version = itertools.count(1)
+        self._changed = 0
+        self._subscribers = 0
+        self._ever_subscribed = False
+        self._cancel = threading.Event()
+
+    # -- producer side (the core's worker) -------------------------------------------------
+    def emit(self, name: str, **data: Any) -> None:
+        """Publish an event; raises JobCancelled once the job was cancelled."""
+        self.raise_if_cancelled()
+        with self._cond:
+            self._events.append(Event(name, data))
+            self._touch()
+
+    def raise_if_cancelled(self) -> None:
+        if self.cancelled:
+            raise JobCancelled()
+
+    @property
+    def cancelled(self) -> bool:
+        if self._cancel.is_set():
+            return True
+        if not self._ever_subscribed and time.monotonic() - self.created > self.orphan_seconds:
+            self._cancel.set()  # created, never watched: nobody will ever see the result
+            return True
+        return False
+
+    def set_position(self, position: int) -> None:
+        with self._cond:
+            if position != self.position:
+                self.position = position
+                self._touch()
+
+    def set_state(self, state: str, error: str | None = None) -> None:
+        with self._cond:
+            self.state = state
+            if state == RUNNING:
+                self.position, self.started = 0, time.monotonic()
+            if state in FINISHED:
+                self.finished = time.monotonic()
+                self.error = error
+            self._touch()
+
+    def _touch(self) -> None:
+        self._changed = next(self._version)
+        self._cond.notify_all()
+
+    # -- consumer side (streams) ------------------------------------------------------------
+    def cancel(self) -> None:
+        """Ask the runner to stop at its next check; harmless once finished."""
+        self._cancel.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def finished_state(self) -> bool:
+        return self.state in FINISHED
+
+    @property
+    def events(self) -> list[Event]:
+        with self._cond:
+            return list(self._events)
+
+    def subscribe(self, heartbeat: float = 1.0) -> Iterator[Event | None]:
+        """Replay the log, then follow it live until the job finishes.
+
+        Yields Event objects, a synthetic ``position`` event while queued, and None every
+        ``heartbeat`` seconds of silence (the caller writes a keep-alive, which is also how a
+        vanished client is noticed).  Closing the iterator unsubscribes; the last subscriber
+        leaving an unfinished job cancels it.
+        """
+        with self._cond:
+            self._subscribers += 1
+            self._ever_subscribed = True
+        sent, seen, last_position = 0, -1, None
+        try:
+            while True:
+                with self._cond:
+                    if self._changed == seen and not self.finished_state:
+                        self._cond.wait(heartbeat)
+                    timed_out = self._changed == seen and not self.finished_state
+                    seen = self._changed
+                    fresh = self._events[sent:]
+                    sent = len(self._events)
+                    position, state = self.position, self.state
+                if timed_out:
+                    yield None
+                    continue
+                if state == QUEUED and position != last_position:
+                    last_position = position
+                    yield Event("position", {"position": position})
+                yield from fresh
+                if state in FINISHED:
+                    return
+        finally:
+            with self._cond:
+                self._subscribers -= 1
+                abandoned = self._subscribers == 0 and not self.finished_state
+            if abandoned:
+                self.cancel()
+
+    @property
+    def subscribers(self) -> int:
+        with self._cond:
+            return self._subscribers

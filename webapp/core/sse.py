@@ -1,0 +1,58 @@
+"""Server-Sent Events: the one place an event is framed and a job is streamed."""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Iterator
+
+from flask import Response, stream_with_context
+
+from webapp.core.jobs import Event, Job
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")  # SSE's own line ends; str.splitlines() splits on more
+
+
+def frame(event: str, data: str) -> str:
+    """One SSE event: every line of the fragment is its own `data: ` line."""
+    lines = "\n".join(f"data: {line}" for line in _LINE_BREAK.split(data))
+    return f"event: {event}\n{lines}\n\n"
+
+
+def comment(text: str = "") -> str:
+    """A comment line: ignored by the browser, but it flushes headers and probes the client."""
+    return f": {_LINE_BREAK.sub(' ', text)}\n\n"
+
+
+def sse_response(body: Iterator[str]) -> Response:
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return Response(stream_with_context(body), mimetype="text/event-stream", headers=headers)
+
+
+def stream_job(core, job: Job, render: Callable[[Event], str | None],
+               render_final: Callable[[Job], str], heartbeat: float) -> Response:
+    """Stream a job's events as HTML fragments and end with an explicit `done` event.
+
+    `render` turns an event into a fragment (None skips it); `render_final` renders the
+    finished job.  The `done` event is what makes the browser close instead of reconnecting.
+    """
+    def body() -> Iterator[str]:
+        core.stream_opened(1)
+        try:
+            yield comment("open")  # gunicorn sends headers with the first chunk: send one now
+            for event in job.subscribe(heartbeat):
+                if event is None:
+                    yield comment("heartbeat")
+                    continue
+                html = render(event)
+                if html is not None:
+                    yield frame(event.name, html)
+            yield frame("done", render_final(job))
+        finally:
+            core.stream_opened(-1)
+
+    return sse_response(body())
+
+
+def finished_stream(html: str) -> Response:
+    """The stream of something that finished before it was opened: its result, then close."""
+    return sse_response(iter([comment("open"), frame("done", html)]))

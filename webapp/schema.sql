@@ -1,0 +1,33 @@
+-- Glassbox's SQLite schema. Every row belongs to the browser (owner) that made it.
+CREATE TABLE IF NOT EXISTS conversations (
+    id          TEXT PRIMARY KEY,
+    owner       TEXT NOT NULL,
+    title       TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    updated_at  REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS conversations_by_owner ON conversations (owner, updated_at DESC);
+
+CREATE TABLE IF NOT EXISTS messages (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    role            TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+    content         TEXT NOT NULL,
+    -- pending while a job produces it; then complete, stopped or error
+    status          TEXT NOT NULL DEFAULT 'complete',
+    error           TEXT,
+    settings        TEXT,          -- JSON: the sampling settings of an assistant reply
+    tokens          INTEGER,
+    ttft_seconds    REAL,
+    tokens_per_second REAL,
+    created_at      REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages (conversation_id, id);
+
+CREATE TABLE IF NOT EXISTS traces (
+    id          TEXT PRIMARY KEY,
+    owner       TEXT NOT NULL,
+    snapshot    TEXT NOT NULL,     -- JSON: the final snapshot (schema_version 1)
+    created_at  REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS traces_by_owner ON traces (owner, created_at DESC);
