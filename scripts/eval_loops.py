@@ -1,0 +1,135 @@
+"""Evaluate a Loop-lab model bundle on held-out random tables, per bucket of k.
+
+    .venv/bin/python scripts/eval_loops.py [--model models/loops] [--per-bucket 500]
+
+For each bucket (1–8, 9–32, 33–64, 65–128, 129–256) draws random function tables
+(the "function" preset; --shuffled also shuffles rule order), start and k
+uniform in the bucket, from a seed distinct from training's, and runs the public
+`model(...)` contract with num_loops=272, threshold 0.5. Metrics, as the web
+page scores one trace:
+  answer_correct      last prediction == x_k
+  complete_trajectory at least k loops ran and the first k predictions == x1..xk
+  exact_stop          halted by the head (final stop prob >= 0.5) and loops == k
+  joint_success       answer_correct and exact_stop
+Examples run batched; the batch is checked against batch-1 calls on a sample.
+"""
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from webapp.loops.checkpoint import load_bundle             # noqa: E402
+from webapp.loops.task import SYMBOLS, execute, preset, shuffle_rules  # noqa: E402
+
+BUCKETS = ((1, 8), (9, 32), (33, 64), (65, 128), (129, 256))
+CAP, THRESHOLD = 272, 0.5
+METRICS = ("answer_correct", "complete_trajectory", "exact_stop", "joint_success")
+
+
+def score(predictions: list[str], halted_by_head: bool, expected: list[str]) -> dict:
+    k = len(expected)
+    answer = bool(predictions) and predictions[-1] == expected[-1]
+    exact = halted_by_head and len(predictions) == k
+    return {"answer_correct": answer,
+            "complete_trajectory": len(predictions) >= k and predictions[:k] == expected,
+            "exact_stop": exact, "joint_success": answer and exact}
+
+
+def run_one(bundle, pairs, start, k) -> tuple[list[str], bool]:
+    """Batch-1 call exactly as the web page makes it."""
+    rows = []
+    enc = bundle.tokenizer(bundle.render_prompt(pairs, start, k), add_special_tokens=False,
+                           return_tensors="pt")
+    out = bundle.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                       num_loops=CAP, completion_threshold=THRESHOLD,
+                       readout_token_ids=bundle.readout_token_ids,
+                       loop_callback=lambda loop, s, stop, state: rows.append(SYMBOLS[int(s[0].argmax())]))
+    return rows, out.stop_logits[0, -1].sigmoid().item() >= THRESHOLD
+
+
+def run_batch(bundle, cases) -> list[tuple[list[str], bool]]:
+    """Many cases in one call; each case's trace is cut at its own first stop."""
+    prompts = [bundle.render_prompt(p, s, k) for p, s, k in cases]
+    encs = [bundle.tokenizer(t, add_special_tokens=False, return_tensors="pt") for t in prompts]
+    ids = torch.cat([e["input_ids"] for e in encs])
+    mask = torch.cat([e["attention_mask"] for e in encs])
+    out = bundle.model(input_ids=ids, attention_mask=mask, num_loops=CAP,
+                       completion_threshold=THRESHOLD, readout_token_ids=bundle.readout_token_ids)
+    stop_prob = out.stop_logits.sigmoid()                       # [B, L]
+    preds = out.scores.argmax(-1)                               # [B, L]
+    results = []
+    for b in range(len(cases)):
+        fired = (stop_prob[b] >= THRESHOLD).nonzero()
+        loops = int(fired[0]) + 1 if len(fired) else CAP
+        results.append(([SYMBOLS[i] for i in preds[b, :loops].tolist()], bool(len(fired))))
+    return results
+
+
+def make_cases(low, high, n, rng, shuffled, kind="function"):
+    cases = []
+    for _ in range(n):
+        pairs = preset(kind, rng)
+        if shuffled:
+            pairs = shuffle_rules(pairs, rng)
+        cases.append((pairs, rng.choice(SYMBOLS), rng.randint(low, high)))
+    return cases
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="models/loops", help="bundle directory or module:function")
+    parser.add_argument("--per-bucket", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=20_260_000, help="held-out seed (training uses small seeds)")
+    parser.add_argument("--shuffled", action="store_true", help="shuffle rule order too")
+    parser.add_argument("--preset", default="function", help="table kind (a task.preset name)")
+    parser.add_argument("--stop-sweep", type=int, default=0, metavar="N",
+                        help="also run every k in 1..256 on N tables each and list k whose stop failed")
+    parser.add_argument("--check-batch", type=int, default=40, help="cases per bucket re-run at batch 1")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    bundle = load_bundle(args.model)
+    rng = random.Random(args.seed)
+    print(f"model {bundle.checkpoint_id}; {args.per_bucket} {args.preset} tables per bucket, "
+          f"rule order {'shuffled' if args.shuffled else 'A..Z'}, seed {args.seed}")
+    print("| k | " + " | ".join(METRICS) + " |")
+    print("|---" * (len(METRICS) + 1) + "|")
+    began, mismatches, checked = time.time(), 0, 0
+    failures = []
+    with torch.inference_mode():
+        for low, high in BUCKETS:
+            cases = make_cases(low, high, args.per_bucket, rng, args.shuffled, args.preset)
+            results = run_batch(bundle, cases)
+            for case, result in list(zip(cases, results))[: args.check_batch]:
+                checked += 1
+                mismatches += run_one(bundle, *case) != result
+            totals = dict.fromkeys(METRICS, 0)
+            for (pairs, start, k), (preds, head) in zip(cases, results):
+                row = score(preds, head, execute(dict(pairs), start, k))
+                for key in METRICS:
+                    totals[key] += row[key]
+                if not row["joint_success"] and len(failures) < 10:
+                    failures.append(f"k={k} start={start} loops={len(preds)} head={head} "
+                                    f"answer={row['answer_correct']}")
+            print(f"| {low}–{high} | " + " | ".join(f"{totals[m] / len(cases):.3f}" for m in METRICS) + " |")
+        if args.stop_sweep:
+            sweep = [case for k in range(1, 257)
+                     for case in make_cases(k, k, args.stop_sweep, rng, args.shuffled, args.preset)]
+            bad = sorted({case[2] for case, (preds, head) in zip(sweep, run_batch(bundle, sweep))
+                          if not (head and len(preds) == case[2])})
+            print(f"stop sweep, k = 1..256 x {args.stop_sweep} tables: exact_stop failed at k = {bad or 'none'}")
+    print(f"batch vs batch-1: {mismatches} mismatches in {checked} re-run cases")
+    print(f"eval took {time.time() - began:.1f}s")
+    for line in failures:
+        print("failure:", line)
+    if mismatches:
+        sys.exit("batched evaluation disagreed with batch-1 calls")
+
+
+if __name__ == "__main__":
+    main()
