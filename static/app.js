@@ -1,0 +1,34 @@
+// Glassbox's own behaviour on top of htmx. No build step; the pages work without it.
+(function () {
+  "use strict";
+
+  // Enter sends, Shift+Enter adds a line (in any textarea marked data-enter-submits).
+  document.addEventListener("keydown", function (event) {
+    var box = event.target;
+    if (event.key !== "Enter" || event.shiftKey || event.isComposing) return;
+    if (!(box instanceof HTMLTextAreaElement) || !box.hasAttribute("data-enter-submits")) return;
+    event.preventDefault();
+    if (box.form && box.value.trim() !== "") box.form.requestSubmit();
+  });
+
+  // Follow a streaming reply, unless the reader scrolled up to read something else.
+  var stickToBottom = true;
+  function nearBottom() {
+    var doc = document.scrollingElement || document.documentElement;
+    return doc.scrollHeight - doc.scrollTop - doc.clientHeight < 80;
+  }
+  window.addEventListener("scroll", function () { stickToBottom = nearBottom(); }, { passive: true });
+  function follow() {
+    if (stickToBottom && document.querySelector("[data-autoscroll]")) {
+      window.scrollTo(0, document.scrollingElement.scrollHeight);
+    }
+  }
+  document.addEventListener("htmx:sseMessage", follow);
+  document.addEventListener("htmx:afterSettle", function (event) {
+    follow();
+    // After a send, the new composer takes the focus back.
+    var composer = document.getElementById("content");
+    if (composer && event.target && event.target.id === "conversation") composer.focus();
+  });
+  document.addEventListener("DOMContentLoaded", function () { stickToBottom = true; follow(); });
+})();

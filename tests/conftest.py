@@ -1,0 +1,63 @@
+"""Shared fixtures: an app on a temporary instance folder, with models the test chooses."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from webapp import create_app
+from webapp.config import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+GPT2_RANKS = ROOT.parent / "shared" / "data" / "gpt2.tiktoken"
+
+
+def make_app(tmp_path, models, **overrides):
+    settings = Settings(instance_path=str(tmp_path / "instance"), secret_key="test-secret",
+                        heartbeat_seconds=0.05, **overrides)
+    app = create_app(settings, models=models, test_config={"TESTING": True})
+    app.extensions["glassbox.core"].ready.wait(10)
+    return app
+
+
+def csrf_of(client, path="/") -> str:
+    page = client.get(path).get_data(as_text=True)
+    return re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+
+
+def sse_events(text: str) -> list[tuple[str, str]]:
+    """Parse an SSE body as EventSource does."""
+    events, name, data = [], "message", []
+    for line in re.split(r"\r\n|\r|\n", text):
+        if line == "":
+            if data:
+                events.append((name, "\n".join(data)))
+            name, data = "message", []
+        elif not line.startswith(":"):
+            field, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field == "event":
+                name = value
+            elif field == "data":
+                data.append(value)
+    return events
+
+
+def wait_for(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.fixture
+def loop_app(tmp_path):
+    from tests.support.loop_models import bundle
+    app = make_app(tmp_path, {"loops": bundle()})
+    yield app
+    app.extensions["glassbox.core"].shutdown()

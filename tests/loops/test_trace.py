@@ -1,0 +1,138 @@
+"""Score semantics on constructed traces, and the streamed run on a scripted model."""
+
+import threading
+
+import pytest
+
+from tests.support.loop_models import bundle
+from webapp.core import InferenceCore, Job
+from webapp.core.jobs import CANCELLED, DONE, FAILED
+from webapp.loops.request import DemoRequest
+from webapp.loops.task import SYMBOLS
+from webapp.loops.trace import TraceBuilder, check_model, ModelRefused, run_trace, score_trace
+
+CYCLE = [[s, SYMBOLS[(i + 1) % 26]] for i, s in enumerate(SYMBOLS)]
+
+
+def request(steps, mapping=CYCLE, start="A"):
+    return DemoRequest.parse({"mapping": mapping, "start": start, "steps": steps})
+
+
+def rows_for(req, predictions):
+    builder = TraceBuilder(req)
+    for loop, p in enumerate(predictions, start=1):
+        builder.add({"loop": loop, "prediction": p})
+    return builder.rows
+
+
+def test_exact_run_is_a_joint_success():
+    req = request(3)
+    summary = score_trace(req, rows_for(req, ["B", "C", "D"]), "head")
+    assert summary == {"answer_correct": True, "complete_trajectory": True, "exact_stop": True,
+                       "joint_success": True, "stop_reason": "head", "executed_loops": 3, "first_error": None}
+
+
+def test_stopped_early():
+    req = request(4)
+    summary = score_trace(req, rows_for(req, ["B", "C"]), "head")
+    assert summary["answer_correct"] is False and summary["complete_trajectory"] is False
+    assert summary["exact_stop"] is False and summary["first_error"] is None  # no wrong row among those run
+
+
+def test_stopped_late_keeps_trajectory_but_not_stop():
+    req = request(2)
+    rows = rows_for(req, ["B", "C", "D"])
+    summary = score_trace(req, rows, "head")
+    assert summary["complete_trajectory"] is True and summary["exact_stop"] is False
+    assert summary["answer_correct"] is False  # the last prediction is x3, not x2
+    assert rows[2]["expected"] == "D"  # the reference keeps advancing past k
+
+
+def test_hit_the_cap():
+    req = request(2)
+    summary = score_trace(req, rows_for(req, ["B", "C"]), "cap")
+    assert summary["answer_correct"] is True and summary["exact_stop"] is False
+    assert summary["joint_success"] is False and summary["stop_reason"] == "cap"
+
+
+def test_first_error_and_edge_validity():
+    req = request(4)
+    rows = rows_for(req, ["B", "X", "Y", "E"])
+    assert [r["correct"] for r in rows] == [True, False, False, True]
+    # X is wrong, but C→? no: B's destination is C, so B→X is not an edge; X→Y is a real edge
+    assert [r["edge_valid"] for r in rows] == [True, False, True, False]
+    assert score_trace(req, rows, "head")["first_error"] == 2
+
+
+def test_answer_can_be_right_by_luck_on_a_short_cycle():
+    two_cycle = [[s, "B" if s == "A" else "A"] for s in SYMBOLS]
+    req = request(4, mapping=two_cycle)
+    summary = score_trace(req, rows_for(req, ["B", "A", "B", "A", "B", "A"]), "head")
+    # stopped two loops late, yet the last letter equals x4: answer_correct overstates skill
+    assert summary["answer_correct"] is True and summary["complete_trajectory"] is True
+    assert summary["exact_stop"] is False and summary["joint_success"] is False
+
+
+def test_refuses_training_mode_and_missing_head():
+    b = bundle()
+    b.model.train()
+    with pytest.raises(ModelRefused, match="Demo requires an eval-mode model with learned completion"):
+        check_model(b.model)
+    b.model.eval()
+    b.model.completion_head = None
+    with pytest.raises(ModelRefused):
+        check_model(b.model)
+
+
+@pytest.fixture
+def core():
+    core = InferenceCore({})
+    yield core
+    core.shutdown()
+
+
+def run_job(core, b, req):
+    holder = {}
+    job = core.submit(Job("loops", "o", lambda job, c: holder.update(snapshot=run_trace(job, b, req))))
+    events = [e for e in job.subscribe(0.05) if e is not None and e.name == "row"]
+    return job, events, holder.get("snapshot")
+
+
+def test_streamed_run_emits_one_row_per_loop_and_a_complete_snapshot(core):
+    req = request(5)
+    job, events, snapshot = run_job(core, bundle(), req)
+    assert job.state == DONE
+    assert [e.data["row"]["loop"] for e in events] == [1, 2, 3, 4, 5]
+    row = events[0].data["row"]
+    assert set(row) == {"loop", "prediction", "direct_prediction", "stop_probability", "top3", "arrival_seconds",
+                        "expected", "correct", "edge_valid"}
+    assert len(row["top3"]) == 3 and row["top3"][0]["symbol"] == "B"
+    assert snapshot["schema_version"] == 1 and snapshot["source"] == "live" and snapshot["status"] == "complete"
+    assert snapshot["threshold"] == 0.5 and snapshot["safety_cap"] == 272
+    assert snapshot["checkpoint"] == "test:scripted" and snapshot["request"] == req.payload()
+    assert snapshot["summary"]["joint_success"] is True and snapshot["inference_seconds"] > 0
+
+
+def test_model_that_never_stops_hits_the_cap(core):
+    job, events, snapshot = run_job(core, bundle(stop_at=10_000), request(3))
+    assert len(events) == 272 and snapshot["summary"]["stop_reason"] == "cap"
+
+
+def test_nonfinite_output_fails_the_job_with_its_message(core):
+    job, events, snapshot = run_job(core, bundle(nan_at=2), request(5))
+    assert job.state == FAILED and job.error == "Nonfinite model output"
+    assert len(events) == 1 and snapshot is None
+
+
+def test_cancel_stops_the_model_at_the_next_loop_and_frees_the_device(core):
+    b = bundle(stop_at=10_000, delay=0.01)
+    job = core.submit(Job("loops", "o", lambda job, c: run_trace(job, b, request(200))))
+    stream = job.subscribe(0.05)
+    next(e for e in stream if e is not None and e.name == "row")
+    stream.close()  # the only viewer left
+    nxt = core.submit(Job("loops", "o", lambda job, c: None))
+    list(nxt.subscribe(0.05))
+    assert job.state == CANCELLED and nxt.state == DONE
+    stopped_at = b.model.loops_run
+    assert stopped_at < 100  # it stopped promptly, not at the cap
+    assert b.model.loops_run == stopped_at  # and it is not still running behind the next job

@@ -1,0 +1,136 @@
+"""The Loop-lab page, its stream, saved traces and the JSON API, through the Flask test client."""
+
+import json
+import re
+
+from tests.conftest import csrf_of, sse_events
+from webapp.loops.task import SYMBOLS
+
+CYCLE = [[s, SYMBOLS[(i + 1) % 26]] for i, s in enumerate(SYMBOLS)]
+
+
+def form(csrf, steps="4", start="A", mapping=CYCLE, **extra):
+    return {"csrf_token": csrf, "start": start, "steps": steps, "src": [s for s, _ in mapping],
+            "dst": [d for _, d in mapping], **extra}
+
+
+def run_live(client, csrf, **kw):
+    started = client.post("/loops/run", data=form(csrf, **kw), headers={"HX-Request": "true"})
+    assert started.status_code == 200, started.get_data(as_text=True)
+    url = re.search(r'sse-connect="([^"]+)"', started.get_data(as_text=True)).group(1)
+    return sse_events(client.get(url).get_data(as_text=True))
+
+
+def test_page_shows_editor_with_26_rules_in_order(loop_app):
+    page = loop_app.test_client().get("/loops/").get_data(as_text=True)
+    assert page.count('name="src"') == 26 and page.count('name="dst"') == 26
+    assert "Run" in page and "Random function" in page
+
+
+def test_run_streams_rows_then_a_summary_with_pictures(loop_app):
+    client = loop_app.test_client()
+    events = run_live(client, csrf_of(client, "/loops/"))
+    rows = [data for name, data in events if name == "row"]
+    assert len(rows) == 4 and "<td>1</td>" in rows[0]
+    assert events[-1][0] == "done"
+    final = events[-1][1]
+    assert "Solved" in final and "<svg" in final and "Permalink" in final
+    assert final.count("<tr") == 5  # header + 4 rows
+
+
+def test_invalid_steps_shows_message_inline_and_keeps_the_table(loop_app):
+    client = loop_app.test_client()
+    csrf = csrf_of(client, "/loops/")
+    mapping = [CYCLE[1], CYCLE[0], *CYCLE[2:]]
+    for steps in ("0", "abc", "2.5", "257"):
+        response = client.post("/loops/run", data=form(csrf, steps=steps, mapping=mapping),
+                               headers={"HX-Request": "true"})
+        html = response.get_data(as_text=True)
+        assert response.status_code == 400
+        assert 'id="steps-error"' in html and "Steps must be an integer from 1 to 256" in html
+        assert f'value="{steps}"' in html  # what was typed is kept
+        assert html.index('value="B"') < html.index('value="A"')  # and so is the rule order
+
+
+def test_run_without_javascript_redirects_to_the_saved_trace(loop_app):
+    client = loop_app.test_client()
+    response = client.post("/loops/run", data=form(csrf_of(client, "/loops/")))
+    assert response.status_code == 303
+    page = client.get(response.headers["Location"]).get_data(as_text=True)
+    assert "Solved" in page and page.count("<tr") == 5
+
+
+def test_editor_moves_and_presets(loop_app):
+    client = loop_app.test_client()
+    csrf = csrf_of(client, "/loops/")
+    html = client.post("/loops/editor", data=form(csrf, action="down:0"), headers={"HX-Request": "true"}).get_data(as_text=True)
+    assert re.findall(r'name="src" value="(\w)"', html)[:3] == ["B", "A", "C"]
+    html = client.post("/loops/editor", data=form(csrf, action="preset:identity"), headers={"HX-Request": "true"}).get_data(as_text=True)
+    sources = re.findall(r'name="src" value="(\w)"', html)
+    assert sources == list(SYMBOLS)
+
+
+def test_api_streams_snapshots_and_rejects_bad_input(loop_app):
+    client = loop_app.test_client()
+    bad = client.post("/api/loops/trace", json={"mapping": CYCLE, "start": "A", "steps": True})
+    assert bad.status_code == 400 and bad.get_json() == {"error": "Steps must be an integer from 1 to 256"}
+    extra = client.post("/api/loops/trace", json={"mapping": CYCLE, "start": "A", "steps": 3, "x": 1})
+    assert extra.get_json() == {"error": "Supply exactly mapping, start, and steps"}
+    response = client.post("/api/loops/trace", json={"mapping": CYCLE, "start": "C", "steps": 3})
+    lines = [json.loads(line) for line in response.get_data(as_text=True).splitlines() if line.strip()]
+    assert [l["status"] for l in lines] == ["streaming"] * 3 + ["complete"]
+    assert [len(l["trace"]) for l in lines[:3]] == [1, 2, 3]
+    assert lines[-1]["summary"]["joint_success"] is True and lines[-1]["schema_version"] == 1
+    assert [r["prediction"] for r in lines[-1]["trace"]] == ["D", "E", "F"]
+
+
+def test_trace_belongs_to_its_browser_and_replays(loop_app):
+    owner, stranger = loop_app.test_client(), loop_app.test_client()
+    response = owner.post("/loops/run", data=form(csrf_of(owner, "/loops/")))
+    trace_url = response.headers["Location"]
+    trace_id = trace_url.rsplit("/", 1)[1]
+    assert stranger.get(trace_url).status_code == 404
+    assert stranger.get(f"/loops/traces/{trace_id}.json").status_code == 404
+    assert stranger.get(f"/loops/traces/{trace_id}/replay").status_code == 404
+    download = owner.get(f"/loops/traces/{trace_id}.json")
+    snapshot = download.get_json()
+    assert snapshot["source"] == "live" and len(snapshot["trace"]) == 4
+    replay = sse_events(owner.get(f"/loops/traces/{trace_id}/replay").get_data(as_text=True))
+    assert [n for n, _ in replay] == ["row"] * 4 + ["done"]
+    assert "recorded" in replay[-1][1]
+    # uploading the file replays it for the uploader, as a recorded trace
+    csrf = csrf_of(stranger, "/loops/")
+    from io import BytesIO
+    up = stranger.post("/loops/traces/upload", data={"csrf_token": csrf, "trace": (BytesIO(download.data), "t.json")},
+                       content_type="multipart/form-data")
+    assert up.status_code == 303
+    copy = stranger.get(up.headers["Location"] .replace("/traces/", "/traces/", 1) + ".json").get_json()
+    assert copy["source"] == "recorded" and copy["trace"] == snapshot["trace"]
+
+
+def test_upload_rejects_a_bad_file_with_a_message(loop_app):
+    client = loop_app.test_client()
+    csrf = csrf_of(client, "/loops/")
+    from io import BytesIO
+    response = client.post("/loops/traces/upload", data={"csrf_token": csrf, "trace": (BytesIO(b"{nope"), "t.json")},
+                           content_type="multipart/form-data")
+    assert response.status_code == 400 and "not JSON" in response.get_data(as_text=True)
+
+
+def test_tampered_upload_is_rescored_from_its_request(loop_app):
+    client = loop_app.test_client()
+    response = client.post("/api/loops/trace", json={"mapping": CYCLE, "start": "A", "steps": 2})
+    snapshot = json.loads(response.get_data(as_text=True).splitlines()[-1])
+    snapshot["trace"][0]["prediction"] = "Q"       # wrong, but the file still claims success
+    from io import BytesIO
+    up = client.post("/loops/traces/upload", content_type="multipart/form-data",
+                     data={"csrf_token": csrf_of(client, "/loops/"), "trace": (BytesIO(json.dumps(snapshot).encode()), "t.json")})
+    copy = client.get(up.headers["Location"] + ".json").get_json()
+    assert copy["summary"]["first_error"] == 1 and copy["trace"][0]["correct"] is False
+
+
+def test_state_changes_need_the_csrf_token(loop_app):
+    client = loop_app.test_client()
+    client.get("/loops/")
+    response = client.post("/loops/run", data=form("wrong"))
+    assert response.status_code == 403

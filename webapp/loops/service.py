@@ -1,0 +1,52 @@
+"""The Loop lab on the shared core: load the model, run a request as a job, save the trace."""
+
+from __future__ import annotations
+
+import torch
+
+from webapp.core import InferenceCore, Job
+from webapp.core.jobs import DONE
+from webapp.loops.request import DemoRequest
+from webapp.loops.store import TraceStore
+from webapp.loops.trace import check_model, run_trace
+
+
+def load_model(settings):
+    from webapp.loops.checkpoint import load_bundle
+    bundle = load_bundle(settings.loop_model)
+    check_model(bundle.model)  # refuse at start-up, not on the first visitor's run
+    return bundle
+
+
+def warm_up(bundle) -> None:
+    request = DemoRequest.parse({"mapping": [[s, s] for s in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"],
+                                 "start": "A", "steps": 2})
+    encoded = bundle.tokenizer(bundle.render_prompt(list(request.pairs), "A", 2),
+                               add_special_tokens=False, return_tensors="pt")
+    with torch.inference_mode():
+        bundle.model(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"], num_loops=2,
+                     completion_threshold=0.5, readout_token_ids=list(bundle.readout_token_ids),
+                     loop_callback=lambda *args: None)
+
+
+class LoopService:
+    def __init__(self, core: InferenceCore, store: TraceStore) -> None:
+        self.core = core
+        self.store = store
+
+    def start(self, owner: str, request: DemoRequest) -> Job:
+        def run(job: Job, core: InferenceCore) -> None:
+            job.result["snapshot"] = run_trace(job, core.models["loops"], request,
+                                               on_row=lambda row: core.count("rows"))
+
+        def save(job: Job, outcome: str, error: str | None) -> None:
+            if outcome == DONE:
+                job.result["trace_id"] = self.store.save(owner, job.result["snapshot"])
+
+        job = Job("loops", owner, run, on_finish=save)
+        job.result["request"] = request
+        return self.core.submit(job)
+
+    def job(self, owner: str, job_id: str) -> Job | None:
+        job = self.core.get(job_id)
+        return job if job is not None and job.kind == "loops" and job.owner == owner else None

@@ -1,0 +1,22 @@
+"""The home page and how errors are shown (a page, an htmx fragment, or JSON for the API)."""
+
+from flask import Blueprint, render_template, request
+from werkzeug.exceptions import HTTPException
+
+bp = Blueprint("pages", __name__)
+
+
+@bp.get("/")
+def home():
+    return render_template("home.html")
+
+
+def http_error(error: HTTPException):
+    message = error.description or error.name
+    if request.path.startswith("/api/") or (request.accept_mimetypes.best == "application/json"):
+        return {"error": message}, error.code
+    if request.headers.get("HX-Request") == "true":
+        # Shown in the page's alert area, whatever the request's own target was.
+        headers = {"HX-Retarget": "#flash", "HX-Reswap": "innerHTML"}
+        return render_template("_error_fragment.html", message=message), error.code, headers
+    return render_template("error.html", code=error.code, name=error.name, message=message), error.code
