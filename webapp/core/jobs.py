@@ -119,7 +119,8 @@ class Job:
     def subscribe(self, heartbeat: float = 1.0) -> Iterator[Event | None]:
         """Replay the log, then follow it live until the job finishes.
 
-        Yields Event objects, a synthetic ``position`` event while queued, and None every
+        Yields Event objects, synthetic ``position`` events while queued and one ``running``
+        event when the job starts, and None every
         ``heartbeat`` seconds of silence (the caller writes a keep-alive, which is also how a
         vanished client is noticed).  Closing the iterator unsubscribes; the last subscriber
         leaving an unfinished job cancels it.
@@ -127,7 +128,7 @@ class Job:
         with self._cond:
             self._subscribers += 1
             self._ever_subscribed = True
-        sent, seen, last_position = 0, -1, None
+        sent, seen, last_position, announced_running = 0, -1, None, False
         try:
             while True:
                 with self._cond:
@@ -144,6 +145,9 @@ class Job:
                 if state == QUEUED and position != last_position:
                     last_position = position
                     yield Event("position", {"position": position})
+                if state != QUEUED and not announced_running:
+                    announced_running = True
+                    yield Event("running", {})
                 yield from fresh
                 if state in FINISHED:
                     return
