@@ -61,3 +61,21 @@ def loop_app(tmp_path):
     app = make_app(tmp_path, {"loops": bundle()})
     yield app
     app.extensions["glassbox.core"].shutdown()
+
+
+@pytest.fixture
+def chat_app(tmp_path):
+    from tests.support.chat_models import tiny_chat_model
+    from tests.support.loop_models import bundle
+    app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat"), "loops": bundle()})
+    yield app
+    app.extensions["glassbox.core"].shutdown()
+
+
+@pytest.fixture
+def slow_chat_app(tmp_path):
+    """Replies that take a while (20 ms a step), for Stop, disconnects and the queue."""
+    from tests.support.chat_models import tiny_chat_model
+    app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat", seconds_per_step=0.02)})
+    yield app
+    app.extensions["glassbox.core"].shutdown()

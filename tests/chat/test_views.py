@@ -1,0 +1,266 @@
+"""Chat pages, the reply stream, Stop, Regenerate, Edit, export, validation and isolation."""
+
+import json
+import re
+
+import pytest
+
+from tests.conftest import csrf_of, sse_events, wait_for
+
+HX = {"HX-Request": "true"}
+
+
+def send(client, content, csrf=None, htmx=True, **fields):
+    csrf = csrf or csrf_of(client, "/chat/")
+    return client.post("/chat/send", data={"csrf_token": csrf, "content": content, **fields},
+                       headers=HX if htmx else {})
+
+
+def stream_url(html):
+    return re.findall(r'sse-connect="([^"]+)"', html)[-1]
+
+
+def store(app):
+    from webapp.chat.views import service
+    with app.app_context():
+        return service().store
+
+
+def messages(app, conversation_id):
+    return store(app).messages(conversation_id)
+
+
+def conversation_id_of(response):
+    return re.search(r'name="conversation_id" value="([0-9a-f]+)"', response.get_data(as_text=True)).group(1)
+
+
+def test_empty_chat_page_has_composer_and_sampling_controls(chat_app):
+    page = chat_app.test_client().get("/chat/").get_data(as_text=True)
+    assert 'id="composer"' in page and 'name="temperature"' in page and 'name="top_k"' in page
+    assert 'data-enter-submits' in page
+
+
+def test_send_streams_tokens_then_final_bubble_and_saves_the_reply(chat_app):
+    client = chat_app.test_client()
+    response = send(client, "Hello <b>there</b>", seed="7", max_new_tokens="30")
+    assert response.status_code == 200
+    html = response.get_data(as_text=True)
+    assert "Hello &lt;b&gt;there&lt;/b&gt;" in html and "<b>there</b>" not in html
+    assert response.headers["HX-Push-Url"].startswith("/chat/c/")
+    events = sse_events(client.get(stream_url(html)).get_data(as_text=True))
+    names = [n for n, _ in events]
+    assert names[-1] == "done" and names.count("done") == 1
+    streamed = "".join(d for n, d in events if n == "token")
+    saved = messages(chat_app, conversation_id_of(response))
+    assert [m["role"] for m in saved] == ["user", "assistant"]
+    reply = saved[1]
+    assert reply["status"] == "complete" and reply["tokens"] >= 1 and reply["ttft_seconds"] is not None
+    assert reply["settings"]["seed"] == 7 and reply["settings"]["max_new_tokens"] == 30
+    from markupsafe import escape
+    assert streamed == str(escape(reply["content"]))  # every token escaped, nothing lost
+    assert "tokens" in events[-1][1] and "sse-connect" not in events[-1][1]
+
+
+def test_same_seed_gives_the_same_reply(chat_app):
+    client = chat_app.test_client()
+    replies = []
+    for _ in range(2):
+        response = send(client, "Repeat", seed="42", max_new_tokens="25", htmx=False)
+        assert response.status_code == 303
+        cid = response.headers["Location"].rsplit("/", 1)[1]
+        replies.append(messages(chat_app, cid)[-1]["content"])
+    assert replies[0] == replies[1]
+
+
+def test_without_javascript_the_form_returns_the_full_reply(chat_app):
+    client = chat_app.test_client()
+    response = send(client, "Hi", htmx=False, max_new_tokens="20", seed="3")
+    assert response.status_code == 303
+    page = client.get(response.headers["Location"]).get_data(as_text=True)
+    reply = messages(chat_app, response.headers["Location"].rsplit("/", 1)[1])[-1]
+    assert reply["status"] == "complete"
+    assert "sse-connect" not in page and 'class="message assistant complete"' in page
+
+
+def test_a_finished_reply_stream_replays_and_closes_without_rerunning(chat_app):
+    client = chat_app.test_client()
+    response = send(client, "Hi", seed="5", max_new_tokens="20")
+    url = stream_url(response.get_data(as_text=True))
+    first = sse_events(client.get(url).get_data(as_text=True))
+    submitted = chat_app.extensions["glassbox.core"].counters["submitted"]
+    again = sse_events(client.get(url).get_data(as_text=True))
+    assert [n for n, _ in again][-1] == "done"
+    assert again[-1][1] == first[-1][1]
+    assert chat_app.extensions["glassbox.core"].counters["submitted"] == submitted
+
+
+@pytest.mark.parametrize("fields, field, message", [
+    ({"content": "   "}, "content", "Write a message first."),
+    ({"content": "x" * 8001}, "content", "Messages are limited to 8,000 characters; this one has 8,001."),
+    ({"temperature": "2.5"}, "temperature", "Temperature must be a number from 0 to 2."),
+    ({"temperature": "nan"}, "temperature", "Temperature must be a number from 0 to 2."),
+    ({"top_k": "201"}, "top_k", "Top-k must be a whole number from 0 to 200"),
+    ({"top_k": "1.5"}, "top_k", "Top-k must be a whole number"),
+    ({"max_new_tokens": "0"}, "max_new_tokens", "Max new tokens must be a whole number from 1 to"),
+    ({"max_new_tokens": "100000"}, "max_new_tokens", "Max new tokens must be a whole number from 1 to"),
+    ({"seed": "-1"}, "seed", "Seed must be empty or a whole number from 0 to 4294967295."),
+])
+def test_bad_input_is_refused_inline_and_the_draft_is_kept(chat_app, fields, field, message):
+    client = chat_app.test_client()
+    content = fields.pop("content", "my draft text")
+    response = send(client, content, **fields)
+    html = response.get_data(as_text=True)
+    assert response.status_code == 400
+    assert response.headers["HX-Retarget"] == "#composer"
+    assert f'id="{field}-error"' in html and message in html
+    if content.strip() and len(content) < 100:
+        assert content in html
+    with chat_app.extensions["glassbox.db"].connect() as db:  # nothing was saved
+        assert db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0
+    assert chat_app.extensions["glassbox.core"].counters["submitted"] == 0
+
+
+def test_a_message_too_long_for_the_window_says_by_how_much(chat_app):
+    client = chat_app.test_client()
+    limit_page = client.get("/chat/").get_data(as_text=True)
+    response = send(client, "y" * 4000, max_new_tokens="50")
+    html = response.get_data(as_text=True)
+    assert response.status_code == 400
+    excess = int(re.search(r"is (\d+) tokens? too long", html).group(1))
+    # window 512 - 50 new - 2 - few-shot; the turn is 4000 bytes + 2 markers
+    from webapp.chat.views import service
+    with chat_app.app_context():
+        fewshot = len(service().prompts.fewshot_ids)
+    assert excess == 4002 - (512 - 50 - 2 - fewshot)
+    assert "y" * 4000 in html  # the text is given back
+
+
+def test_older_turns_drop_out_but_the_conversation_keeps_going(chat_app):
+    client = chat_app.test_client()
+    first = send(client, "a" * 150, htmx=False, max_new_tokens="10", seed="1")
+    cid = first.headers["Location"].rsplit("/", 1)[1]
+    csrf = csrf_of(client, "/chat/")
+    for _ in range(3):
+        response = send(client, "b" * 150, csrf, htmx=False, conversation_id=cid, max_new_tokens="10", seed="1")
+        assert response.status_code == 303
+    assert len(messages(chat_app, cid)) == 8
+
+
+def test_stop_keeps_the_partial_reply_marked_stopped(slow_chat_app):
+    client = slow_chat_app.test_client()
+    csrf = csrf_of(client, "/chat/")
+    response = send(client, "Tell me a story", csrf, max_new_tokens="200", temperature="0")
+    html = response.get_data(as_text=True)
+    cid = conversation_id_of(response)
+    stop_url = re.search(r'hx-post="(/chat/c/[^"]+/stop)"', html).group(1)
+    stream = client.get(stream_url(html))
+    received = []
+    for chunk in stream.response:
+        received.append(chunk.decode() if isinstance(chunk, bytes) else chunk)
+        if sum("event: token" in c for c in received) >= 3:
+            break
+    assert client.post(stop_url, headers={**HX, "X-CSRF-Token": csrf}).status_code == 204
+    rest = "".join(c.decode() if isinstance(c, bytes) else c for c in stream.response)
+    events = sse_events("".join(received) + rest)
+    assert events[-1][0] == "done" and "Stopped" in events[-1][1]
+    reply = messages(slow_chat_app, cid)[-1]
+    assert reply["status"] == "stopped" and reply["tokens"] >= 3
+
+
+def test_closing_the_stream_cancels_the_job_and_frees_the_model(slow_chat_app):
+    client = slow_chat_app.test_client()
+    response = send(client, "Long reply please", max_new_tokens="200", temperature="0")
+    cid = conversation_id_of(response)
+    stream = client.get(stream_url(response.get_data(as_text=True)))
+    chunks = iter(stream.response)
+    while "event: token" not in (c := next(chunks)).decode():
+        pass
+    stream.close()
+    core = slow_chat_app.extensions["glassbox.core"]
+    assert wait_for(lambda: core.counters["cancelled"] == 1, timeout=1.0)
+    assert wait_for(lambda: messages(slow_chat_app, cid)[-1]["status"] == "stopped")
+    assert core.running is None
+
+
+def test_waiting_reply_reports_its_queue_position(slow_chat_app):
+    a, b = slow_chat_app.test_client(), slow_chat_app.test_client()
+    first = send(a, "first", max_new_tokens="200", temperature="0")
+    second = send(b, "second", max_new_tokens="5", temperature="0")
+    stream = b.get(stream_url(second.get_data(as_text=True)))
+    chunks = iter(stream.response)
+    text = ""
+    while "event: position" not in text:
+        text += next(chunks).decode()
+    assert "position 1" in text
+    stream.close()
+
+
+def test_regenerate_replaces_the_last_reply(chat_app):
+    client = chat_app.test_client()
+    response = send(client, "Hi", htmx=False, seed="1", max_new_tokens="20")
+    cid = response.headers["Location"].rsplit("/", 1)[1]
+    before = messages(chat_app, cid)
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    regen = client.post(f"/chat/c/{cid}/regenerate", data={"csrf_token": csrf, "seed": "2", "max_new_tokens": "20"})
+    assert regen.status_code == 303
+    after = messages(chat_app, cid)
+    assert len(after) == 2 and after[0] == before[0] and after[1]["id"] != before[1]["id"]
+    assert after[1]["settings"]["seed"] == 2
+
+
+def test_edit_replaces_the_message_and_every_later_turn(chat_app):
+    client = chat_app.test_client()
+    response = send(client, "first question", htmx=False, seed="1", max_new_tokens="10")
+    cid = response.headers["Location"].rsplit("/", 1)[1]
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    send(client, "second question", csrf, htmx=False, conversation_id=cid, seed="1", max_new_tokens="10")
+    first_id = messages(chat_app, cid)[0]["id"]
+    edit = client.post(f"/chat/c/{cid}/m/{first_id}/edit",
+                       data={"csrf_token": csrf, "content": "edited question", "max_new_tokens": "10"})
+    assert edit.status_code == 303
+    after = messages(chat_app, cid)
+    assert [m["content"] for m in after][:1] == ["edited question"] and len(after) == 2
+    assert after[1]["role"] == "assistant" and after[1]["status"] == "complete"
+
+
+def test_export_markdown_and_json(chat_app):
+    client = chat_app.test_client()
+    response = send(client, "Export me *please*", htmx=False, seed="1", max_new_tokens="10")
+    cid = response.headers["Location"].rsplit("/", 1)[1]
+    md = client.get(f"/chat/c/{cid}/export.md")
+    assert md.mimetype == "text/markdown" and "**You**" in md.get_data(as_text=True)
+    assert "Export me *please*" in md.get_data(as_text=True)
+    data = json.loads(client.get(f"/chat/c/{cid}/export.json").get_data(as_text=True))
+    assert data["messages"][0]["content"] == "Export me *please*" and data["messages"][1]["role"] == "assistant"
+
+
+def test_another_browser_gets_404_for_everything_of_a_conversation(chat_app):
+    owner, stranger = chat_app.test_client(), chat_app.test_client()
+    response = send(owner, "mine", htmx=False, seed="1", max_new_tokens="10")
+    cid = response.headers["Location"].rsplit("/", 1)[1]
+    reply_id = messages(chat_app, cid)[-1]["id"]
+    csrf = csrf_of(stranger, "/chat/")
+    for url in (f"/chat/c/{cid}", f"/chat/c/{cid}/m/{reply_id}/stream", f"/chat/c/{cid}/export.md",
+                f"/chat/c/{cid}/export.json"):
+        assert stranger.get(url).status_code == 404, url
+    for url in (f"/chat/c/{cid}/delete", f"/chat/c/{cid}/regenerate", f"/chat/c/{cid}/m/{reply_id}/stop"):
+        assert stranger.post(url, data={"csrf_token": csrf}).status_code == 404, url
+    assert send(stranger, "x", csrf, conversation_id=cid).status_code == 404
+    assert "mine" not in stranger.get("/chat/").get_data(as_text=True)
+
+
+def test_delete_conversation(chat_app):
+    client = chat_app.test_client()
+    response = send(client, "bye", htmx=False, seed="1", max_new_tokens="5")
+    cid = response.headers["Location"].rsplit("/", 1)[1]
+    csrf = csrf_of(client, "/chat/")
+    assert client.post(f"/chat/c/{cid}/delete", data={"csrf_token": csrf}).status_code == 303
+    assert client.get(f"/chat/c/{cid}").status_code == 404
+
+
+def test_every_state_change_needs_the_csrf_token(chat_app):
+    client = chat_app.test_client()
+    client.get("/chat/")
+    assert client.post("/chat/send", data={"content": "hi"}).status_code == 403
+    assert client.post("/chat/send", data={"content": "hi", "csrf_token": "forged"}).status_code == 403
+    assert chat_app.extensions["glassbox.core"].counters["submitted"] == 0

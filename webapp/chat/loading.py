@@ -1,0 +1,257 @@
+"""Load a chat model and its tokenizer from a checkpoint, refusing anything that does not fit.
+
+Checkpoint formats:
+  (a) a raw state dict as torch.save writes it (keys may carry torch.compile's `_orig_mod.` prefix);
+  (b) a nanoGPT checkpoint: {"model": state_dict, "model_args": {...}, ...};
+  (c) a .safetensors file with a config.json beside it (GPTConfig fields + "tokenizer").
+The architecture comes from `arch` (a preset name), else the checkpoint's own config, else the
+tensor shapes. With `factory="module:function"` (or "path/to/file.py:function") the owner's own
+code builds the model, called exactly like their build_model(arch).
+
+Every problem raises ModelLoadError with the file and the mismatch in its message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from webapp.chat.errors import ModelLoadError
+from webapp.chat.model import GPT, PRESETS, GPTConfig
+from webapp.chat.prompt import PromptBuilder
+from webapp.chat.tokenizer import ChatTokenizer, tokenizer_from_spec
+
+__all__ = ["LoadedChatModel", "ModelLoadError", "load_chat_model", "parse_dtype"]
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+_CONFIG_FIELDS = {f.name for f in dataclasses.fields(GPTConfig)}
+
+
+@dataclass
+class LoadedChatModel:
+    model: nn.Module  # eval mode, on its device; model(idx) -> (logits, loss)
+    tokenizer: ChatTokenizer
+    block_size: int
+    supports_kv_cache: bool  # has forward_cached/new_cache: generate() uses the fast path
+    checkpoint_id: str  # "model.safetensors@1a2b3c4d5e6f" (file name + sha256 prefix)
+    description: str  # one line for the UI/logs: architecture, size, tokenizer, where the config came from
+    prompt: PromptBuilder  # few-shot encoded once for this tokenizer and window
+
+
+def parse_dtype(dtype, device: torch.device) -> torch.dtype:
+    """A torch.dtype, a name ("bfloat16", "fp32"...), or None/"" = bf16 on GPU, fp32 on CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if not dtype:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return DTYPES[str(dtype).lower()]
+    except KeyError:
+        raise ModelLoadError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}") from None
+
+
+def _file_id(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return f"{path.name}@{h.hexdigest()[:12]}"
+
+
+def _read_checkpoint(path: Path) -> tuple[dict, dict | None, str]:
+    """-> (state dict, config dict or None, where the config came from)."""
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            state = load_file(str(path))
+        except Exception as e:
+            raise ModelLoadError(f"{path}: unreadable safetensors file ({type(e).__name__}: {e})") from None
+        cfg_path = path.with_name("config.json")
+        if not cfg_path.is_file():
+            return state, None, "tensor shapes"
+        try:
+            return state, json.loads(cfg_path.read_text()), str(cfg_path)
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"{cfg_path}: unreadable JSON config ({e})") from None
+
+    try:
+        # weights_only: a checkpoint is data; never run code from a pickle
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ModelLoadError(f"{path}: unreadable checkpoint ({type(e).__name__}: {str(e)[:300]})") from None
+    if isinstance(obj, dict) and isinstance(obj.get("model"), dict):  # nanoGPT's train.py format
+        return obj["model"], obj.get("model_args"), f"{path.name} model_args"
+    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return obj, None, "tensor shapes"
+    raise ModelLoadError(f"{path}: neither a state dict of tensors nor a nanoGPT checkpoint with 'model'")
+
+
+def _clean_state(state: dict) -> dict:
+    out = {}
+    for k, v in state.items():
+        k = k.replace("_orig_mod.", "")  # torch.compile's wrapper prefix
+        if re.search(r"\.attn\.(bias|masked_bias)$", k):
+            continue  # causal-mask buffers of older nanoGPT / HF checkpoints, not weights
+        out[k] = v
+    return out
+
+
+def _infer_config(state: dict, path: Path) -> tuple[GPTConfig, str]:
+    """GPTConfig from tensor shapes; n_head cannot be seen in shapes, so it is assumed."""
+    try:
+        vocab, n_embd = state["transformer.wte.weight"].shape
+        block = state["transformer.wpe.weight"].shape[0]
+    except KeyError as e:
+        raise ModelLoadError(f"{path}: no {e.args[0]} in the checkpoint, so not a GPT in nanoGPT's layout "
+                             "(give GLASSBOX_CHAT_FACTORY for other models)") from None
+    layers = {int(m.group(1)) for k in state if (m := re.match(r"transformer\.h\.(\d+)\.", k))}
+    n_head = max(1, n_embd // 64)
+    cfg = GPTConfig(block_size=block, vocab_size=vocab, n_layer=len(layers), n_head=n_head, n_embd=n_embd,
+                    bias="transformer.h.0.attn.c_attn.bias" in state)
+    return cfg, f"tensor shapes (n_head={n_head} assumed from n_embd/64: set GLASSBOX_CHAT_ARCH if wrong)"
+
+
+def _resolve_config(state, cfg_dict, cfg_source, arch, path) -> tuple[GPTConfig, str]:
+    if arch:
+        if arch not in PRESETS:
+            raise ModelLoadError(f"unknown arch {arch!r}: presets are {', '.join(PRESETS)}")
+        # bias is plain to see in the keys, so a preset does not force it
+        bias = "transformer.h.0.attn.c_attn.bias" in state
+        return dataclasses.replace(PRESETS[arch], bias=bias), f"preset {arch}"
+    if cfg_dict is not None:
+        fields = {k: v for k, v in cfg_dict.items() if k in _CONFIG_FIELDS}
+        try:
+            return GPTConfig(**fields), cfg_source
+        except TypeError as e:
+            raise ModelLoadError(f"{cfg_source}: bad config ({e})") from None
+    return _infer_config(state, path)
+
+
+def _load_factory(spec: str):
+    target, _, func = spec.rpartition(":")
+    if not target or not func:
+        raise ModelLoadError(f"factory {spec!r}: expected 'module:function' or 'path/to/file.py:function'")
+    try:
+        if target.endswith(".py"):
+            if not Path(target).is_file():
+                raise ModelLoadError(f"factory {spec!r}: file {target} not found")
+            mod_spec = importlib.util.spec_from_file_location(Path(target).stem, target)
+            module = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+        return getattr(module, func)
+    except ModelLoadError:
+        raise
+    except Exception as e:
+        raise ModelLoadError(f"factory {spec!r} cannot be imported ({type(e).__name__}: {e})") from None
+
+
+def _list(keys, n=5) -> str:
+    keys = sorted(keys)
+    more = f", ... ({len(keys)} in all)" if len(keys) > n else ""
+    return ", ".join(keys[:n]) + more
+
+
+def _load_strict(model: nn.Module, state: dict, path: Path, hint: str):
+    expected = model.state_dict()
+    tied = "lm_head.weight" in expected and "transformer.wte.weight" in expected and \
+        expected["lm_head.weight"].data_ptr() == expected["transformer.wte.weight"].data_ptr()
+    if tied and "transformer.wte.weight" in state:
+        if "lm_head.weight" not in state:
+            state["lm_head.weight"] = state["transformer.wte.weight"]  # stored once (safetensors)
+        elif not torch.equal(state["lm_head.weight"], state["transformer.wte.weight"]):
+            raise ModelLoadError(f"{path}: lm_head.weight differs from transformer.wte.weight, "
+                                 "but this model ties them (untied heads are not supported)")
+    problems = []
+    missing = expected.keys() - state.keys()
+    unexpected = state.keys() - expected.keys()
+    if missing:
+        problems.append(f"missing keys: {_list(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {_list(unexpected)}")
+    for k in sorted(expected.keys() & state.keys()):
+        if expected[k].shape != state[k].shape:
+            problems.append(f"shape of {k}: model expects {tuple(expected[k].shape)}, "
+                            f"checkpoint has {tuple(state[k].shape)}")
+    if problems:
+        raise ModelLoadError(f"{path}: does not match the model ({hint}): " + "; ".join(problems[:6]))
+    model.load_state_dict(state, strict=True)
+
+
+def _embedding_rows(model: nn.Module) -> int | None:
+    rows = getattr(getattr(model, "config", None), "vocab_size", None)
+    if rows is None:
+        wte = model.state_dict().get("transformer.wte.weight")
+        rows = None if wte is None else wte.shape[0]
+    return rows
+
+
+def _resolve_tokenizer(spec, cfg_dict, cfg_source, path) -> ChatTokenizer:
+    if not spec and cfg_dict and cfg_dict.get("tokenizer"):
+        spec = cfg_dict["tokenizer"]
+        kind, _, arg = spec.partition(":")
+        if arg and not Path(arg).is_absolute():  # a ranks file named relative to the config
+            spec = f"{kind}:{Path(cfg_source).parent / arg}"
+    if not spec:
+        raise ModelLoadError(f"{path}: no tokenizer named: set GLASSBOX_CHAT_TOKENIZER "
+                             "(e.g. gpt2:/path/to/gpt2.tiktoken or byte)")
+    return tokenizer_from_spec(spec)
+
+
+def load_chat_model(checkpoint: str, *, arch: str | None = None, tokenizer_spec: str | None = None,
+                    factory: str | None = None, device: str = "cpu", dtype=torch.float32) -> LoadedChatModel:
+    """Load, check and place a chat model. Raises ModelLoadError naming the file and the mismatch."""
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: checkpoint not found")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise ModelLoadError(f"device {device!r}: {e}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r} requested but CUDA is not available")
+    dtype = parse_dtype(dtype, dev)
+
+    state, cfg_dict, cfg_source = _read_checkpoint(path)
+    state = _clean_state(state)
+    tokenizer = _resolve_tokenizer(tokenizer_spec, cfg_dict, cfg_source, path)
+
+    if factory:
+        model = _load_factory(factory)(arch)
+        if not isinstance(model, nn.Module) or not hasattr(getattr(model, "config", None), "block_size"):
+            raise ModelLoadError(f"factory {factory!r} must return an nn.Module with config.block_size")
+        source = f"factory {factory}({arch!r})"
+    else:
+        config, source = _resolve_config(state, cfg_dict, cfg_source, arch, path)
+        model = GPT(config)
+
+    rows = _embedding_rows(model)
+    if rows is not None and tokenizer.n_vocab > rows:
+        raise ModelLoadError(f"{path}: tokenizer {tokenizer.name} needs {tokenizer.n_vocab} ids (chat specials "
+                             f"included) but the model's embedding has only {rows} rows")
+    _load_strict(model, state, path, source)
+    model.to(device=dev, dtype=dtype).eval()
+
+    block_size = int(model.config.block_size)
+    kv = callable(getattr(model, "forward_cached", None)) and callable(getattr(model, "new_cache", None))
+    n_params = sum(p.numel() for p in model.parameters())
+    c = model.config
+    shape = f"{c.n_layer}L/{c.n_head}H/{c.n_embd}d " if all(hasattr(c, a) for a in ("n_layer", "n_head", "n_embd")) else ""
+    description = (f"{type(model).__name__} {shape}{n_params / 1e6:.1f}M params, block {block_size}, "
+                   f"tokenizer {tokenizer.name}, {str(dtype).removeprefix('torch.')} on {dev}, "
+                   f"config from {source}, {'KV cache' if kv else 'full recompute'}")
+    return LoadedChatModel(model=model, tokenizer=tokenizer, block_size=block_size, supports_kv_cache=kv,
+                           checkpoint_id=_file_id(path), description=description,
+                           prompt=PromptBuilder(tokenizer, block_size))

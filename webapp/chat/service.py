@@ -1,0 +1,122 @@
+"""Chat on the shared core: load the model, turn a conversation into a reply job, save it."""
+
+from __future__ import annotations
+
+import threading
+
+from webapp.chat.forms import Sampling
+from webapp.chat.prompt import PromptBuilder
+from webapp.chat.store import ChatStore, ReplyStats
+from webapp.core import InferenceCore, Job
+from webapp.core.jobs import CANCELLED, DONE
+
+STATUS_OF_OUTCOME = {DONE: "complete", CANCELLED: "stopped"}  # anything else is an error
+
+
+def load_model(settings):
+    from webapp.chat.loading import load_chat_model
+    return load_chat_model(settings.chat_checkpoint, arch=settings.chat_arch or None,
+                           tokenizer_spec=settings.chat_tokenizer or None,
+                           factory=settings.chat_factory or None, device=settings.device,
+                           dtype=settings.dtype or None)
+
+
+def warm_up(loaded) -> None:
+    """One short greedy reply, so the first visitor does not pay for lazy initialisation."""
+    from webapp.chat.generate import generate
+    ids = loaded.prompt.build([{"role": "user", "content": "Hi"}], 2)
+    for _ in generate(loaded, ids, max_new_tokens=2, temperature=0.0):
+        pass
+
+
+class ChatService:
+    """What the chat views call; knows the store and the core, never the device."""
+
+    def __init__(self, core: InferenceCore, store: ChatStore) -> None:
+        self.core = core
+        self.store = store
+        self._jobs: dict[int, str] = {}  # assistant message id -> job id, while it may stream
+        self._lock = threading.Lock()
+
+    @property
+    def model(self):
+        return self.core.models["chat"]
+
+    @property
+    def prompts(self) -> PromptBuilder:
+        # Tokenizing is pure CPU work, so the request thread may build prompts (and refuse
+        # one that is too long before anything is saved); only the worker runs the model.
+        return self.model.prompt
+
+    def max_new_tokens_limit(self) -> int:
+        return self.prompts.max_new_tokens_limit()
+
+    def active_jobs(self, owner: str) -> int:
+        with self._lock:
+            job_ids = list(self._jobs.values())
+        jobs = [self.core.get(j) for j in job_ids]
+        return sum(1 for j in jobs if j is not None and j.owner == owner and not j.finished_state)
+
+    def check_prompt(self, history: list[dict], sampling: Sampling) -> list[int]:
+        """The prompt ids for a reply to `history`; raises PromptTooLong (nothing saved yet)."""
+        turns = [{"role": m["role"], "content": m["content"]} for m in history
+                 if m["role"] == "user" or m["status"] in ("complete", "stopped")]
+        return self.prompts.build(turns, sampling.max_new_tokens)
+
+    def start_reply(self, owner: str, conversation_id: str, prompt_ids: list[int], sampling: Sampling) -> int:
+        """Save a pending assistant message and queue the job that writes it."""
+        message_id = self.store.add_message(conversation_id, "assistant", "", status="pending",
+                                            settings=sampling.as_dict())
+        job = Job("chat", owner, self._runner(prompt_ids, sampling), on_finish=self._saver(message_id))
+        try:
+            self.core.submit(job)
+        except Exception:
+            self.store.delete_message(conversation_id, message_id)
+            raise
+        with self._lock:
+            self._jobs[message_id] = job.id
+        return message_id
+
+    def job_for(self, message_id: int) -> Job | None:
+        with self._lock:
+            job_id = self._jobs.get(message_id)
+        return self.core.get(job_id) if job_id else None
+
+    def stop(self, message_id: int) -> None:
+        job = self.job_for(message_id)
+        if job is not None:
+            job.cancel()
+
+    # -- on the core's worker ----------------------------------------------------------------
+    def _runner(self, prompt_ids: list[int], sampling: Sampling):
+        def run(job: Job, core: InferenceCore) -> None:
+            from webapp.chat.generate import generate
+            job.result["text"], first = [], None
+            for piece in generate(core.models["chat"], prompt_ids, max_new_tokens=sampling.max_new_tokens,
+                                  temperature=sampling.temperature, top_k=sampling.top_k, seed=sampling.seed,
+                                  should_stop=lambda: job.cancelled):
+                if piece.text:
+                    job.result["text"].append(piece.text)
+                if piece.stats is not None:  # the last piece: the generator's own figures
+                    s = piece.stats
+                    job.result["stats"] = ReplyStats(s.new_tokens, s.time_to_first_token_s, s.decode_tokens_per_s)
+                elif piece.tokens:
+                    core.count("tokens")
+                    first = piece.elapsed_s if first is None else first
+                    job.result["stats"] = _stats(first, piece.elapsed_s, piece.tokens)
+                if piece.text:
+                    job.emit("token", text=piece.text)  # raises JobCancelled once stopped
+        return run
+
+    def _saver(self, message_id: int):
+        def save(job: Job, outcome: str, error: str | None) -> None:
+            text = "".join(job.result.get("text", []))
+            status = STATUS_OF_OUTCOME.get(outcome, "error")
+            self.store.finish_reply(message_id, text, status, error, job.result.get("stats", ReplyStats()))
+        return save
+
+
+def _stats(first: float, elapsed: float, tokens: int) -> ReplyStats:
+    """Figures so far, kept for a reply that is stopped before the generator's own stats."""
+    rate = (tokens - 1) / (elapsed - first) if tokens > 1 and elapsed > first else None
+    return ReplyStats(tokens=tokens, ttft_seconds=first, tokens_per_second=rate)
