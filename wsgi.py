@@ -1,0 +1,5 @@
+"""The WSGI entry point: `gunicorn -c gunicorn.conf.py wsgi:app`."""
+
+from webapp import create_app
+
+app = create_app()
