@@ -98,13 +98,7 @@ def _read_checkpoint(path: Path) -> tuple[dict, dict | None, str]:
 
 
 def _clean_state(state: dict) -> dict:
-    out = {}
-    for k, v in state.items():
-        k = k.replace("_orig_mod.", "")  # torch.compile's wrapper prefix
-        if re.search(r"\.attn\.(bias|masked_bias)$", k):
-            continue  # causal-mask buffers of older nanoGPT / HF checkpoints, not weights
-        out[k] = v
-    return out
+    return {k.replace("_orig_mod.", ""): v for k, v in state.items()}  # torch.compile's wrapper prefix
 
 
 def _infer_config(state: dict, path: Path) -> tuple[GPTConfig, str]:
@@ -164,10 +158,19 @@ def _list(keys, n=5) -> str:
     return ", ".join(keys[:n]) + more
 
 
+def _is_tied(model: nn.Module) -> bool:
+    try:
+        return model.get_submodule("lm_head").weight is model.get_submodule("transformer.wte").weight
+    except AttributeError:
+        return False
+
+
 def _load_strict(model: nn.Module, state: dict, path: Path, hint: str):
+    """Check keys and shapes, then load. A model on the meta device takes the tensors as they are."""
     expected = model.state_dict()
-    tied = "lm_head.weight" in expected and "transformer.wte.weight" in expected and \
-        expected["lm_head.weight"].data_ptr() == expected["transformer.wte.weight"].data_ptr()
+    for k in [k for k in state if k not in expected and re.search(r"\.attn\.(bias|masked_bias)$", k)]:
+        del state[k]  # causal-mask buffers of older nanoGPT / HF checkpoints, not weights
+    tied = _is_tied(model)
     if tied and "transformer.wte.weight" in state:
         if "lm_head.weight" not in state:
             state["lm_head.weight"] = state["transformer.wte.weight"]  # stored once (safetensors)
@@ -181,13 +184,19 @@ def _load_strict(model: nn.Module, state: dict, path: Path, hint: str):
         problems.append(f"missing keys: {_list(missing)}")
     if unexpected:
         problems.append(f"unexpected keys: {_list(unexpected)}")
-    for k in sorted(expected.keys() & state.keys()):
-        if expected[k].shape != state[k].shape:
-            problems.append(f"shape of {k}: model expects {tuple(expected[k].shape)}, "
-                            f"checkpoint has {tuple(state[k].shape)}")
+    # the embeddings first: their shapes say most (vocab, width, window)
+    wrong = sorted((k for k in expected.keys() & state.keys() if expected[k].shape != state[k].shape),
+                   key=lambda k: (not k.startswith(("transformer.wte", "transformer.wpe")), k))
+    problems += [f"shape of {k}: model expects {tuple(expected[k].shape)}, checkpoint has {tuple(state[k].shape)}"
+                 for k in wrong[:3]]
+    if len(wrong) > 3:
+        problems.append(f"{len(wrong) - 3} more tensors of the wrong shape")
     if problems:
-        raise ModelLoadError(f"{path}: does not match the model ({hint}): " + "; ".join(problems[:6]))
-    model.load_state_dict(state, strict=True)
+        raise ModelLoadError(f"{path}: does not match the model ({hint}): " + "; ".join(problems))
+    on_meta = any(p.is_meta for p in model.parameters())
+    model.load_state_dict(state, strict=True, assign=on_meta)
+    if tied and on_meta:  # assign gives each key its own Parameter: tie them again
+        model.transformer.wte.weight = model.lm_head.weight
 
 
 def _embedding_rows(model: nn.Module) -> int | None:
@@ -235,7 +244,8 @@ def load_chat_model(checkpoint: str, *, arch: str | None = None, tokenizer_spec:
         source = f"factory {factory}({arch!r})"
     else:
         config, source = _resolve_config(state, cfg_dict, cfg_source, arch, path)
-        model = GPT(config)
+        with torch.device("meta"):  # no random init to throw away (seconds for 254M)
+            model = GPT(config)
 
     rows = _embedding_rows(model)
     if rows is not None and tokenizer.n_vocab > rows:
