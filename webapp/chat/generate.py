@@ -96,15 +96,13 @@ class _RecomputeSteps:
         self.model, self.block_size, self.device = model, block_size, device
 
     def prefill(self, ids: Sequence[int], should_stop) -> torch.Tensor | None:
-        if should_stop():
-            return None
+        return None if should_stop() else self.step(None, ids, should_stop)
+
+    def step(self, token, ids: Sequence[int], should_stop) -> torch.Tensor:
         window = torch.tensor([list(ids[-self.block_size:])], dtype=torch.long, device=self.device)
         with torch.inference_mode():
             logits, _ = self.model(window)
         return logits[:, -1, :]  # (1, V) whether the model returns all positions or the last only
-
-    def step(self, token: torch.Tensor, ids: Sequence[int], should_stop) -> torch.Tensor | None:
-        return self.prefill(ids, should_stop)
 
 
 def generate(
@@ -163,7 +161,7 @@ def _generate(loaded, ids, max_new_tokens, temperature, top_k, seed, should_stop
         yield Piece(decoder.decode(tok.decode_single_token_bytes(token)), n, time.perf_counter() - t0)
         if n == max_new_tokens:
             break
-        logits = steps.step(next_id, ids, should_stop)
+        logits = None if should_stop() else steps.step(next_id, ids, should_stop)
     else:
         reason = "cancelled"
 
