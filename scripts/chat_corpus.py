@@ -1,0 +1,180 @@
+"""Synthetic question/answer corpus for the bundled demo chat model.
+
+Five categories: greetings, capitals, chemical symbols, small arithmetic (0..99, add/subtract) and
+questions about Glassbox itself. Every category has a fixed answer template, so "exact answer" is
+well defined. Held out from training (used only by the evaluation):
+  - some question phrasings of every category (the facts themselves are all in training);
+  - about 10% of the arithmetic operand pairs, whatever the phrasing.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass
+
+CAPITALS = {
+    "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid", "Portugal": "Lisbon",
+    "Japan": "Tokyo", "China": "Beijing", "India": "New Delhi", "Canada": "Ottawa", "Australia": "Canberra",
+    "Brazil": "Brasília", "Mexico": "Mexico City", "Egypt": "Cairo", "Kenya": "Nairobi", "Russia": "Moscow",
+    "Norway": "Oslo", "Sweden": "Stockholm", "Finland": "Helsinki", "Denmark": "Copenhagen",
+    "Poland": "Warsaw", "Greece": "Athens", "Turkey": "Ankara", "Ireland": "Dublin", "Austria": "Vienna",
+    "Hungary": "Budapest", "Argentina": "Buenos Aires", "Chile": "Santiago", "Peru": "Lima",
+    "Nigeria": "Abuja", "South Korea": "Seoul", "Thailand": "Bangkok", "Vietnam": "Hanoi",
+    "Indonesia": "Jakarta", "the Netherlands": "Amsterdam", "Belgium": "Brussels", "Switzerland": "Bern",
+    "the Czech Republic": "Prague", "Iceland": "Reykjavík", "Morocco": "Rabat", "New Zealand": "Wellington",
+    "the United Kingdom": "London", "the United States": "Washington, D.C.",
+}
+
+SYMBOLS = {
+    "hydrogen": "H", "helium": "He", "lithium": "Li", "carbon": "C", "nitrogen": "N", "oxygen": "O",
+    "fluorine": "F", "neon": "Ne", "sodium": "Na", "magnesium": "Mg", "aluminium": "Al", "silicon": "Si",
+    "phosphorus": "P", "sulfur": "S", "chlorine": "Cl", "argon": "Ar", "potassium": "K", "calcium": "Ca",
+    "titanium": "Ti", "chromium": "Cr", "manganese": "Mn", "iron": "Fe", "cobalt": "Co", "nickel": "Ni",
+    "copper": "Cu", "zinc": "Zn", "silver": "Ag", "tin": "Sn", "iodine": "I", "tungsten": "W",
+    "platinum": "Pt", "gold": "Au", "mercury": "Hg", "lead": "Pb", "uranium": "U",
+}
+
+# (training phrasings, held-out phrasings); {x} is the country / element, {a} {b} the operands.
+CAPITAL_Q = (
+    ["What is the capital of {x}?", "What's the capital of {x}?", "Tell me the capital of {x}.",
+     "capital of {x}?", "Name the capital city of {x}.", "What city is the capital of {x}?",
+     "{X}: what is its capital?", "I'd like to know the capital of {x}.", "{X}'s capital?"],
+    ["Which city is the capital of {x}?", "Do you know the capital of {x}?",
+     "Could you tell me the capital of {x}?"],
+)
+SYMBOL_Q = (
+    ["What is the chemical symbol for {x}?", "What's the symbol for {x}?", "Chemical symbol of {x}?",
+     "Tell me the chemical symbol of {x}.", "Which symbol does {x} have?",
+     "How do you write {x} as a chemical symbol?", "{X} symbol?"],
+    ["What is the element symbol for {x}?", "Do you know the chemical symbol for {x}?",
+     "Could you tell me the symbol of {x}?"],
+)
+ADD_Q = (
+    ["What is {a} plus {b}?", "What is {a} + {b}?", "{a} + {b} = ?", "Add {a} and {b}.", "Compute {a} + {b}.",
+     "How much is {a} plus {b}?", "What do you get if you add {a} and {b}?", "{a}+{b}"],
+    ["Calculate {a} plus {b}.", "What's {a} + {b}?", "Please work out {a} + {b}."],
+)
+SUB_Q = (
+    ["What is {a} minus {b}?", "What is {a} - {b}?", "{a} - {b} = ?", "Subtract {b} from {a}.",
+     "Compute {a} - {b}.", "How much is {a} minus {b}?", "What do you get if you take {b} from {a}?", "{a}-{b}"],
+    ["Calculate {a} minus {b}.", "What's {a} - {b}?", "Please work out {a} - {b}."],
+)
+
+# Intents with one fixed answer each: (answer, training phrasings, held-out phrasings)
+GREETINGS = [
+    ("Hello! Ask me about capitals, chemical symbols, small sums or Glassbox.",
+     ["Hello", "Hi", "Hi!", "Hello!", "Hey", "Hey there", "Good morning", "Good evening", "Hello there!",
+      "Hi, how are you?", "Howdy"],
+     ["Good afternoon!", "Hello, how are you?", "Hey, hi!"]),
+    ("You're welcome!",
+     ["Thanks", "Thank you!", "Thanks!", "Thank you very much.", "Great, thanks.", "Cheers, thank you"],
+     ["Thanks a lot!", "Thank you so much!"]),
+    ("Goodbye! Come back any time.",
+     ["Bye", "Goodbye!", "Bye bye", "See you later!", "I have to go now, bye."],
+     ["Goodbye, see you!", "OK bye!"]),
+]
+APP = [
+    ("Glassbox is a web app for chatting with a small language model and watching the Loop lab.",
+     ["What is Glassbox?", "What's Glassbox?", "Tell me about Glassbox.", "What does Glassbox do?",
+      "Explain Glassbox.", "What is this app?", "What is this website?"],
+     ["Can you describe Glassbox?", "What is Glassbox for?"]),
+    ("The Loop lab shows a looped transformer following an A-Z pointer table, loop by loop.",
+     ["What is the Loop lab?", "What's the Loop lab?", "Tell me about the Loop lab.",
+      "What does the Loop lab show?", "Explain the Loop lab.", "What is the loop lab page?"],
+     ["Can you describe the Loop lab?", "What is the Loop lab for?"]),
+    ("Press the Stop button under the reply; the text written so far is kept.",
+     ["How do I stop a reply?", "How can I stop the answer?", "How do I cancel a response?",
+      "Can I stop you while you are writing?", "How to stop generation?", "Stop button?"],
+     ["How do I stop a reply early?", "Is there a way to stop a reply?"]),
+    ("I am a tiny demo model trained on synthetic questions about capitals, chemical symbols, small sums and Glassbox.",
+     ["Who are you?", "What are you?", "What model are you?", "Are you a chatbot?", "What can you do?",
+      "What can I ask you?"],
+     ["Tell me about yourself.", "What kind of model are you?"]),
+]
+
+CATEGORIES = ("greeting", "capital", "symbol", "arithmetic", "app")
+MIX = {"greeting": 0.07, "capital": 0.2, "symbol": 0.16, "arithmetic": 0.47, "app": 0.1}
+
+
+@dataclass(frozen=True)
+class QA:
+    category: str
+    question: str
+    answer: str
+
+
+def capital_answer(country: str) -> str:
+    return f"The capital of {country} is {CAPITALS[country]}."
+
+
+def symbol_answer(element: str) -> str:
+    return f"The chemical symbol for {element} is {SYMBOLS[element]}."
+
+
+def arithmetic_answer(a: int, op: str, b: int) -> str:
+    return f"{a} {op} {b} = {a + b if op == '+' else a - b}."
+
+
+def pair_held_out(a: int, op: str, b: int) -> bool:
+    """About one operand pair in ten never appears in training (deterministic, order-sensitive)."""
+    return zlib.crc32(f"{a}{op}{b}".encode()) % 10 == 0
+
+
+def _fill(template: str, x: str = "", a: int = 0, b: int = 0) -> str:
+    return template.format(x=x, X=x[:1].upper() + x[1:], a=a, b=b)
+
+
+def _vary(rng: random.Random, text: str) -> str:
+    """Light surface noise so the model does not hinge on exact casing and punctuation."""
+    r = rng.random()
+    if r < 0.15 and text[:1].isupper() and not text.startswith(("I ", "I'd")):
+        text = text[0].lower() + text[1:]
+    elif r < 0.25 and text[-1:] in "?.!":
+        text = text[:-1]
+    return text
+
+
+def sample_train(rng: random.Random) -> QA:
+    """One training question/answer, drawn by the category mix."""
+    cat = rng.choices(list(MIX), weights=list(MIX.values()))[0]
+    if cat == "capital":
+        x = rng.choice(list(CAPITALS))
+        q, a = _fill(rng.choice(CAPITAL_Q[0]), x=x), capital_answer(x)
+    elif cat == "symbol":
+        x = rng.choice(list(SYMBOLS))
+        q, a = _fill(rng.choice(SYMBOL_Q[0]), x=x), symbol_answer(x)
+    elif cat == "arithmetic":
+        while True:
+            op = rng.choice("+-")
+            a_, b_ = rng.randrange(100), rng.randrange(100)
+            if op == "-" and b_ > a_:
+                a_, b_ = b_, a_  # answers stay non-negative
+            if not pair_held_out(a_, op, b_):
+                break
+        q = _fill(rng.choice((ADD_Q if op == "+" else SUB_Q)[0]), a=a_, b=b_)
+        a = arithmetic_answer(a_, op, b_)
+    else:
+        answer, phrasings, _ = rng.choice(GREETINGS if cat == "greeting" else APP)
+        q, a = rng.choice(phrasings), answer
+    return QA(cat, _vary(rng, q), a)
+
+
+def held_out(n_arithmetic: int = 150, seed: int = 7) -> list[QA]:
+    """The evaluation set: held-out phrasings for every fact and intent, held-out operand pairs."""
+    rng = random.Random(seed)
+    out = []
+    for group, cat in ((GREETINGS, "greeting"), (APP, "app")):
+        for answer, _, phrasings in group:
+            out += [QA(cat, q, answer) for q in phrasings]
+    for x in CAPITALS:
+        out += [QA("capital", _fill(t, x=x), capital_answer(x)) for t in CAPITAL_Q[1]]
+    for x in SYMBOLS:
+        out += [QA("symbol", _fill(t, x=x), symbol_answer(x)) for t in SYMBOL_Q[1]]
+    pairs = [(a, op, b) for op in "+-" for a in range(100) for b in range(100)
+             if pair_held_out(a, op, b) and (op == "+" or b <= a)]
+    for a, op, b in rng.sample(pairs, min(n_arithmetic, len(pairs))):
+        templates = (ADD_Q if op == "+" else SUB_Q)
+        t = rng.choice(templates[0] + templates[1])  # unseen pair, any phrasing
+        out.append(QA("arithmetic", _fill(t, a=a, b=b), arithmetic_answer(a, op, b)))
+    return out

@@ -1,0 +1,79 @@
+"""Exact-answer rate of a chat model on the held-out synthetic questions, per category.
+
+    python scripts/eval_chat.py                          # the bundled models/chat/model.safetensors
+    python scripts/eval_chat.py --history 2              # each question after two earlier Q/A turns
+
+Questions go through the product's own path: load_chat_model -> PromptBuilder -> generate, greedy.
+A reply counts only if it equals the expected answer exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from chat_corpus import CATEGORIES, held_out  # noqa: E402
+from webapp.chat.generate import generate  # noqa: E402
+from webapp.chat.loading import load_chat_model  # noqa: E402
+
+
+def answer(loaded, messages, max_new_tokens=200) -> str:
+    ids = loaded.prompt.build(messages, max_new_tokens)
+    return "".join(p.text for p in generate(loaded, ids, max_new_tokens=max_new_tokens, temperature=0))
+
+
+def evaluate(checkpoint, history: int = 0, n_arithmetic: int = 150, show_failures: int = 8) -> dict:
+    loaded = load_chat_model(str(checkpoint))
+    print(f"model: {loaded.checkpoint_id}: {loaded.description}")
+    questions = held_out(n_arithmetic=n_arithmetic)
+    rng = random.Random(0)
+    right, total, failures = defaultdict(int), defaultdict(int), []
+    t0 = time.time()
+    for qa in questions:
+        messages = []
+        for prior in rng.sample(questions, history):  # earlier turns, answered correctly
+            messages += [{"role": "user", "content": prior.question}, {"role": "assistant", "content": prior.answer}]
+        messages.append({"role": "user", "content": qa.question})
+        reply = answer(loaded, messages)
+        total[qa.category] += 1
+        if reply == qa.answer:
+            right[qa.category] += 1
+        else:
+            failures.append((qa, reply))
+    seconds = time.time() - t0
+
+    print(f"\nheld-out exact answers ({history} prior turns, greedy, {seconds:.0f} s):\n")
+    print("| category | questions | exact | rate |\n|---|---:|---:|---:|")
+    for cat in CATEGORIES:
+        if total[cat]:
+            print(f"| {cat} | {total[cat]} | {right[cat]} | {right[cat] / total[cat]:.1%} |")
+    n, r = sum(total.values()), sum(right.values())
+    print(f"| **all** | {n} | {r} | {r / n:.1%} |")
+    for qa, reply in failures[:show_failures]:
+        print(f"  miss [{qa.category}] {qa.question!r}: got {reply!r}, expected {qa.answer!r}")
+    return {"rate": r / n, "per_category": {c: right[c] / total[c] for c in total}, "seconds": seconds}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", nargs="?", default=str(ROOT / "models/chat/model.safetensors"))
+    p.add_argument("--history", type=int, default=0, help="earlier Q/A turns before each question")
+    p.add_argument("--arithmetic", type=int, default=150, help="held-out arithmetic questions")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    evaluate(args.checkpoint, history=args.history, n_arithmetic=args.arithmetic)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Train the bundled demo chat model on the synthetic corpus, then evaluate it on held-out questions.
+
+    python scripts/train_chat.py                # 30 minutes on one CPU thread, writes models/chat/
+    python scripts/train_chat.py --minutes 5 --out /tmp/chat
+
+Every training sequence is formatted exactly as webapp/chat/prompt.py builds prompts:
+[bos, *fewshot, user turn, assistant turn, user turn, ...] up to block_size, with the loss on the
+answer bytes and <|assistant_end|> only. Many Q/A turns share one sequence so the fixed few-shot
+prefix (~240 bytes) is paid once per sequence, and later turns train the later positions.
+The learning rate follows the wall clock (cosine over --minutes), so a slower machine trains fewer
+steps but still ends with a decayed rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from chat_corpus import sample_train  # noqa: E402
+from webapp.chat.model import GPT, GPTConfig  # noqa: E402
+from webapp.chat.prompt import PromptBuilder  # noqa: E402
+from webapp.chat.tokenizer import ByteTokenizer  # noqa: E402
+
+
+def make_sequence(rng: random.Random, builder: PromptBuilder, block_size: int):
+    """One dialogue of random Q/A turns: (x, y) of length block_size, y = -1 where no loss."""
+    ids = [builder.bos, *builder.fewshot_ids]
+    learn = [False] * len(ids)  # learn[i]: ids[i] is a target (answer byte or assistant_end)
+    while True:
+        qa = sample_train(rng)
+        user = builder.encode_turn("user", qa.question)
+        reply = builder.encode_turn("assistant", qa.answer)
+        if len(ids) + len(user) + len(reply) > block_size + 1:
+            break
+        ids += user + reply
+        learn += [False] * len(user) + [False] + [True] * (len(reply) - 1)
+    x = ids[:-1] + [0] * (block_size + 1 - len(ids))
+    y = [t if keep else -1 for t, keep in zip(ids[1:], learn[1:])]
+    y += [-1] * (block_size - len(y))
+    return x, y
+
+
+def get_batch(rng, builder, block_size, batch_size):
+    xs, ys = zip(*(make_sequence(rng, builder, block_size) for _ in range(batch_size)))
+    return torch.tensor(xs), torch.tensor(ys)
+
+
+def save(model: GPT, config: GPTConfig, out: Path, meta: dict):
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    # lm_head.weight is the same tensor as wte (tied): safetensors refuses shared storage, and the
+    # loader re-ties it, so only wte is written.
+    state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    tmp = out / "model.safetensors.tmp"
+    save_file(state, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, out / "model.safetensors")  # readers never see half a file
+    cfg = {**config.__dict__, "tokenizer": "byte", **meta}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--minutes", type=float, default=30.0, help="wall-clock training budget")
+    p.add_argument("--out", type=Path, default=ROOT / "models/chat")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the machine is shared)")
+    p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--n-head", type=int, default=4)
+    p.add_argument("--n-embd", type=int, default=256)
+    p.add_argument("--block-size", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=100, help="warm-up steps")
+    p.add_argument("--save-every", type=float, default=5.0, help="minutes between checkpoints")
+    p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation at the end")
+    args = p.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    tok = ByteTokenizer()
+    config = GPTConfig(block_size=args.block_size, vocab_size=264,  # 261 ids padded to a multiple of 8
+                       n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, bias=True)
+    builder = PromptBuilder(tok, config.block_size)
+    model = GPT(config)
+    decay = [p_ for p_ in model.parameters() if p_.dim() >= 2]
+    no_decay = [p_ for p_ in model.parameters() if p_.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95))
+    print(f"model: {model.num_params() / 1e6:.2f}M parameters, {config}", flush=True)
+    print(f"training for {args.minutes} min on {args.threads} thread(s), seed {args.seed}", flush=True)
+
+    budget = args.minutes * 60
+    start = last_save = time.time()
+    step, tokens, loss_avg = 0, 0, None
+    min_lr = args.lr / 10
+    while (elapsed := time.time() - start) < budget:
+        frac = elapsed / budget
+        lr = args.lr * (step + 1) / args.warmup if step < args.warmup else \
+            min_lr + 0.5 * (args.lr - min_lr) * (1 + math.cos(math.pi * frac))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        x, y = get_batch(rng, builder, config.block_size, args.batch_size)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # ~2x faster on this CPU (AMX)
+            _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        tokens += x.numel()
+        loss_avg = loss.item() if loss_avg is None else 0.9 * loss_avg + 0.1 * loss.item()
+        if step % 25 == 0:
+            print(f"step {step:5d} loss {loss_avg:.4f} lr {lr:.2e} {elapsed / 60:5.1f} min "
+                  f"{tokens / max(elapsed, 1e-9):.0f} tok/s", flush=True)
+        if time.time() - last_save > args.save_every * 60:
+            save(model, config, args.out, {"steps": step})
+            last_save = time.time()
+
+    minutes = (time.time() - start) / 60
+    meta = {"steps": step, "train_minutes": round(minutes, 1), "final_loss": round(loss_avg or 0.0, 4),
+            "seed": args.seed, "threads": args.threads, "batch_size": args.batch_size,
+            "description": "Tiny byte-level demo model trained on synthetic Q/A (scripts/train_chat.py)"}
+    save(model, config, args.out, meta)
+    print(f"saved {args.out} after {step} steps, {minutes:.1f} min, loss {loss_avg:.4f}", flush=True)
+
+    if not args.no_eval:
+        from eval_chat import evaluate
+
+        evaluate(args.out / "model.safetensors")
+
+
+if __name__ == "__main__":
+    main()
