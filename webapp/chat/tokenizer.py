@@ -20,6 +20,7 @@ GPT2_ENDOFTEXT = 50256
 class ChatTokenizer(Protocol):
     name: str
     special_ids: dict[str, int]  # the five CHAT_SPECIALS -> ids
+    first_special_id: int  # every id from here up (specials, embedding padding) ends a reply
     n_vocab: int  # ordinary tokens + specials; must not exceed the model's embedding rows
 
     def encode_ordinary(self, text: str) -> list[int]: ...
