@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable
 
 from webapp.core.jobs import CANCELLED, DONE, FAILED, QUEUED, RUNNING, Job, JobCancelled
+from webapp.core.metrics import JobMetrics
 
 log = logging.getLogger("glassbox.core")
 
@@ -47,6 +48,8 @@ class InferenceCore:
         self._closed = False
         self.running: Job | None = None
         self.counters = collections.Counter()  # submitted, done, cancelled, failed, tokens, rows
+        self.job_metrics = JobMetrics()  # per-kind outcomes, waits and run times; logs each job
+        self.warmup_seconds: dict[str, float] = {}
         self.open_streams = 0
         self._worker = threading.Thread(target=self._work, name="glassbox-core", daemon=True)
         self._worker.start()
@@ -77,6 +80,17 @@ class InferenceCore:
         """Add to a production counter (tokens, loop rows) from a runner."""
         with self._lock:
             self.counters[name] += n
+            if self.running is not None:  # runners run on the worker, so this is their job
+                self.running.counts[name] = self.running.counts.get(name, 0) + n
+
+    def active_jobs(self, owner: str) -> int:
+        """Jobs of one owner that are queued or running (a per-browser limit counts these)."""
+        with self._lock:
+            return sum(1 for j in self._jobs.values() if j.owner == owner and j.state in (QUEUED, RUNNING))
+
+    @property
+    def accepting(self) -> bool:
+        return not self._closed
 
     def stream_opened(self, delta: int) -> None:
         with self._lock:
@@ -109,7 +123,8 @@ class InferenceCore:
             for name, warm_up in self._warmups.items():
                 started = time.perf_counter()
                 warm_up(self.models[name])
-                log.info("warmed up %s in %.2fs", name, time.perf_counter() - started)
+                self.warmup_seconds[name] = time.perf_counter() - started
+                log.info("warmed up %s in %.2fs", name, self.warmup_seconds[name])
             self.ready.set()
         except Exception as error:  # stays unready, and says why on /readyz
             self.warmup_error = f"{type(error).__name__}: {error}"
@@ -138,6 +153,7 @@ class InferenceCore:
         job.set_state(CANCELLED)
         self.counters["cancelled"] += 1
         self._retire(job)
+        self.job_metrics.job_finished(job)
 
     def _renumber(self) -> None:
         for place, waiting in enumerate(self._queue, start=1):
@@ -162,6 +178,7 @@ class InferenceCore:
             self.running = None
             self.counters[outcome] += 1
             self._retire(job)
+        self.job_metrics.job_finished(job)
 
     def _call_on_finish(self, job: Job, outcome: str, error: str | None) -> None:
         # Save before announcing the end, so a reload right after "done" finds the saved result.

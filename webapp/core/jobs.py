@@ -49,6 +49,7 @@ class Job:
     started: float | None = None
     finished: float | None = None
     result: dict = field(default_factory=dict)  # runner's own summary (timings, counts)
+    counts: dict = field(default_factory=dict)  # what it produced (tokens, rows), for the job log
 
     def __post_init__(self) -> None:
         self._events: list[Event] = []

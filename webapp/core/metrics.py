@@ -1,54 +1,122 @@
-"""Prometheus text exposition of the core's counters and a request-latency histogram."""
+"""What the core reports about itself: Prometheus text for /metrics and one log line per job.
+
+Neither ever contains a message's text: jobs are described by id, kind, outcome, timings and counts.
+"""
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+JOB_BUCKETS = (0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+OUTCOMES = ("submitted", "done", "cancelled", "failed")
+
+job_log = logging.getLogger("glassbox.jobs")
 
 
 class LatencyHistogram:
-    def __init__(self) -> None:
+    def __init__(self, buckets: tuple[float, ...] = BUCKETS) -> None:
+        self.buckets = buckets
         self._lock = threading.Lock()
-        self._counts = [0] * (len(BUCKETS) + 1)
+        self._counts = [0] * (len(buckets) + 1)
         self._sum = 0.0
 
     def observe(self, seconds: float) -> None:
         with self._lock:
             self._sum += seconds
-            for i, bound in enumerate(BUCKETS):
+            for i, bound in enumerate(self.buckets):
                 if seconds <= bound:
                     self._counts[i] += 1
                     return
             self._counts[-1] += 1
 
-    def lines(self, name: str) -> list[str]:
+    def lines(self, name: str, labels: str = "", help: str = "") -> list[str]:
         with self._lock:
             counts, total = list(self._counts), self._sum
-        out, running = [f"# TYPE {name} histogram"], 0
-        for bound, count in zip(BUCKETS, counts):
+        sep = "," if labels else ""
+        out, running = _head(name, "histogram", help), 0
+        for bound, count in zip(self.buckets, counts):
             running += count
-            out.append(f'{name}_bucket{{le="{bound}"}} {running}')
+            out.append(f'{name}_bucket{{{labels}{sep}le="{bound}"}} {running}')
         running += counts[-1]
-        out += [f'{name}_bucket{{le="+Inf"}} {running}', f"{name}_sum {total:.6f}", f"{name}_count {running}"]
+        tail = f"{{{labels}}}" if labels else ""
+        out += [f'{name}_bucket{{{labels}{sep}le="+Inf"}} {running}', f"{name}_sum{tail} {total:.6f}",
+                f"{name}_count{tail} {running}"]
         return out
+
+
+class JobMetrics:
+    """Filled by the core when a job finishes: per-kind outcomes, queue wait and run time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.finished: dict[tuple[str, str], int] = {}
+        self.wait = LatencyHistogram(JOB_BUCKETS)
+        self.run = LatencyHistogram(JOB_BUCKETS)
+
+    def job_finished(self, job) -> None:
+        end = job.finished or time.monotonic()
+        started = job.started or end  # never started: it waited until it was cancelled
+        wait, run = started - job.created, end - started
+        with self._lock:
+            key = (job.kind, job.state)
+            self.finished[key] = self.finished.get(key, 0) + 1
+        self.wait.observe(wait)
+        if job.started:
+            self.run.observe(run)
+        counts = " ".join(f"{name}={n}" for name, n in sorted(job.counts.items()))
+        error = f" error={job.error[:200]!r}" if job.error else ""
+        job_log.info("job id=%s kind=%s outcome=%s wait_ms=%.0f run_ms=%.0f %s%s", job.id, job.kind, job.state,
+                     wait * 1000, run * 1000, counts or "produced=0", error)
+
+    def lines(self) -> list[str]:
+        with self._lock:
+            finished = sorted(self.finished.items())
+        out = _head("glassbox_jobs_finished_total", "counter", "Finished jobs by kind and outcome")
+        out += [f'glassbox_jobs_finished_total{{kind="{kind}",outcome="{outcome}"}} {n}'
+                for (kind, outcome), n in finished]
+        out += self.wait.lines("glassbox_job_queue_seconds", help="Time from submission to start (or cancel)")
+        out += self.run.lines("glassbox_job_run_seconds", help="Time a job held the device")
+        return out
+
+
+def _head(name: str, kind: str, help: str = "") -> list[str]:
+    return ([f"# HELP {name} {help}"] if help else []) + [f"# TYPE {name} {kind}"]
+
+
+def _gauge(name: str, value, help: str) -> list[str]:
+    return _head(name, "gauge", help) + [f"{name} {value}"]
+
+
+def thread_counts() -> dict[str, int]:
+    """Python threads: gunicorn's request pool (bounded by its `threads`) and all others."""
+    pool = sum(1 for t in threading.enumerate() if t.name.startswith("ThreadPoolExecutor"))
+    return {"request_pool": pool, "other": threading.active_count() - pool}
 
 
 def exposition(core, latency: LatencyHistogram) -> str:
     counters = dict(core.counters)
-    lines = [
-        "# TYPE glassbox_queue_length gauge", f"glassbox_queue_length {core.queue_length()}",
-        "# TYPE glassbox_running_jobs gauge", f"glassbox_running_jobs {int(core.running is not None)}",
-        "# TYPE glassbox_open_streams gauge", f"glassbox_open_streams {core.open_streams}",
-        "# TYPE glassbox_ready gauge", f"glassbox_ready {int(core.ready.is_set())}",
-        "# TYPE glassbox_jobs_total counter",
-    ]
-    for outcome in ("submitted", "done", "cancelled", "failed"):
-        lines.append(f'glassbox_jobs_total{{outcome="{outcome}"}} {counters.get(outcome, 0)}')
-    lines += ["# TYPE glassbox_tokens_total counter", f"glassbox_tokens_total {counters.get('tokens', 0)}",
-              "# TYPE glassbox_loop_rows_total counter", f"glassbox_loop_rows_total {counters.get('rows', 0)}",
-              "# TYPE glassbox_model_load_seconds gauge"]
+    lines = (_gauge("glassbox_queue_length", core.queue_length(), "Jobs waiting for the device")
+             + _gauge("glassbox_running_jobs", int(core.running is not None), "Jobs on the device (0 or 1)")
+             + _gauge("glassbox_open_streams", core.open_streams, "Open SSE streams, each holding a thread")
+             + _gauge("glassbox_ready", int(core.ready.is_set()), "1 once the models are loaded and warmed up")
+             + _gauge("glassbox_accepting_jobs", int(core.accepting), "0 once shutdown has begun")
+             + _head("glassbox_threads", "gauge", "Python threads of the process"))
+    lines += [f'glassbox_threads{{kind="{kind}"}} {n}' for kind, n in thread_counts().items()]
+    lines += _head("glassbox_jobs_total", "counter", "Jobs submitted, and finished by outcome")
+    lines += [f'glassbox_jobs_total{{outcome="{o}"}} {counters.get(o, 0)}' for o in OUTCOMES]
+    lines += core.job_metrics.lines()
+    lines += (_head("glassbox_tokens_total", "counter", "Chat tokens generated")
+              + [f"glassbox_tokens_total {counters.get('tokens', 0)}"]
+              + _head("glassbox_loop_rows_total", "counter", "Loop-lab rows produced")
+              + [f"glassbox_loop_rows_total {counters.get('rows', 0)}"]
+              + _head("glassbox_model_load_seconds", "gauge", "Time to load each model at start-up"))
     lines += [f'glassbox_model_load_seconds{{model="{name}"}} {seconds:.3f}'
               for name, seconds in core.load_seconds.items()]
-    lines += latency.lines("glassbox_request_seconds")
+    lines += _head("glassbox_model_warmup_seconds", "gauge", "Time of each model's warm-up pass")
+    lines += [f'glassbox_model_warmup_seconds{{model="{name}"}} {seconds:.3f}'
+              for name, seconds in core.warmup_seconds.items()]
+    lines += latency.lines("glassbox_request_seconds", help="Request latency, streams excluded")
     return "\n".join(lines) + "\n"

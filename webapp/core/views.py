@@ -1,4 +1,6 @@
-"""Operational endpoints: liveness, readiness and metrics."""
+"""Operational endpoints: liveness, readiness and metrics (Prometheus text).
+
+They carry no CSRF token and no session: GETs only, nothing about anyone's conversations."""
 
 from flask import Blueprint, Response, current_app, jsonify
 
@@ -15,10 +17,12 @@ def healthz():
 
 @bp.get("/readyz")
 def readyz():
+    """200 once every model is loaded and warmed up; 503 before, and again once shutdown begins,
+    so a load balancer stops sending work to a process that will not take it."""
     core = get_core()
-    if core.ready.is_set():
+    if core.ready.is_set() and core.accepting:
         return jsonify(status="ready", models=sorted(core.models))
-    reason = core.warmup_error or "warming up"
+    reason = "shutting down" if not core.accepting else core.warmup_error or "warming up"
     return jsonify(status="not ready", reason=reason), 503
 
 
