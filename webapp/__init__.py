@@ -15,7 +15,7 @@ from webapp.config import ROOT, Settings
 from webapp.core import InferenceCore
 from webapp.core.metrics import LatencyHistogram
 from webapp.db import Database
-from webapp.security import check_csrf, csrf_token
+from webapp.security import TrustedProxies, check_csrf, csrf_token
 
 log = logging.getLogger("glassbox")
 
@@ -50,6 +50,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     for blueprint in (core_bp, pages.bp, chat_bp, loops_bp, loops_api_bp):
         app.register_blueprint(blueprint)
 
+    app.wsgi_app = TrustedProxies(app.wsgi_app, settings.forwarded_allow_ips)
     app.before_request(_before)
     app.after_request(_after)
     app.register_error_handler(HTTPException, pages.http_error)

@@ -35,6 +35,7 @@ class Settings:
     max_messages: int = 200      # per conversation
     max_jobs_per_owner: int = 4  # queued or running at once
     max_body_bytes: int = 256 * 1024
+    forwarded_allow_ips: str = "127.0.0.1"  # proxies whose X-Forwarded-* (and -Prefix) are believed
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "Settings":

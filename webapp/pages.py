@@ -1,7 +1,7 @@
 """The home page and how errors are shown (a page, an htmx fragment, or JSON for the API)."""
 
-from flask import Blueprint, render_template, request
-from werkzeug.exceptions import HTTPException
+from flask import Blueprint, current_app, render_template, request
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 bp = Blueprint("pages", __name__)
 
@@ -13,6 +13,8 @@ def home():
 
 def http_error(error: HTTPException):
     message = error.description or error.name
+    if isinstance(error, RequestEntityTooLarge) and message == RequestEntityTooLarge.description:
+        message = f"This request is too large: the limit is {current_app.config['MAX_CONTENT_LENGTH'] // 1024:,} KiB."
     if request.path.startswith("/api/") or (request.accept_mimetypes.best == "application/json"):
         return {"error": message}, error.code
     if request.headers.get("HX-Request") == "true":
