@@ -116,7 +116,7 @@ def send():
 def start_reply(conversation, prompt_ids, sampling, *, new_user_text=None, draft=""):
     """Save and queue a checked prompt; answer htmx with the conversation, a form with the reply."""
     svc, owner = service(), owner_id()
-    if svc.active_jobs(owner) >= settings().max_jobs_per_owner:
+    if get_core().active_jobs(owner) >= settings().max_jobs_per_owner:  # chat and Loop lab together
         return composer_error(conversation, draft, "You already have replies running or waiting. "
                               "Wait for one to finish or stop it.", sampling, 429)
     created = conversation is None

@@ -22,6 +22,7 @@ from webapp.security import csrf_exempt, owner_id
 
 bp = Blueprint("loops", __name__, url_prefix="/loops")
 api = Blueprint("loops_api", __name__, url_prefix="/api/loops")
+TOO_MANY_JOBS = "You already have runs or replies waiting or running. Wait for one to finish or stop it."
 
 
 def service() -> LoopService:
@@ -83,6 +84,8 @@ def run():
             html = render_template("loops/_editor.html", state=state, symbols=SYMBOLS, presets=PRESET_LABELS)
             return html, 400, {"HX-Retarget": "#editor", "HX-Reswap": "outerHTML"}
         return render_lab(state, status=400)
+    if get_core().active_jobs(owner_id()) >= settings().max_jobs_per_owner:
+        abort(429, TOO_MANY_JOBS)
     try:
         job = service().start(owner_id(), demo_request)
     except (QueueFull, CoreClosed) as error:
@@ -201,6 +204,8 @@ def api_trace():
         demo_request = DemoRequest.parse(value)
     except RequestError as error:
         return {"error": error.message}, 400
+    if get_core().active_jobs(owner_id()) >= settings().max_jobs_per_owner:
+        return {"error": TOO_MANY_JOBS}, 429
     try:
         job = service().start(owner_id(), demo_request)
     except (QueueFull, CoreClosed) as error:
