@@ -1,41 +1,79 @@
 """gunicorn settings for Glassbox: one process (one copy of the models, one owner of the
-device), gthread workers so long-lived streams stay open, threads sized for streams + pages."""
+device), gthread workers so long-lived streams stay open, threads sized for streams + pages.
+
+On SIGTERM (systemd stop, deploys) the worker stops taking connections, the core stops taking jobs
+and cancels the queued and running ones (partial replies are saved as stopped), every open stream
+ends with its final `done` event, and the worker exits well within graceful_timeout.
+"""
 
 import os
+import signal
 import threading
 
 bind = os.environ.get("GLASSBOX_BIND", "127.0.0.1:8000")
 workers = 1                       # the models and the job queue live in this one process
 worker_class = "gthread"          # the sync worker would kill streams at `timeout`
-# Every open stream holds a thread; keep some over GLASSBOX_MAX_STREAMS for page loads.
-threads = int(os.environ.get("GLASSBOX_THREADS", "32"))
+# Every open stream holds a thread. The app refuses streams over GLASSBOX_MAX_STREAMS, so threads
+# beyond that are kept for page loads, which would otherwise queue behind streams.
+PAGE_THREADS = 8
+threads = int(os.environ.get("GLASSBOX_THREADS") or int(os.environ.get("GLASSBOX_MAX_STREAMS", "24")) + PAGE_THREADS)
 timeout = 120                     # the worker's heartbeat; streams are not bound by it under gthread
 graceful_timeout = int(os.environ.get("GLASSBOX_GRACEFUL_TIMEOUT", "20"))
-keepalive = 5
+keepalive = 5                     # nginx keeps upstream connections open (deploy/nginx.conf)
+forwarded_allow_ips = os.environ.get("GLASSBOX_FORWARDED_ALLOW_IPS", "127.0.0.1")
+control_socket_disable = True     # gunicorn >= 24's control socket is one path per user: instances collide
+
+# Logs go to stderr (journald under systemd), one line per request and one per job. Key=value lines
+# that grep and log shippers read; never a message's text: paths carry ids only, queries are left out.
 accesslog = "-"
 errorlog = "-"
 loglevel = os.environ.get("GLASSBOX_LOG_LEVEL", "info")
-# No message text in logs: method, path, status, size, duration only.
-access_log_format = '%(h)s "%(m)s %(U)s" %(s)s %(B)s %(M)sms'
-forwarded_allow_ips = os.environ.get("GLASSBOX_FORWARDED_ALLOW_IPS", "127.0.0.1")
+access_log_format = ('remote=%(h)s forwarded_for="%({x-forwarded-for}i)s" method=%(m)s path="%(U)s" '
+                     'status=%(s)s bytes=%(B)s ms=%(M)s')
+logconfig_dict = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain",
+                            "stream": "ext://sys.stderr"}},
+    "root": {"level": "WARNING", "handlers": ["stderr"]},  # gunicorn merges ours over its defaults
+    "loggers": {
+        "gunicorn.error": {"level": loglevel.upper(), "handlers": ["stderr"], "propagate": False},
+        "gunicorn.access": {"level": "INFO", "handlers": ["stderr"], "propagate": False},
+        "glassbox": {"level": loglevel.upper(), "handlers": ["stderr"], "propagate": False},
+    },
+}
 
 
 def when_ready(server):
     server.log.info("Glassbox is listening on http://%s/", bind)
 
 
-def post_worker_init(worker):
-    """On SIGTERM, stop the core first: it cancels running jobs (partial replies are saved as
-    stopped) and every open stream ends with its final event, so the worker can exit in time."""
-    import signal
+def _core(worker):
+    # worker.wsgi is the Flask app itself (proxy handling wraps app.wsgi_app, not the app)
+    return getattr(worker.wsgi, "extensions", {}).get("glassbox.core")
 
-    original = worker.handle_exit
+
+def post_worker_init(worker):
+    """Chain the core's shutdown onto the worker's SIGTERM handler (gunicorn has no hook there)."""
+    core = _core(worker)
+    if core is None:
+        worker.log.warning("no Glassbox core found: SIGTERM will not end streams early")
+        return
+    stop_accepting = worker.handle_exit
 
     def handle_exit(sig, frame):
-        original(sig, frame)
-        core = worker.wsgi.extensions.get("glassbox.core") if hasattr(worker.wsgi, "extensions") else None
-        if core is not None:
-            threading.Thread(target=core.shutdown, name="glassbox-shutdown", daemon=True).start()
+        stop_accepting(sig, frame)
+        # Not in the signal handler itself: shutdown waits for the running job to stop.
+        threading.Thread(target=core.shutdown, kwargs={"timeout": graceful_timeout / 2},
+                         name="glassbox-shutdown", daemon=True).start()
 
-    worker.handle_exit = handle_exit
     signal.signal(signal.SIGTERM, handle_exit)
+    signal.siginterrupt(signal.SIGTERM, False)  # as gunicorn set it: requests are not interrupted
+
+
+def worker_int(worker):
+    """SIGINT/SIGQUIT (Ctrl-C): a fast exit, but the partial replies are still saved as stopped."""
+    core = _core(worker)
+    if core is not None:
+        core.shutdown(timeout=2)
