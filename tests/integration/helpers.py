@@ -1,0 +1,46 @@
+"""Small steps the integration tests share: start a reply or a run, read what was saved."""
+
+from __future__ import annotations
+
+import html
+import re
+import sqlite3
+
+from tests.support.servers import Client, stream_url
+
+
+def start_reply(client: Client, prefix: str = "", tokens: int = 250, content: str = "Tell me a story") -> str:
+    """Send a chat message as htmx does; returns the reply's stream URL."""
+    client.get(f"{prefix}/chat/")
+    reply = client.post(f"{prefix}/chat/send", {"content": content, "max_new_tokens": str(tokens)}, htmx=True)
+    assert reply.status == 200, reply.text
+    return stream_url(reply.text)
+
+
+def start_run(client: Client, prefix: str = "", steps: int = 8) -> str:
+    """Run the Loop lab on its default table; returns the run's stream URL."""
+    lab = client.get(f"{prefix}/loops/")
+    sources = re.findall(r'name="src" value="([A-Z])"', lab.text)
+    data = {"src": sources, "dst": sources[1:] + sources[:1], "start": "A", "steps": str(steps)}
+    live = client.post(f"{prefix}/loops/run", data, htmx=True)
+    assert live.status == 200, live.text
+    return stream_url(live.text)
+
+
+def message_id(url: str) -> int:
+    return int(re.search(r"/m/(\d+)/stream", url).group(1))
+
+
+def saved_message(instance, message_id: int) -> dict:
+    with sqlite3.connect(instance / "glassbox.sqlite3") as db:
+        db.row_factory = sqlite3.Row
+        return dict(db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone())
+
+
+def streamed_text(events) -> str:
+    """The reply text as the browser assembles it from token fragments (SSE turns \\r into \\n)."""
+    return "".join(html.unescape(e.data) for e in events if e.name == "token")
+
+
+def as_sse_text(text: str) -> str:
+    return re.sub(r"\r\n|\r", "\n", text)
