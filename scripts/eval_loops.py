@@ -99,15 +99,18 @@ def main():
           f"rule order {'shuffled' if args.shuffled else 'A..Z'}, seed {args.seed}")
     print("| k | " + " | ".join(METRICS) + " |")
     print("|---" * (len(METRICS) + 1) + "|")
-    began, mismatches, checked = time.time(), 0, 0
+    began, mismatches, checked, single_loops, single_seconds = time.time(), 0, 0, 0, 0.0
     failures = []
     with torch.inference_mode():
         for low, high in BUCKETS:
             cases = make_cases(low, high, args.per_bucket, rng, args.shuffled, args.preset)
             results = run_batch(bundle, cases)
             for case, result in list(zip(cases, results))[: args.check_batch]:
-                checked += 1
-                mismatches += run_one(bundle, *case) != result
+                checked, tick = checked + 1, time.perf_counter()
+                single = run_one(bundle, *case)
+                single_seconds += time.perf_counter() - tick
+                single_loops += len(single[0])
+                mismatches += single != result
             totals = dict.fromkeys(METRICS, 0)
             for (pairs, start, k), (preds, head) in zip(cases, results):
                 row = score(preds, head, execute(dict(pairs), start, k))
@@ -123,7 +126,8 @@ def main():
             bad = sorted({case[2] for case, (preds, head) in zip(sweep, run_batch(bundle, sweep))
                           if not (head and len(preds) == case[2])})
             print(f"stop sweep, k = 1..256 x {args.stop_sweep} tables: exact_stop failed at k = {bad or 'none'}")
-    print(f"batch vs batch-1: {mismatches} mismatches in {checked} re-run cases")
+    print(f"batch vs batch-1: {mismatches} mismatches in {checked} re-run cases; batch-1 speed "
+          f"{1000 * single_seconds / max(single_loops, 1):.2f} ms per loop (prompt encoding included)")
     print(f"eval took {time.time() - began:.1f}s")
     for line in failures:
         print("failure:", line)

@@ -171,12 +171,15 @@ class CompletionHead(nn.Module):
                                  nn.Linear(config.stop_hidden, 1))
         nn.init.constant_(self.mlp[-1].bias, -3.0)  # stopping is rare: start "don't stop"
 
-    def forward(self, loops, k_slots):
-        # loops: [L] loop numbers; k_slots: [B, P, C] -> stop logits [B, L]
+    def project_k(self, k_slots):
+        """k's digit slots [B, P, C] -> comparison vectors [B, P, S], once per prompt."""
+        return torch.stack([proj(k_slots[:, p]) for p, proj in enumerate(self.k_proj)], 1)
+
+    def forward(self, loops, k_vectors):
+        # loops: [L] loop numbers; k_vectors: [B, P, S] from project_k -> stop logits [B, L]
         place = torch.arange(self.n_places, device=loops.device)
         u = self.counter_digits(loop_digits(loops, self.n_places) + 10 * place)   # [L, P, S]
-        v = torch.stack([proj(k_slots[:, p]) for p, proj in enumerate(self.k_proj)], 1)  # [B, P, S]
-        match = torch.einsum("lps,bps->blp", u, v) / math.sqrt(u.size(-1))        # [B, L, P]
+        match = torch.einsum("lps,bps->blp", u, k_vectors) / math.sqrt(u.size(-1))  # [B, L, P]
         return self.mlp(match).squeeze(-1)
 
 
@@ -229,6 +232,10 @@ class LoopTransformer(nn.Module):
         """Tied readout over the given token ids, scaled by 1/sqrt(d)."""
         return self.ln_f(h) @ self.wte.weight[ids].t() / math.sqrt(self.config.n_embd)
 
+    def _readout(self, h, w):
+        # readout() with the [C, 26] matrix gathered once per call, for the loop
+        return self.ln_f(h) @ w
+
     def _ids(self, readout_token_ids):
         ids = self.config.readout_token_ids if readout_token_ids is None else readout_token_ids
         ids = torch.as_tensor(list(ids), dtype=torch.long, device=self.wte.weight.device)
@@ -248,17 +255,19 @@ class LoopTransformer(nn.Module):
             raise ValueError(f"num_loops must be from 1 to {10 ** self.config.n_places - 1}")
         ids = self._ids(readout_token_ids)
         kv, mask, slots = self.encode(input_ids, attention_mask)
-        start_scores = self.readout(slots[:, 0], ids)                 # [B, 26]
-        letter = start_scores.argmax(-1)                              # x0 as read, [B]
+        w = self.wte.weight[ids].t() / math.sqrt(self.config.n_embd)   # [C, 26]
+        k_vectors = self.completion_head.project_k(slots[:, 1:])        # [B, P, S]
+        start_scores = self._readout(slots[:, 0], w)                   # [B, 26]
+        letter = start_scores.argmax(-1)                               # x0 as read, [B]
         halted_at = torch.zeros(input_ids.size(0), dtype=torch.long, device=input_ids.device)
+        counters = torch.arange(1, num_loops + 1, device=input_ids.device)
         scores, stops, states = [], [], []
         for loop in range(1, num_loops + 1):
-            z = self.wte(ids[letter]).unsqueeze(1)                    # re-embed own letter, [B, 1, C]
+            z = self.wte(ids[letter]).unsqueeze(1)                     # re-embed own letter, [B, 1, C]
             a, h = self.loop_block(z, kv, mask)
-            score = self.readout(h, ids)[:, 0]                         # [B, 26]
-            state = self.readout(a, ids)[:, 0]                         # [B, 26]
-            counter = torch.tensor([loop], device=input_ids.device)
-            stop = self.completion_head(counter, slots[:, 1:])[:, 0]  # [B]
+            score = self._readout(h, w)[:, 0]                           # [B, 26]
+            state = self._readout(a, w)[:, 0]                           # [B, 26]
+            stop = self.completion_head(counters[loop - 1:loop], k_vectors)[:, 0]  # [B]
             scores.append(score), stops.append(stop), states.append(state)
             if loop_callback is not None:
                 loop_callback(loop, score, stop, state)               # exceptions propagate
@@ -284,6 +293,6 @@ class LoopTransformer(nn.Module):
         kv, mask, slots = self.encode(input_ids, attention_mask)
         a, h = self.loop_block(self.wte(ids[inputs]), kv, mask)
         return {"scores": self.readout(h, ids), "state_logits": self.readout(a, ids),
-                "stop_logits": self.completion_head(loops, slots[:, 1:]),
+                "stop_logits": self.completion_head(loops, self.completion_head.project_k(slots[:, 1:])),
                 "start_scores": self.readout(slots[:, 0], ids),
                 "digit_logits": self.read_digits(slots)}
