@@ -31,4 +31,19 @@
     if (composer && event.target && event.target.id === "conversation") composer.focus();
   });
   document.addEventListener("DOMContentLoaded", function () { stickToBottom = true; follow(); });
+
+  // A swap that removes the focused control (a Stop button, once its reply or run is final) would
+  // drop a keyboard user back to the top of the page: move the focus to the page's main control
+  // (the one marked autofocus) or to <main> instead.
+  var focusBeforeSwap = null;
+  function rememberFocus() { focusBeforeSwap = document.activeElement; }
+  document.addEventListener("htmx:beforeSwap", rememberFocus);
+  document.addEventListener("htmx:sseBeforeMessage", rememberFocus);
+  document.addEventListener("htmx:afterSettle", function () {
+    var lost = focusBeforeSwap && focusBeforeSwap !== document.body && !focusBeforeSwap.isConnected;
+    focusBeforeSwap = null;
+    if (!lost || (document.activeElement && document.activeElement !== document.body)) return;
+    var fallback = document.querySelector("main [autofocus]") || document.getElementById("main");
+    if (fallback) fallback.focus({ preventScroll: true });
+  });
 })();

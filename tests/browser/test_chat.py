@@ -1,0 +1,104 @@
+"""Chat in a real browser: send, watch tokens arrive, Stop, Regenerate, Edit, reload, privacy."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.browser.conftest import screenshot
+
+pytestmark = pytest.mark.browser
+
+PENDING = "li.message.assistant.pending"
+
+
+def set_reply_length(page, tokens: str) -> None:
+    if page.locator("#sampling").get_attribute("open") is None:
+        page.locator("#sampling summary").click()
+    page.fill("#max_new_tokens", tokens)
+
+
+def send(page, text: str, max_new_tokens: str | None = None) -> None:
+    if max_new_tokens is not None:
+        set_reply_length(page, max_new_tokens)
+    page.fill("#content", text)
+    page.click("button.send")
+
+
+def watch_reply(page, seconds: float = 20) -> list[str]:
+    """The pending reply's text, sampled until the reply is final: the states the reader saw."""
+    page.wait_for_selector(PENDING)
+    states, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        text = page.evaluate(f"() => (document.querySelector('{PENDING} .text') || {{}}).textContent")
+        if text is None:
+            break
+        if not states or states[-1] != text:
+            states.append(text)
+        time.sleep(0.03)
+    return states
+
+
+def last_reply(page):
+    return page.locator("li.message.assistant").last
+
+
+def test_send_stream_stop_regenerate_edit_and_reload(page):
+    page.goto("/chat/")
+    send(page, "Hello <b>there</b> & welcome")
+    states = watch_reply(page)
+    assert len([s for s in states if s]) >= 3, f"tokens did not arrive progressively: {states}"
+    final = last_reply(page)
+    assert "complete" in final.get_attribute("class")
+    assert final.locator(".text").text_content().startswith(states[-1][:5])
+    assert page.locator("li.message.user .text").first.text_content() == "Hello <b>there</b> & welcome"
+    assert "/chat/c/" in page.url  # the new conversation's address was pushed
+
+    # Stop a long reply part way: it is kept, marked stopped.
+    send(page, "Now a long one", max_new_tokens="250")
+    page.wait_for_function(f"() => (document.querySelector('{PENDING} .text') || {{}}).textContent?.length > 3")
+    screenshot(page, "chat-streaming")
+    page.locator(f"{PENDING} button.stop").click()
+    page.wait_for_selector("li.message.assistant.stopped .badge")
+    stopped = last_reply(page).locator(".text").text_content()
+    assert stopped and not page.locator(PENDING).count()
+
+    # Regenerate replaces the stopped reply with a new one.
+    assistants = page.locator("li.message.assistant").count()
+    set_reply_length(page, "20")
+    last_reply(page).get_by_role("button", name="Regenerate").click()
+    page.wait_for_selector(PENDING)
+    page.wait_for_selector(f"{PENDING}", state="detached")
+    assert page.locator("li.message.assistant").count() == assistants
+    assert "complete" in last_reply(page).get_attribute("class")
+
+    # Edit the first message: later turns go, a new reply comes.
+    first = page.locator("li.message.user").first
+    first.locator("details.edit summary").click()
+    first.locator("textarea").fill("An edited question")
+    first.get_by_role("button", name="Save and resend").click()
+    page.wait_for_selector(PENDING)
+    page.wait_for_selector(PENDING, state="detached")
+    assert page.locator("li.message.user").count() == 1
+    assert page.locator("li.message.user .text").first.text_content() == "An edited question"
+    assert page.locator("li.message.assistant").count() == 1
+
+    history = page.locator("li.message .text").all_text_contents()
+    page.reload()
+    assert page.locator("li.message .text").all_text_contents() == history
+    screenshot(page, "chat")
+
+
+def test_another_browser_cannot_see_the_conversation(open_context, problems):
+    problems.allow(404)  # the 404 is the point
+    mine = open_context().new_page()
+    mine.goto("/chat/")
+    send(mine, "A private note")
+    mine.wait_for_selector("li.message.assistant.complete", timeout=20_000)
+    theirs = open_context().new_page()
+    response = theirs.goto(mine.url)
+    assert response.status == 404
+    assert "A private note" not in theirs.content()
+    assert "A private note" not in theirs.goto("/chat/").text()
+    screenshot(theirs, "chat-404")
