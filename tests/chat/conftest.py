@@ -1,0 +1,44 @@
+"""Fixtures for the chat model path: GPT-2's ranks file and tiny random GPTs in every checkpoint format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from webapp.chat.model import GPT, GPTConfig
+
+GPT2_RANKS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gpt2.tiktoken"
+
+# Small, but with the owner's padded GPT-2 vocabulary; n_head = n_embd // 64 so shapes alone infer it.
+SEED_LIKE = GPTConfig(block_size=128, vocab_size=50304, n_layer=2, n_head=2, n_embd=128)
+
+
+@pytest.fixture(scope="session")
+def gpt2_ranks() -> Path:
+    if not GPT2_RANKS.is_file():
+        pytest.skip(f"GPT-2 ranks file not found at {GPT2_RANKS} (shared/ should sit beside the clone)")
+    return GPT2_RANKS
+
+
+@pytest.fixture(scope="session")
+def gpt2_tok(gpt2_ranks):
+    from webapp.chat.tokenizer import gpt2_tokenizer
+    return gpt2_tokenizer(str(gpt2_ranks))
+
+
+def random_gpt(config: GPTConfig = SEED_LIKE, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    model = GPT(config)
+    with torch.no_grad():  # larger logits than the init's, so greedy decoding has no near-ties
+        model.transformer.wte.weight.mul_(10)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def seed_checkpoint(tmp_path_factory) -> Path:
+    """The owner's format: torch.save of a torch.compile'd model's state dict (`_orig_mod.` keys)."""
+    path = tmp_path_factory.mktemp("seed") / "model.pt"
+    torch.save({f"_orig_mod.{k}": v for k, v in random_gpt().state_dict().items()}, path)
+    return path

@@ -1,0 +1,177 @@
+import dataclasses
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from tests.chat.conftest import SEED_LIKE, random_gpt
+from webapp.chat.generate import generate
+from webapp.chat.loading import ModelLoadError, load_chat_model
+from webapp.chat.model import GPTConfig
+
+EXAMPLE = "examples.owner_chat_model:build_model"  # the README's spelling; a file path works too
+
+
+def greedy_ids(loaded, prompt, n=12):
+    """Token ids of a greedy reply of exactly n tokens (specials masked so random weights never stop)."""
+    out = []
+    tok = loaded.tokenizer
+    original = tok.decode_single_token_bytes
+
+    def spy(i):
+        out.append(i)
+        return original(i)
+
+    def no_specials(module, args, logits):
+        logits[..., tok.first_special_id:] = float("-inf")
+        return logits
+    hook = loaded.model.lm_head.register_forward_hook(no_specials)
+    tok.decode_single_token_bytes = spy
+    try:
+        for _ in generate(loaded, prompt, max_new_tokens=n, temperature=0):
+            pass
+    finally:
+        del tok.decode_single_token_bytes
+        hook.remove()
+    assert len(out) == n
+    return out
+
+
+def test_seed_format_loads_and_decodes_the_same_with_and_without_cache(seed_checkpoint, gpt2_ranks):
+    loaded = load_chat_model(str(seed_checkpoint), tokenizer_spec=f"gpt2:{gpt2_ranks}")
+    assert loaded.supports_kv_cache and loaded.block_size == 128 and not loaded.model.training
+    assert loaded.checkpoint_id.startswith("model.pt@") and len(loaded.checkpoint_id) == len("model.pt@") + 12
+    assert "n_head=2 assumed" in loaded.description
+    ids = loaded.prompt.build([{"role": "user", "content": "Hi"}], 8)[-40:]  # window of 128
+    with_cache = greedy_ids(loaded, ids)
+    without = greedy_ids(dataclasses.replace(loaded, supports_kv_cache=False), ids)
+    assert with_cache == without
+
+
+def test_nanogpt_checkpoint_dict(tmp_path, gpt2_ranks):
+    model = random_gpt()
+    args = dict(dataclasses.asdict(SEED_LIKE), dropout=0.0)
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": {f"_orig_mod.{k}": v for k, v in model.state_dict().items()}, "model_args": args,
+                "iter_num": 10, "best_val_loss": torch.tensor(1.5), "config": {"lr": 1e-3}}, path)
+    loaded = load_chat_model(str(path), tokenizer_spec=f"gpt2:{gpt2_ranks}")
+    assert "ckpt.pt model_args" in loaded.description
+    assert torch.equal(loaded.model.transformer.h[1].mlp.c_fc.weight, model.transformer.h[1].mlp.c_fc.weight)
+
+
+def save_safetensors(directory, config=GPTConfig(block_size=64, vocab_size=264, n_layer=1, n_head=2, n_embd=32),
+                     tokenizer="byte"):
+    directory.mkdir(parents=True, exist_ok=True)
+    model = random_gpt(config)
+    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps({**dataclasses.asdict(config), "tokenizer": tokenizer}))
+    return directory / "model.safetensors", model
+
+
+def test_safetensors_with_config(tmp_path):
+    path, model = save_safetensors(tmp_path / "m")
+    loaded = load_chat_model(str(path), dtype="bfloat16")
+    assert loaded.tokenizer.name == "byte" and loaded.block_size == 64
+    assert loaded.model.lm_head.weight is loaded.model.transformer.wte.weight
+    assert loaded.model.lm_head.weight.dtype == torch.bfloat16
+    assert "".join(p.text for p in generate(loaded, [256, 65, 66], max_new_tokens=5, temperature=0)) is not None
+
+
+def test_factory_hook_with_the_example(seed_checkpoint, gpt2_ranks):
+    loaded = load_chat_model(str(seed_checkpoint), arch="owner-tiny", factory=EXAMPLE,
+                             tokenizer_spec=f"gpt2:{gpt2_ranks}")
+    assert loaded.supports_kv_cache and "factory" in loaded.description
+    by_shapes = load_chat_model(str(seed_checkpoint), tokenizer_spec=f"gpt2:{gpt2_ranks}")
+    ids = [50257, 15496, 995, 50260]
+    assert greedy_ids(loaded, ids) == greedy_ids(by_shapes, ids)
+
+
+def test_factory_model_without_cache_runs_full_recompute(seed_checkpoint, gpt2_ranks, tmp_path):
+    factory = tmp_path / "plain.py"
+    factory.write_text(
+        "import torch.nn as nn\n"
+        "from examples.owner_chat_model import build_model as _build\n"
+        "class Plain(nn.Module):  # only the seed's contract: model(idx) -> (logits, loss), config\n"
+        "    def __init__(self, inner):\n"
+        "        super().__init__(); self.transformer, self.lm_head, self.config = inner.transformer, inner.lm_head, inner.config\n"
+        "        self._inner = [inner]\n"
+        "    def forward(self, idx, targets=None):\n"
+        "        return self._inner[0](idx, targets)\n"
+        "def build_model(arch):\n"
+        "    return Plain(_build(arch))\n")
+    plain = load_chat_model(str(seed_checkpoint), arch="owner-tiny", factory=f"{factory}:build_model",
+                            tokenizer_spec=f"gpt2:{gpt2_ranks}")
+    assert not plain.supports_kv_cache and "full recompute" in plain.description
+    cached = load_chat_model(str(seed_checkpoint), tokenizer_spec=f"gpt2:{gpt2_ranks}")
+    ids = [50257, 15496, 995, 50260]
+    assert greedy_ids(plain, ids) == greedy_ids(cached, ids)
+
+
+# -- every mismatch stops with a message naming the file ------------------------------------------
+
+def test_missing_checkpoint(tmp_path):
+    with pytest.raises(ModelLoadError, match="absent.pt: checkpoint not found"):
+        load_chat_model(str(tmp_path / "absent.pt"), tokenizer_spec="byte")
+
+
+def test_unreadable_checkpoint(tmp_path):
+    bad = tmp_path / "garbage.pt"
+    bad.write_bytes(b"\x00not a checkpoint" * 10)
+    with pytest.raises(ModelLoadError, match="garbage.pt: unreadable"):
+        load_chat_model(str(bad), tokenizer_spec="byte")
+    bad = tmp_path / "garbage.safetensors"
+    bad.write_bytes(b"\x00" * 64)
+    with pytest.raises(ModelLoadError, match="garbage.safetensors: unreadable"):
+        load_chat_model(str(bad), tokenizer_spec="byte")
+
+
+def test_tokenizer_larger_than_embedding(tmp_path, gpt2_ranks):
+    path, _ = save_safetensors(tmp_path / "m")
+    with pytest.raises(ModelLoadError, match=r"model.safetensors: tokenizer .* needs 50262 ids .* only 264 rows"):
+        load_chat_model(str(path), tokenizer_spec=f"gpt2:{gpt2_ranks}")
+
+
+def test_missing_and_unknown_keys(tmp_path, seed_checkpoint):
+    state = torch.load(seed_checkpoint)
+    del state["_orig_mod.transformer.h.1.mlp.c_fc.bias"]
+    state["extra.weight"] = torch.zeros(2)
+    path = tmp_path / "broken.pt"
+    torch.save(state, path)
+    with pytest.raises(ModelLoadError) as err:
+        load_chat_model(str(path), arch="owner-tiny", factory=EXAMPLE, tokenizer_spec="byte")
+    message = str(err.value)
+    assert "broken.pt" in message and "missing keys: transformer.h.1.mlp.c_fc.bias" in message
+    assert "unexpected keys: extra.weight" in message
+
+
+def test_wrong_shapes(seed_checkpoint):
+    with pytest.raises(ModelLoadError) as err:
+        load_chat_model(str(seed_checkpoint), arch="gpt2", tokenizer_spec="byte")
+    message = str(err.value)
+    assert "model.pt" in message and "preset gpt2" in message
+    assert "shape of transformer.wpe.weight: model expects (1024, 768), checkpoint has (128, 128)" in message
+
+
+def test_unknown_arch_and_bad_factory(seed_checkpoint):
+    with pytest.raises(ModelLoadError, match="unknown arch 'gpt5'"):
+        load_chat_model(str(seed_checkpoint), arch="gpt5", tokenizer_spec="byte")
+    with pytest.raises(ModelLoadError, match="cannot be imported"):
+        load_chat_model(str(seed_checkpoint), factory="no_such_module:build", tokenizer_spec="byte")
+    with pytest.raises(ModelLoadError, match="module:function"):
+        load_chat_model(str(seed_checkpoint), factory="no_colon", tokenizer_spec="byte")
+
+
+def test_no_tokenizer_named(seed_checkpoint):
+    with pytest.raises(ModelLoadError, match="model.pt: no tokenizer named"):
+        load_chat_model(str(seed_checkpoint))
+
+
+def test_untied_head_is_refused(tmp_path, seed_checkpoint):
+    state = torch.load(seed_checkpoint)
+    state["_orig_mod.lm_head.weight"] = state["_orig_mod.lm_head.weight"].clone() + 1
+    path = tmp_path / "untied.pt"
+    torch.save(state, path)
+    with pytest.raises(ModelLoadError, match="untied.pt: lm_head.weight differs"):
+        load_chat_model(str(path), tokenizer_spec="byte")

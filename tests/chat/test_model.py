@@ -1,0 +1,82 @@
+import pytest
+import torch
+
+from webapp.chat.model import GPT, PRESETS, GPTConfig
+
+SMALL = GPTConfig(block_size=32, vocab_size=70, n_layer=2, n_head=2, n_embd=16)
+
+
+def small_model(seed=0, config=SMALL):
+    torch.manual_seed(seed)
+    return GPT(config).eval()
+
+
+def test_nanogpt_parameter_layout():
+    keys = set(small_model().state_dict())
+    expected = {"transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight",
+                "transformer.ln_f.bias", "lm_head.weight"}
+    for i in range(2):
+        for name in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"):
+            expected |= {f"transformer.h.{i}.{name}.weight", f"transformer.h.{i}.{name}.bias"}
+    assert keys == expected
+    m = small_model()
+    assert m.lm_head.weight is m.transformer.wte.weight  # tied
+    no_bias = GPT(GPTConfig(block_size=8, vocab_size=10, n_layer=1, n_head=1, n_embd=8, bias=False))
+    assert not any(k.endswith(".bias") for k in no_bias.state_dict())
+
+
+def test_presets():
+    assert PRESETS["gpt2-254m"] == GPTConfig(block_size=1024, vocab_size=50304, n_layer=16, n_head=16, n_embd=1024)
+    with torch.device("meta"):  # count without allocating a gigabyte
+        assert 250e6 < GPT(PRESETS["gpt2-254m"]).num_params() < 258e6
+        assert 123e6 < GPT(PRESETS["gpt2"]).num_params() < 125e6
+
+
+def test_forward_contract():
+    m = small_model()
+    idx = torch.randint(0, 70, (3, 10))
+    logits, loss = m(idx)
+    assert logits.shape == (3, 1, 70) and loss is None  # last position only without targets
+    logits, loss = m(idx, idx)
+    assert logits.shape == (3, 10, 70) and loss.ndim == 0
+    targets = torch.full((3, 10), -1)
+    targets[:, -1] = 5
+    _, masked = m(idx, targets)  # -1 = no loss there
+    assert torch.isfinite(masked)
+    with pytest.raises(ValueError, match="block_size"):
+        m(torch.zeros(1, 33, dtype=torch.long))
+
+
+@torch.inference_mode()
+def test_kv_cache_matches_full_forward():
+    m = small_model()
+    idx = torch.randint(0, 70, (1, 20))
+    full = [m(idx[:, :t + 1])[0][:, -1] for t in range(20)]  # last-position logits of every prefix
+
+    cache = m.new_cache()
+    assert cache.k.shape == (2, 1, 2, 32, 8)
+    assert torch.allclose(m.forward_cached(idx, cache, 0), full[-1], atol=1e-5)  # one prefill
+
+    cache = m.new_cache()  # chunked prefill (5 + 5) then one token at a time
+    m.forward_cached(idx[:, :5], cache, 0)
+    assert torch.allclose(m.forward_cached(idx[:, 5:10], cache, 5), full[9], atol=1e-5)
+    for t in range(10, 20):
+        assert torch.allclose(m.forward_cached(idx[:, t:t + 1], cache, t), full[t], atol=1e-5)
+
+
+@torch.inference_mode()
+def test_kv_cache_has_a_batch_dimension():
+    m = small_model()
+    idx = torch.randint(0, 70, (2, 12))
+    cache = m.new_cache(batch=2)
+    m.forward_cached(idx[:, :11], cache, 0)
+    both = m.forward_cached(idx[:, 11:], cache, 11)
+    for row in range(2):
+        assert torch.allclose(both[row], m(idx[row:row + 1])[0][0, -1], atol=1e-5)
+
+
+def test_kv_cache_bounds():
+    m = small_model()
+    cache = m.new_cache(max_len=8)
+    with torch.inference_mode(), pytest.raises(ValueError, match="KV cache"):
+        m.forward_cached(torch.zeros(1, 9, dtype=torch.long), cache, 0)
