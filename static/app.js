@@ -32,6 +32,20 @@
   });
   document.addEventListener("DOMContentLoaded", function () { stickToBottom = true; follow(); });
 
+  // No answer at all, or one that is not the app's (a proxy's 502 while it restarts): say so,
+  // rather than leave a button that seems to do nothing. The text is the page's own.
+  function unreachable() {
+    var flash = document.getElementById("flash");
+    if (flash) flash.textContent = flash.getAttribute("data-unreachable");
+  }
+  document.addEventListener("htmx:sendError", unreachable);
+  document.addEventListener("htmx:responseError", unreachable);
+  // A message in #flash is about the last action: the next one starts with it cleared.
+  document.addEventListener("htmx:beforeRequest", function () {
+    var flash = document.getElementById("flash");
+    if (flash) flash.textContent = "";
+  });
+
   // A swap that removes the focused control (a Stop button, once its reply or run is final) would
   // drop a keyboard user back to the top of the page: move the focus to the page's main control
   // (the one marked autofocus) or to <main> instead.
