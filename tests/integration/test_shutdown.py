@@ -74,6 +74,8 @@ def test_sigterm_mid_stream_saves_the_partial_reply_ends_every_stream_and_replay
         metrics = app.metrics()
         assert metrics['glassbox_jobs_total{outcome="submitted"}'] == 0  # nothing ran again
         assert metrics["glassbox_tokens_total"] == 0
+        gone = list(bob.open_stream(run_url).events())  # the run was never saved: the stream says so, and ends
+        assert [e.name for e in gone] == ["done"] and "no longer here" in gone[0].data
         page = alice.get(f"{PREFIX}/chat/c/" + running_url.split("/")[4])
         assert page.status == 200 and "sse-connect" not in page.text  # no stream left to reconnect to
     finally:

@@ -22,6 +22,7 @@ from webapp.security import csrf_exempt, owner_id
 
 bp = Blueprint("loops", __name__, url_prefix="/loops")
 api = Blueprint("loops_api", __name__, url_prefix="/api/loops")
+RUN_GONE = "This run is no longer here (the server may have restarted). Finished runs are under Saved traces."
 TOO_MANY_JOBS = "You already have runs or replies waiting or running. Wait for one to finish or stop it."
 
 
@@ -104,7 +105,8 @@ def run():
 def stream(job_id: str):
     job = service().job(owner_id(), job_id)
     if job is None:
-        abort(404, "No such run (it may have finished before a restart; see your saved traces).")
+        # An ending stream, not a 404: the browser's EventSource would retry a 404 for ever.
+        return finished_stream(render_template("loops/_gone.html", message=RUN_GONE))
     if get_core().open_streams >= settings().max_streams:
         abort(503, "Too many open streams; try again in a moment.")
 
