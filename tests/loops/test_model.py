@@ -39,6 +39,13 @@ def test_tokenizer_call_shape():
     assert TOK.decode(enc["input_ids"][0]).endswith(";s=C;k=005;")
 
 
+def test_batch_encoding_matches_the_call():
+    prompts = [render_prompt(preset("permutation", random.Random(s)), "A", s + 1) for s in range(3)]
+    assert TOK.encode_batch(prompts).tolist() == [TOK(p)["input_ids"][0].tolist() for p in prompts]
+    with pytest.raises(ValueError):
+        TOK.encode_batch(["AB", "a?"])
+
+
 def test_tokenizer_rejects_unknown_characters():
     with pytest.raises(ValueError, match="outside the Loop-lab vocabulary"):
         TOK("AB cd", add_special_tokens=False, return_tensors="pt")
