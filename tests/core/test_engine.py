@@ -5,17 +5,9 @@ import time
 
 import pytest
 
+from tests.conftest import wait_for
 from webapp.core import InferenceCore, Job, QueueFull
 from webapp.core.jobs import CANCELLED, DONE, FAILED
-
-
-def wait_for(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def drain(job, heartbeat=0.05):

@@ -1,26 +1,7 @@
 """SSE framing: multi-line fragments, leading spaces, every kind of line break."""
 
+from tests.conftest import sse_events as parse
 from webapp.core.sse import comment, frame
-
-
-def parse(stream_text):
-    """Parse SSE text the way a browser's EventSource does (the spec's algorithm)."""
-    events, name, data = [], "message", []
-    for line in stream_text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
-        if line == "":
-            if data:
-                events.append((name, "\n".join(data)))
-            name, data = "message", []
-        elif line.startswith(":"):
-            continue
-        else:
-            field, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if field == "event":
-                name = value
-            elif field == "data":
-                data.append(value)
-    return events
 
 
 def test_multiline_fragment_round_trips():
