@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -27,24 +28,30 @@ from webapp.chat.generate import generate  # noqa: E402
 from webapp.chat.loading import load_chat_model  # noqa: E402
 
 
-def answer(loaded, messages, max_new_tokens=200) -> str:
+def answer(loaded, messages, max_new_tokens=200, stats=None) -> str:
     ids = loaded.prompt.build(messages, max_new_tokens)
-    return "".join(p.text for p in generate(loaded, ids, max_new_tokens=max_new_tokens, temperature=0))
+    pieces = list(generate(loaded, ids, max_new_tokens=max_new_tokens, temperature=0))
+    if stats is not None:
+        stats.append(pieces[-1].stats)
+    return "".join(p.text for p in pieces)
 
 
-def evaluate(checkpoint, history: int = 0, n_arithmetic: int = 150, show_failures: int = 8) -> dict:
+def evaluate(checkpoint, history: int = 0, n_arithmetic: int = 150, limit: int | None = None,
+             show_failures: int = 8) -> dict:
     loaded = load_chat_model(str(checkpoint))
     print(f"model: {loaded.checkpoint_id}: {loaded.description}")
     questions = held_out(n_arithmetic=n_arithmetic)
     rng = random.Random(0)
-    right, total, failures = defaultdict(int), defaultdict(int), []
+    if limit:
+        questions = rng.sample(questions, min(limit, len(questions)))  # a quick look, not the figure
+    right, total, failures, stats = defaultdict(int), defaultdict(int), [], []
     t0 = time.time()
     for qa in questions:
         messages = []
         for prior in rng.sample(questions, history):  # earlier turns, answered correctly
             messages += [{"role": "user", "content": prior.question}, {"role": "assistant", "content": prior.answer}]
         messages.append({"role": "user", "content": qa.question})
-        reply = answer(loaded, messages)
+        reply = answer(loaded, messages, stats=stats)
         total[qa.category] += 1
         if reply == qa.answer:
             right[qa.category] += 1
@@ -59,9 +66,13 @@ def evaluate(checkpoint, history: int = 0, n_arithmetic: int = 150, show_failure
             print(f"| {cat} | {total[cat]} | {right[cat]} | {right[cat] / total[cat]:.1%} |")
     n, r = sum(total.values()), sum(right.values())
     print(f"| **all** | {n} | {r} | {r / n:.1%} |")
+    ttft = statistics.median(s.time_to_first_token_s for s in stats)
+    rates = [s.decode_tokens_per_s for s in stats if s.decode_tokens_per_s]
+    print(f"\nmedian time to first token {ttft * 1000:.0f} ms (prompt ~{stats[0].prompt_tokens} tokens), "
+          f"median decode {statistics.median(rates):.0f} tokens/s")
     for qa, reply in failures[:show_failures]:
         print(f"  miss [{qa.category}] {qa.question!r}: got {reply!r}, expected {qa.answer!r}")
-    return {"rate": r / n, "per_category": {c: right[c] / total[c] for c in total}, "seconds": seconds}
+    return {"rate": r / n, "per_category": {c: right[c] / total[c] for c in total if total[c]}, "seconds": seconds}
 
 
 def main(argv=None):
@@ -69,10 +80,11 @@ def main(argv=None):
     p.add_argument("checkpoint", nargs="?", default=str(ROOT / "models/chat/model.safetensors"))
     p.add_argument("--history", type=int, default=0, help="earlier Q/A turns before each question")
     p.add_argument("--arithmetic", type=int, default=150, help="held-out arithmetic questions")
+    p.add_argument("--limit", type=int, default=None, help="a random subset of this many questions")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    evaluate(args.checkpoint, history=args.history, n_arithmetic=args.arithmetic)
+    evaluate(args.checkpoint, history=args.history, n_arithmetic=args.arithmetic, limit=args.limit)
 
 
 if __name__ == "__main__":
