@@ -94,7 +94,7 @@ APP = [
 ]
 
 CATEGORIES = ("greeting", "capital", "symbol", "arithmetic", "app")
-MIX = {"greeting": 0.07, "capital": 0.2, "symbol": 0.16, "arithmetic": 0.47, "app": 0.1}
+MIX = {"greeting": 0.05, "capital": 0.15, "symbol": 0.13, "arithmetic": 0.6, "app": 0.07}
 
 
 @dataclass(frozen=True)
