@@ -62,3 +62,13 @@ def test_spec_strings(gpt2_ranks):
     assert tokenizer_from_spec(f"gpt2:{gpt2_ranks}").encode_ordinary("Hello world") == [15496, 995]
     with pytest.raises(ModelLoadError, match="unknown tokenizer"):
         tokenizer_from_spec("sentencepiece:/x.model")
+
+
+def test_without_a_path_tiktoken_download_failure_is_explained(monkeypatch):
+    import tiktoken
+
+    def offline(name):
+        raise ConnectionError("no route to host")
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    with pytest.raises(ModelLoadError, match="gpt2:/path/to/gpt2.tiktoken"):
+        tokenizer_from_spec("gpt2")

@@ -18,6 +18,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ __all__ = ["LoadedChatModel", "ModelLoadError", "load_chat_model", "parse_dtype"
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(GPTConfig)}
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -113,6 +115,7 @@ def _infer_config(state: dict, path: Path) -> tuple[GPTConfig, str]:
     n_head = max(1, n_embd // 64)
     cfg = GPTConfig(block_size=block, vocab_size=vocab, n_layer=len(layers), n_head=n_head, n_embd=n_embd,
                     bias="transformer.h.0.attn.c_attn.bias" in state)
+    log.warning("%s: no config; n_head=%d assumed from n_embd/64 (set GLASSBOX_CHAT_ARCH if wrong)", path, n_head)
     return cfg, f"tensor shapes (n_head={n_head} assumed from n_embd/64: set GLASSBOX_CHAT_ARCH if wrong)"
 
 

@@ -51,8 +51,9 @@ class KVCache:
     def __init__(self, config: GPTConfig, batch: int, max_len: int, device, dtype):
         hs = config.n_embd // config.n_head
         shape = (config.n_layer, batch, config.n_head, max_len, hs)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # empty, not zeros: only positions already written are ever read
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
         self.max_len = max_len
         self.batch = batch
 
