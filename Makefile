@@ -12,12 +12,15 @@ VENDOR := static/vendor/htmx.min.js static/vendor/sse.js
 run: install
 	$(BIN)/gunicorn -c gunicorn.conf.py wsgi:app
 
+# GLASSBOX_REQUIRE_SYSTEM_TESTS: a missing nginx or chromium fails the integration and browser
+# tests here instead of skipping them (a bare `pytest` on a developer's machine skips them).
 test: install-test
-	$(BIN)/python -m pytest
+	GLASSBOX_REQUIRE_SYSTEM_TESTS=1 $(BIN)/python -m pytest
 
 install: $(VENV)/.installed $(VENDOR)
 
-install-test: install system-packages $(VENV)/.installed-test
+# Debian packages first: on a fresh machine npm (for htmx) and python3-venv may be missing too.
+install-test: system-packages install $(VENV)/.installed-test
 
 # torch first, pinned, so nothing can pull a CUDA build in its place
 $(VENV)/.installed: pyproject.toml
@@ -37,11 +40,18 @@ $(VENDOR): package.json package-lock.json
 	mkdir -p static/vendor
 	cp node_modules/htmx.org/dist/htmx.min.js node_modules/htmx-ext-sse/dist/sse.js static/vendor/
 
-# The integration and browser tests start real nginx and drive Debian's Chromium.
+# The integration and browser tests start real nginx and drive Debian's Chromium (never a
+# browser downloaded by Playwright). Only what is missing is installed.
+APT_NEEDS = $(strip \
+	$(shell [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || echo nginx) \
+	$(shell [ -x /usr/bin/chromium ] || echo chromium fonts-dejavu-core) \
+	$(shell command -v npm >/dev/null || echo npm) \
+	$(shell $(PYTHON) -c 'import ensurepip' 2>/dev/null || echo python3-venv))
+
 system-packages:
-	@if ! command -v nginx >/dev/null || ! [ -x /usr/bin/chromium ]; then \
+	@if [ -n "$(APT_NEEDS)" ]; then \
 		$(SUDO) apt-get update -q && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q nginx chromium fonts-dejavu-core; \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $(APT_NEEDS); \
 	fi
 
 clean:
