@@ -5,7 +5,6 @@ anyone wrote."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 

@@ -148,7 +148,8 @@ letters_or_junk = st.one_of(st.sampled_from(LETTERS), form_text)
 
 @settings(FUZZ, max_examples=60)
 @given(src=st.one_of(st.permutations(list(LETTERS)), st.lists(letters_or_junk, max_size=30)),
-       dst=st.one_of(st.lists(st.sampled_from(LETTERS), min_size=26, max_size=26), st.lists(letters_or_junk, max_size=30)),
+       dst=st.one_of(st.lists(st.sampled_from(LETTERS), min_size=26, max_size=26),
+                     st.lists(letters_or_junk, max_size=30)),
        start=letters_or_junk, steps=st.one_of(st.integers(-5, 300).map(str), form_text), htmx=st.booleans())
 def test_the_loop_lab_form_answers_a_run_or_a_documented_message(client, src, dst, start, steps, htmx):
     data = {"csrf_token": client.csrf, "src": list(src), "dst": dst, "start": start, "steps": steps}
