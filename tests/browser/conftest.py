@@ -33,6 +33,8 @@ def browser():
         _unavailable("playwright is not installed (pip install -e '.[test]')")
     if not Path(CHROMIUM).exists():
         _unavailable(f"{CHROMIUM} is missing (make system-packages)")
+    if not (ROOT / "static" / "vendor" / "htmx.min.js").exists():
+        _unavailable("htmx is not installed in static/vendor (make install)")
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
         yield chromium

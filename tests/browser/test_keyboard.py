@@ -88,3 +88,15 @@ def test_loop_lab_by_keyboard_presets_reorder_and_run(page):
     assert page.locator("#results tbody tr").count() == 3
     tab_to(page, "#results a")  # the results' links are in the tab order too
     screenshot(page, "loops-keyboard")
+
+
+def test_the_home_page_leads_to_both_demos(page):
+    page.goto("/")
+    screenshot(page, "home")
+    tab_to(page, "main a[href='/chat/']")
+    page.keyboard.press("Enter")
+    page.wait_for_url("**/chat/")
+    page.go_back()
+    tab_to(page, "main a[href='/loops/']")
+    page.keyboard.press("Enter")
+    page.wait_for_url("**/loops/")
