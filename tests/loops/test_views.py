@@ -36,6 +36,8 @@ def test_run_streams_rows_then_a_summary_with_pictures(loop_app):
     final = events[-1][1]
     assert "Solved" in final and "<svg" in final and "Permalink" in final
     assert final.count("<tr") == 5  # header + 4 rows
+    # the saved-traces list is refreshed out of band with the run just saved
+    assert 'id="saved-traces" hx-swap-oob="true"' in final and "k = 4" in final
 
 
 def test_invalid_steps_shows_message_inline_and_keeps_the_table(loop_app):

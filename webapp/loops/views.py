@@ -47,12 +47,14 @@ def render_lab(state: EditorState, *, results: str = "", status: int = 200):
                            results=results, recent=recent), status
 
 
-def render_results(snapshot: dict, *, job=None, trace_id: str | None = None, error: str | None = None) -> str:
+def render_results(snapshot: dict, *, job=None, trace_id: str | None = None, error: str | None = None,
+                   recent: list | None = None) -> str:
+    """The results section; with `recent`, also an out-of-band refresh of the saved-traces list."""
     summary = snapshot.get("summary")
     rows = snapshot.get("trace", [])
     req = snapshot["request"]
     context = {"snapshot": snapshot, "rows": rows, "summary": summary, "job": job, "trace_id": trace_id,
-               "error": error, "steps": req["steps"]}
+               "error": error, "steps": req["steps"], "recent": recent}
     if summary is not None:
         context["graph"] = pictures.graph(req, rows, summary["first_error"])
         context["chart"] = pictures.stop_chart(rows, req["steps"], snapshot["threshold"])
@@ -128,7 +130,8 @@ def final_results(job) -> str:
         rows = [e.data["row"] for e in job.events if e.name == "row"]
         snapshot = {**metadata(req, "", "live"), "status": "stopped", "trace": rows}
         return render_results(snapshot, job=job, error=job.error or "Stopped.")
-    return render_results(snapshot, job=job, trace_id=job.result.get("trace_id"))
+    return render_results(snapshot, job=job, trace_id=job.result.get("trace_id"),
+                          recent=service().store.recent(job.owner))
 
 
 @bp.post("/jobs/<job_id>/stop")
