@@ -159,6 +159,8 @@ def test_unknown_arch_and_bad_factory(seed_checkpoint):
         load_chat_model(str(seed_checkpoint), arch="gpt5", tokenizer_spec="byte")
     with pytest.raises(ModelLoadError, match="cannot be imported"):
         load_chat_model(str(seed_checkpoint), factory="no_such_module:build", tokenizer_spec="byte")
+    with pytest.raises(ModelLoadError, match="failed for arch 'gpt5'.*unknown arch"):
+        load_chat_model(str(seed_checkpoint), factory=EXAMPLE, arch="gpt5", tokenizer_spec="byte")
     with pytest.raises(ModelLoadError, match="module:function"):
         load_chat_model(str(seed_checkpoint), factory="no_colon", tokenizer_spec="byte")
 

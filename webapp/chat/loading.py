@@ -241,7 +241,11 @@ def load_chat_model(checkpoint: str, *, arch: str | None = None, tokenizer_spec:
     tokenizer = _resolve_tokenizer(tokenizer_spec, cfg_dict, cfg_source, path)
 
     if factory:
-        model = _load_factory(factory)(arch)
+        build = _load_factory(factory)
+        try:
+            model = build(arch)
+        except Exception as e:
+            raise ModelLoadError(f"factory {factory!r} failed for arch {arch!r} ({type(e).__name__}: {e})") from None
         if not isinstance(model, nn.Module) or not hasattr(getattr(model, "config", None), "block_size"):
             raise ModelLoadError(f"factory {factory!r} must return an nn.Module with config.block_size")
         source = f"factory {factory}({arch!r})"
