@@ -56,9 +56,9 @@ def test_one_log_line_per_job_with_its_figures_and_never_the_message_text(server
     assert wait_until(lambda: f"job id={job_id}" in server.log(), 5)
     log = server.log()
     assert "Zanzibar" not in log and "password" not in log
-    chat = re.findall(r"job id=\w+ kind=chat outcome=done wait_ms=\d+ run_ms=\d+ tokens=(\d+)", log)
+    chat = re.findall(r"job id=\w+ seq=\d+ kind=chat outcome=done wait_ms=\d+ run_ms=\d+ tokens=(\d+)", log)
     assert "12" in chat
-    assert re.search(rf"job id={job_id} kind=loops outcome=done wait_ms=\d+ run_ms=\d+ rows=(\d+)", log)
+    assert re.search(rf"job id={job_id} seq=\d+ kind=loops outcome=done wait_ms=\d+ run_ms=\d+ rows=(\d+)", log)
     access = [line for line in log.splitlines() if "gunicorn.access" in line]
     assert any(re.search(r'method=POST path="/chat/send" status=200 bytes=\d+ ms=\d+', a) for a in access)
 

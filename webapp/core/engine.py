@@ -64,6 +64,7 @@ class InferenceCore:
             self._queue.append(job)
             self._jobs[job.id] = job
             self.counters["submitted"] += 1
+            job.seq = self.counters["submitted"]
             self._renumber()
             self._lock.notify_all()
         return job

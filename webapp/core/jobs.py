@@ -50,6 +50,7 @@ class Job:
     finished: float | None = None
     result: dict = field(default_factory=dict)  # runner's own summary (timings, counts)
     counts: dict = field(default_factory=dict)  # what it produced (tokens, rows), for the job log
+    seq: int = 0  # its place in the order of submission (1, 2, ...), for the job log
 
     def __post_init__(self) -> None:
         self._events: list[Event] = []

@@ -68,8 +68,9 @@ class JobMetrics:
             self.run.observe(run)
         counts = " ".join(f"{name}={n}" for name, n in sorted(job.counts.items()))
         error = f" error={job.error[:200]!r}" if job.error else ""
-        job_log.info("job id=%s kind=%s outcome=%s wait_ms=%.0f run_ms=%.0f %s%s", job.id, job.kind, job.state,
-                     wait * 1000, run * 1000, counts or "produced=0", error)
+        ran = f"{run * 1000:.0f}" if job.started else "-"  # "-": cancelled before it started
+        job_log.info("job id=%s seq=%d kind=%s outcome=%s wait_ms=%.0f run_ms=%s %s%s", job.id, job.seq, job.kind,
+                     job.state, wait * 1000, ran, counts or "produced=0", error)
 
     def lines(self) -> list[str]:
         with self._lock:
