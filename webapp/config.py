@@ -24,6 +24,7 @@ class Settings:
     device: str = "cpu"
     dtype: str = ""              # float32, bfloat16, float16; empty: bf16 on GPU, fp32 on CPU
     torch_threads: int = 0       # intra-op threads of the core's worker; 0 = torch's default
+    compile: bool = False        # torch.compile the chat model's decode step (slow start, see README)
     # Serving
     secret_key: str = ""         # empty: a random key kept in the instance folder
     instance_path: str = ""      # empty: ./instance
@@ -47,7 +48,17 @@ class Settings:
                 continue
             kind = type(f.default)
             try:
-                values[f.name] = kind(raw)
+                values[f.name] = _flag(raw) if kind is bool else kind(raw)
             except ValueError:
                 raise ConfigError(f"GLASSBOX_{f.name.upper()}={raw!r} is not a valid {kind.__name__}")
         return cls(**values)
+
+
+def _flag(raw: str) -> bool:
+    # bool("0") is True: spell the accepted words out
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(raw)

@@ -172,3 +172,22 @@ def bundled():
     loaded = load_chat_model(str(BUNDLED))
     assert loaded.tokenizer.name == "byte" and loaded.supports_kv_cache
     return loaded
+
+
+def test_compile_switch_routes_decode_steps_to_the_compiled_step(monkeypatch):
+    from webapp.chat.model import compile_decoding
+    from webapp.config import Settings
+    assert Settings.from_env({"GLASSBOX_COMPILE": "0"}).compile is False
+    assert Settings.from_env({"GLASSBOX_COMPILE": "1"}).compile is True
+    calls = []
+
+    def fake_compile(fn, dynamic):  # the real one takes tens of seconds: check the wiring only
+        assert dynamic
+        return lambda *args: calls.append(args[0].shape) or fn(*args)
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    eager, compiled = tiny(), tiny()
+    compile_decoding(compiled.model)
+    assert sampled(eager, [1, 2, 3], temperature=0, max_new_tokens=6)[1] == \
+        sampled(compiled, [1, 2, 3], temperature=0, max_new_tokens=6)[1]
+    assert calls and all(shape == (1, 1) for shape in calls)  # prefill stays eager

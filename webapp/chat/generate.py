@@ -12,6 +12,13 @@ dropped (the same text as the owner's buffer-and-flush, but never held back behi
 Models with a KV cache prefill the prompt in chunks, then feed one token per step; others run the
 owner's full-recompute loop over the last block_size tokens. Cancellation (`should_stop`) is polled
 between prefill chunks and before every step.
+
+With a PrefixCache (webapp/chat/prefix_cache.py), the KV cache of the previous generation is reused
+for the longest prefix its token ids share with this prompt, and only the rest is prefilled. Sampling
+draws from a private generator only after the prefill, so a seed gives the same tokens either way.
+
+Per token there is one host/device sync (`.item()`, to decide whether to stop); the sampled id stays
+on the device as the next step's input, and nothing already tokenized is tokenized again.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch.nn import functional as F
 
+from webapp.chat.prefix_cache import PrefixCache, common_prefix
+
 PREFILL_CHUNK = 128  # tokens per prefill call: keeps a cancel under ~1 s even for long prompts
 
 
@@ -37,6 +46,7 @@ class GenerationStats:
     decode_tokens_per_s: float | None  # tokens after the first / time after the first
     stop_reason: str  # "end" (a special token), "length" (max_new_tokens), "cancelled"
     kv_cache: bool
+    reused_tokens: int = 0  # prompt positions whose keys/values came from the prefix cache
 
 
 @dataclass
@@ -45,6 +55,7 @@ class Piece:
     tokens: int  # reply tokens so far
     elapsed_s: float  # since generate() was called
     stats: GenerationStats | None = None  # only on the last piece
+    token: int | None = None  # the sampled id (None on the last piece)
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator) -> torch.Tensor:
@@ -60,33 +71,60 @@ def _sample(logits: torch.Tensor, temperature: float, top_k: int, gen: torch.Gen
 
 
 class _CachedSteps:
-    """Logits via the model's KV cache: one chunked prefill, then one token per step."""
+    """Logits via the model's KV cache: a chunked prefill of what the cache lacks, then one token per step."""
 
-    def __init__(self, model, block_size: int, device):
-        self.model, self.block_size, self.device = model, block_size, device
-        self.cache, self.pos = None, 0
+    def __init__(self, model, block_size: int, device, prefix: PrefixCache | None = None):
+        self.model, self.block_size, self.device, self.prefix = model, block_size, device, prefix
+        self.cache = None
+        self.ids: list[int] = []  # token ids whose keys/values are in self.cache, by position
+        self.reused = 0
+
+    def _start(self, window: list[int]) -> int:
+        """Get a cache; returns how many leading positions of `window` it already holds."""
+        if self.cache is not None:  # sliding the window: positions shift, nothing is reusable
+            return 0
+        p = next(self.model.parameters())
+        entry = self.prefix.take(p.device, p.dtype) if self.prefix is not None else None
+        if entry is None or entry.cache.max_len < self.block_size:
+            self.cache = self.model.new_cache(batch=1, max_len=self.block_size)
+            return 0
+        self.cache = entry.cache
+        # at least the last prompt token is run again: its logits give the first reply token
+        self.reused = min(common_prefix(entry.ids, window), len(window) - 1)
+        return self.reused
 
     def prefill(self, ids: Sequence[int], should_stop) -> torch.Tensor | None:
-        window = torch.tensor([list(ids[-self.block_size:])], dtype=torch.long, device=self.device)  # (1, T)
-        self.cache = self.model.new_cache(batch=1, max_len=self.block_size)
+        window = list(ids[-self.block_size:])
+        start = self._start(window)
+        self.ids = window[:start]
+        todo = torch.tensor([window[start:]], dtype=torch.long, device=self.device)  # (1, T)
         logits = None
-        for start in range(0, window.size(1), PREFILL_CHUNK):
+        for offset in range(0, todo.size(1), PREFILL_CHUNK):
             if should_stop():
                 return None
             with torch.inference_mode():
-                logits = self.model.forward_cached(window[:, start:start + PREFILL_CHUNK], self.cache, start)
-        self.pos = window.size(1)
+                logits = self.model.forward_cached(todo[:, offset:offset + PREFILL_CHUNK], self.cache,
+                                                   start + offset)
+            self.ids += window[start + offset:start + offset + PREFILL_CHUNK]
         return logits
 
     def step(self, token: torch.Tensor, ids: Sequence[int], should_stop) -> torch.Tensor | None:
-        if self.pos >= self.block_size:
+        if len(self.ids) >= self.block_size:
             # the window is full: slide it, as the owner's loop crops to the last block_size
             # tokens. Costs a full prefill per token; prompts from PromptBuilder never get here.
             return self.prefill(ids, should_stop)
         with torch.inference_mode():
-            logits = self.model.forward_cached(token, self.cache, self.pos)  # token (1, 1) -> (1, V)
-        self.pos += 1
+            logits = self.model.forward_cached(token, self.cache, len(self.ids))  # token (1, 1) -> (1, V)
+        self.ids.append(ids[-1])
         return logits
+
+    def finish(self, keep: bool) -> None:
+        """Hand the cache to the prefix holder for the next turn (or drop it after a failure)."""
+        if self.prefix is not None and self.cache is not None:
+            if keep:
+                self.prefix.put(self.cache, self.ids)
+            self.prefix.record(self.reused)
+        self.cache = None
 
 
 class _RecomputeSteps:
@@ -104,6 +142,9 @@ class _RecomputeSteps:
             logits, _ = self.model(window)
         return logits[:, -1, :]  # (1, V) whether the model returns all positions or the last only
 
+    def finish(self, keep: bool) -> None:
+        pass
+
 
 def generate(
     loaded,
@@ -114,11 +155,15 @@ def generate(
     top_k: int = 50,
     seed: int | None = None,
     should_stop: Callable[[], bool] | None = None,
+    prefix_cache: PrefixCache | None = None,
 ) -> Iterator[Piece]:
     """Yield a Piece per sampled token, then a last Piece carrying GenerationStats.
 
     loaded: a LoadedChatModel. temperature 0 is greedy; top_k 0 samples the whole vocabulary.
     seed makes sampling reproducible with a private generator (the global RNG is untouched).
+    prefix_cache: reuse (and afterwards keep) the KV cache of an unchanged prompt prefix; only the
+    core's worker may pass one, since the cache lives on the device. Close the generator (or run it
+    to the end) before the next generation, or that one starts cold.
     Raises ValueError for arguments out of range, before any work.
     """
     if max_new_tokens < 1:
@@ -130,10 +175,10 @@ def generate(
     if len(prompt_ids) == 0:
         raise ValueError("prompt_ids is empty")
     return _generate(loaded, list(prompt_ids), max_new_tokens, temperature, top_k, seed,
-                     should_stop or (lambda: False))
+                     should_stop or (lambda: False), prefix_cache if loaded.supports_kv_cache else None)
 
 
-def _generate(loaded, ids, max_new_tokens, temperature, top_k, seed, should_stop):
+def _generate(loaded, ids, max_new_tokens, temperature, top_k, seed, should_stop, prefix_cache):
     t0 = time.perf_counter()
     model, tok = loaded.model, loaded.tokenizer
     device = next(model.parameters()).device
@@ -142,30 +187,43 @@ def _generate(loaded, ids, max_new_tokens, temperature, top_k, seed, should_stop
         gen.seed()  # fresh entropy, global RNG untouched
     else:
         gen.manual_seed(seed)
-    steps = (_CachedSteps if loaded.supports_kv_cache else _RecomputeSteps)(model, loaded.block_size, device)
+    if loaded.supports_kv_cache:
+        steps = _CachedSteps(model, loaded.block_size, device, prefix_cache)
+    else:
+        steps = _RecomputeSteps(model, loaded.block_size, device)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
     prompt_tokens, n, t_first, reason = len(ids), 0, None, "length"
 
-    logits = steps.prefill(ids, should_stop)
-    while logits is not None:
-        with torch.inference_mode():
-            next_id = _sample(logits, temperature, top_k, gen)  # (1, 1)
-        token = next_id.item()  # the one host sync per token: we must know whether to stop
-        if t_first is None:
-            t_first = time.perf_counter() - t0
-        if tok.is_special(token):
-            reason = "end"
-            break
-        n += 1
-        ids.append(token)
-        yield Piece(decoder.decode(tok.decode_single_token_bytes(token)), n, time.perf_counter() - t0)
-        if n == max_new_tokens:
-            break
-        logits = None if should_stop() else steps.step(next_id, ids, should_stop)
-    else:
-        reason = "cancelled"
+    failed = True  # a cache left by an exception mid-forward is dropped, not reused
+    try:
+        logits = steps.prefill(ids, should_stop)
+        while logits is not None:
+            with torch.inference_mode():
+                next_id = _sample(logits, temperature, top_k, gen)  # (1, 1), stays on the device
+            token = next_id.item()  # the one host sync per token: we must know whether to stop
+            if t_first is None:
+                t_first = time.perf_counter() - t0
+            if tok.is_special(token):
+                reason = "end"
+                break
+            n += 1
+            ids.append(token)
+            yield Piece(decoder.decode(tok.decode_single_token_bytes(token)), n, time.perf_counter() - t0,
+                        token=token)
+            if n == max_new_tokens:
+                break
+            logits = None if should_stop() else steps.step(next_id, ids, should_stop)
+        else:
+            reason = "cancelled"
+        failed = False
+    except GeneratorExit:  # the consumer closed us at a yield: the cache is consistent
+        failed = False
+        raise
+    finally:
+        steps.finish(keep=not failed)
 
     total = time.perf_counter() - t0
     rate = (n - 1) / (total - t_first) if n > 1 and total > t_first else None
-    stats = GenerationStats(prompt_tokens, n, t_first, total, rate, reason, loaded.supports_kv_cache)
+    reused = steps.reused if loaded.supports_kv_cache else 0
+    stats = GenerationStats(prompt_tokens, n, t_first, total, rate, reason, loaded.supports_kv_cache, reused)
     yield Piece(decoder.decode(b"", final=True), n, total, stats)

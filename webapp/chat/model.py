@@ -191,8 +191,23 @@ class GPT(nn.Module):
         """
         if start_pos + idx.size(1) > cache.max_len:
             raise ValueError(f"KV cache holds {cache.max_len} positions; asked for {start_pos + idx.size(1)}")
+        if idx.size(1) == 1 and self.compiled_step is not None:
+            return self.compiled_step(idx, cache, start_pos)
+        return self._forward_cached(idx, cache, start_pos)
+
+    compiled_step = None  # set by compile_decoding()
+
+    def _forward_cached(self, idx, cache: KVCache, start_pos: int):
         x = self._embed(idx, start_pos)
         for layer, block in enumerate(self.transformer.h):
             x = block(x, cache, layer, start_pos)
         x = self.transformer.ln_f(x[:, -1, :])  # (B, C): only the last position is needed
         return self.lm_head(x)  # (B, V)
+
+
+def compile_decoding(model: GPT) -> GPT:
+    """torch.compile the one-token decode step (GLASSBOX_COMPILE=1). Prefill chunks stay eager: they are
+    large matrix products that compiling barely helps. dynamic=True: one graph for every position,
+    instead of one per cache length. The first decode step compiles (tens of seconds on a CPU)."""
+    model.compiled_step = torch.compile(model._forward_cached, dynamic=True)
+    return model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from contextlib import closing
 
 from webapp.chat.forms import Sampling
 from webapp.chat.prompt import PromptBuilder
@@ -15,10 +16,14 @@ STATUS_OF_OUTCOME = {DONE: "complete", CANCELLED: "stopped"}  # anything else is
 
 def load_model(settings):
     from webapp.chat.loading import load_chat_model
-    return load_chat_model(settings.chat_checkpoint, arch=settings.chat_arch or None,
-                           tokenizer_spec=settings.chat_tokenizer or None,
-                           factory=settings.chat_factory or None, device=settings.device,
-                           dtype=settings.dtype or None)
+    from webapp.chat.model import GPT, compile_decoding
+    loaded = load_chat_model(settings.chat_checkpoint, arch=settings.chat_arch or None,
+                             tokenizer_spec=settings.chat_tokenizer or None,
+                             factory=settings.chat_factory or None, device=settings.device,
+                             dtype=settings.dtype or None)
+    if settings.compile and isinstance(loaded.model, GPT):
+        compile_decoding(loaded.model)  # compiles during the warm-up, before /readyz says ready
+    return loaded
 
 
 def warm_up(loaded) -> None:
@@ -91,21 +96,30 @@ class ChatService:
     def _runner(self, prompt_ids: list[int], sampling: Sampling):
         def run(job: Job, core: InferenceCore) -> None:
             from webapp.chat.generate import generate
+            from webapp.chat.prefix_cache import prefix_cache_for
             job.result["text"], first = [], None
-            for piece in generate(core.models["chat"], prompt_ids, max_new_tokens=sampling.max_new_tokens,
-                                  temperature=sampling.temperature, top_k=sampling.top_k, seed=sampling.seed,
-                                  should_stop=lambda: job.cancelled):
-                if piece.text:
-                    job.result["text"].append(piece.text)
-                if piece.stats is not None:  # the last piece: the generator's own figures
-                    s = piece.stats
-                    job.result["stats"] = ReplyStats(s.new_tokens, s.time_to_first_token_s, s.decode_tokens_per_s)
-                elif piece.tokens:
-                    core.count("tokens")
-                    first = piece.elapsed_s if first is None else first
-                    job.result["stats"] = _stats(first, piece.elapsed_s, piece.tokens)
-                if piece.text:
-                    job.emit("token", text=piece.text)  # raises JobCancelled once stopped
+            loaded = core.models["chat"]
+            # The worker owns the device, so it alone keeps the last reply's KV cache: a follow-up turn
+            # prefills only what follows the unchanged prefix. closing(): a cancelled job (emit raises)
+            # hands the cache back at once instead of whenever the generator is collected.
+            prefix = prefix_cache_for(loaded.model) if loaded.supports_kv_cache else None
+            pieces = generate(loaded, prompt_ids, max_new_tokens=sampling.max_new_tokens,
+                              temperature=sampling.temperature, top_k=sampling.top_k, seed=sampling.seed,
+                              should_stop=lambda: job.cancelled, prefix_cache=prefix)
+            with closing(pieces):
+                for piece in pieces:
+                    if piece.text:
+                        job.result["text"].append(piece.text)
+                    if piece.stats is not None:  # the last piece: the generator's own figures
+                        s = piece.stats
+                        job.result["stats"] = ReplyStats(s.new_tokens, s.time_to_first_token_s,
+                                                         s.decode_tokens_per_s)
+                    elif piece.tokens:
+                        core.count("tokens")
+                        first = piece.elapsed_s if first is None else first
+                        job.result["stats"] = _stats(first, piece.elapsed_s, piece.tokens)
+                    if piece.text:
+                        job.emit("token", text=piece.text)  # raises JobCancelled once stopped
         return run
 
     def _saver(self, message_id: int):

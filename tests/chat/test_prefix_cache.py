@@ -1,0 +1,127 @@
+"""Prefix reuse: a follow-up turn prefills only what follows the unchanged prefix, and samples exactly
+the tokens a cold run with the same seed samples."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from tests.chat.test_generate import TINY, tiny
+from webapp.chat.generate import PREFILL_CHUNK, generate
+from webapp.chat.prefix_cache import PrefixCache, common_prefix, prefix_cache_for
+
+BIG = dataclasses.replace(TINY, block_size=3 * PREFILL_CHUNK)
+
+
+def reply(loaded, prompt, prefix=None, seed=5, max_new_tokens=12, **kw):
+    """-> (sampled ids, stats)"""
+    pieces = list(generate(loaded, prompt, seed=seed, temperature=1.0, top_k=20, max_new_tokens=max_new_tokens,
+                           prefix_cache=prefix, **kw))
+    return [p.token for p in pieces[:-1]], pieces[-1].stats
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+    assert common_prefix([], [1]) == 0 and common_prefix([5], [6]) == 0
+
+
+def test_follow_up_reuses_the_prefix_and_samples_the_cold_tokens():
+    loaded, prefix = tiny(config=BIG, endless=True), PrefixCache()
+    first = [(5 * i) % 250 for i in range(150)]  # longer than one prefill chunk
+    answer, _ = reply(loaded, first, prefix, max_new_tokens=10)
+    second = first + answer + [256, 7, 8, 9, 257, 259]  # the reply, then a new user turn
+    warm, cold = reply(loaded, second, prefix), reply(loaded, second)
+    assert warm[0] == cold[0] and len(warm[0]) == 12
+    # turn 1 fed its prompt and every reply token but the last (sampled, never run) to the model
+    assert warm[1].reused_tokens == len(first) + 9 and cold[1].reused_tokens == 0
+    assert prefix.hits == 1 and prefix.reused_tokens == warm[1].reused_tokens
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_same_prompt_again_reuses_all_but_the_last_token(seed):
+    loaded, prefix = tiny(config=BIG, endless=True), PrefixCache()
+    prompt = [(3 * i + seed) % 250 for i in range(200)]
+    first = reply(loaded, prompt, prefix, seed=seed)
+    again = reply(loaded, prompt, prefix, seed=seed)
+    assert first[0] == again[0] and first[1].reused_tokens == 0
+    assert again[1].reused_tokens == len(prompt) - 1  # the last is run again: its logits pick token 1
+
+
+def test_a_different_prompt_reuses_only_the_common_part():
+    loaded, prefix = tiny(config=BIG, endless=True), PrefixCache()
+    reply(loaded, [1, 2, 3, 4, 5, 6], prefix)
+    changed = [1, 2, 3, 9, 9, 9, 9]
+    warm, cold = reply(loaded, changed, prefix), reply(loaded, changed)
+    assert warm[1].reused_tokens == 3 and warm[0] == cold[0]
+
+
+def test_the_cache_is_taken_while_a_generation_runs():
+    loaded, prefix = tiny(config=BIG, endless=True), PrefixCache()
+    prompt = list(range(40))
+    reply(loaded, prompt, prefix)
+    running = generate(loaded, prompt, seed=1, max_new_tokens=30, prefix_cache=prefix)
+    next(running)  # holds the cache now
+    assert reply(loaded, prompt, prefix)[1].reused_tokens == 0  # never shares it: starts cold
+    running.close()  # closed at a yield, as a cancelled job closes it: its cache is consistent
+    assert reply(loaded, prompt, prefix)[1].reused_tokens == len(prompt) - 1
+
+
+def test_a_failed_generation_drops_the_cache():
+    loaded, prefix = tiny(config=BIG, endless=True), PrefixCache()
+    prompt = list(range(40))
+    reply(loaded, prompt, prefix)
+
+    def boom(module, args, output):
+        raise RuntimeError("device lost")
+
+    handle = loaded.model.transformer.h[1].register_forward_hook(boom)
+    with pytest.raises(RuntimeError, match="device lost"):
+        reply(loaded, prompt + [1, 2], prefix)
+    handle.remove()
+    assert reply(loaded, prompt, prefix)[1].reused_tokens == 0
+
+
+def test_a_cancelled_generation_keeps_what_it_computed():
+    loaded, prefix = tiny(config=BIG, endless=True), PrefixCache()
+    prompt, polls = list(range(60)), []
+    ids, stats = reply(loaded, prompt, prefix, max_new_tokens=30, should_stop=lambda: polls.append(1) or len(polls) > 4)
+    assert stats.stop_reason == "cancelled" and len(ids) == 4
+    follow_up = prompt + ids + [1, 2]
+    assert reply(loaded, follow_up, prefix)[1].reused_tokens == len(prompt) + 3
+
+
+def test_a_model_in_another_dtype_starts_cold():
+    loaded, prefix = tiny(config=BIG, endless=True), PrefixCache()
+    prompt = list(range(30))
+    reply(loaded, prompt, prefix)
+    loaded.model.to(torch.float64)
+    assert reply(loaded, prompt, prefix)[1].reused_tokens == 0
+
+
+def test_window_slides_past_block_size_with_a_prefix_cache():
+    loaded, prefix = tiny(endless=True), PrefixCache()  # block_size 32
+    prompt = [(7 * i) % 256 for i in range(40)]  # longer than the window
+    warm = [reply(loaded, prompt, prefix, max_new_tokens=10) for _ in range(2)]
+    cold = reply(loaded, prompt, max_new_tokens=10)
+    assert warm[0][0] == warm[1][0] == cold[0]
+    assert warm[1][1].reused_tokens == 0  # the slid window's last positions no longer start with the prompt
+
+
+def test_one_holder_per_model():
+    a, b = tiny().model, tiny().model
+    assert prefix_cache_for(a) is prefix_cache_for(a) and prefix_cache_for(a) is not prefix_cache_for(b)
+
+
+def test_a_follow_up_message_in_the_app_reuses_the_first_turn(chat_app):
+    from tests.chat.test_views import csrf_of, send
+    loaded = chat_app.extensions["glassbox.core"].models["chat"]
+    holder = prefix_cache_for(loaded.model)
+    client = chat_app.test_client()
+    first = send(client, "first question", htmx=False, seed="1", max_new_tokens="10")
+    cid = first.headers["Location"].rsplit("/", 1)[1]
+    assert holder.hits == 0
+    first_prompt = loaded.prompt.build([{"role": "user", "content": "first question"}], 10)
+    send(client, "second question", csrf_of(client, f"/chat/c/{cid}"), htmx=False, conversation_id=cid,
+         seed="1", max_new_tokens="10")
+    assert holder.hits == 1 and holder.reused_tokens >= len(first_prompt)
