@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.servers import Gunicorn, model_env
+from tests.support.servers import Gunicorn, model_env, wait_until
 
 pytestmark = pytest.mark.browser
 
@@ -30,6 +30,7 @@ def test_a_full_queue_is_reported_in_the_page(browser, tiny_queue, problems):
         pages.append(page)
     pages[0].click("#run")
     pages[0].wait_for_selector("#results .run-status")
+    assert wait_until(lambda: tiny_queue.metrics()["glassbox_running_jobs"] == 1, 10)  # out of the queue
     pages[1].click("#run")
     pages[1].wait_for_selector("#results .run-status")
     pages[2].click("#run")
