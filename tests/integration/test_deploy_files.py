@@ -1,0 +1,49 @@
+"""The deployment files agree with each other and with the app's settings."""
+
+from __future__ import annotations
+
+import configparser
+import re
+import runpy
+
+from tests.support.servers import ROOT
+
+
+def gunicorn_settings(monkeypatch, **env) -> dict:
+    for name in ("GLASSBOX_THREADS", "GLASSBOX_MAX_STREAMS", "GLASSBOX_GRACEFUL_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return runpy.run_path(str(ROOT / "gunicorn.conf.py"))
+
+
+def test_gunicorn_runs_one_threaded_worker_with_threads_for_streams_and_pages(monkeypatch):
+    conf = gunicorn_settings(monkeypatch)
+    assert conf["workers"] == 1 and conf["worker_class"] == "gthread"
+    assert conf["threads"] == 24 + conf["PAGE_THREADS"]  # GLASSBOX_MAX_STREAMS' default is 24
+    assert gunicorn_settings(monkeypatch, GLASSBOX_MAX_STREAMS="4")["threads"] == 4 + conf["PAGE_THREADS"]
+    assert gunicorn_settings(monkeypatch, GLASSBOX_THREADS="9")["threads"] == 9
+    assert "%(U)s" in conf["access_log_format"] and "%(q)s" not in conf["access_log_format"]  # no query strings
+
+
+def test_systemd_gives_gunicorn_its_graceful_timeout_before_killing_it(monkeypatch):
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str
+    unit.read(ROOT / "deploy" / "glassbox.service")
+    service = unit["Service"]
+    assert service["ExecStart"].endswith("gunicorn -c gunicorn.conf.py wsgi:app")
+    assert service["KillSignal"] == "SIGTERM"
+    assert int(service["TimeoutStopSec"]) > gunicorn_settings(monkeypatch)["graceful_timeout"]
+
+
+def test_nginx_keeps_upstream_connections_shorter_than_gunicorn_and_streams_unbuffered(monkeypatch):
+    site = (ROOT / "deploy" / "nginx.conf").read_text()
+    keepalive = int(re.search(r"keepalive_timeout (\d+)s;", site).group(1))
+    assert keepalive < gunicorn_settings(monkeypatch)["keepalive"]
+    streams = site[site.index("location ~"):]
+    streams = streams[:streams.index("}")]
+    for directive in ("proxy_buffering off;", "gzip off;", "proxy_read_timeout 1h;"):
+        assert directive in streams
+    for route in ("/chat/c/x/m/1/stream", "/loops/jobs/x/stream", "/loops/traces/x/replay", "/api/loops/trace"):
+        pattern = re.search(r"location ~ (\S+) \{", site).group(1)
+        assert re.match(pattern, "/glassbox" + route), route
