@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/load.py                      # starts gunicorn itself on the bundled models
     .venv/bin/python bench/load.py --models test        # tiny random models, 30 ms a token / 50 ms a loop
+    .venv/bin/python bench/load.py --nginx              # the same, through nginx (deploy/nginx.conf) at /glassbox/
     .venv/bin/python bench/load.py --url http://127.0.0.1:8000 --instance ./instance   # a running server
 
 16 browsers each ask for a chat reply and 4 run the Loop lab, all at once, while 2 more keep loading
@@ -30,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.support.servers import Client, Gunicorn, model_env, parse_metrics, stream_url  # noqa: E402
+from tests.support.servers import Client, Gunicorn, Nginx, model_env, parse_metrics, stream_url  # noqa: E402
 
 QUESTIONS = ["What is the capital of Japan?", "What is 12 plus 30?", "Hello!", "What is the chemical symbol for gold?",
              "What is Glassbox?", "What is the capital of France?", "What is 7 plus 8?", "Who are you?"]
@@ -280,6 +281,7 @@ def main() -> int:
     parser.add_argument("--url", help="a running Glassbox on loopback (default: start gunicorn here)")
     parser.add_argument("--instance", type=Path, help="its instance folder, to check SQLite (with --url)")
     parser.add_argument("--models", choices=["bundled", "test"], default="bundled")
+    parser.add_argument("--nginx", action="store_true", help="put nginx (deploy/nginx.conf) in front, at /glassbox/")
     parser.add_argument("--chats", type=int, default=16)
     parser.add_argument("--loops", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64, help="max_new_tokens of each reply")
@@ -295,7 +297,7 @@ def main() -> int:
     if args.chats + args.loops > 64 or args.time_limit > 900:
         parser.error("bounded on purpose: at most 64 jobs and 900 s")
 
-    server, workdir = None, None
+    server, proxy, workdir = None, None, None
     if args.url:
         if urllib.parse.urlsplit(args.url).hostname not in LOOPBACK:
             parser.error("loopback only: --url must be on 127.0.0.1")
@@ -306,6 +308,9 @@ def main() -> int:
             env.update(model_env(workdir, chat_arch="tiny:0.03", loop_delay=0.05))
         server = Gunicorn(workdir / "instance", env).start(ready_timeout=300)
         args.url, args.instance = server.url, workdir / "instance"
+        if args.nginx:
+            proxy = Nginx(workdir / "nginx", server.port).start()
+            args.url = proxy.url + "/glassbox"
     print(f"load run against {args.url} ({args.models} models): {args.chats} chats, {args.loops} loop runs, "
           f"{args.disconnect:.0%} hang up, {args.page_clients} page loaders", flush=True)
     try:
@@ -313,6 +318,8 @@ def main() -> int:
         result = run.go()
         checks, figures = check(run, result, args.instance, server.log() if server else None)
     finally:
+        if proxy:
+            proxy.stop()
         if server:
             server.stop()
     for name, passed, detail in checks:

@@ -213,13 +213,21 @@ class Client:
     """One browser: its own cookie jar (session, owner), the CSRF token sent as htmx sends it."""
 
     def __init__(self, base: str) -> None:
+        """`base` may carry a sub-path (http://127.0.0.1:8080/glassbox): paths are taken under it,
+        except those the app generated, which already start with it."""
         self.base = base.rstrip("/")
+        parts = urllib.parse.urlsplit(self.base)
+        self.origin, self.prefix = f"{parts.scheme}://{parts.netloc}", parts.path
         self.jar = http.cookiejar.CookieJar()
         self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
         self.csrf = ""
 
     def absolute(self, path: str) -> str:
-        return path if path.startswith("http") else self.base + path
+        if path.startswith("http"):
+            return path
+        if self.prefix and (path == self.prefix or path.startswith(self.prefix + "/")):
+            return self.origin + path
+        return self.base + path
 
     def request(self, method: str, path: str, data: dict | None = None, *, htmx: bool = False,
                 csrf: bool = True, headers: dict | None = None, body: bytes | None = None,
