@@ -203,6 +203,10 @@ def check(run: Run, result: dict, instance: Path | None, server_log: str | None)
         # One worker: jobs that ran are logged in the order they ran, which must be submission order.
         ran = [int(seq) for _, seq, run_ms in jobs if run_ms != "-"]
         ok("jobs ran in submission order (FIFO, from the job log)", ran == sorted(ran), f"{len(ran)} ran")
+        waits = [int(w) for w in re.findall(r"job id=\w+ seq=\d+ kind=\w+ outcome=\w+ wait_ms=(\d+)", server_log)]
+        runs = [int(r) for _, _, r in jobs if r != "-"]
+        figures.update(queue_wait_p50_ms=percentile(waits, 0.5), queue_wait_max_ms=max(waits, default=0),
+                       run_p50_ms=percentile(runs, 0.5))
 
     if instance is not None:
         check_saved(ok, browsers, instance, delta("glassbox_tokens_total"))
@@ -221,7 +225,8 @@ def check(run: Run, result: dict, instance: Path | None, server_log: str | None)
     figures.update(page_loads_during=len(during), page_p50_ms=1000 * percentile(during, 0.5),
                    page_p95_ms=1000 * percentile(during, 0.95), page_max_ms=1000 * max(during, default=float("nan")),
                    baseline_p50_ms=1000 * statistics.median(result["baseline_pages"]),
-                   baseline_p95_ms=1000 * percentile(result["baseline_pages"], 0.95), streams_seconds=last - first)
+                   baseline_p95_ms=1000 * percentile(result["baseline_pages"], 0.95), streams_seconds=last - first,
+                   tokens=delta("glassbox_tokens_total"), loop_rows=delta("glassbox_loop_rows_total"))
     ok("page-load p95 under 200 ms while streams run", len(during) >= 20 and figures["page_p95_ms"] < 200,
        f"{len(during)} loads, p95 {figures['page_p95_ms']:.0f} ms")
 
@@ -286,7 +291,7 @@ def main() -> int:
     parser.add_argument("--loops", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64, help="max_new_tokens of each reply")
     parser.add_argument("--disconnect", type=float, default=0.25, help="share of browsers that hang up")
-    parser.add_argument("--hang-up-within", type=float, default=4.0, help="seconds after opening their stream")
+    parser.add_argument("--hang-up-within", type=float, default=2.0, help="seconds after opening their stream")
     parser.add_argument("--page-clients", type=int, default=2)
     parser.add_argument("--page-pause", type=float, default=0.05)
     parser.add_argument("--threads", type=int, default=32, help="gunicorn threads (GLASSBOX_THREADS)")
