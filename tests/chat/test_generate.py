@@ -191,3 +191,18 @@ def test_compile_switch_routes_decode_steps_to_the_compiled_step(monkeypatch):
     assert sampled(eager, [1, 2, 3], temperature=0, max_new_tokens=6)[1] == \
         sampled(compiled, [1, 2, 3], temperature=0, max_new_tokens=6)[1]
     assert calls and all(shape == (1, 1) for shape in calls)  # prefill stays eager
+
+
+def test_one_host_read_per_token_and_no_retokenizing(monkeypatch):
+    """Per token the generator reads one value back from the device (the sampled id: it must know
+    whether to stop) and never tokenizes again; everything else stays on the device."""
+    loaded = tiny(endless=True)
+    reads, encodes = [], []
+    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=original, _n=name, **k:
+                            reads.append(_n) or _o(self, *a, **k))
+    monkeypatch.setattr(loaded.tokenizer, "encode_ordinary", lambda text: encodes.append(text) or [])
+    pieces = list(generate(loaded, [1, 2, 3], max_new_tokens=10, seed=0))
+    assert pieces[-1].stats.new_tokens == 10
+    assert reads == ["item"] * 10 and encodes == []
