@@ -136,7 +136,7 @@ def test_top_k_edge_cases():
         generate(loaded, [])
 
 
-def test_should_stop_during_decode_and_prefill():
+def test_should_stop_during_decode_and_prefill(monkeypatch):
     seen = []
     for piece in generate(tiny(endless=True), [1, 2], temperature=0, max_new_tokens=20,
                           should_stop=lambda: len(seen) >= 3):
@@ -144,6 +144,7 @@ def test_should_stop_during_decode_and_prefill():
     assert seen[-1].stats.stop_reason == "cancelled" and seen[-1].stats.new_tokens == 3
 
     # a long prompt is prefilled in chunks, with a check before each: a cancel lands mid-prefill
+    monkeypatch.setattr("webapp.chat.generate.PREFILL_SECONDS", 0.0)  # every chunk the smallest
     calls = []
     long = tiny(config=dataclasses.replace(TINY, block_size=3 * PREFILL_CHUNK))
     pieces = list(generate(long, [1] * (3 * PREFILL_CHUNK - 5),
@@ -206,3 +207,17 @@ def test_one_host_read_per_token_and_no_retokenizing(monkeypatch):
     pieces = list(generate(loaded, [1, 2, 3], max_new_tokens=10, seed=0))
     assert pieces[-1].stats.new_tokens == 10
     assert reads == ["item"] * 10 and encodes == []
+
+
+def test_prefill_chunks_grow_to_the_measured_rate(monkeypatch):
+    """A fast model gets big prefill chunks (small ones cost throughput); the result is the same."""
+    sizes = []
+    loaded = tiny(config=dataclasses.replace(TINY, block_size=4 * PREFILL_CHUNK), endless=True)
+    original = loaded.model.forward_cached
+    monkeypatch.setattr(loaded.model, "forward_cached",
+                        lambda idx, cache, pos: sizes.append(idx.size(1)) or original(idx, cache, pos))
+    prompt = [(5 * i) % 256 for i in range(4 * PREFILL_CHUNK - 10)]
+    fast = sampled(loaded, prompt, temperature=0, max_new_tokens=5)
+    assert sizes[0] == PREFILL_CHUNK and sizes[1] > PREFILL_CHUNK
+    monkeypatch.setattr("webapp.chat.generate.PREFILL_SECONDS", 0.0)
+    assert sampled(loaded, prompt, temperature=0, max_new_tokens=5)[1] == fast[1]
