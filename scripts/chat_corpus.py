@@ -65,36 +65,45 @@ SUB_Q = (
 GREETINGS = [
     ("Hello! Ask me about capitals, chemical symbols, small sums or Glassbox.",
      ["Hello", "Hi", "Hi!", "Hello!", "Hey", "Hey there", "Good morning", "Good evening", "Hello there!",
-      "Hi, how are you?", "Howdy"],
+      "Hi, how are you?", "Howdy", "Good day", "Hi there", "Hey, how is it going?", "Morning!", "Hello again"],
      ["Good afternoon!", "Hello, how are you?", "Hey, hi!"]),
     ("You're welcome!",
-     ["Thanks", "Thank you!", "Thanks!", "Thank you very much.", "Great, thanks.", "Cheers, thank you"],
+     ["Thanks", "Thank you!", "Thanks!", "Thank you very much.", "Great, thanks.", "Cheers, thank you",
+      "Many thanks!", "Thank you, that helps.", "Thx", "Appreciate it, thanks!"],
      ["Thanks a lot!", "Thank you so much!"]),
     ("Goodbye! Come back any time.",
-     ["Bye", "Goodbye!", "Bye bye", "See you later!", "I have to go now, bye."],
+     ["Bye", "Goodbye!", "Bye bye", "See you later!", "I have to go now, bye.", "Bye for now", "See you!",
+      "OK, goodbye.", "Later, bye!"],
      ["Goodbye, see you!", "OK bye!"]),
 ]
 APP = [
     ("Glassbox is a web app for chatting with a small language model and watching the Loop lab.",
      ["What is Glassbox?", "What's Glassbox?", "Tell me about Glassbox.", "What does Glassbox do?",
-      "Explain Glassbox.", "What is this app?", "What is this website?"],
+      "Explain Glassbox.", "What is this app?", "What is this website?", "What is Glassbox used for?",
+      "Describe Glassbox.", "Tell me what Glassbox is.", "What can I do in Glassbox?"],
      ["Can you describe Glassbox?", "What is Glassbox for?"]),
     ("The Loop lab shows a looped transformer following an A-Z pointer table, loop by loop.",
      ["What is the Loop lab?", "What's the Loop lab?", "Tell me about the Loop lab.",
-      "What does the Loop lab show?", "Explain the Loop lab.", "What is the loop lab page?"],
+      "What does the Loop lab show?", "Explain the Loop lab.", "What is the loop lab page?",
+      "Describe the Loop lab.", "What is the Loop lab used for?", "What happens in the Loop lab?"],
      ["Can you describe the Loop lab?", "What is the Loop lab for?"]),
     ("Press the Stop button under the reply; the text written so far is kept.",
      ["How do I stop a reply?", "How can I stop the answer?", "How do I cancel a response?",
-      "Can I stop you while you are writing?", "How to stop generation?", "Stop button?"],
+      "Can I stop you while you are writing?", "How to stop generation?", "Stop button?",
+      "How can I stop a reply?", "Can I interrupt a reply?", "Is there a stop button?"],
      ["How do I stop a reply early?", "Is there a way to stop a reply?"]),
     ("I am a tiny demo model trained on synthetic questions about capitals, chemical symbols, small sums and Glassbox.",
      ["Who are you?", "What are you?", "What model are you?", "Are you a chatbot?", "What can you do?",
-      "What can I ask you?"],
+      "What can I ask you?", "Describe yourself.", "Introduce yourself.", "What kind of bot are you?"],
      ["Tell me about yourself.", "What kind of model are you?"]),
 ]
 
+# A training aid: repeating random strings teaches the model to copy from the question (entities,
+# operands) much sooner than the sparse copies inside fact and sum answers do. Not evaluated.
+ECHO_Q = ["Repeat after me: {x}", 'Say "{x}".', "Please repeat: {x}", "Echo {x}", "Can you say {x}?", "Say {x}"]
+
 CATEGORIES = ("greeting", "capital", "symbol", "arithmetic", "app")
-MIX = {"greeting": 0.05, "capital": 0.15, "symbol": 0.13, "arithmetic": 0.6, "app": 0.07}
+MIX = {"greeting": 0.05, "capital": 0.11, "symbol": 0.1, "arithmetic": 0.55, "app": 0.08, "echo": 0.11}
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,17 @@ def _vary(rng: random.Random, text: str) -> str:
     return text
 
 
+def _random_text(rng: random.Random) -> str:
+    """1-3 made-up words, digit strings or capitalised names."""
+    def word():
+        kind = rng.random()
+        if kind < 0.35:
+            return str(rng.randrange(10 ** rng.randint(1, 5)))
+        w = "".join(rng.choice("bcdfghklmnprstvz") + rng.choice("aeiou") for _ in range(rng.randint(1, 4)))
+        return w.capitalize() if kind < 0.6 else w
+    return " ".join(word() for _ in range(rng.randint(1, 3)))
+
+
 def sample_train(rng: random.Random) -> QA:
     """One training question/answer, drawn by the category mix."""
     cat = rng.choices(list(MIX), weights=list(MIX.values()))[0]
@@ -154,6 +174,10 @@ def sample_train(rng: random.Random) -> QA:
                 break
         q = _fill(rng.choice((ADD_Q if op == "+" else SUB_Q)[0]), a=a_, b=b_)
         a = arithmetic_answer(a_, op, b_)
+    elif cat == "echo":
+        a = _random_text(rng)
+        q = _fill(rng.choice(ECHO_Q), x=a)
+        return QA(cat, q, a)  # no surface noise: the payload is the answer
     else:
         answer, phrasings, _ = rng.choice(GREETINGS if cat == "greeting" else APP)
         q, a = rng.choice(phrasings), answer

@@ -1,6 +1,6 @@
 """Train the bundled demo chat model on the synthetic corpus, then evaluate it on held-out questions.
 
-    python scripts/train_chat.py                # 30 minutes on one CPU thread, writes models/chat/
+    python scripts/train_chat.py                # 40 minutes on one CPU thread, writes models/chat/
     python scripts/train_chat.py --minutes 5 --out /tmp/chat
 
 Every training sequence is formatted exactly as webapp/chat/prompt.py builds prompts:
@@ -32,6 +32,22 @@ from chat_corpus import sample_train  # noqa: E402
 from webapp.chat.model import GPT, GPTConfig  # noqa: E402
 from webapp.chat.prompt import PromptBuilder  # noqa: E402
 from webapp.chat.tokenizer import ByteTokenizer  # noqa: E402
+
+
+def sinusoidal_(wpe: torch.Tensor, std: float = 0.02) -> None:
+    """Start the (still learned) position embeddings as sinusoids (Vaswani et al.) instead of noise.
+
+    A question sits anywhere in the packed 1024-token sequence, and answers copy from it; with
+    random position vectors "look k bytes back" has to be learned position by position. Sinusoids
+    make that one linear map from the start, so copying is learned much sooner.
+    """
+    T, C = wpe.shape
+    pos = torch.arange(T, dtype=torch.float32)[:, None]
+    freq = torch.exp(torch.arange(0, C, 2, dtype=torch.float32) * (-math.log(10000.0) / C))
+    with torch.no_grad():
+        wpe[:, 0::2] = torch.sin(pos * freq)
+        wpe[:, 1::2] = torch.cos(pos * freq)
+        wpe.mul_(std * math.sqrt(2))  # the same spread as the token embeddings' init
 
 
 def make_sequence(rng: random.Random, builder: PromptBuilder, block_size: int):
@@ -73,7 +89,7 @@ def save(model: GPT, config: GPTConfig, out: Path, meta: dict):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--minutes", type=float, default=30.0, help="wall-clock training budget")
+    p.add_argument("--minutes", type=float, default=40.0, help="wall-clock training budget")
     p.add_argument("--out", type=Path, default=ROOT / "models/chat")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the machine is shared)")
@@ -96,6 +112,7 @@ def main(argv=None):
                        n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, bias=True)
     builder = PromptBuilder(tok, config.block_size)
     model = GPT(config)
+    sinusoidal_(model.transformer.wpe.weight)
     decay = [p_ for p_ in model.parameters() if p_.dim() >= 2]
     no_decay = [p_ for p_ in model.parameters() if p_.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
