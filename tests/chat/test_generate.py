@@ -221,3 +221,17 @@ def test_prefill_chunks_grow_to_the_measured_rate(monkeypatch):
     assert sizes[0] == PREFILL_CHUNK and sizes[1] > PREFILL_CHUNK
     monkeypatch.setattr("webapp.chat.generate.PREFILL_SECONDS", 0.0)
     assert sampled(loaded, prompt, temperature=0, max_new_tokens=5)[1] == fast[1]
+
+
+@torch.inference_mode()
+def test_decode_fast_paths_match_the_plain_ones():
+    from webapp.chat.model import Linear
+    torch.manual_seed(0)
+    layer = Linear(16, 8)
+    for x in (torch.randn(1, 1, 16), torch.randn(16), torch.randn(1, 16), torch.randn(2, 3, 16)):
+        assert torch.allclose(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias), atol=1e-6)
+    model = tiny().model
+    idx = torch.randint(0, 256, (1, 12))
+    cache = model.new_cache()
+    assert model.forward_cached(idx[:, :8], cache, 0, logits=False) is None  # a chunk before the last
+    assert torch.allclose(model.forward_cached(idx[:, 8:], cache, 8), model(idx)[0][:, -1], atol=1e-5)

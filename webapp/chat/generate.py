@@ -24,6 +24,7 @@ on the device as the next step's input, and nothing already tokenized is tokeniz
 from __future__ import annotations
 
 import codecs
+import inspect
 import math
 import time
 from dataclasses import dataclass
@@ -80,6 +81,9 @@ class _CachedSteps:
 
     def __init__(self, model, block_size: int, device, prefix: PrefixCache | None = None):
         self.model, self.block_size, self.device, self.prefix = model, block_size, device, prefix
+        # chunks before the last skip lm_head when the model can (the project's GPT can): only the
+        # prompt's last position needs logits, and lm_head is a fifth of a 254M model's weights
+        self.skip_logits = "logits" in inspect.signature(model.forward_cached).parameters
         self.cache = None
         self.ids: list[int] = []  # token ids whose keys/values are in self.cache, by position
         self.reused = 0
@@ -108,8 +112,13 @@ class _CachedSteps:
             if should_stop():
                 return None
             t = time.perf_counter()
+            piece = todo[:, offset:offset + chunk]
             with torch.inference_mode():
-                logits = self.model.forward_cached(todo[:, offset:offset + chunk], self.cache, start + offset)
+                if self.skip_logits:
+                    last = offset + chunk >= todo.size(1)
+                    logits = self.model.forward_cached(piece, self.cache, start + offset, logits=last)
+                else:
+                    logits = self.model.forward_cached(piece, self.cache, start + offset)
             self.ids += window[start + offset:start + offset + chunk]
             offset += chunk
             rate = chunk / max(time.perf_counter() - t, 1e-6)  # tokens/s (launch rate on a GPU: then big chunks)

@@ -58,12 +58,28 @@ class KVCache:
         self.batch = batch
 
 
+class Linear(nn.Linear):
+    """nn.Linear (same parameters, same names) that runs a single row as a matrix-vector product.
+
+    Decoding one token is a chain of matrix-vector products, bound by reading the weights. On CPU,
+    torch's addmv reads bf16 weights ~30% faster than the addmm that nn.Linear uses (measured in
+    docs/benchmarks.md); for fp32 they are alike. Several rows (prefill, training) stay a matmul.
+    """
+
+    def forward(self, x):
+        if x.numel() != x.size(-1):  # more than one row
+            return F.linear(x, self.weight, self.bias)
+        row = x.reshape(-1)  # (C,)
+        y = torch.mv(self.weight, row) if self.bias is None else torch.addmv(self.bias, self.weight, row)
+        return y.view(*x.shape[:-1], -1)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         assert config.n_embd % config.n_head == 0
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v at once
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_attn = Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v at once
+        self.c_proj = Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.n_head = config.n_head
         self.n_embd = config.n_embd
 
@@ -100,9 +116,9 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_fc = Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.gelu = nn.GELU()
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj = Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
 
     def forward(self, x):
         return self.c_proj(self.gelu(self.c_fc(x)))
@@ -132,7 +148,7 @@ class GPT(nn.Module):
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying, as GPT-2
 
         # GPT-2 init; residual projections scaled down by depth (GPT-2 paper, section 2.3)
@@ -182,25 +198,28 @@ class GPT(nn.Module):
         p = self.lm_head.weight
         return KVCache(self.config, batch, max_len or self.config.block_size, p.device, p.dtype)
 
-    def forward_cached(self, idx, cache: KVCache, start_pos: int):
+    def forward_cached(self, idx, cache: KVCache, start_pos: int, logits: bool = True):
         """Run tokens idx (B, T) at positions start_pos.. start_pos+T-1, storing their keys and values
-        in `cache`, and return the logits of the last position, (B, V).
+        in `cache`, and return the logits of the last position, (B, V) (None with logits=False: a
+        prefill chunk before the last needs only its keys and values, not a pass over lm_head).
 
         Positions before start_pos must already be in the cache. Prefill a prompt with start_pos=0
         (whole or in chunks), then feed one token at a time with start_pos = tokens so far.
         """
         if start_pos + idx.size(1) > cache.max_len:
             raise ValueError(f"KV cache holds {cache.max_len} positions; asked for {start_pos + idx.size(1)}")
-        if idx.size(1) == 1 and self.compiled_step is not None:
+        if idx.size(1) == 1 and logits and self.compiled_step is not None:
             return self.compiled_step(idx, cache, start_pos)
-        return self._forward_cached(idx, cache, start_pos)
+        return self._forward_cached(idx, cache, start_pos, logits)
 
     compiled_step = None  # set by compile_decoding()
 
-    def _forward_cached(self, idx, cache: KVCache, start_pos: int):
+    def _forward_cached(self, idx, cache: KVCache, start_pos: int, logits: bool = True):
         x = self._embed(idx, start_pos)
         for layer, block in enumerate(self.transformer.h):
             x = block(x, cache, layer, start_pos)
+        if not logits:
+            return None
         x = self.transformer.ln_f(x[:, -1, :])  # (B, C): only the last position is needed
         return self.lm_head(x)  # (B, V)
 
