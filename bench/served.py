@@ -6,12 +6,15 @@ same model, on the main thread and on a worker thread.
 
 The model is random (fixed seed), saved as a checkpoint that gunicorn loads through the app's own loader
 with GLASSBOX_CHAT_FACTORY=bench.served:build_model, which masks the special ids so every reply runs to
-max_new_tokens. The bench process loads the same checkpoint the same way for the bare runs.
+max_new_tokens. The bare runs load the same checkpoint the same way (webapp.chat.service.load_model).
 
-Per round, interleaved: bare generator on the main thread, bare generator on a worker thread (as the
-core runs it), one reply straight from gunicorn, one through nginx. The served rate is what the client
-sees: (tokens - 1) / (last token event - first token event); the generator's own rate on the server
-(saved with the reply) is shown beside it.
+Per round, interleaved: the bare generator in fresh processes (so no other thread of theirs has an
+OpenMP pool unless the mode says so) - on the main thread; on a worker thread, as the core runs it; on a
+worker after the main thread ran parallel torch work (two pools: libgomp's threads then sleep between
+operations); the same after that work ran under webapp.chat.service.one_torch_thread (what load_model
+does now) - then one reply straight from gunicorn and one through nginx. The served rate is what the
+client sees: (tokens - 1) / (last token event - first token event); the generator's own rate on the
+server (saved with the reply) is shown beside it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sqlite3
+import subprocess
+import sys
 import tempfile
 import threading
 from dataclasses import asdict
@@ -30,6 +36,12 @@ import torch
 from bench import common
 
 FIRST_SPECIAL = 50257
+MODES = {
+    "bare, main thread": "main",
+    "bare, worker thread": "worker",
+    "bare, worker thread; main thread ran parallel torch work first": "worker-after-pool",
+    "bare, worker thread; that work under one_torch_thread()": "worker-after-guarded",
+}
 
 
 def build_model(arch: str):
@@ -63,39 +75,47 @@ def model_env(checkpoint: Path, size: str) -> dict:
             "GLASSBOX_CHAT_FACTORY": "bench.served:build_model"}
 
 
-def bare(loaded, ids, new_tokens, seed):
+def child(mode: str, checkpoint: str, size: str, new_tokens: int, seed: int) -> None:
+    """One bare reply in this fresh process; prints its decode tokens/s as the last line."""
     from webapp.chat.generate import generate
-    stats = None
-    for piece in generate(loaded, ids, max_new_tokens=new_tokens, seed=seed):
-        stats = piece.stats or stats
-    return stats.decode_tokens_per_s
+    from webapp.chat.service import load_model, one_torch_thread
+    from webapp.config import Settings
+    loaded = load_model(Settings(chat_checkpoint=checkpoint, chat_arch=size, chat_factory="bench.served:build_model"))
+    ids = loaded.prompt.build([{"role": "user", "content": f"Tell me a story about round {seed}."}], new_tokens)
+
+    def reply(n):
+        stats = None
+        for piece in generate(loaded, ids, max_new_tokens=n, seed=seed):
+            stats = piece.stats or stats
+        return stats.decode_tokens_per_s
+
+    def work():  # big enough that torch splits it between threads
+        torch.randn(1 << 22).mul_(2)
+
+    if mode == "worker-after-pool":
+        work()
+    elif mode == "worker-after-guarded":
+        with one_torch_thread():
+            work()
+    if mode == "main":
+        reply(8)
+        rate = reply(new_tokens)
+    else:
+        out = {}
+        thread = threading.Thread(target=lambda: (reply(8), out.update(rate=reply(new_tokens))))
+        thread.start()
+        thread.join()
+        rate = out["rate"]
+    print(json.dumps({"rate": rate, "threads": len(os.listdir("/proc/self/task"))}))
 
 
-class Worker:
-    """One long-lived thread that runs what it is given, like the core's worker."""
-
-    def __init__(self, torch_threads: int = 0):
-        import queue
-        self.jobs, self.results = queue.Queue(), queue.Queue()
-        self.torch_threads = torch_threads
-        threading.Thread(target=self._loop, daemon=True, name="bench-worker").start()
-
-    def _loop(self):
-        if self.torch_threads:
-            torch.set_num_threads(self.torch_threads)  # what the core does with GLASSBOX_TORCH_THREADS
-        while True:
-            fn = self.jobs.get()
-            try:
-                self.results.put((fn(), None))
-            except Exception as e:  # noqa: BLE001 - handed back to the caller
-                self.results.put((None, e))
-
-    def run(self, fn):
-        self.jobs.put(fn)
-        value, error = self.results.get()
-        if error:
-            raise error
-        return value
+def bare(mode: str, checkpoint: Path, size: str, new_tokens: int, seed: int) -> float:
+    cmd = [sys.executable, "-m", "bench.served", "--child", mode, "--checkpoint", str(checkpoint),
+           "--size", size, "--new", str(new_tokens), "--seed", str(seed)]
+    done = subprocess.run(cmd, cwd=common.ROOT, capture_output=True, text=True, timeout=900)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])["rate"]
 
 
 def served(base_url: str, prefix: str, instance: Path, message: str, new_tokens: int):
@@ -105,7 +125,6 @@ def served(base_url: str, prefix: str, instance: Path, message: str, new_tokens:
     client.get(f"{prefix}/chat/")
     reply = client.post(f"{prefix}/chat/send", {"content": message, "max_new_tokens": str(new_tokens)}, htmx=True)
     assert reply.status == 200, reply.text[:500]
-    import re
     url = re.search(r'sse-connect="([^"]+)"', reply.text).group(1)
     stamps = [e.at for e in client.open_stream(url, timeout=600).events() if e.name == "token"]
     message_id = int(re.search(r"/m/(\d+)/stream", url).group(1))
@@ -124,39 +143,37 @@ def parse_args(argv=None):
     p.add_argument("--new", type=int, default=200)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--torch-threads", type=int, default=0,
-                   help="GLASSBOX_TORCH_THREADS for gunicorn and the bench worker (0: the app's default)")
+                   help="GLASSBOX_TORCH_THREADS for gunicorn (0: the app's default)")
     p.add_argument("--no-nginx", action="store_true")
     p.add_argument("--no-doc", action="store_true")
+    p.add_argument("--child", choices=sorted(MODES.values()), help=argparse.SUPPRESS)
+    p.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.child:
+        return child(args.child, args.checkpoint, args.size, args.new, args.seed)
     from tests.support.servers import NGINX, Gunicorn, Nginx
-    from webapp.chat.loading import load_chat_model
     load_before = common.load_average()
     work = Path(tempfile.mkdtemp(prefix="glassbox-served-"))
     checkpoint = write_checkpoint(work, args.size)
     env = {**model_env(checkpoint, args.size), "GLASSBOX_TORCH_THREADS": str(args.torch_threads)}
     app = Gunicorn(work / "instance", env).start(ready_timeout=300)
-    use_nginx = not args.no_nginx and (os.path.exists(NGINX))
-    proxy = Nginx(work / "nginx", app.port).start() if use_nginx else None
+    proxy = Nginx(work / "nginx", app.port).start() if not args.no_nginx and os.path.exists(NGINX) else None
+    rows = {name: [] for name in [*MODES, "gunicorn (client)", "gunicorn (server generator)", "nginx (client)",
+                                  "nginx (server generator)"]}
     try:
-        loaded = load_chat_model(str(checkpoint), arch=args.size, factory="bench.served:build_model")
-        worker = Worker(args.torch_threads)
-        rows = {"bare, main thread": [], "bare, worker thread": [], "gunicorn (client)": [],
-                "gunicorn (server generator)": [], "nginx (client)": [], "nginx (server generator)": []}
-        for r in range(args.reps + 1):  # round 0 warms every path and is not counted
+        for r in range(args.reps + 1):  # round 0 warms gunicorn (and the page cache) and is not counted
             message = f"Tell me a story about round {r}."
-            ids = loaded.prompt.build([{"role": "user", "content": message}], args.new)
-            main_rate = bare(loaded, ids, args.new, seed=r)
-            worker_rate = worker.run(lambda: bare(loaded, ids, args.new, seed=r))
-            g_client, g_server, _ = served(app.url, "", app.instance, message, args.new)
-            got = {"bare, main thread": main_rate, "bare, worker thread": worker_rate,
-                   "gunicorn (client)": g_client, "gunicorn (server generator)": g_server}
+            got = {name: bare(mode, checkpoint, args.size, args.new, r) for name, mode in MODES.items()} if r else {}
+            got["gunicorn (client)"], got["gunicorn (server generator)"], _ = served(
+                app.url, "", app.instance, message, args.new)
             if proxy is not None:
-                n_client, n_server, _ = served(proxy.url, "/glassbox", app.instance, message, args.new)
-                got.update({"nginx (client)": n_client, "nginx (server generator)": n_server})
+                got["nginx (client)"], got["nginx (server generator)"], _ = served(
+                    proxy.url, "/glassbox", app.instance, message, args.new)
             print(f"  round {r}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()), flush=True)
             if r:
                 for k, v in got.items():
@@ -172,11 +189,11 @@ def main(argv=None):
              for k, v in rows.items() if v]
     body = (common.table(["path", "replies", "decode tok/s (median)", "÷ bare main thread",
                           "÷ bare worker thread"], table)
-            + f"\n\n- model: {args.size}, random weights (seed 0), fp32, {args.new} new tokens per reply, "
-            + f"prompt = few-shot + one short message ({len(ids)} tokens); {args.reps} rounds, interleaved, "
-            + "after one warm-up round.\n"
-            + f"- GLASSBOX_TORCH_THREADS={args.torch_threads or 'unset (default)'}; the bench's main thread uses "
-            + f"{torch.get_num_threads()} torch threads; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}.\n")
+            + f"\n\n- model: {args.size}, random weights (seed 0), fp32, {args.new} new tokens per reply, prompt = "
+            + f"few-shot + one short message; {args.reps} rounds, interleaved, after a warm-up round; every bare "
+            + "run in a fresh process (load, 8-token warm-up, the timed reply).\n"
+            + f"- GLASSBOX_TORCH_THREADS={args.torch_threads or 'unset (default)'}; "
+            + f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}.\n")
     common.report("Served path: one reply over SSE vs the bare generator", body, load_before=load_before,
                   write_doc=not args.no_doc)
 

@@ -1,4 +1,7 @@
 import dataclasses
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -235,3 +238,22 @@ def test_decode_fast_paths_match_the_plain_ones():
     cache = model.new_cache()
     assert model.forward_cached(idx[:, :8], cache, 0, logits=False) is None  # a chunk before the last
     assert torch.allclose(model.forward_cached(idx[:, 8:], cache, 8), model(idx)[0][:, -1], atol=1e-5)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2 or not os.path.isdir("/proc/self/task"),
+                    reason="needs 2+ CPUs (one starts no thread pool anyway) and Linux's /proc")
+def test_loading_under_one_torch_thread_starts_no_thread_pool():
+    """The core's worker must be the only thread with an OpenMP pool, or libgomp's threads sleep
+    between operations (docs/benchmarks.md: 17% slower decoding). Checked in a fresh process."""
+    code = """if True:
+        import os, torch
+        from webapp.chat.service import one_torch_thread
+        tasks = lambda: len(os.listdir("/proc/self/task"))
+        before, threads = tasks(), torch.get_num_threads()
+        with one_torch_thread():
+            torch.randn(1 << 22).mul_(2)
+        assert tasks() == before and torch.get_num_threads() == threads, (tasks(), before)
+        torch.randn(1 << 22).mul_(2)  # the same work outside starts a pool: the check can fail
+        assert tasks() > before
+    """
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)

@@ -67,7 +67,8 @@ class Linear(nn.Linear):
     """
 
     def forward(self, x):
-        if x.numel() != x.size(-1):  # more than one row
+        # more than one row; or under torch.compile, which would turn addmv into a slow generated loop
+        if x.numel() != x.size(-1) or torch.compiler.is_compiling():
             return F.linear(x, self.weight, self.bias)
         row = x.reshape(-1)  # (C,)
         y = torch.mv(self.weight, row) if self.bias is None else torch.addmv(self.bias, self.weight, row)

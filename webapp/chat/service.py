@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from contextlib import closing
+from contextlib import closing, contextmanager
 
 from webapp.chat.forms import Sampling
 from webapp.chat.prompt import PromptBuilder
@@ -14,13 +14,31 @@ from webapp.core.jobs import CANCELLED, DONE
 STATUS_OF_OUTCOME = {DONE: "complete", CANCELLED: "stopped"}  # anything else is an error
 
 
+@contextmanager
+def one_torch_thread():
+    """Run this thread's torch work single-threaded, so that it never starts an OpenMP thread pool.
+
+    libgomp gives each thread that runs parallel work its own pool; once a process has more pool
+    threads than CPUs, idle pool threads stop spinning after ~100 spins and sleep between operations.
+    A model loaded with parallel work on the main thread (a factory's random init, a dtype
+    conversion) made the core's worker decode 17% slower on 2 cores (docs/benchmarks.md)."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def load_model(settings):
     from webapp.chat.loading import load_chat_model
     from webapp.chat.model import GPT, compile_decoding
-    loaded = load_chat_model(settings.chat_checkpoint, arch=settings.chat_arch or None,
-                             tokenizer_spec=settings.chat_tokenizer or None,
-                             factory=settings.chat_factory or None, device=settings.device,
-                             dtype=settings.dtype or None)
+    with one_torch_thread():  # the core's worker must stay the only thread with a thread pool
+        loaded = load_chat_model(settings.chat_checkpoint, arch=settings.chat_arch or None,
+                                 tokenizer_spec=settings.chat_tokenizer or None,
+                                 factory=settings.chat_factory or None, device=settings.device,
+                                 dtype=settings.dtype or None)
     if settings.compile and isinstance(loaded.model, GPT):
         compile_decoding(loaded.model)  # compiles during the warm-up, before /readyz says ready
     return loaded
