@@ -54,7 +54,7 @@ def test_kv_cache_matches_full_forward():
     full = [m(idx[:, :t + 1])[0][:, -1] for t in range(20)]  # last-position logits of every prefix
 
     cache = m.new_cache()
-    assert cache.k.shape == (2, 1, 2, 32, 8)
+    assert len(cache.k) == len(cache.v) == 2 and cache.k[0].shape == (1, 2, 32, 8)  # per layer (B, nh, T, hs)
     assert torch.allclose(m.forward_cached(idx, cache, 0), full[-1], atol=1e-5)  # one prefill
 
     cache = m.new_cache()  # chunked prefill (5 + 5) then one token at a time

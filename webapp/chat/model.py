@@ -44,16 +44,18 @@ PRESETS: dict[str, GPTConfig] = {
 class KVCache:
     """Keys and values of every layer, preallocated for `max_len` positions.
 
-    k, v: (n_layer, B, nh, max_len, hs). The batch dimension is there so several sequences can
-    share one decoding step later; today every row shares the same start_pos.
+    k, v: one (B, nh, max_len, hs) tensor per layer. Separate tensors, not slices of one: under
+    torch.compile a write into a slice of a shared tensor copied the whole cache every step.
+    The batch dimension is there so several sequences can share one decoding step later; today
+    every row shares the same start_pos.
     """
 
     def __init__(self, config: GPTConfig, batch: int, max_len: int, device, dtype):
         hs = config.n_embd // config.n_head
-        shape = (config.n_layer, batch, config.n_head, max_len, hs)
+        shape = (batch, config.n_head, max_len, hs)
         # empty, not zeros: only positions already written are ever read
-        self.k = torch.empty(shape, device=device, dtype=dtype)
-        self.v = torch.empty(shape, device=device, dtype=dtype)
+        self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.max_len = max_len
         self.batch = batch
 
@@ -95,10 +97,10 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             end = start_pos + T
-            cache.k[layer, :B, :, start_pos:end] = k
-            cache.v[layer, :B, :, start_pos:end] = v
-            k = cache.k[layer, :B, :, :end]  # (B, nh, end, hs): everything seen so far
-            v = cache.v[layer, :B, :, :end]
+            cache.k[layer][:B, :, start_pos:end] = k
+            cache.v[layer][:B, :, start_pos:end] = v
+            k = cache.k[layer][:B, :, :end]  # (B, nh, end, hs): everything seen so far
+            v = cache.v[layer][:B, :, :end]
             if T == 1:
                 # one new token may look at every cached position: no mask needed
                 y = F.scaled_dot_product_attention(q, k, v)

@@ -50,7 +50,8 @@ class PrefixCache:
         """The cached entry, now owned by the caller (the holder is left empty)."""
         with self._lock:
             entry, self._entry = self._entry, None
-        if entry is None or entry.cache.k.device != device or entry.cache.k.dtype != dtype:
+        layer0 = entry.cache.k[0] if entry is not None else None
+        if layer0 is None or layer0.device != device or layer0.dtype != dtype:
             return None  # the model moved or changed dtype since: start cold
         return entry
 
