@@ -26,7 +26,7 @@ GPU_ARGS = ["--device", "cuda", "--sizes", "gpt2-254m", "--prompts", "300,800", 
             "--variants", "glassbox,glassbox-bf16,hf", "--compile"]
 # The same path on the CPU, tiny: 2 layers, 64 wide (the 50304-token head still dominates), short prompts.
 DRY_ARGS = ["--device", "cpu", "--sizes", "gpt2-254m", "--config", "2,2,64", "--prompts", "32,64", "--new", "8",
-            "--reps", "1", "--variants", "glassbox,glassbox-bf16,hf", "--no-doc"]
+            "--reps", "1", "--variants", "glassbox,glassbox-bf16,hf", "--compile", "--no-doc"]
 
 
 def main(argv=None):
