@@ -5,11 +5,13 @@
 
 Interleaved per round, on the same request (so the same number of loops):
   bare, main thread    model(..., loop_callback=None) in the bench's main thread
-  bare, core worker    the same call as a job on the shared core's worker thread
+  bare, core worker    the same call as a job on the shared core's worker thread, with the worker's
+                       own thread count and with GLASSBOX_LOOP_TORCH_THREADS (what Loop-lab jobs use)
   observed             run_trace on the core, its events drained by a subscriber that renders nothing
   observed + streamed  the real thing: POST /loops/run, run_trace on the core (observation, targets,
-                       a `row` event per loop), the SSE stream read by a client thread that renders
-                       every row fragment, as gunicorn's thread would (Flask test client, no sockets)
+                       `rows` events), the SSE stream read by a client thread that renders every
+                       fragment, as gunicorn's thread would (Flask test client, no sockets)
+Both observed variants run with GLASSBOX_LOOP_TORCH_THREADS threads, as the app runs them.
 Per-loop time = the model call's wall time (encoding the prompt included) / loops run.
 """
 
@@ -65,12 +67,17 @@ def on_core(core, fn):
     return box["value"]
 
 
-def observed(core, bundle, request) -> tuple[float, int]:
+def observed(core, bundle, request, threads: int) -> tuple[float, int]:
     """run_trace on the core, its events drained by a subscriber that renders nothing."""
     from webapp.core import Job
+    from webapp.core.threads import torch_threads
     from webapp.loops.trace import run_trace
     box = {}
-    job = core.submit(Job("loops", "bench", lambda job, core: box.update(s=run_trace(job, bundle, request))))
+
+    def run(job, core):
+        with torch_threads(threads):
+            box.update(s=run_trace(job, bundle, request))
+    job = core.submit(Job("loops", "bench", run))
     for _ in job.subscribe(0.5):
         pass
     return box["s"]["inference_seconds"], box["s"]["summary"]["executed_loops"]
@@ -88,7 +95,8 @@ def streamed(app, core, steps: int) -> tuple[float, int]:
     url = re.search(r'sse-connect="([^"]+)"', live).group(1)
     job_id = re.search(r"/loops/jobs/([^/]+)/stream", url).group(1)
     response = client.get(url)
-    rows = sum(chunk.count(b"event: row") for chunk in response.response)  # reads as it arrives
+    text = b"".join(chunk for chunk in response.response).decode()  # reads as it arrives
+    rows = sum(f.count("<tr") for f in text.split("\n\n") if f.startswith("event: rows"))
     snapshot = core.get(job_id).result["snapshot"]
     assert rows == snapshot["summary"]["executed_loops"], (rows, snapshot["summary"])
     return snapshot["inference_seconds"], rows
@@ -98,19 +106,32 @@ def main(argv=None):
     args = parse_args(argv)
     from webapp import create_app
     from webapp.config import Settings
+    from webapp.core.threads import torch_threads
     from webapp.loops.checkpoint import load_bundle
     from webapp.loops.request import DemoRequest
     load_before = common.load_average()
     bundle = load_bundle(args.model or None)
     request = DemoRequest.parse(request_payload(args.steps))
+    settings = Settings.from_env()
     settings = Settings(instance_path=tempfile.mkdtemp(prefix="glassbox-loops-"), secret_key="bench",
-                        max_jobs_per_owner=100)
+                        max_jobs_per_owner=100, loop_torch_threads=settings.loop_torch_threads,
+                        torch_threads=settings.torch_threads)
     app = create_app(settings, models={"loops": bundle}, test_config={"TESTING": True})
     core = app.extensions["glassbox.core"]
     core.ready.wait(60)
+    threads = settings.loop_torch_threads
+
+    def bare_on_worker(count):
+        def call():
+            with torch_threads(count):
+                return bare_call(bundle, request)
+        return lambda: on_core(core, call)
+    worker_threads = on_core(core, torch.get_num_threads)
+    base = f"bare, core worker, {threads or worker_threads} thread(s)"
     variants = {"bare, main thread": lambda: bare_call(bundle, request),
-                "bare, core worker": lambda: on_core(core, lambda: bare_call(bundle, request)),
-                "observed, events drained unrendered": lambda: observed(core, bundle, request),
+                f"bare, core worker, {worker_threads} thread(s)": bare_on_worker(0),
+                base: bare_on_worker(threads),
+                "observed, events drained unrendered": lambda: observed(core, bundle, request, threads),
                 "observed + streamed (run_trace on the core)": lambda: streamed(app, core, args.steps)}
     per_loop = {k: [] for k in variants}
     loops = {}
@@ -127,11 +148,11 @@ def main(argv=None):
         core.shutdown()
     assert len(set(loops.values())) == 1, loops
     base_main = common.median(per_loop["bare, main thread"])
-    base_core = common.median(per_loop["bare, core worker"])
+    base_core = common.median(per_loop[base])
     rows = [[k, loops[k], common.median(v) * 1e6, common.median(v) / base_main, common.median(v) / base_core]
             for k, v in per_loop.items()]
     body = (common.table(["variant", "loops per run", "µs per loop (median)", "÷ bare main thread",
-                          "÷ bare core worker"], rows)
+                          f"÷ {base}"], rows)
             + f"\n\n- model: {bundle.checkpoint_id} ({bundle.model.num_params() / 1e3:.0f}k parameters); request: "
             + f"a 26-letter cycle, start A, k = {args.steps}; {args.reps} rounds, interleaved, after one warm-up.\n")
     common.report("Loop lab: bare loop vs observed and streamed loop", body, load_before=load_before,

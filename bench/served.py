@@ -11,7 +11,7 @@ max_new_tokens. The bare runs load the same checkpoint the same way (webapp.chat
 Per round, interleaved: the bare generator in fresh processes (so no other thread of theirs has an
 OpenMP pool unless the mode says so) - on the main thread; on a worker thread, as the core runs it; on a
 worker after the main thread ran parallel torch work (two pools: libgomp's threads then sleep between
-operations); the same after that work ran under webapp.chat.service.one_torch_thread (what load_model
+operations); the same after that work ran under webapp.core.threads.one_torch_thread (what load_model
 does now) - then one reply straight from gunicorn and one through nginx. The served rate is what the
 client sees: (tokens - 1) / (last token event - first token event); the generator's own rate on the
 server (saved with the reply) is shown beside it.
@@ -78,7 +78,8 @@ def model_env(checkpoint: Path, size: str) -> dict:
 def child(mode: str, checkpoint: str, size: str, new_tokens: int, seed: int) -> None:
     """One bare reply in this fresh process; prints its decode tokens/s as the last line."""
     from webapp.chat.generate import generate
-    from webapp.chat.service import load_model, one_torch_thread
+    from webapp.chat.service import load_model
+    from webapp.core.threads import one_torch_thread
     from webapp.config import Settings
     loaded = load_model(Settings(chat_checkpoint=checkpoint, chat_arch=size, chat_factory="bench.served:build_model"))
     ids = loaded.prompt.build([{"role": "user", "content": f"Tell me a story about round {seed}."}], new_tokens)

@@ -247,7 +247,7 @@ def test_loading_under_one_torch_thread_starts_no_thread_pool():
     between operations (docs/benchmarks.md: 17% slower decoding). Checked in a fresh process."""
     code = """if True:
         import os, torch
-        from webapp.chat.service import one_torch_thread
+        from webapp.core.threads import one_torch_thread
         tasks = lambda: len(os.listdir("/proc/self/task"))
         before, threads = tasks(), torch.get_num_threads()
         with one_torch_thread():

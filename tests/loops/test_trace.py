@@ -9,7 +9,7 @@ from webapp.core import InferenceCore, Job
 from webapp.core.jobs import CANCELLED, DONE, FAILED
 from webapp.loops.request import DemoRequest
 from webapp.loops.task import SYMBOLS
-from webapp.loops.trace import TraceBuilder, check_model, ModelRefused, run_trace, score_trace
+from webapp.loops.trace import FLUSH_SECONDS, ModelRefused, TraceBuilder, check_model, run_trace, score_trace
 
 CYCLE = [[s, SYMBOLS[(i + 1) % 26]] for i, s in enumerate(SYMBOLS)]
 
@@ -92,18 +92,24 @@ def core():
 
 
 def run_job(core, b, req):
+    """-> (job, the rows events' row lists in order, the snapshot)."""
     holder = {}
     job = core.submit(Job("loops", "o", lambda job, c: holder.update(snapshot=run_trace(job, b, req))))
-    events = [e for e in job.subscribe(0.05) if e is not None and e.name == "row"]
-    return job, events, holder.get("snapshot")
+    batches = [e.data["rows"] for e in job.subscribe(0.05) if e is not None and e.name == "rows"]
+    return job, batches, holder.get("snapshot")
 
 
-def test_streamed_run_emits_one_row_per_loop_and_a_complete_snapshot(core):
+def loops_of(batches):
+    return [row["loop"] for rows in batches for row in rows]
+
+
+def test_streamed_run_emits_every_loop_once_in_order_and_a_complete_snapshot(core):
     req = request(5)
-    job, events, snapshot = run_job(core, bundle(), req)
+    job, batches, snapshot = run_job(core, bundle(), req)
     assert job.state == DONE
-    assert [e.data["row"]["loop"] for e in events] == [1, 2, 3, 4, 5]
-    row = events[0].data["row"]
+    assert loops_of(batches) == [1, 2, 3, 4, 5]
+    assert snapshot["trace"] == [row for rows in batches for row in rows]
+    row = batches[0][0]
     assert set(row) == {"loop", "prediction", "direct_prediction", "stop_probability", "top3", "arrival_seconds",
                         "expected", "correct", "edge_valid"}
     assert len(row["top3"]) == 3 and row["top3"][0]["symbol"] == "B"
@@ -113,22 +119,35 @@ def test_streamed_run_emits_one_row_per_loop_and_a_complete_snapshot(core):
     assert snapshot["summary"]["joint_success"] is True and snapshot["inference_seconds"] > 0
 
 
+def test_fast_loops_share_events_but_the_first_loop_is_sent_at_once(core):
+    job, batches, snapshot = run_job(core, bundle(stop_at=200), request(3))
+    assert loops_of(batches) == list(range(1, 201))
+    assert [row["loop"] for row in batches[0]] == [1]  # the viewer sees the run start without waiting
+    assert len(batches) < 100  # a scripted loop takes microseconds: rows travel in batches
+
+
+def test_slow_loops_are_sent_one_event_each(core):
+    job, batches, snapshot = run_job(core, bundle(delay=FLUSH_SECONDS * 1.5), request(4))
+    assert [[row["loop"] for row in rows] for rows in batches] == [[1], [2], [3], [4]]
+
+
 def test_model_that_never_stops_hits_the_cap(core):
-    job, events, snapshot = run_job(core, bundle(stop_at=10_000), request(3))
-    assert len(events) == 272 and snapshot["summary"]["stop_reason"] == "cap"
+    job, batches, snapshot = run_job(core, bundle(stop_at=10_000), request(3))
+    assert loops_of(batches) == list(range(1, 273)) and snapshot["summary"]["stop_reason"] == "cap"
 
 
-def test_nonfinite_output_fails_the_job_with_its_message(core):
-    job, events, snapshot = run_job(core, bundle(nan_at=2), request(5))
+@pytest.mark.parametrize("delay", [0.0, FLUSH_SECONDS * 1.5])
+def test_nonfinite_output_fails_the_job_after_the_rows_before_it(core, delay):
+    job, batches, snapshot = run_job(core, bundle(nan_at=3, delay=delay), request(5))
     assert job.state == FAILED and job.error == "Nonfinite model output"
-    assert len(events) == 1 and snapshot is None
+    assert loops_of(batches) == [1, 2] and snapshot is None
 
 
 def test_cancel_stops_the_model_at_the_next_loop_and_frees_the_device(core):
     b = bundle(stop_at=10_000, delay=0.01)
     job = core.submit(Job("loops", "o", lambda job, c: run_trace(job, b, request(200))))
     stream = job.subscribe(0.05)
-    next(e for e in stream if e is not None and e.name == "row")
+    next(e for e in stream if e is not None and e.name == "rows")
     stream.close()  # the only viewer left
     nxt = core.submit(Job("loops", "o", lambda job, c: None))
     list(nxt.subscribe(0.05))

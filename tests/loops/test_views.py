@@ -3,7 +3,11 @@
 import json
 import re
 
-from tests.conftest import csrf_of, sse_events
+import pytest
+import torch
+
+from tests.conftest import csrf_of, make_app, sse_events
+from webapp.core import Job
 from webapp.loops.task import SYMBOLS
 
 CYCLE = [[s, SYMBOLS[(i + 1) % 26]] for i, s in enumerate(SYMBOLS)]
@@ -30,14 +34,31 @@ def test_page_shows_editor_with_26_rules_in_order(loop_app):
 def test_run_streams_rows_then_a_summary_with_pictures(loop_app):
     client = loop_app.test_client()
     events = run_live(client, csrf_of(client, "/loops/"))
-    rows = [data for name, data in events if name == "row"]
-    assert len(rows) == 4 and "<td>1</td>" in rows[0]
+    rows = "".join(data for name, data in events if name == "rows")
+    assert rows.count("<tr") == 4 and rows.index("<td>1</td>") < rows.index("<td>4</td>")
     assert events[-1][0] == "done"
     final = events[-1][1]
     assert "Solved" in final and "<svg" in final and "Permalink" in final
     assert final.count("<tr") == 5  # header + 4 rows
     # the saved-traces list is refreshed out of band with the run just saved
     assert 'id="saved-traces" hx-swap-oob="true"' in final and "k = 4" in final
+
+
+@pytest.mark.parametrize("loop_threads", [1, 0])
+def test_loop_runs_use_their_own_thread_count_and_give_the_worker_back_its_own(tmp_path, loop_threads):
+    from tests.support.loop_models import bundle
+    b = bundle()
+    app = make_app(tmp_path, {"loops": b}, torch_threads=2, loop_torch_threads=loop_threads)
+    core = app.extensions["glassbox.core"]
+    try:
+        client = app.test_client()
+        run_live(client, csrf_of(client, "/loops/"))
+        assert b.model.threads_seen == (loop_threads or 2)  # 0: the worker's own setting
+        after = core.submit(Job("probe", "o", lambda job, c: job.result.update(threads=torch.get_num_threads())))
+        list(after.subscribe(0.05))
+        assert after.result["threads"] == 2
+    finally:
+        core.shutdown()
 
 
 def test_invalid_steps_shows_message_inline_and_keeps_the_table(loop_app):
@@ -98,7 +119,8 @@ def test_trace_belongs_to_its_browser_and_replays(loop_app):
     snapshot = download.get_json()
     assert snapshot["source"] == "live" and len(snapshot["trace"]) == 4
     replay = sse_events(owner.get(f"/loops/traces/{trace_id}/replay").get_data(as_text=True))
-    assert [n for n, _ in replay] == ["row"] * 4 + ["done"]
+    assert [n for n, _ in replay][-1] == "done" and {n for n, _ in replay[:-1]} == {"rows"}
+    assert "".join(data for _, data in replay[:-1]).count("<tr") == 4
     assert "recorded" in replay[-1][1]
     # uploading the file replays it for the uploader, as a recorded trace
     csrf = csrf_of(stranger, "/loops/")
@@ -136,3 +158,21 @@ def test_state_changes_need_the_csrf_token(loop_app):
     client.get("/loops/")
     response = client.post("/loops/run", data=form("wrong"))
     assert response.status_code == 403
+
+
+def test_a_row_shows_right_and_wrong_past_k_and_the_top_three(loop_app):
+    from flask import render_template
+    row = {"loop": 5, "prediction": "Q", "direct_prediction": "R", "expected": "E", "correct": False,
+           "edge_valid": True, "stop_probability": 0.126, "arrival_seconds": 0.0123,
+           "top3": [{"symbol": "Q", "probability": 0.7}, {"symbol": "E", "probability": 0.2},
+                    {"symbol": "<", "probability": 0.1}]}
+    with loop_app.test_request_context("/loops/"):
+        past_k = render_template("loops/_rows.html", rows=[row], steps=4)
+        within = render_template("loops/_rows.html", rows=[{**row, "correct": True}], steps=5)
+    assert '<tr class="past-k">' in past_k and "<tr>" in within
+    assert '<td class="bad">✗<span class="visually-hidden"> wrong</span>' in past_k
+    assert '<td class="ok">✓<span class="visually-hidden"> right</span>' in within
+    assert "(R)" in past_k  # the direct readout, where it differs
+    assert '<meter min="0" max="1" low="0.5" optimum="1" value="0.1260">0.13</meter> 0.13' in past_k
+    assert "<span>Q 0.70</span><span>E 0.20</span><span>&lt; 0.10</span>" in past_k
+    assert "12.3 ms" in past_k

@@ -41,10 +41,12 @@ class ScriptedLoopModel(nn.Module):
         self.script = script or Script()
         self.completion_head = nn.Linear(1, 1)
         self.loops_run = 0
+        self.threads_seen: int | None = None  # torch's intra-op threads while it ran
         self.eval()
 
     def forward(self, input_ids, attention_mask, num_loops, completion_threshold, readout_token_ids,
                 loop_callback):
+        self.threads_seen = torch.get_num_threads()
         text = "".join(chr(i) for i in input_ids[0].tolist())
         table_text, start, steps = text.split(";")[0], text.split(";s=")[1][0], int(text.split(";k=")[1][:3])
         mapping = {rule[0]: rule[1] for rule in table_text.split(" ")}

@@ -3,32 +3,16 @@
 from __future__ import annotations
 
 import threading
-from contextlib import closing, contextmanager
+from contextlib import closing
 
 from webapp.chat.forms import Sampling
 from webapp.chat.prompt import PromptBuilder
 from webapp.chat.store import ChatStore, ReplyStats
 from webapp.core import InferenceCore, Job
+from webapp.core.threads import one_torch_thread
 from webapp.core.jobs import CANCELLED, DONE
 
 STATUS_OF_OUTCOME = {DONE: "complete", CANCELLED: "stopped"}  # anything else is an error
-
-
-@contextmanager
-def one_torch_thread():
-    """Run this thread's torch work single-threaded, so that it never starts an OpenMP thread pool.
-
-    libgomp gives each thread that runs parallel work its own pool; once a process has more pool
-    threads than CPUs, idle pool threads stop spinning after ~100 spins and sleep between operations.
-    A model loaded with parallel work on the main thread (a factory's random init, a dtype
-    conversion) made the core's worker decode 17% slower on 2 cores (docs/benchmarks.md)."""
-    import torch
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def load_model(settings):

@@ -17,6 +17,7 @@ from webapp.loops.recorded import TraceFileError, parse_trace_file, rescore
 from webapp.loops.request import DemoRequest, RequestError
 from webapp.loops.service import LoopService
 from webapp.loops.store import TraceStore
+from webapp.loops.trace import FLUSH_SECONDS, metadata
 from webapp.loops.task import SYMBOLS
 from webapp.security import csrf_exempt, owner_id
 
@@ -29,7 +30,8 @@ TOO_MANY_JOBS = "You already have runs or replies waiting or running. Wait for o
 def service() -> LoopService:
     ext = current_app.extensions
     if "glassbox.loops" not in ext:
-        ext["glassbox.loops"] = LoopService(get_core(), TraceStore(ext["glassbox.db"]))
+        ext["glassbox.loops"] = LoopService(get_core(), TraceStore(ext["glassbox.db"]),
+                                               torch_threads=settings().loop_torch_threads)
     return ext["glassbox.loops"]
 
 
@@ -113,8 +115,8 @@ def stream(job_id: str):
         abort(503, "Too many open streams; try again in a moment.")
 
     def render(event):
-        if event.name == "row":
-            return render_template("loops/_row.html", row=event.data["row"], steps=job.result["request"].steps)
+        if event.name == "rows":
+            return render_template("loops/_rows.html", rows=event.data["rows"], steps=job.result["request"].steps)
         if event.name in ("position", "running"):
             return render_template("loops/_run_status.html", event=event)
         return None
@@ -125,9 +127,8 @@ def stream(job_id: str):
 def final_results(job) -> str:
     snapshot = job.result.get("snapshot")
     if snapshot is None:  # stopped or failed: show what arrived, and why it ended
-        from webapp.loops.trace import metadata
         req = job.result["request"]
-        rows = [e.data["row"] for e in job.events if e.name == "row"]
+        rows = [row for e in job.events if e.name == "rows" for row in e.data["rows"]]
         snapshot = {**metadata(req, "", "live"), "status": "stopped", "trace": rows}
         return render_results(snapshot, job=job, error=job.error or "Stopped.")
     return render_results(snapshot, job=job, trace_id=job.result.get("trace_id"),
@@ -173,14 +174,21 @@ def replay_stream(trace_id: str):
     """A saved trace, re-streamed at its recorded pace: no model, no job, just the rows."""
     snapshot = {**owned_trace(trace_id), "source": "recorded"}
 
+    steps = snapshot["request"]["steps"]
+
     def body():
         yield comment("open")
-        started = time.monotonic()
-        for row in snapshot["trace"]:
+        started, due = time.monotonic(), []
+        for row in snapshot["trace"]:  # rows due within FLUSH_SECONDS of each other share a frame, as live
             delay = row["arrival_seconds"] - (time.monotonic() - started)
-            if delay > 0:
+            if delay >= FLUSH_SECONDS:
+                if due:
+                    yield frame("rows", render_template("loops/_rows.html", rows=due, steps=steps))
+                    due = []
                 time.sleep(min(delay, 5.0))
-            yield frame("row", render_template("loops/_row.html", row=row, steps=snapshot["request"]["steps"]))
+            due.append(row)
+        if due:
+            yield frame("rows", render_template("loops/_rows.html", rows=due, steps=steps))
         yield frame("done", render_results(snapshot, trace_id=trace_id))
 
     return sse_response(body())
@@ -215,17 +223,17 @@ def api_trace():
         job = service().start(owner_id(), demo_request)
     except (QueueFull, CoreClosed) as error:
         return {"error": str(error)}, 503
-    from webapp.loops.trace import metadata
 
     def body():
         head, rows = None, []
         for event in job.subscribe(settings().heartbeat_seconds):
             if event is None:
                 yield "\n"  # keep-alive; also how a vanished client is noticed
-            elif event.name == "row":
+            elif event.name == "rows":
                 head = head or metadata(demo_request, current_app.extensions["glassbox.core"].models["loops"].checkpoint_id)
-                rows.append(event.data["row"])
-                yield json.dumps({**head, "status": "streaming", "trace": rows}) + "\n"
+                for row in event.data["rows"]:  # one snapshot per loop, as the owner's API gives
+                    rows.append(row)
+                    yield json.dumps({**head, "status": "streaming", "trace": rows}) + "\n"
         if "snapshot" in job.result:
             yield json.dumps({**job.result["snapshot"], "trace_id": job.result.get("trace_id")}) + "\n"
         else:
