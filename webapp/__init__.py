@@ -71,7 +71,7 @@ def _start_core(settings: Settings, models: dict[str, Any] | None) -> InferenceC
     warmups = {"chat": chat_service.warm_up, "loops": loop_service.warm_up}
     return InferenceCore(models, warmups={k: v for k, v in warmups.items() if k in models},
                          load_seconds=load_seconds, torch_threads=settings.torch_threads,
-                         max_queue=settings.max_queue)
+                         max_queue=settings.max_queue, max_jobs_per_owner=settings.max_jobs_per_owner)
 
 
 def _instance_secret(instance_path: str) -> str:

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from tests.conftest import wait_for
-from webapp.core import InferenceCore, Job, QueueFull
+from webapp.core import InferenceCore, Job, QueueFull, TooManyJobs
 from webapp.core.jobs import CANCELLED, DONE, FAILED
 
 
@@ -135,16 +135,36 @@ def test_queue_limit_and_shutdown_cancel_everything():
     queued = core.submit(Job("t", "o", counting_runner(1)))
     with pytest.raises(QueueFull):
         core.submit(Job("t", "o", counting_runner(1)))
-
-    def slow(job, core):
-        while True:
-            job.emit("token", text="x")
-            time.sleep(0.01)
-
     gate.set()
     assert wait_for(lambda: running.state == DONE)
     core.shutdown(timeout=5)
     assert queued.state in (DONE, CANCELLED)
+
+
+def test_jobs_per_owner_are_limited_even_when_submitted_at_once():
+    core = InferenceCore({}, max_jobs_per_owner=2)
+    gate, start = threading.Event(), threading.Barrier(8)
+    accepted, refused = [], []
+
+    def submit():
+        start.wait()
+        try:
+            accepted.append(core.submit(Job("t", "o", counting_runner(0, gate=gate))))
+        except TooManyJobs as error:
+            refused.append(str(error))
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(accepted) == 2 and len(refused) == 6
+    assert refused[0] == "You already have runs or replies waiting or running. Wait for one to finish or stop it."
+    other = core.submit(Job("t", "someone else", counting_runner(0)))  # one browser's limit is its own
+    gate.set()
+    assert wait_for(lambda: all(j.state == DONE for j in accepted + [other]))
+    assert core.submit(Job("t", "o", counting_runner(0)))  # finished jobs no longer count
+    core.shutdown()
 
 
 def test_shutdown_cancels_running_job_and_ends_streams():

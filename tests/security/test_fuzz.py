@@ -185,4 +185,6 @@ def test_chat_send_answers_a_reply_or_a_documented_message(client, form, content
                             r"|Temperature must .*|Top-k must .*|Max new tokens must .*|Seed must .*"
                             r"|Your message is \d+ tokens? too long for this model.*", message), message
     else:
-        assert response.status_code == 200 and "sse-connect" in html, html[:500]
+        # the reply streams, or (a tiny model, two tokens) had already finished when the page was drawn
+        assert response.status_code == 200, html[:500]
+        assert "sse-connect" in html or re.search(r'class="message assistant (complete|stopped)"', html), html[:500]

@@ -96,7 +96,7 @@ def test_jobs_per_browser_are_limited_across_chat_and_loop_lab(limited):
     assert send(client, max_new_tokens="200").status_code == 200
     assert run(client).status_code == 200
     chat = send(client)
-    assert chat.status_code == 429 and "You already have replies running or waiting." in text(chat)
+    assert chat.status_code == 429 and "You already have runs or replies waiting or running." in text(chat)
     loops = run(client)
     assert loops.status_code == 429 and "You already have runs or replies waiting or running." in text(loops)
     assert loops.headers["HX-Retarget"] == "#flash"
@@ -104,6 +104,28 @@ def test_jobs_per_browser_are_limited_across_chat_and_loop_lab(limited):
     assert api.status_code == 429 and "waiting or running" in api.get_json()["error"]
     other = limited.test_client()  # another browser is not held up by the first one's limit
     assert send(other, max_new_tokens="2").status_code == 200
+
+
+@pytest.mark.parametrize("limited", [{"max_jobs_per_owner": 1}], indirect=True)
+def test_a_refused_regenerate_or_edit_loses_nothing(limited):
+    client = limited.test_client()
+    first = send(client, "first question", max_new_tokens="3")
+    cid = re.search(r'name="conversation_id" value="(\w+)"', text(first)).group(1)
+    core = limited.extensions["glassbox.core"]
+    assert wait_for(lambda: core.counters["done"] == 1)
+    before = text(client.get(f"/chat/c/{cid}"))
+    user_id, reply_id = re.findall(r'id="message-(\d+)"', before)
+    assert run(client).status_code == 200  # the browser's one job slot is now taken
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    regenerate = client.post(f"/chat/c/{cid}/regenerate", data={"csrf_token": csrf}, headers=HX)
+    edit = client.post(f"/chat/c/{cid}/m/{user_id}/edit", data={"csrf_token": csrf, "content": "second thought"},
+                       headers=HX)
+    for refused in (regenerate, edit):
+        assert refused.status_code == 429 and "waiting or running" in text(refused)
+    assert "second thought" in text(edit)  # the edited text is given back
+    after = text(client.get(f"/chat/c/{cid}"))
+    assert re.findall(r'id="message-(\d+)"', after) == [user_id, reply_id]
+    assert "first question" in after and "second thought" not in after
 
 
 @pytest.mark.parametrize("limited", [{"max_queue": 1}], indirect=True)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import threading
 from contextlib import closing
+from typing import Callable
 
 from webapp.chat.forms import Sampling
 from webapp.chat.prompt import PromptBuilder
 from webapp.chat.store import ChatStore, ReplyStats
 from webapp.core import InferenceCore, Job
-from webapp.core.threads import one_torch_thread
 from webapp.core.jobs import CANCELLED, DONE
+from webapp.core.threads import one_torch_thread
 
 STATUS_OF_OUTCOME = {DONE: "complete", CANCELLED: "stopped"}  # anything else is an error
 
@@ -70,8 +71,13 @@ class ChatService:
                  if m["role"] == "user" or m["status"] in ("complete", "stopped")]
         return self.prompts.build(turns, sampling.max_new_tokens)
 
-    def start_reply(self, owner: str, conversation_id: str, prompt_ids: list[int], sampling: Sampling) -> int:
-        """Save a pending assistant message and queue the job that writes it."""
+    def start_reply(self, owner: str, conversation_id: str, prompt_ids: list[int], sampling: Sampling,
+                    then: Callable[[int], None] | None = None) -> int:
+        """Save a pending assistant message and queue the job that writes it.
+
+        `then(message_id)` runs once the core has taken the job: what a reply replaces (the old
+        reply, the turns after an edited message) is dropped only then, so a refused job loses nothing.
+        """
         message_id = self.store.add_message(conversation_id, "assistant", "", status="pending",
                                             settings=sampling.as_dict())
         job = Job("chat", owner, self._runner(prompt_ids, sampling), on_finish=self._saver(message_id))
@@ -82,6 +88,8 @@ class ChatService:
             raise
         with self._lock:
             self._jobs[message_id] = job.id
+        if then is not None:
+            then(message_id)
         return message_id
 
     def job_for(self, message_id: int) -> Job | None:

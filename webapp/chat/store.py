@@ -74,13 +74,15 @@ class ChatStore:
             db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
         return cursor.lastrowid
 
-    def edit_message(self, conversation_id: str, message_id: int, content: str) -> None:
-        """Replace a user message's text and drop every later turn (they answered the old text)."""
+    def edit_message(self, conversation_id: str, message_id: int, content: str, keep: int = 0) -> None:
+        """Replace a user message's text and drop every later turn (they answered the old text),
+        except message `keep` (the reply to the new text, already queued)."""
         with self.db.connect() as db:
             db.execute("BEGIN")
             db.execute("UPDATE messages SET content = ? WHERE id = ? AND conversation_id = ?",
                        (content, message_id, conversation_id))
-            db.execute("DELETE FROM messages WHERE conversation_id = ? AND id > ?", (conversation_id, message_id))
+            db.execute("DELETE FROM messages WHERE conversation_id = ? AND id > ? AND id != ?",
+                       (conversation_id, message_id, keep))
             db.execute("COMMIT")
 
     def delete_message(self, conversation_id: str, message_id: int) -> None:

@@ -11,7 +11,7 @@ from webapp.chat.forms import FormError, Sampling, parse_content, parse_sampling
 from webapp.chat.prompt import PromptTooLong
 from webapp.chat.service import ChatService
 from webapp.chat.store import ChatStore
-from webapp.core import CoreClosed, QueueFull, get_core
+from webapp.core import CoreClosed, QueueFull, TooManyJobs, get_core
 from webapp.core.sse import finished_stream, stream_job
 from webapp.security import owner_id
 
@@ -113,24 +113,27 @@ def send():
     return start_reply(conversation, prompt_ids, sampling, new_user_text=content, draft=draft)
 
 
-def start_reply(conversation, prompt_ids, sampling, *, new_user_text=None, draft=""):
-    """Save and queue a checked prompt; answer htmx with the conversation, a form with the reply."""
+def start_reply(conversation, prompt_ids, sampling, *, new_user_text=None, draft="", then=None):
+    """Save and queue a checked prompt; answer htmx with the conversation, a form with the reply.
+
+    then(reply_id): the store changes the reply replaces, made once the job is accepted."""
     svc, owner = service(), owner_id()
     if get_core().active_jobs(owner) >= settings().max_jobs_per_owner:  # chat and Loop lab together
-        return composer_error(conversation, draft, "You already have replies running or waiting. "
-                              "Wait for one to finish or stop it.", sampling, 429)
+        # Refused before anything is saved; the core checks again, atomically, when the job is submitted.
+        return composer_error(conversation, draft, TooManyJobs.message, sampling, 429)
     created = conversation is None
     if created:
         conversation = svc.store.conversation(owner, svc.store.create_conversation(owner, new_user_text))
     user_id = svc.store.add_message(conversation["id"], "user", new_user_text) if new_user_text else None
     try:
-        reply_id = svc.start_reply(owner, conversation["id"], prompt_ids, sampling)
-    except (QueueFull, CoreClosed) as error:
+        reply_id = svc.start_reply(owner, conversation["id"], prompt_ids, sampling, then=then)
+    except (QueueFull, CoreClosed, TooManyJobs) as error:  # take back what was saved for it
         if user_id is not None:
             svc.store.delete_message(conversation["id"], user_id)
         if created:
             svc.store.delete_conversation(owner, conversation["id"])
-        return composer_error(None if created else conversation, draft, str(error), sampling, 503)
+        status = 429 if isinstance(error, TooManyJobs) else 503
+        return composer_error(None if created else conversation, draft, str(error), sampling, status)
     if not is_htmx():
         wait_for_reply(reply_id)
         return redirect(url_for("chat.conversation", conversation_id=conversation["id"]), 303)
@@ -212,8 +215,9 @@ def regenerate(conversation_id: str):
         prompt_ids = svc.check_prompt(history[:-1], sampling)
     except PromptTooLong as error:
         return composer_error(conversation, "", str(error), sampling)
-    svc.store.delete_message(conversation_id, history[-1]["id"])
-    return start_reply(conversation, prompt_ids, sampling)
+    old_reply = history[-1]["id"]
+    return start_reply(conversation, prompt_ids, sampling,
+                       then=lambda reply_id: svc.store.delete_message(conversation_id, old_reply))
 
 
 @bp.post("/c/<conversation_id>/m/<int:message_id>/edit")
@@ -237,8 +241,9 @@ def edit(conversation_id: str, message_id: int):
         prompt_ids = svc.check_prompt(history, sampling)
     except PromptTooLong as error:
         return composer_error(conversation, content, str(error), sampling)
-    svc.store.edit_message(conversation_id, message_id, content)
-    return start_reply(conversation, prompt_ids, sampling)
+    return start_reply(conversation, prompt_ids, sampling, draft=content,
+                       then=lambda reply_id: svc.store.edit_message(conversation_id, message_id, content,
+                                                                     keep=reply_id))
 
 
 @bp.post("/c/<conversation_id>/delete")

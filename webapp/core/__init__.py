@@ -2,7 +2,7 @@
 
 from flask import current_app
 
-from webapp.core.engine import CoreClosed, InferenceCore, QueueFull
+from webapp.core.engine import CoreClosed, InferenceCore, QueueFull, TooManyJobs
 from webapp.core.jobs import Event, Job, JobCancelled
 
 
@@ -10,4 +10,4 @@ def get_core() -> InferenceCore:
     return current_app.extensions["glassbox.core"]
 
 
-__all__ = ["CoreClosed", "Event", "InferenceCore", "Job", "JobCancelled", "QueueFull", "get_core"]
+__all__ = ["CoreClosed", "Event", "InferenceCore", "Job", "JobCancelled", "QueueFull", "TooManyJobs", "get_core"]

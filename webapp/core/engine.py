@@ -28,10 +28,19 @@ class QueueFull(Exception):
     """Too many jobs are waiting already."""
 
 
+class TooManyJobs(Exception):
+    """This owner already has as many jobs queued or running as one browser may."""
+
+    message = "You already have runs or replies waiting or running. Wait for one to finish or stop it."
+
+    def __init__(self) -> None:
+        super().__init__(self.message)
+
+
 class InferenceCore:
     def __init__(self, models: dict[str, Any], *, warmups: dict[str, Callable[[Any], None]] | None = None,
                  load_seconds: dict[str, float] | None = None, torch_threads: int = 0,
-                 max_queue: int = 64, keep_finished: int = 512) -> None:
+                 max_queue: int = 64, max_jobs_per_owner: int = 0, keep_finished: int = 512) -> None:
         # Models are loaded by the caller (a broken checkpoint must stop start-up); from here
         # on only the worker thread touches them.
         self.models = models
@@ -39,6 +48,7 @@ class InferenceCore:
         self._warmups = warmups or {}
         self._torch_threads = torch_threads
         self.max_queue = max_queue
+        self.max_jobs_per_owner = max_jobs_per_owner  # 0: no per-owner limit
         self.warmup_error: str | None = None
         self.ready = threading.Event()  # set once every model has run one warm-up pass
         self._queue: collections.deque[Job] = collections.deque()
@@ -59,6 +69,9 @@ class InferenceCore:
         with self._lock:
             if self._closed:
                 raise CoreClosed("The server is shutting down; try again in a moment")
+            # Checked here, under the lock, so two requests of one browser cannot both slip in.
+            if self.max_jobs_per_owner and self._active_jobs(job.owner) >= self.max_jobs_per_owner:
+                raise TooManyJobs()
             if len(self._queue) >= self.max_queue:
                 raise QueueFull("The server is busy; try again in a moment")
             self._queue.append(job)
@@ -85,9 +98,12 @@ class InferenceCore:
                 self.running.counts[name] = self.running.counts.get(name, 0) + n
 
     def active_jobs(self, owner: str) -> int:
-        """Jobs of one owner that are queued or running (a per-browser limit counts these)."""
+        """Jobs of one owner that are queued or running (the per-browser limit counts these)."""
         with self._lock:
-            return sum(1 for j in self._jobs.values() if j.owner == owner and j.state in (QUEUED, RUNNING))
+            return self._active_jobs(owner)
+
+    def _active_jobs(self, owner: str) -> int:
+        return sum(1 for j in self._jobs.values() if j.owner == owner and j.state in (QUEUED, RUNNING))
 
     @property
     def accepting(self) -> bool:

@@ -9,7 +9,7 @@ import time
 from flask import (Blueprint, Response, abort, current_app, redirect, render_template, request,
                    stream_with_context, url_for)
 
-from webapp.core import CoreClosed, QueueFull, get_core
+from webapp.core import CoreClosed, QueueFull, TooManyJobs, get_core
 from webapp.core.sse import comment, finished_stream, frame, sse_response, stream_job
 from webapp.loops import pictures
 from webapp.loops.forms import PRESET_LABELS, EditorState, parse_request
@@ -24,7 +24,6 @@ from webapp.security import csrf_exempt, owner_id
 bp = Blueprint("loops", __name__, url_prefix="/loops")
 api = Blueprint("loops_api", __name__, url_prefix="/api/loops")
 RUN_GONE = "This run is no longer here (the server may have restarted). Finished runs are under Saved traces."
-TOO_MANY_JOBS = "You already have runs or replies waiting or running. Wait for one to finish or stop it."
 
 
 def service() -> LoopService:
@@ -89,10 +88,10 @@ def run():
             html = render_template("loops/_editor.html", state=state, symbols=SYMBOLS, presets=PRESET_LABELS)
             return html, 400, {"HX-Retarget": "#editor", "HX-Reswap": "outerHTML"}
         return render_lab(state, status=400)
-    if get_core().active_jobs(owner_id()) >= settings().max_jobs_per_owner:
-        abort(429, TOO_MANY_JOBS)
     try:
         job = service().start(owner_id(), demo_request)
+    except TooManyJobs as error:
+        abort(429, str(error))
     except (QueueFull, CoreClosed) as error:
         abort(503, str(error))
     if not is_htmx():  # without JavaScript: wait for the run, then show its permalink
@@ -217,10 +216,10 @@ def api_trace():
         demo_request = DemoRequest.parse(value)
     except RequestError as error:
         return {"error": error.message}, 400
-    if get_core().active_jobs(owner_id()) >= settings().max_jobs_per_owner:
-        return {"error": TOO_MANY_JOBS}, 429
     try:
         job = service().start(owner_id(), demo_request)
+    except TooManyJobs as error:
+        return {"error": str(error)}, 429
     except (QueueFull, CoreClosed) as error:
         return {"error": str(error)}, 503
 
