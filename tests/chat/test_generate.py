@@ -61,6 +61,13 @@ def test_invalid_bytes_are_dropped_and_tail_flushed():
     assert "".join(p.text for p in pieces) == "AB"  # 0xFF never valid, 0xC3 incomplete at the end
 
 
+def test_a_crlf_split_across_tokens_streams_as_one_line_break():
+    cr, lf = 0x0D, 0x0A
+    pieces = run(loaded_for(Scripted([0x61, cr, lf, 0x62, cr, 0x63, cr, END], 1)), [1])
+    assert [p.text for p in pieces] == ["a", "", "\r\n", "b", "", "\rc", "", "\r"]  # a last \r comes out at the end
+    assert "".join(p.text for p in pieces) == "a\r\nb\rc\r"
+
+
 def test_special_token_stops_without_being_emitted():
     for special in (256, 259, 260, 263):  # any special, or a padding id above them
         pieces = run(loaded_for(Scripted([0x48, 0x69, special, 0x21], 1)), [1])

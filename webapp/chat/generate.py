@@ -7,7 +7,8 @@
 Sampling follows the owner's server: softmax over the last position's logits (divided by the
 temperature), top-k, multinomial; stop at the first special id without emitting it. Text is decoded
 incrementally as UTF-8: a character split across tokens comes out once complete, invalid bytes are
-dropped (the same text as the owner's buffer-and-flush, but never held back behind a bad byte).
+dropped (the same text as the owner's buffer-and-flush, but never held back behind a bad byte); a
+trailing \r waits for the next token, so a split \r\n streams as one line break.
 
 Models with a KV cache prefill the prompt in chunks, then feed one token per step; others run the
 owner's full-recompute loop over the last block_size tokens. Cancellation (`should_stop`) is polled
@@ -62,6 +63,21 @@ class Piece:
     elapsed_s: float  # since generate() was called
     stats: GenerationStats | None = None  # only on the last piece
     token: int | None = None  # the sampled id (None on the last piece)
+
+
+class _TextDecoder:
+    """Token bytes in, printable text out: UTF-8 decoded incrementally, and a trailing \r held back
+    until the next piece, so a \r\n split across two tokens streams as one line break (the page
+    and SSE both read a lone \r as a break of its own)."""
+
+    def __init__(self) -> None:
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="ignore")
+        self._cr = ""
+
+    def decode(self, data: bytes, final: bool = False) -> str:
+        text = self._cr + self._utf8.decode(data, final=final)
+        self._cr = "\r" if text.endswith("\r") and not final else ""
+        return text[:-1] if self._cr else text
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator) -> torch.Tensor:
@@ -208,7 +224,7 @@ def _generate(loaded, ids, max_new_tokens, temperature, top_k, seed, should_stop
         steps = _CachedSteps(model, loaded.block_size, device, prefix_cache)
     else:
         steps = _RecomputeSteps(model, loaded.block_size, device)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
+    decoder = _TextDecoder()
     prompt_tokens, n, t_first, reason = len(ids), 0, None, "length"
 
     failed = True  # a cache left by an exception mid-forward is dropped, not reused
