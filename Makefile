@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 VENDOR := static/vendor/htmx.min.js static/vendor/sse.js
 
-.PHONY: run test install install-test system-packages clean
+.PHONY: run test install install-test system-packages system-packages-test apt-get clean
 
 run: install
 	$(BIN)/gunicorn -c gunicorn.conf.py wsgi:app
@@ -17,10 +17,10 @@ run: install
 test: install-test
 	GLASSBOX_REQUIRE_SYSTEM_TESTS=1 $(BIN)/python -m pytest
 
-install: $(VENV)/.installed $(VENDOR)
+# Debian packages first: on a fresh machine npm (for htmx) and python3-venv may be missing.
+install: system-packages $(VENV)/.installed $(VENDOR)
 
-# Debian packages first: on a fresh machine npm (for htmx) and python3-venv may be missing too.
-install-test: system-packages install $(VENV)/.installed-test
+install-test: system-packages-test install $(VENV)/.installed-test
 
 # torch first, pinned, so nothing can pull a CUDA build in its place
 $(VENV)/.installed: pyproject.toml
@@ -40,18 +40,26 @@ $(VENDOR): package.json package-lock.json
 	mkdir -p static/vendor
 	cp node_modules/htmx.org/dist/htmx.min.js node_modules/htmx-ext-sse/dist/sse.js static/vendor/
 
-# The integration and browser tests start real nginx and drive Debian's Chromium (never a
-# browser downloaded by Playwright). Only what is missing is installed.
-APT_NEEDS = $(strip \
-	$(shell [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || echo nginx) \
-	$(shell [ -x /usr/bin/chromium ] || echo chromium fonts-dejavu-core) \
+# Only what is missing is installed. The app needs npm (for htmx) and python3-venv; the
+# integration and browser tests also start real nginx and drive Debian's Chromium (never a
+# browser downloaded by Playwright).
+APT_RUN = $(strip \
 	$(shell command -v npm >/dev/null || echo npm) \
 	$(shell $(PYTHON) -c 'import ensurepip' 2>/dev/null || echo python3-venv))
+APT_TEST = $(strip $(APT_RUN) \
+	$(shell [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || echo nginx) \
+	$(shell [ -x /usr/bin/chromium ] || echo chromium fonts-dejavu-core))
 
 system-packages:
-	@if [ -n "$(APT_NEEDS)" ]; then \
+	@$(MAKE) --no-print-directory apt-get PACKAGES="$(APT_RUN)"
+
+system-packages-test:
+	@$(MAKE) --no-print-directory apt-get PACKAGES="$(APT_TEST)"
+
+apt-get:
+	@if [ -n "$(PACKAGES)" ]; then \
 		$(SUDO) apt-get update -q && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $(APT_NEEDS); \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $(PACKAGES); \
 	fi
 
 clean:
