@@ -24,6 +24,7 @@ class Settings:
     device: str = "cpu"
     dtype: str = ""              # float32, bfloat16, float16; empty: bf16 on GPU, fp32 on CPU
     torch_threads: int = 0       # intra-op threads of the core's worker; 0 = torch's default
+    chat_torch_threads: int = 0  # intra-op threads for chat replies; 0 = 1 for a small model, else the worker's
     loop_torch_threads: int = 1  # intra-op threads for Loop-lab runs; 0 = the worker's setting
     compile: bool = False        # torch.compile the chat model's decode step (slow start, see README)
     # Serving

@@ -48,6 +48,7 @@ class LoadedChatModel:
     checkpoint_id: str  # "model.safetensors@1a2b3c4d5e6f" (file name + sha256 prefix)
     description: str  # one line for the UI/logs: architecture, size, tokenizer, where the config came from
     prompt: PromptBuilder  # few-shot encoded once for this tokenizer and window
+    torch_threads: int = 0  # intra-op threads for its replies; 0 = the core worker's setting
 
 
 def parse_dtype(dtype, device: torch.device) -> torch.dtype:

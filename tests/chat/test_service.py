@@ -1,0 +1,42 @@
+"""How many threads a reply runs on: 1 for a small model, the worker's for a large one, or the setting."""
+
+import torch
+
+from tests.conftest import csrf_of, make_app, sse_events
+from tests.support.chat_models import tiny_chat_model
+from webapp.chat.service import SMALL_MODEL_BYTES, load_model, reply_threads
+from webapp.config import Settings
+from webapp.core import Job
+
+
+def test_small_models_reply_on_one_thread_large_ones_on_the_workers():
+    small = torch.nn.Linear(1024, 1024)  # 4 MiB of fp32
+    large = torch.nn.Linear(8192, 8192, device="meta")  # 256 MiB, never allocated
+    assert small.weight.nbytes < SMALL_MODEL_BYTES < large.weight.nbytes
+    assert reply_threads(small, 0) == 1 and reply_threads(large, 0) == 0
+    assert reply_threads(small, 2) == 2 and reply_threads(large, 3) == 3  # the setting wins
+
+
+def test_the_bundled_model_is_small():
+    assert load_model(Settings()).torch_threads == 1
+
+
+def test_a_reply_runs_on_the_models_threads_and_the_worker_gets_its_own_back(tmp_path):
+    loaded = tiny_chat_model(tmp_path / "chat")
+    loaded.torch_threads = 1
+    seen = []
+    loaded.model.lm_head.register_forward_hook(lambda *args: seen.append(torch.get_num_threads()))
+    app = make_app(tmp_path, {"chat": loaded}, torch_threads=2)
+    core = app.extensions["glassbox.core"]
+    try:
+        client = app.test_client()
+        sent = client.post("/chat/send", data={"csrf_token": csrf_of(client, "/chat/"), "content": "hi",
+                                               "max_new_tokens": "3"}, headers={"HX-Request": "true"})
+        url = sent.get_data(as_text=True).split('sse-connect="')[-1].split('"')[0]
+        assert sse_events(client.get(url).get_data(as_text=True))[-1][0] == "done"
+        assert seen and set(seen) == {1}
+        probe = core.submit(Job("probe", "o", lambda job, c: job.result.update(threads=torch.get_num_threads())))
+        list(probe.subscribe(0.05))
+        assert probe.result["threads"] == 2
+    finally:
+        core.shutdown()
