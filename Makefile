@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 VENDOR := static/vendor/htmx.min.js static/vendor/sse.js
 
-.PHONY: run test install install-test system-packages system-packages-test apt-get clean
+.PHONY: run test install install-test system-packages-test clean
 
 run: install
 	$(BIN)/gunicorn -c gunicorn.conf.py wsgi:app
@@ -17,13 +17,13 @@ run: install
 test: install-test
 	GLASSBOX_REQUIRE_SYSTEM_TESTS=1 $(BIN)/python -m pytest
 
-# Debian packages first: on a fresh machine npm (for htmx) and python3-venv may be missing.
-install: system-packages $(VENV)/.installed $(VENDOR)
+install: $(VENV)/.installed $(VENDOR)
 
 install-test: system-packages-test install $(VENV)/.installed-test
 
 # torch first, pinned, so nothing can pull a CUDA build in its place
 $(VENV)/.installed: pyproject.toml
+	@$(call apt-get,$(NEED_VENV))
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
@@ -36,31 +36,29 @@ $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
 
 # htmx comes from the npm registry, pinned in package-lock.json; it is never committed.
 $(VENDOR): package.json package-lock.json
+	@$(call apt-get,$(NEED_NPM))
 	npm ci --no-audit --no-fund --silent
 	mkdir -p static/vendor
 	cp node_modules/htmx.org/dist/htmx.min.js node_modules/htmx-ext-sse/dist/sse.js static/vendor/
 
-# Only what is missing is installed. The app needs npm (for htmx) and python3-venv; the
-# integration and browser tests also start real nginx and drive Debian's Chromium (never a
-# browser downloaded by Playwright).
-APT_RUN = $(strip \
-	$(shell command -v npm >/dev/null || echo npm) \
-	$(shell $(PYTHON) -c 'import ensurepip' 2>/dev/null || echo python3-venv))
-APT_TEST = $(strip $(APT_RUN) \
+# Debian packages, only what is missing, and only when a target that needs them is (re)built: the
+# venv needs python3-venv, htmx needs npm; the integration and browser tests start real nginx and
+# drive Debian's Chromium (never a browser downloaded by Playwright).
+NEED_VENV = $(shell $(PYTHON) -c 'import ensurepip' 2>/dev/null || echo python3-venv)
+NEED_NPM  = $(shell command -v npm >/dev/null || echo npm)
+NEED_TEST = $(strip $(NEED_VENV) $(NEED_NPM) \
 	$(shell [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || echo nginx) \
 	$(shell [ -x /usr/bin/chromium ] || echo chromium fonts-dejavu-core))
 
-system-packages:
-	@$(MAKE) --no-print-directory apt-get PACKAGES="$(APT_RUN)"
+# $(call apt-get,PACKAGES): install them (as root, or with sudo); nothing when the list is empty
+apt-get = if [ -n "$(strip $(1))" ]; then $(SUDO) apt-get update -q && \
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $(1); fi
 
 system-packages-test:
-	@$(MAKE) --no-print-directory apt-get PACKAGES="$(APT_TEST)"
+	@$(call apt-get,$(NEED_TEST))
 
-apt-get:
-	@if [ -n "$(PACKAGES)" ]; then \
-		$(SUDO) apt-get update -q && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $(PACKAGES); \
-	fi
+# one apt-get at a time (dpkg's lock), and packages before what needs them
+.NOTPARALLEL:
 
 clean:
 	rm -rf $(VENV) node_modules static/vendor

@@ -130,7 +130,7 @@ def main(argv=None):
     base = f"bare, core worker, {threads or worker_threads} thread(s)"
     variants = {"bare, main thread": lambda: bare_call(bundle, request),
                 f"bare, core worker, {worker_threads} thread(s)": bare_on_worker(0),
-                base: bare_on_worker(threads),
+                base: bare_on_worker(threads),  # the same key when the two counts agree: measured once
                 "observed, events drained unrendered": lambda: observed(core, bundle, request, threads),
                 "observed + streamed (run_trace on the core)": lambda: streamed(app, core, args.steps)}
     per_loop = {k: [] for k in variants}

@@ -1,4 +1,7 @@
-"""How many threads a reply runs on: 1 for a small model, the worker's for a large one, or the setting."""
+"""The chat service: how many threads a reply runs on (1 for a small model, the worker's for a large
+one, or the setting), and a reply taken back when what it replaces cannot be changed."""
+
+import re
 
 import torch
 
@@ -38,5 +41,35 @@ def test_a_reply_runs_on_the_models_threads_and_the_worker_gets_its_own_back(tmp
         probe = core.submit(Job("probe", "o", lambda job, c: job.result.update(threads=torch.get_num_threads())))
         list(probe.subscribe(0.05))
         assert probe.result["threads"] == 2
+    finally:
+        core.shutdown()
+
+
+def test_a_reply_whose_replacement_step_fails_is_taken_back(tmp_path, monkeypatch):
+    import sqlite3
+
+    from webapp.chat.store import ChatStore
+    app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat")})
+    app.config["PROPAGATE_EXCEPTIONS"] = False  # answer 500, as in production
+    core = app.extensions["glassbox.core"]
+    try:
+        client = app.test_client()
+        first = client.post("/chat/send", data={"csrf_token": csrf_of(client, "/chat/"), "content": "hi",
+                                                "max_new_tokens": "3"})  # no JavaScript: waits, redirects
+        cid = first.headers["Location"].rsplit("/", 1)[1]
+        before = client.get(f"/chat/c/{cid}").get_data(as_text=True)
+        ids = re.compile(r'id="message-(\d+)"')
+        user_id = ids.findall(before)[0]
+
+        def busy(*args, **kwargs):
+            raise sqlite3.OperationalError("database is locked")
+        monkeypatch.setattr(ChatStore, "edit_message", busy)
+        edit = client.post(f"/chat/c/{cid}/m/{user_id}/edit",
+                           data={"csrf_token": csrf_of(client, f"/chat/c/{cid}"), "content": "changed"})
+        assert edit.status_code == 500
+        monkeypatch.undo()
+        after = client.get(f"/chat/c/{cid}").get_data(as_text=True)
+        assert ids.findall(after) == ids.findall(before)  # the new reply was taken back, the old one stays
+        assert "changed" not in after
     finally:
         core.shutdown()

@@ -1,6 +1,7 @@
 """Score semantics on constructed traces, and the streamed run on a scripted model."""
 
 import threading
+import time
 
 import pytest
 
@@ -141,6 +142,34 @@ def test_nonfinite_output_fails_the_job_after_the_rows_before_it(core, delay):
     job, batches, snapshot = run_job(core, bundle(nan_at=3, delay=delay), request(5))
     assert job.state == FAILED and job.error == "Nonfinite model output"
     assert loops_of(batches) == [1, 2] and snapshot is None
+
+
+def test_a_failing_model_keeps_the_rows_before_its_error(core):
+    job, batches, snapshot = run_job(core, bundle(stop_at=10_000, raise_at=40), request(5))
+    assert job.state == FAILED and "scripted failure" in job.error
+    assert loops_of(batches) == list(range(1, 40))  # published even though the last batch never flushed
+
+
+def test_outputs_are_read_as_they_were_when_reported(core):
+    # a model that writes every loop into the same tensors, and has no direct readout at first
+    job, batches, snapshot = run_job(core, bundle(stop_at=60, reuse_buffers=True, direct_from=30), request(5))
+    rows = [row for rows in batches for row in rows]
+    assert [r["prediction"] for r in rows] == [SYMBOLS[loop % 26] for loop in range(1, 61)]
+    assert [r["direct_prediction"] is None for r in rows] == [loop < 30 for loop in range(1, 61)]
+    assert all(r["correct"] for r in rows) and snapshot["summary"]["stop_reason"] == "head"
+
+
+def test_cancel_keeps_every_row_worked_out_before_it(core):
+    b = bundle(stop_at=10_000, delay=0.002)
+    job = core.submit(Job("loops", "o", lambda job, c: run_trace(job, b, request(200))))
+    stream = job.subscribe(0.05)
+    next(e for e in stream if e is not None and e.name == "rows")  # loop 1, sent at once
+    time.sleep(FLUSH_SECONDS / 2)  # a few loops later, before the next batch is due
+    job.cancel()
+    list(stream)
+    assert job.state == CANCELLED
+    rows = [row["loop"] for e in job.events if e.name == "rows" for row in e.data["rows"]]
+    assert rows == list(range(1, b.model.loops_run))  # the loop that saw the cancel reported nothing
 
 
 def test_cancel_stops_the_model_at_the_next_loop_and_frees_the_device(core):

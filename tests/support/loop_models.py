@@ -26,6 +26,9 @@ class Script:
     stop_at: int | None = None          # loop at which the head fires; None = steps from the prompt
     wrong_at: set = field(default_factory=set)  # loops whose prediction is shifted by one letter
     nan_at: int | None = None
+    raise_at: int | None = None         # loop at which the model itself fails
+    reuse_buffers: bool = False         # write every loop's outputs into the same tensors
+    direct_from: int = 1                # first loop with a direct readout (state_logits); None before
     delay: float = 0.0                  # seconds per loop
 
 
@@ -52,17 +55,23 @@ class ScriptedLoopModel(nn.Module):
         mapping = {rule[0]: rule[1] for rule in table_text.split(" ")}
         stop_at = self.script.stop_at or steps
         current, all_scores, all_stops = start, [], []
+        scores, stop = torch.empty(1, 26), torch.empty(1)
         for loop in range(1, num_loops + 1):
             current = mapping[current]  # follows its own state, never a reference
             shown = SYMBOLS[(SYMBOLS.index(current) + 1) % 26] if loop in self.script.wrong_at else current
-            scores = torch.full((1, 26), -4.0)
+            if not self.script.reuse_buffers:
+                scores, stop = torch.empty(1, 26), torch.empty(1)
+            scores.fill_(-4.0)
             scores[0, SYMBOLS.index(shown)] = 4.0
             if loop == self.script.nan_at:
                 scores[0, 0] = float("nan")
-            stop = torch.tensor([8.0 if loop == stop_at else -8.0])
+            stop.fill_(8.0 if loop == stop_at else -8.0)
             time.sleep(self.script.delay)
             self.loops_run = loop
-            loop_callback(loop, scores, stop, scores.clone())
+            if loop == self.script.raise_at:
+                raise RuntimeError("scripted failure")
+            state = scores.clone() if loop >= self.script.direct_from else None
+            loop_callback(loop, scores, stop, state)
             all_scores.append(scores)
             all_stops.append(stop)
             if stop.sigmoid().item() >= completion_threshold:

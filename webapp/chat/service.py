@@ -103,7 +103,12 @@ class ChatService:
         with self._lock:
             self._jobs[message_id] = job.id
         if then is not None:
-            then(message_id)
+            try:
+                then(message_id)
+            except Exception:  # e.g. the database was busy: take the new reply back, keep the old state
+                job.cancel()
+                self.store.delete_message(conversation_id, message_id)
+                raise
         return message_id
 
     def job_for(self, message_id: int) -> Job | None:

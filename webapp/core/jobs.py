@@ -65,6 +65,10 @@ class Job:
     def emit(self, name: str, **data: Any) -> None:
         """Publish an event; raises JobCancelled once the job was cancelled."""
         self.raise_if_cancelled()
+        self.keep(name, **data)
+
+    def keep(self, name: str, **data: Any) -> None:
+        """Publish an event even once cancelled: what a stopping runner had already worked out."""
         with self._cond:
             self._events.append(Event(name, data))
             self._touch()

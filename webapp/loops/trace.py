@@ -11,12 +11,13 @@ from typing import Any
 
 import torch
 
-from webapp.core import Job
+from webapp.core import Job, JobCancelled
 from webapp.loops.request import DemoRequest
 from webapp.loops.task import SYMBOLS
 
 SAFETY_CAP = 272
 STOP_THRESHOLD = 0.5
+NONFINITE = "Nonfinite model output"
 FLUSH_SECONDS = 1 / 60  # rows reach the streams in batches: about one per display frame
 SCHEMA_VERSION = 1
 
@@ -45,12 +46,15 @@ def observations(batch: list[tuple]) -> tuple[list[dict], bool]:
     loops, scores, stops, states, seconds = zip(*batch)
     n = len(batch)
     scores = torch.stack(scores)[:, 0].float()                                      # [n, 26]
-    stops = torch.stack([torch.as_tensor(s) for s in stops]).reshape(n, -1)[:, -1].float().sigmoid()  # [n]
+    stops = torch.stack(stops).reshape(n, -1)[:, -1].float().sigmoid()              # [n]
     finite = (torch.isfinite(scores).all(-1) & torch.isfinite(stops)).tolist()
     probabilities = stops.tolist()
     top = scores.softmax(-1).topk(3)
     predictions = scores.argmax(-1).tolist()
-    direct = [None] * n if states[0] is None else torch.stack(states)[:, 0].argmax(-1).tolist()
+    if any(s is None for s in states):  # a model without a direct readout, on some loops or all
+        direct = [None if s is None else int(s[0].argmax()) for s in states]
+    else:
+        direct = torch.stack(states)[:, 0].argmax(-1).tolist()
     rows = []
     for i, (p3, i3) in enumerate(zip(top.values.tolist(), top.indices.tolist())):
         if not finite[i]:
@@ -77,13 +81,19 @@ class Observer:
     def __call__(self, loop, scores, stop_logits, state_logits) -> None:
         self.job.raise_if_cancelled()  # stops the model at the next loop
         now = time.perf_counter()
-        self.pending.append((loop, scores, stop_logits, state_logits, now - self.started))
+        # Copies: they are read up to FLUSH_SECONDS later, and a model may reuse its output buffers.
+        self.pending.append((loop, scores.clone(), torch.as_tensor(stop_logits).clone(),
+                             None if state_logits is None else state_logits.clone(), now - self.started))
         if loop == 1 or now - self.flushed >= FLUSH_SECONDS:
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self, ended: bool = False) -> bool:
+        """Publish the pending loops as one `rows` event; -> whether one was nonfinite.
+
+        ended: the run stopped early (cancelled, or the model raised): keep the rows worked out
+        before that, even once cancelled, and leave raising to the caller."""
         if not self.pending:
-            return
+            return False
         batch, self.pending = self.pending, []
         self.flushed = time.perf_counter()
         rows, nonfinite = observations(batch)
@@ -91,9 +101,10 @@ class Observer:
         if rows:
             if self.on_rows is not None:
                 self.on_rows(rows)
-            self.job.emit("rows", rows=rows)
-        if nonfinite:
-            raise FloatingPointError("Nonfinite model output")
+            (self.job.keep if ended else self.job.emit)("rows", rows=rows)
+        if nonfinite and not ended:
+            raise FloatingPointError(NONFINITE)
+        return nonfinite
 
 
 class TraceBuilder:
@@ -141,11 +152,20 @@ def run_trace(job: Job, bundle: Any, request: DemoRequest, on_rows=None) -> dict
     encoded = bundle.tokenizer(bundle.render_prompt(list(request.pairs), request.start, request.steps),
                                add_special_tokens=False, return_tensors="pt")
     device = next(model.parameters()).device
-    with torch.inference_mode():
-        result = model(input_ids=encoded["input_ids"].to(device),
-                       attention_mask=encoded["attention_mask"].to(device),
-                       num_loops=SAFETY_CAP, completion_threshold=STOP_THRESHOLD,
-                       readout_token_ids=list(bundle.readout_token_ids), loop_callback=observe)
+    try:
+        with torch.inference_mode():
+            result = model(input_ids=encoded["input_ids"].to(device),
+                           attention_mask=encoded["attention_mask"].to(device),
+                           num_loops=SAFETY_CAP, completion_threshold=STOP_THRESHOLD,
+                           readout_token_ids=list(bundle.readout_token_ids), loop_callback=observe)
+    except Exception as error:  # cancelled (JobCancelled) or the model failed: keep the rows so far
+        try:
+            nonfinite = observe.flush(ended=True)
+        except Exception:
+            raise error from None
+        if nonfinite and not isinstance(error, (JobCancelled, FloatingPointError)):
+            raise FloatingPointError(NONFINITE) from error  # e.g. the model's own assert on a NaN
+        raise
     observe.flush()
     final_stop = float(result.stop_logits[0, -1].float().sigmoid())
     reason = "head" if final_stop >= STOP_THRESHOLD else "cap"
