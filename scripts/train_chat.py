@@ -1,6 +1,6 @@
 """Train the bundled demo chat model on the synthetic corpus, then evaluate it on held-out questions.
 
-    python scripts/train_chat.py                # 40 minutes on one CPU thread, writes models/chat/
+    python scripts/train_chat.py                # 80 minutes on one CPU thread, writes models/chat/
     python scripts/train_chat.py --minutes 5 --out /tmp/chat
 
 Every training sequence is formatted exactly as webapp/chat/prompt.py builds prompts:
@@ -89,7 +89,7 @@ def save(model: GPT, config: GPTConfig, out: Path, meta: dict):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--minutes", type=float, default=40.0, help="wall-clock training budget")
+    p.add_argument("--minutes", type=float, default=80.0, help="wall-clock training budget")
     p.add_argument("--out", type=Path, default=ROOT / "models/chat")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the machine is shared)")
