@@ -12,6 +12,7 @@ evidence behind GLASSBOX_CHAT_TORCH_THREADS' default (one thread for a small mod
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import contextlib
 import subprocess
 import sys
@@ -35,13 +36,29 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+class NeverEnds:
+    """A tokenizer that ends no reply: every run decodes exactly --new tokens."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def is_special(self, token):
+        return False
+
+    def decode_single_token_bytes(self, token):
+        return b"" if self.inner.is_special(token) else self.inner.decode_single_token_bytes(token)
+
+
 def model_and_prompt(size: str, prompt: int):
     if size == "bundled":
         from webapp.chat.service import load_model
         from webapp.config import Settings
         loaded = load_model(Settings())
         ids = list(range(97, 123)) * (prompt // 26 + 1)  # letters: any byte string is a prompt
-        return loaded, ids[:prompt]
+        return dataclasses.replace(loaded, tokenizer=NeverEnds(loaded.tokenizer)), ids[:prompt]
     return common.loaded(common.random_gpt(size)), common.prompt_ids(prompt)
 
 

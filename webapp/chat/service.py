@@ -14,9 +14,10 @@ from webapp.core.jobs import CANCELLED, DONE
 from webapp.core.threads import one_torch_thread, torch_threads
 
 STATUS_OF_OUTCOME = {DONE: "complete", CANCELLED: "stopped"}  # anything else is an error
-# Below this much weight a token's matrix-vector products are too short to share between threads:
-# the bundled 14 MB model decodes as fast on one, and on a busy machine (another process on the
-# second core) ten times faster: 430 against 30-50 tokens/s (docs/benchmarks.md).
+# Below this much weight a reply runs on one intra-op thread. The bundled 14 MB model decodes 410
+# tokens/s on one thread either way, 520 on two on a quiet machine, but 17 on two when another process
+# holds a core: each operator then waits a scheduler slice for its second thread (docs/benchmarks.md,
+# "intra-op threads"). Far more than anyone reads, every time, beats a little faster when quiet.
 SMALL_MODEL_BYTES = 64 * 2**20
 
 
