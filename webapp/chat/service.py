@@ -74,12 +74,6 @@ class ChatService:
     def max_new_tokens_limit(self) -> int:
         return self.prompts.max_new_tokens_limit()
 
-    def active_jobs(self, owner: str) -> int:
-        with self._lock:
-            job_ids = list(self._jobs.values())
-        jobs = [self.core.get(j) for j in job_ids]
-        return sum(1 for j in jobs if j is not None and j.owner == owner and not j.finished_state)
-
     def check_prompt(self, history: list[dict], sampling: Sampling) -> list[int]:
         """The prompt ids for a reply to `history`; raises PromptTooLong (nothing saved yet)."""
         turns = [{"role": m["role"], "content": m["content"]} for m in history

@@ -118,9 +118,6 @@ def start_reply(conversation, prompt_ids, sampling, *, new_user_text=None, draft
 
     then(reply_id): the store changes the reply replaces, made once the job is accepted."""
     svc, owner = service(), owner_id()
-    if get_core().active_jobs(owner) >= settings().max_jobs_per_owner:  # chat and Loop lab together
-        # Refused before anything is saved; the core checks again, atomically, when the job is submitted.
-        return composer_error(conversation, draft, TooManyJobs.message, sampling, 429)
     created = conversation is None
     if created:
         conversation = svc.store.conversation(owner, svc.store.create_conversation(owner, new_user_text))

@@ -69,7 +69,8 @@ class InferenceCore:
         with self._lock:
             if self._closed:
                 raise CoreClosed("The server is shutting down; try again in a moment")
-            # Checked here, under the lock, so two requests of one browser cannot both slip in.
+            # Checked here, under the lock, so two requests of one browser cannot both slip in; the
+            # chat view takes back the message it saved for a refused job.
             if self.max_jobs_per_owner and self._active_jobs(job.owner) >= self.max_jobs_per_owner:
                 raise TooManyJobs()
             if len(self._queue) >= self.max_queue:
@@ -97,12 +98,8 @@ class InferenceCore:
             if self.running is not None:  # runners run on the worker, so this is their job
                 self.running.counts[name] = self.running.counts.get(name, 0) + n
 
-    def active_jobs(self, owner: str) -> int:
-        """Jobs of one owner that are queued or running (the per-browser limit counts these)."""
-        with self._lock:
-            return self._active_jobs(owner)
-
     def _active_jobs(self, owner: str) -> int:
+        """Jobs of one owner that are queued or running (the per-browser limit counts these)."""
         return sum(1 for j in self._jobs.values() if j.owner == owner and j.state in (QUEUED, RUNNING))
 
     @property

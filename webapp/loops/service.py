@@ -35,7 +35,7 @@ class LoopService:
         self.core = core
         self.store = store
         # The bundled model's loop is hundreds of tiny operators: one intra-op thread runs it
-        # 1.8x faster than two on this 2-core machine (docs/benchmarks.md, Loop lab).
+        # 1.9x faster than two on this 2-core machine (docs/benchmarks.md, Loop lab).
         self.torch_threads = torch_threads
 
     def start(self, owner: str, request: DemoRequest) -> Job:
