@@ -176,3 +176,16 @@ def test_a_row_shows_right_and_wrong_past_k_and_the_top_three(loop_app):
     assert '<meter min="0" max="1" low="0.5" optimum="1" value="0.1260">0.13</meter> 0.13' in past_k
     assert "<span>Q 0.70</span><span>E 0.20</span><span>&lt; 0.10</span>" in past_k
     assert "12.3 ms" in past_k
+
+
+def test_a_replay_keeps_the_recorded_pace_and_batches(tmp_path):
+    from tests.support.loop_models import bundle
+    from webapp.loops.trace import FLUSH_SECONDS
+    app = make_app(tmp_path, {"loops": bundle(delay=FLUSH_SECONDS * 1.5)})
+    try:
+        client = app.test_client()
+        trace_url = client.post("/loops/run", data=form(csrf_of(client, "/loops/"), steps="3")).headers["Location"]
+        replay = sse_events(client.get(f"{trace_url}/replay").get_data(as_text=True))
+        assert [n for n, _ in replay] == ["rows", "rows", "rows", "done"]  # one loop each, as they arrived
+    finally:
+        app.extensions["glassbox.core"].shutdown()

@@ -173,7 +173,8 @@ def replay_stream(trace_id: str):
     """A saved trace, re-streamed at its recorded pace: no model, no job, just the rows."""
     snapshot = {**owned_trace(trace_id), "source": "recorded"}
 
-    steps = snapshot["request"]["steps"]
+    def rows_frame(rows):
+        return frame("rows", render_template("loops/_rows.html", rows=rows, steps=snapshot["request"]["steps"]))
 
     def body():
         yield comment("open")
@@ -182,12 +183,12 @@ def replay_stream(trace_id: str):
             delay = row["arrival_seconds"] - (time.monotonic() - started)
             if delay >= FLUSH_SECONDS:
                 if due:
-                    yield frame("rows", render_template("loops/_rows.html", rows=due, steps=steps))
+                    yield rows_frame(due)
                     due = []
                 time.sleep(min(delay, 5.0))
             due.append(row)
         if due:
-            yield frame("rows", render_template("loops/_rows.html", rows=due, steps=steps))
+            yield rows_frame(due)
         yield frame("done", render_results(snapshot, trace_id=trace_id))
 
     return sse_response(body())
