@@ -4,7 +4,7 @@ Point the app at it with
     GLASSBOX_CHAT_FACTORY=examples/owner_chat_model.py:build_model   (or examples.owner_chat_model:build_model)
     GLASSBOX_CHAT_ARCH=gpt2-254m
     GLASSBOX_CHAT_CHECKPOINT=/path/to/model.pt
-    GLASSBOX_CHAT_TOKENIZER=gpt2:/path/to/gpt2.tiktoken
+    GLASSBOX_CHAT_TOKENIZER=gpt2                     (GPT-2 BPE shipped in webapp/chat/data/)
 
 The loader calls build_model(arch) exactly as the owner's server does, then loads the checkpoint
 strictly. Any nn.Module works if `model(idx)` returns `(logits, loss)` and it has `config.block_size`;

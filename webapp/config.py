@@ -17,8 +17,8 @@ class ConfigError(Exception):
 class Settings:
     # Models
     chat_checkpoint: str = str(ROOT / "models/chat/model.safetensors")
-    chat_arch: str = ""          # preset name, e.g. gpt2 or gpt2-254m; empty: from the checkpoint
-    chat_tokenizer: str = ""     # "byte" or "gpt2:/path/gpt2.tiktoken"; empty: from the checkpoint
+    chat_arch: str = ""          # preset, n_layer=2,n_head=4,... or a JSON file; empty: from the checkpoint
+    chat_tokenizer: str = ""     # "byte", "gpt2" (packaged) or "gpt2:/path/gpt2.tiktoken"; empty: from config.json
     chat_factory: str = ""       # "module:function", the owner's build_model(arch)
     loop_model: str = str(ROOT / "models/loops")  # directory, or "module:function"
     device: str = "cpu"

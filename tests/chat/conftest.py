@@ -8,17 +8,14 @@ import pytest
 import torch
 
 from webapp.chat.model import GPT, GPTConfig
+from webapp.chat.tokenizer import GPT2_RANKS  # packaged with webapp.chat: present on every clone
 
-GPT2_RANKS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gpt2.tiktoken"
-
-# Small, but with the owner's padded GPT-2 vocabulary; n_head = n_embd // 64 so shapes alone infer it.
+# Small, but with the owner's padded GPT-2 vocabulary. Shapes do not show n_head: loading it needs n_head=2.
 SEED_LIKE = GPTConfig(block_size=128, vocab_size=50304, n_layer=2, n_head=2, n_embd=128)
 
 
 @pytest.fixture(scope="session")
 def gpt2_ranks() -> Path:
-    if not GPT2_RANKS.is_file():
-        pytest.skip(f"GPT-2 ranks file not found at {GPT2_RANKS} (shared/ should sit beside the clone)")
     return GPT2_RANKS
 
 

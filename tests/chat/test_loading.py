@@ -11,6 +11,7 @@ from webapp.chat.loading import ModelLoadError, load_chat_model
 from webapp.chat.model import GPTConfig
 
 EXAMPLE = "examples.owner_chat_model:build_model"  # the README's spelling; a file path works too
+HEADS = "n_head=2"  # SEED_LIKE's heads: the one field a raw state dict's shapes do not show
 
 
 def greedy_ids(loaded, prompt, n=12):
@@ -39,10 +40,11 @@ def greedy_ids(loaded, prompt, n=12):
 
 
 def test_seed_format_loads_and_decodes_the_same_with_and_without_cache(seed_checkpoint, gpt2_ranks):
-    loaded = load_chat_model(str(seed_checkpoint), tokenizer_spec=f"gpt2:{gpt2_ranks}")
+    loaded = load_chat_model(str(seed_checkpoint), arch=HEADS, tokenizer_spec=f"gpt2:{gpt2_ranks}")
     assert loaded.supports_kv_cache and loaded.block_size == 128 and not loaded.model.training
     assert loaded.checkpoint_id.startswith("model.pt@") and len(loaded.checkpoint_id) == len("model.pt@") + 12
-    assert "n_head=2 assumed" in loaded.description
+    assert "2L/2H/128d" in loaded.description
+    assert "GLASSBOX_CHAT_ARCH=n_head=2 + tensor shapes (" in loaded.description
     ids = loaded.prompt.build([{"role": "user", "content": "Hi"}], 8)[-40:]  # window of 128
     with_cache = greedy_ids(loaded, ids)
     without = greedy_ids(dataclasses.replace(loaded, supports_kv_cache=False), ids)
@@ -83,7 +85,7 @@ def test_factory_hook_with_the_example(seed_checkpoint, gpt2_ranks):
     loaded = load_chat_model(str(seed_checkpoint), arch="owner-tiny", factory=EXAMPLE,
                              tokenizer_spec=f"gpt2:{gpt2_ranks}")
     assert loaded.supports_kv_cache and "factory" in loaded.description
-    by_shapes = load_chat_model(str(seed_checkpoint), tokenizer_spec=f"gpt2:{gpt2_ranks}")
+    by_shapes = load_chat_model(str(seed_checkpoint), arch=HEADS, tokenizer_spec=f"gpt2:{gpt2_ranks}")
     ids = [50257, 15496, 995, 50260]
     assert greedy_ids(loaded, ids) == greedy_ids(by_shapes, ids)
 
@@ -104,9 +106,118 @@ def test_factory_model_without_cache_runs_full_recompute(seed_checkpoint, gpt2_r
     plain = load_chat_model(str(seed_checkpoint), arch="owner-tiny", factory=f"{factory}:build_model",
                             tokenizer_spec=f"gpt2:{gpt2_ranks}")
     assert not plain.supports_kv_cache and "full recompute" in plain.description
-    cached = load_chat_model(str(seed_checkpoint), tokenizer_spec=f"gpt2:{gpt2_ranks}")
+    cached = load_chat_model(str(seed_checkpoint), arch=HEADS, tokenizer_spec=f"gpt2:{gpt2_ranks}")
     ids = [50257, 15496, 995, 50260]
     assert greedy_ids(plain, ids) == greedy_ids(cached, ids)
+
+
+# -- an owner checkpoint of a shape no preset has: 2 layers, 4 heads, 128 wide, window 512 ----------
+
+OWNER = GPTConfig(block_size=512, vocab_size=50304, n_layer=2, n_head=4, n_embd=128)
+OWNER_ARCH = "n_layer=2,n_head=4,n_embd=128,block_size=512"
+
+
+@pytest.fixture(scope="module")
+def owner(tmp_path_factory):
+    """(raw seed-format .pt in a folder of its own, the model it was saved from)."""
+    model = random_gpt(OWNER, seed=1)
+    path = tmp_path_factory.mktemp("owner") / "chat.pt"
+    torch.save({f"_orig_mod.{k}": v for k, v in model.state_dict().items()}, path)
+    return path, model
+
+
+def logits_of(model):
+    idx = torch.arange(0, 50000, 997).view(1, -1)  # 51 tokens
+    with torch.no_grad():
+        return model(idx)[0]
+
+
+@pytest.mark.parametrize("how", ["key=value", "json file", "config.json"])
+def test_owner_shape_loads_with_its_heads(owner, tmp_path, how):
+    path, original = owner
+    arch = OWNER_ARCH
+    if how == "json file":
+        arch = str(tmp_path / "arch.json")
+        (tmp_path / "arch.json").write_text(json.dumps({"n_layer": 2, "n_head": 4, "n_embd": 128, "block_size": 512,
+                                                        "vocab_size": 50304, "bias": True}))
+    elif how == "config.json":  # beside the .pt; also names the tokenizer: gpt2 without a path is packaged
+        arch = None
+        path = tmp_path / "chat.pt"
+        path.write_bytes(owner[0].read_bytes())
+        (tmp_path / "config.json").write_text(json.dumps({"n_head": 4, "tokenizer": "gpt2", "notes": "kept"}))
+    loaded = load_chat_model(str(path), arch=arch, tokenizer_spec=None if arch is None else "gpt2")
+    assert loaded.model.config == OWNER and loaded.block_size == 512 and "2L/4H/128d" in loaded.description
+    assert loaded.tokenizer.name == "gpt2"
+    assert torch.equal(logits_of(loaded.model), logits_of(original))
+
+
+def test_two_heads_would_give_other_logits(owner):
+    """The check above can tell: the same weights read as 2 heads compute something else."""
+    path, original = owner
+    two = load_chat_model(str(path), arch="n_head=2", tokenizer_spec="byte")
+    assert two.model.config.n_head == 2
+    assert not torch.allclose(logits_of(two.model), logits_of(original), atol=1e-3)
+
+
+def test_the_setting_wins_over_config_json(owner, tmp_path):
+    path = tmp_path / "chat.pt"
+    path.write_bytes(owner[0].read_bytes())
+    (tmp_path / "config.json").write_text(json.dumps({"n_head": 2, "n_layer": 2, "tokenizer": "byte"}))
+    loaded = load_chat_model(str(path), arch="n_head=4")
+    assert loaded.model.config.n_head == 4
+    assert f"config from GLASSBOX_CHAT_ARCH=n_head=4 + {tmp_path / 'config.json'} (n_layer) + tensor shapes (" \
+        in loaded.description
+
+
+def test_without_n_head_start_up_says_what_to_set(owner):
+    with pytest.raises(ModelLoadError) as err:
+        load_chat_model(str(owner[0]), tokenizer_spec="byte")
+    message = str(err.value)
+    assert "chat.pt" in message and "GLASSBOX_CHAT_ARCH=n_head=" in message
+    assert "n_layer=2" in message and "n_embd=128" in message and "block_size=512" in message
+    assert "transformer.wte.weight (50304, 128)" in message and "config.json" in message
+
+
+@pytest.mark.parametrize("arch, complaint", [
+    ("n_heads=4", "GLASSBOX_CHAT_ARCH=n_heads=4: unknown key n_heads"),
+    ("n_head=four", "GLASSBOX_CHAT_ARCH=n_head=four: bad value n_head='four' (a positive integer)"),
+    ("n_head=0", "bad value n_head='0'"),
+    ("n_head=4,bias=maybe", "bad value bias='maybe' (true or false)"),
+    ("n_head=4,n_layer", "GLASSBOX_CHAT_ARCH=n_head=4,n_layer: expected key=value pairs"),
+    ("n_head=4,n_head=2", "each key once"),
+    ("n_head=3", "n_embd=128 is not divisible by n_head=3"),
+    ("n_layer=3,n_head=4", "missing keys: transformer.h.2."),  # the shapes still check a stated field
+    ("no/such/arch.json", "GLASSBOX_CHAT_ARCH=no/such/arch.json: file no/such/arch.json not found"),
+])
+def test_bad_arch_settings_name_the_variable(owner, arch, complaint):
+    with pytest.raises(ModelLoadError) as err:
+        load_chat_model(str(owner[0]), arch=arch, tokenizer_spec="byte")
+    assert complaint in str(err.value)
+
+
+def test_bad_json_arch_files(owner, tmp_path):
+    bad = tmp_path / "arch.json"
+    for text, complaint in [('{"n_head": 4, "heads": 4}', "unknown key heads"), ("[4]", "expected a JSON object"),
+                            ("{n_head: 4", "unreadable JSON"), ('{"n_head": 4.5}', "bad value n_head=4.5")]:
+        bad.write_text(text)
+        with pytest.raises(ModelLoadError, match="arch.json") as err:
+            load_chat_model(str(owner[0]), arch=str(bad), tokenizer_spec="byte")
+        assert complaint in str(err.value)
+
+
+def test_not_a_nanogpt_state_dict(tmp_path):
+    path = tmp_path / "other.pt"
+    torch.save({"encoder.weight": torch.zeros(4, 4)}, path)
+    with pytest.raises(ModelLoadError, match="other.pt: cannot tell .*not a GPT in nanoGPT's layout"):
+        load_chat_model(str(path), arch="n_head=4", tokenizer_spec="byte")
+
+
+def test_bad_value_in_config_json_names_the_file(owner, tmp_path):
+    path = tmp_path / "chat.pt"
+    path.write_bytes(owner[0].read_bytes())
+    (tmp_path / "config.json").write_text(json.dumps({"n_head": "4 heads"}))
+    with pytest.raises(ModelLoadError, match=r"config.json: bad value n_head='4 heads'"):
+        load_chat_model(str(path), tokenizer_spec="byte")
 
 
 # -- every mismatch stops with a message naming the file ------------------------------------------
@@ -176,4 +287,4 @@ def test_untied_head_is_refused(tmp_path, seed_checkpoint):
     path = tmp_path / "untied.pt"
     torch.save(state, path)
     with pytest.raises(ModelLoadError, match="untied.pt: lm_head.weight differs"):
-        load_chat_model(str(path), tokenizer_spec="byte")
+        load_chat_model(str(path), arch=HEADS, tokenizer_spec="byte")

@@ -1,8 +1,10 @@
+import hashlib
+
 import pytest
 
 from webapp.chat.errors import ModelLoadError
-from webapp.chat.tokenizer import (CHAT_SPECIALS, ByteTokenizer, ChatTokenizer, gpt2_tokenizer,
-                                   tokenizer_from_spec)
+from webapp.chat.tokenizer import (CHAT_SPECIALS, GPT2_RANKS, GPT2_RANKS_SHA256, ByteTokenizer, ChatTokenizer,
+                                   gpt2_tokenizer, tokenizer_from_spec)
 
 
 def test_gpt2_ranks_file_encodes_like_gpt2(gpt2_tok):
@@ -64,11 +66,35 @@ def test_spec_strings(gpt2_ranks):
         tokenizer_from_spec("sentencepiece:/x.model")
 
 
-def test_without_a_path_tiktoken_download_failure_is_explained(monkeypatch):
+def test_gpt2_without_a_path_uses_the_packaged_ranks_offline(monkeypatch):
     import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+    from tiktoken_ext.openai_public import r50k_pat_str
 
-    def offline(name):
+    def offline(*args, **kwargs):
         raise ConnectionError("no route to host")
-    monkeypatch.setattr(tiktoken, "get_encoding", offline)
-    with pytest.raises(ModelLoadError, match="gpt2:/path/to/gpt2.tiktoken"):
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)  # the packaged file needs no download
+    tok = tokenizer_from_spec("gpt2")
+    assert tok.name == "gpt2" and tok.n_vocab == 50262
+    ranks = load_tiktoken_bpe(str(GPT2_RANKS))
+    reference = tiktoken.Encoding(name="reference", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                                  special_tokens={"<|endoftext|>": 50256}, explicit_n_vocab=50257)
+    text = "Hello world! What is the capital of France?\n  Tokyo 東京, naïve café — 12 + 30 = 42.\tdon't <|bos|>"
+    assert tok.encode_ordinary(text) == reference.encode_ordinary(text)
+    assert tok.encode_ordinary("Hello world") == [15496, 995]
+
+
+def test_packaged_ranks_match_the_recorded_checksum():
+    digest = hashlib.sha256(GPT2_RANKS.read_bytes()).hexdigest()
+    assert digest == GPT2_RANKS_SHA256
+    assert f"sha256 `{digest}`" in (GPT2_RANKS.parent / "README.md").read_text()
+
+
+def test_a_changed_packaged_file_is_refused(tmp_path, monkeypatch):
+    import webapp.chat.tokenizer as tokenizer
+
+    changed = tmp_path / "gpt2.tiktoken"
+    changed.write_bytes(GPT2_RANKS.read_bytes().replace(b"IQ== 0\n", b"Ig== 0\n", 1))
+    monkeypatch.setattr(tokenizer, "GPT2_RANKS", changed)
+    with pytest.raises(ModelLoadError, match="gpt2.tiktoken: not a readable .tiktoken ranks file.*[Hh]ash"):
         tokenizer_from_spec("gpt2")

@@ -3,22 +3,21 @@
 Checkpoint formats:
   (a) a raw state dict as torch.save writes it (keys may carry torch.compile's `_orig_mod.` prefix);
   (b) a nanoGPT checkpoint: {"model": state_dict, "model_args": {...}, ...};
-  (c) a .safetensors file with a config.json beside it (GPTConfig fields + "tokenizer").
-The architecture comes from `arch` (a preset name), else the checkpoint's own config, else the
-tensor shapes. With `factory="module:function"` (or "path/to/file.py:function") the owner's own
-code builds the model, called exactly like their build_model(arch).
+  (c) a .safetensors file.
+A config.json beside any of them (GPTConfig fields + "tokenizer") is read. The architecture comes
+from `arch` (a preset, key=value pairs or a JSON file: webapp/chat/arch.py), config.json, the
+checkpoint's own config and the tensor shapes, field by field; n_head is never guessed. With
+`factory="module:function"` (or "path/to/file.py:function") the owner's own code builds the model,
+called exactly like their build_model(arch), with `arch` passed as it is.
 
 Every problem raises ModelLoadError with the file and the mismatch in its message.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib
 import importlib.util
-import json
-import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +25,9 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from webapp.chat.arch import fields_from, parse_arch, read_json, resolve_config
 from webapp.chat.errors import ModelLoadError
-from webapp.chat.model import GPT, PRESETS, GPTConfig
+from webapp.chat.model import GPT
 from webapp.chat.prompt import PromptBuilder
 from webapp.chat.tokenizer import ChatTokenizer, tokenizer_from_spec
 
@@ -35,8 +35,6 @@ __all__ = ["LoadedChatModel", "ModelLoadError", "load_chat_model", "parse_dtype"
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
-_CONFIG_FIELDS = {f.name for f in dataclasses.fields(GPTConfig)}
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -72,21 +70,14 @@ def _file_id(path: Path) -> str:
 
 
 def _read_checkpoint(path: Path) -> tuple[dict, dict | None, str]:
-    """-> (state dict, config dict or None, where the config came from)."""
+    """-> (state dict, the checkpoint's own config or None, what to call that config)."""
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
         try:
-            state = load_file(str(path))
+            return load_file(str(path)), None, ""
         except Exception as e:
             raise ModelLoadError(f"{path}: unreadable safetensors file ({type(e).__name__}: {e})") from None
-        cfg_path = path.with_name("config.json")
-        if not cfg_path.is_file():
-            return state, None, "tensor shapes"
-        try:
-            return state, json.loads(cfg_path.read_text()), str(cfg_path)
-        except (OSError, ValueError) as e:
-            raise ModelLoadError(f"{cfg_path}: unreadable JSON config ({e})") from None
 
     try:
         # weights_only: a checkpoint is data; never run code from a pickle
@@ -96,44 +87,12 @@ def _read_checkpoint(path: Path) -> tuple[dict, dict | None, str]:
     if isinstance(obj, dict) and isinstance(obj.get("model"), dict):  # nanoGPT's train.py format
         return obj["model"], obj.get("model_args"), f"{path.name} model_args"
     if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
-        return obj, None, "tensor shapes"
+        return obj, None, ""
     raise ModelLoadError(f"{path}: neither a state dict of tensors nor a nanoGPT checkpoint with 'model'")
 
 
 def _clean_state(state: dict) -> dict:
     return {k.replace("_orig_mod.", ""): v for k, v in state.items()}  # torch.compile's wrapper prefix
-
-
-def _infer_config(state: dict, path: Path) -> tuple[GPTConfig, str]:
-    """GPTConfig from tensor shapes; n_head cannot be seen in shapes, so it is assumed."""
-    try:
-        vocab, n_embd = state["transformer.wte.weight"].shape
-        block = state["transformer.wpe.weight"].shape[0]
-    except KeyError as e:
-        raise ModelLoadError(f"{path}: no {e.args[0]} in the checkpoint, so not a GPT in nanoGPT's layout "
-                             "(give GLASSBOX_CHAT_FACTORY for other models)") from None
-    layers = {int(m.group(1)) for k in state if (m := re.match(r"transformer\.h\.(\d+)\.", k))}
-    n_head = max(1, n_embd // 64)
-    cfg = GPTConfig(block_size=block, vocab_size=vocab, n_layer=len(layers), n_head=n_head, n_embd=n_embd,
-                    bias="transformer.h.0.attn.c_attn.bias" in state)
-    log.warning("%s: no config; n_head=%d assumed from n_embd/64 (set GLASSBOX_CHAT_ARCH if wrong)", path, n_head)
-    return cfg, f"tensor shapes (n_head={n_head} assumed from n_embd/64: set GLASSBOX_CHAT_ARCH if wrong)"
-
-
-def _resolve_config(state, cfg_dict, cfg_source, arch, path) -> tuple[GPTConfig, str]:
-    if arch:
-        if arch not in PRESETS:
-            raise ModelLoadError(f"unknown arch {arch!r}: presets are {', '.join(PRESETS)}")
-        # bias is plain to see in the keys, so a preset does not force it
-        bias = "transformer.h.0.attn.c_attn.bias" in state
-        return dataclasses.replace(PRESETS[arch], bias=bias), f"preset {arch}"
-    if cfg_dict is not None:
-        fields = {k: v for k, v in cfg_dict.items() if k in _CONFIG_FIELDS}
-        try:
-            return GPTConfig(**fields), cfg_source
-        except TypeError as e:
-            raise ModelLoadError(f"{cfg_source}: bad config ({e})") from None
-    return _infer_config(state, path)
 
 
 def _load_factory(spec: str):
@@ -211,15 +170,16 @@ def _embedding_rows(model: nn.Module) -> int | None:
     return rows
 
 
-def _resolve_tokenizer(spec, cfg_dict, cfg_source, path) -> ChatTokenizer:
-    if not spec and cfg_dict and cfg_dict.get("tokenizer"):
-        spec = cfg_dict["tokenizer"]
+def _resolve_tokenizer(spec, configs: list[dict], path: Path) -> ChatTokenizer:
+    named = [c["tokenizer"] for c in configs if isinstance(c.get("tokenizer"), str) and c["tokenizer"]]
+    if not spec and named:
+        spec = named[0]
         kind, _, arg = spec.partition(":")
-        if arg and not Path(arg).is_absolute():  # a ranks file named relative to the config
-            spec = f"{kind}:{Path(cfg_source).parent / arg}"
+        if arg and not Path(arg).is_absolute():  # a ranks file named relative to the config (and checkpoint)
+            spec = f"{kind}:{path.parent / arg}"
     if not spec:
         raise ModelLoadError(f"{path}: no tokenizer named: set GLASSBOX_CHAT_TOKENIZER "
-                             "(e.g. gpt2:/path/to/gpt2.tiktoken or byte)")
+                             "(gpt2, gpt2:/path/to/gpt2.tiktoken or byte)")
     return tokenizer_from_spec(spec)
 
 
@@ -237,9 +197,11 @@ def load_chat_model(checkpoint: str, *, arch: str | None = None, tokenizer_spec:
         raise ModelLoadError(f"device {device!r} requested but CUDA is not available")
     dtype = parse_dtype(dtype, dev)
 
-    state, cfg_dict, cfg_source = _read_checkpoint(path)
+    state, args, args_source = _read_checkpoint(path)
     state = _clean_state(state)
-    tokenizer = _resolve_tokenizer(tokenizer_spec, cfg_dict, cfg_source, path)
+    json_path = path.with_name("config.json")  # beside any checkpoint, .pt included
+    cfg_json = read_json(json_path, str(json_path)) if json_path.is_file() else None
+    tokenizer = _resolve_tokenizer(tokenizer_spec, [c for c in (cfg_json, args) if c], path)
 
     if factory:
         build = _load_factory(factory)
@@ -251,7 +213,12 @@ def load_chat_model(checkpoint: str, *, arch: str | None = None, tokenizer_spec:
             raise ModelLoadError(f"factory {factory!r} must return an nn.Module with config.block_size")
         source = f"factory {factory}({arch!r})"
     else:
-        config, source = _resolve_config(state, cfg_dict, cfg_source, arch, path)
+        sources = [parse_arch(arch)] if arch else []  # first wins, field by field
+        if cfg_json:
+            sources.append((fields_from(cfg_json, str(json_path), strict=False), str(json_path)))
+        if args:
+            sources.append((fields_from(args, args_source, strict=False), args_source))
+        config, source = resolve_config(state, sources, path)
         with torch.device("meta"):  # no random init to throw away (seconds for 254M)
             model = GPT(config)
 

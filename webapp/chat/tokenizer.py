@@ -14,6 +14,9 @@ from webapp.chat.errors import ModelLoadError
 
 CHAT_SPECIALS = ("<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>")
 GPT2_ENDOFTEXT = 50256
+# GPT-2's BPE ranks ship with the package (webapp/chat/data/README.md): "gpt2" works offline.
+GPT2_RANKS = Path(__file__).with_name("data") / "gpt2.tiktoken"
+GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 
 
 @runtime_checkable
@@ -85,45 +88,37 @@ class TiktokenChatTokenizer:
 def gpt2_tokenizer(path: str | None = None, specials: dict[str, int] | None = None) -> TiktokenChatTokenizer:
     """GPT-2's BPE read from a `.tiktoken` ranks file, chat specials at 50257..50261 by default.
 
-    Without a path, tiktoken's own "gpt2" encoding is tried; it downloads its files, so offline it
-    fails, with a message saying to configure a ranks file instead.
+    Without a path, the ranks file packaged with Glassbox (no download; tiktoken's own "gpt2"
+    encoding would fetch its files from the internet).
     """
     import tiktoken
-
-    specials = specials or {s: GPT2_ENDOFTEXT + 1 + i for i, s in enumerate(CHAT_SPECIALS)}
-    if path is None:
-        try:
-            enc = tiktoken.get_encoding("gpt2")
-        except Exception as e:  # network errors come in many types
-            raise ModelLoadError(
-                "tiktoken could not fetch the gpt2 encoding (offline?): configure a ranks file, "
-                f"e.g. GLASSBOX_CHAT_TOKENIZER=gpt2:/path/to/gpt2.tiktoken ({type(e).__name__}: {e})"
-            ) from None
-        return TiktokenChatTokenizer(enc, specials, "gpt2")
-
     from tiktoken.load import load_tiktoken_bpe
     from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's split pattern
 
-    if not Path(path).is_file():
+    specials = specials or {s: GPT2_ENDOFTEXT + 1 + i for i, s in enumerate(CHAT_SPECIALS)}
+    packaged = path is None
+    path = GPT2_RANKS if packaged else Path(path)
+    if not path.is_file():
         raise ModelLoadError(f"{path}: tokenizer ranks file not found")
     try:
-        ranks = load_tiktoken_bpe(str(path))
+        # the packaged file is checked against its recorded sha256 (about a millisecond)
+        ranks = load_tiktoken_bpe(str(path), expected_hash=GPT2_RANKS_SHA256 if packaged else None)
     except Exception as e:
         raise ModelLoadError(f"{path}: not a readable .tiktoken ranks file ({type(e).__name__}: {e})") from None
     enc = tiktoken.Encoding(
-        name=f"gpt2:{Path(path).name}",
+        name=f"gpt2:{path.name}",
         pat_str=r50k_pat_str,
         mergeable_ranks=ranks,
         special_tokens={"<|endoftext|>": len(ranks)},  # 50256, decoded as text like the seed's encoding
     )
-    return TiktokenChatTokenizer(enc, specials, f"gpt2:{path}")
+    return TiktokenChatTokenizer(enc, specials, "gpt2" if packaged else f"gpt2:{path}")
 
 
 def tokenizer_from_spec(spec: str) -> ChatTokenizer:
-    """"byte", "gpt2" (tiktoken's download) or "gpt2:/path/to/gpt2.tiktoken"."""
+    """"byte", "gpt2" (the packaged ranks) or "gpt2:/path/to/gpt2.tiktoken"."""
     kind, _, arg = spec.partition(":")
     if kind == "byte" and not arg:
         return ByteTokenizer()
     if kind == "gpt2":
         return gpt2_tokenizer(arg or None)
-    raise ModelLoadError(f"unknown tokenizer {spec!r}: use 'byte' or 'gpt2:/path/to/gpt2.tiktoken'")
+    raise ModelLoadError(f"unknown tokenizer {spec!r}: use 'byte', 'gpt2' or 'gpt2:/path/to/gpt2.tiktoken'")
