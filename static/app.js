@@ -60,4 +60,44 @@
     var fallback = document.querySelector("main [autofocus]") || document.getElementById("main");
     if (fallback) fallback.focus({ preventScroll: true });
   });
+
+  // A Copy button for each finished message and each code block in a reply. Made here, so there is
+  // none without JavaScript, nor where the browser has no Clipboard API (pages not served over https
+  // or from localhost): a button that cannot work is worse than none.
+  function copyButton(text) {
+    var button = document.createElement("button");
+    button.type = "button";
+    button.className = "copy";
+    button.textContent = "Copy";
+    function say(label) {  // for a moment, then the button's name again
+      button.textContent = label;
+      setTimeout(function () { button.textContent = "Copy"; }, 1500);
+    }
+    button.addEventListener("click", function () {
+      navigator.clipboard.writeText(text()).then(function () { say("Copied"); }, function () { say("Not copied"); });
+    });
+    return button;
+  }
+  function addCopyButtons() {
+    if (!navigator.clipboard) return;
+    document.querySelectorAll("li.message:not(.pending)").forEach(function (message) {
+      var meta = message.querySelector(".meta");
+      var bubble = message.querySelector(".bubble");
+      if (!meta || !bubble || meta.querySelector(".copy")) return;
+      // A reply's Markdown source (data-copy), not its rendering; a person's text as it is.
+      var text = function () {
+        return bubble.hasAttribute("data-copy") ? bubble.getAttribute("data-copy") : bubble.textContent;
+      };
+      if (text()) meta.insertBefore(copyButton(text), meta.querySelector("form, details"));
+    });
+    document.querySelectorAll(".markdown pre").forEach(function (pre) {
+      if (pre.parentElement.classList.contains("code-block")) return;
+      var block = document.createElement("div");
+      block.className = "code-block";
+      pre.replaceWith(block);
+      block.append(copyButton(function () { return pre.textContent; }), pre);
+    });
+  }
+  document.addEventListener("DOMContentLoaded", addCopyButtons);
+  document.addEventListener("htmx:load", addCopyButtons);  // a final reply, a swapped conversation
 })();

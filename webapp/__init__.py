@@ -55,6 +55,8 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     app.after_request(_after)
     app.register_error_handler(HTTPException, pages.http_error)
     app.jinja_env.globals["csrf_token"] = csrf_token
+    from webapp.chat import markdown
+    markdown.init_app(app)
     return app
 
 
