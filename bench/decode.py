@@ -13,7 +13,6 @@ decode step reads; bandwidth is measured before every round and the median is us
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
@@ -30,7 +29,6 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     p.add_argument("--variants", default="seed,glassbox,hf,glassbox-bf16")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--compile", action="store_true", help="also time GLASSBOX_COMPILE's compiled decode step")
     p.add_argument("--config", default="", help="n_layer,n_head,n_embd: a custom size (dry runs)")
     p.add_argument("--no-doc", action="store_true", help="print only; do not append to docs/benchmarks.md")
     return p.parse_args(argv)
@@ -50,27 +48,15 @@ def bench_size(size: str, args, device, bandwidths: list[float]):
     models = {"fp32": model}
     if "glassbox-bf16" in variants:
         models["bf16"] = common.random_gpt(size, seed=0, dtype=torch.bfloat16, device=device)
-    if args.compile:
-        from webapp.chat.model import compile_decoding
-        models["compiled"] = compile_decoding(common.random_gpt(size, seed=0, device=device))
     hf = common.to_hf(model) if "hf" in variants else None
     check = common.check_same_logits(model, hf) if hf is not None else float("nan")
     loaded = {k: common.loaded(m) for k, m in models.items()}
-    compile_s = None
-    if args.compile:  # the first call compiles; its time is reported apart from the decode figures
-        t = time.perf_counter()
-        common.glassbox(loaded["compiled"], common.prompt_ids(8), 4)
-        compile_s = time.perf_counter() - t
-
     runners = {
         "seed": lambda ids, r: common.seed_loop(model, ids, args.seed_new, seed=r),
         "glassbox": lambda ids, r: common.glassbox(loaded["fp32"], ids, args.new, seed=r),
         "hf": lambda ids, r: common.hf_generate(hf, ids, args.new, seed=r),
         "glassbox-bf16": lambda ids, r: common.glassbox(loaded["bf16"], ids, args.new, seed=r),
-        "glassbox-compiled": lambda ids, r: common.glassbox(loaded["compiled"], ids, args.new, seed=r),
     }
-    if args.compile:
-        variants.append("glassbox-compiled")
     # warm every path once (allocator, lazy init, oneDNN primitive caches) before timing
     for v in variants:
         runners[v](common.prompt_ids(40), 0) if v != "seed" else common.seed_loop(model, common.prompt_ids(40), 2)
@@ -95,7 +81,7 @@ def bench_size(size: str, args, device, bandwidths: list[float]):
              "bf16": common.weight_bytes_per_token(models["bf16"]) if "bf16" in models else None}
     n_params = model.num_params()
     del hf, models, loaded, model
-    return results, sizes, n_params, check, compile_s
+    return results, sizes, n_params, check
 
 
 def main(argv=None):
@@ -107,11 +93,11 @@ def main(argv=None):
     bandwidths: list[float] = []
     rows, notes = [], []
     for size in args.sizes.split(","):
-        results, nbytes, n_params, check, compile_s = bench_size(size, args, device, bandwidths)
+        results, nbytes, n_params, check = bench_size(size, args, device, bandwidths)
         notes.append(f"{size}: {n_params / 1e6:.1f}M parameters, {nbytes['fp32'] / 1e9:.3f} GB of fp32 weights "
                      "read per token"
                      + (f"; transformers' logits differ from ours by at most {check:.1e}" if check == check else "")
-                     + (f"; torch.compile's first call took {compile_s:.1f} s" if compile_s else ""))
+                     )
         bw = common.median(bandwidths) if bandwidths else float("nan")
         for length, by_variant in results.items():
             ours = by_variant.get("glassbox", (float("nan"),) * 3)

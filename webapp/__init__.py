@@ -44,10 +44,10 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
 
     from webapp import pages
     from webapp.chat.views import bp as chat_bp
-    from webapp.core.views import bp as core_bp
     from webapp.loops.views import api as loops_api_bp
     from webapp.loops.views import bp as loops_bp
-    for blueprint in (core_bp, pages.bp, chat_bp, loops_bp, loops_api_bp):
+    from webapp.web.ops import bp as ops_bp
+    for blueprint in (ops_bp, pages.bp, chat_bp, loops_bp, loops_api_bp):
         app.register_blueprint(blueprint)
 
     app.wsgi_app = TrustedProxies(app.wsgi_app, settings.forwarded_allow_ips)
@@ -71,7 +71,9 @@ def _start_core(settings: Settings, models: dict[str, Any] | None) -> InferenceC
             models[name] = load(settings)
             load_seconds[name] = time.perf_counter() - started
     warmups = {"chat": chat_service.warm_up, "loops": loop_service.warm_up}
-    return InferenceCore(models, warmups={k: v for k, v in warmups.items() if k in models},
+    executors = {"chat": chat_service.executor, "loops": loop_service.executor}
+    return InferenceCore(models, {name: executors[name](model, settings) for name, model in models.items()},
+                         warmups={k: v for k, v in warmups.items() if k in models},
                          load_seconds=load_seconds, torch_threads=settings.torch_threads,
                          max_queue=settings.max_queue, max_jobs_per_owner=settings.max_jobs_per_owner)
 

@@ -26,12 +26,13 @@ class Settings:
     torch_threads: int = 0       # intra-op threads of the core's worker; 0 = torch's default
     chat_torch_threads: int = 0  # intra-op threads for chat replies; 0 = 1 for a small model, else the worker's
     loop_torch_threads: int = 1  # intra-op threads for Loop-lab runs; 0 = the worker's setting
-    compile: bool = False        # torch.compile the chat model's decode step (slow start, see README)
     # Serving
     secret_key: str = ""         # empty: a random key kept in the instance folder
     instance_path: str = ""      # empty: ./instance
     heartbeat_seconds: float = 1.0
     max_queue: int = 64
+    max_batch: int = 16          # chat replies decoded together in one step
+    kv_cache_mb: int = 1024      # finished replies' KV caches kept for follow-up turns, least recent evicted
     max_streams: int = 24
     max_new_tokens: int = 200    # default for a reply; the form may ask for more, up to the window
     max_message_chars: int = 8000

@@ -3,6 +3,8 @@
 from flask import Blueprint, current_app, render_template, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from webapp.web import RETRY_AFTER_SECONDS
+
 bp = Blueprint("pages", __name__)
 
 
@@ -15,10 +17,12 @@ def http_error(error: HTTPException):
     message = error.description or error.name
     if isinstance(error, RequestEntityTooLarge) and message == RequestEntityTooLarge.description:
         message = f"This request is too large: the limit is {current_app.config['MAX_CONTENT_LENGTH'] // 1024:,} KiB."
+    # 503 is always the server's passing state (busy, shutting down, no stream free): say when to retry
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if error.code == 503 else {}
     if request.path.startswith("/api/") or (request.accept_mimetypes.best == "application/json"):
-        return {"error": message}, error.code
+        return {"error": message}, error.code, headers
     if request.headers.get("HX-Request") == "true":
         # Shown in the page's alert area, whatever the request's own target was.
-        headers = {"HX-Retarget": "#flash", "HX-Reswap": "innerHTML"}
+        headers.update({"HX-Retarget": "#flash", "HX-Reswap": "innerHTML"})
         return render_template("_error_fragment.html", message=message), error.code, headers
-    return render_template("error.html", code=error.code, name=error.name, message=message), error.code
+    return render_template("error.html", code=error.code, name=error.name, message=message), error.code, headers

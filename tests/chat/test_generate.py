@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from webapp.chat.generate import PREFILL_CHUNK, generate
+from webapp.chat.generate import MIN_CHUNK, generate, prefill_chunk
 from webapp.chat.loading import LoadedChatModel, load_chat_model
 from webapp.chat.model import GPT, GPTConfig
 from webapp.chat.prompt import PromptBuilder
@@ -154,10 +154,10 @@ def test_should_stop_during_decode_and_prefill(monkeypatch):
     assert seen[-1].stats.stop_reason == "cancelled" and seen[-1].stats.new_tokens == 3
 
     # a long prompt is prefilled in chunks, with a check before each: a cancel lands mid-prefill
-    monkeypatch.setattr("webapp.chat.generate.PREFILL_SECONDS", 0.0)  # every chunk the smallest
+    monkeypatch.setattr("webapp.chat.generate.PREFILL_FLOPS", 0.0)  # every chunk the smallest
     calls = []
-    long = tiny(config=dataclasses.replace(TINY, block_size=3 * PREFILL_CHUNK))
-    pieces = list(generate(long, [1] * (3 * PREFILL_CHUNK - 5),
+    long = tiny(config=dataclasses.replace(TINY, block_size=3 * MIN_CHUNK))
+    pieces = list(generate(long, [1] * (3 * MIN_CHUNK - 5),
                            should_stop=lambda: calls.append(1) or len(calls) > 2))
     assert len(calls) == 3 and len(pieces) == 1
     assert pieces[0].stats.new_tokens == 0 and pieces[0].stats.stop_reason == "cancelled"
@@ -185,25 +185,6 @@ def bundled():
     return loaded
 
 
-def test_compile_switch_routes_decode_steps_to_the_compiled_step(monkeypatch):
-    from webapp.chat.model import compile_decoding
-    from webapp.config import Settings
-    assert Settings.from_env({"GLASSBOX_COMPILE": "0"}).compile is False
-    assert Settings.from_env({"GLASSBOX_COMPILE": "1"}).compile is True
-    calls = []
-
-    def fake_compile(fn, dynamic):  # the real one takes tens of seconds: check the wiring only
-        assert dynamic
-        return lambda *args: calls.append(args[0].shape) or fn(*args)
-
-    monkeypatch.setattr(torch, "compile", fake_compile)
-    eager, compiled = tiny(), tiny()
-    compile_decoding(compiled.model)
-    assert sampled(eager, [1, 2, 3], temperature=0, max_new_tokens=6)[1] == \
-        sampled(compiled, [1, 2, 3], temperature=0, max_new_tokens=6)[1]
-    assert calls and all(shape == (1, 1) for shape in calls)  # prefill stays eager
-
-
 def test_one_host_read_per_token_and_no_retokenizing(monkeypatch):
     """Per token the generator reads one value back from the device (the sampled id: it must know
     whether to stop) and never tokenizes again; everything else stays on the device."""
@@ -219,18 +200,24 @@ def test_one_host_read_per_token_and_no_retokenizing(monkeypatch):
     assert reads == ["item"] * 10 and encodes == []
 
 
-def test_prefill_chunks_grow_to_the_measured_rate(monkeypatch):
-    """A fast model gets big prefill chunks (small ones cost throughput); the result is the same."""
+def test_prefill_chunks_depend_on_the_model_alone(monkeypatch):
+    """Chunk boundaries change keys and values in the last bits, so they must not depend on timing:
+    the same prompt is cut the same way every time, and a bigger model gets smaller chunks."""
+    loaded = tiny(config=dataclasses.replace(TINY, block_size=512), endless=True)
+    params = sum(p.numel() for p in loaded.model.parameters())
+    monkeypatch.setattr("webapp.chat.generate.PREFILL_FLOPS", 2 * params * 64)  # 64-token chunks
     sizes = []
-    loaded = tiny(config=dataclasses.replace(TINY, block_size=4 * PREFILL_CHUNK), endless=True)
     original = loaded.model.forward_cached
     monkeypatch.setattr(loaded.model, "forward_cached",
-                        lambda idx, cache, pos: sizes.append(idx.size(1)) or original(idx, cache, pos))
-    prompt = [(5 * i) % 256 for i in range(4 * PREFILL_CHUNK - 10)]
-    fast = sampled(loaded, prompt, temperature=0, max_new_tokens=5)
-    assert sizes[0] == PREFILL_CHUNK and sizes[1] > PREFILL_CHUNK
-    monkeypatch.setattr("webapp.chat.generate.PREFILL_SECONDS", 0.0)
-    assert sampled(loaded, prompt, temperature=0, max_new_tokens=5)[1] == fast[1]
+                        lambda idx, cache, pos, **kw: sizes.append(idx.size(1)) or original(idx, cache, pos, **kw))
+    prompt = [(5 * i) % 256 for i in range(300)]
+    first = sampled(loaded, prompt, seed=3, max_new_tokens=5)[:2]
+    cut, sizes[:] = list(sizes), []
+    assert sampled(loaded, prompt, seed=3, max_new_tokens=5)[:2] == first and sizes == cut
+    chunk = prefill_chunk(loaded.model)
+    assert MIN_CHUNK <= chunk < 300 and cut == [chunk] * (300 // chunk) + [300 % chunk]
+    bigger = tiny(config=dataclasses.replace(TINY, n_layer=8, n_embd=64)).model
+    assert prefill_chunk(bigger) < chunk
 
 
 @torch.inference_mode()

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from tests.chat.test_generate import TINY, tiny
-from webapp.chat.generate import PREFILL_CHUNK, generate
+from webapp.chat.generate import generate
 from webapp.chat.prefix_cache import PrefixCache, common_prefix, prefix_cache_for
 
-BIG = dataclasses.replace(TINY, block_size=3 * PREFILL_CHUNK)
+BIG = dataclasses.replace(TINY, block_size=384)
 
 
 def reply(loaded, prompt, prefix=None, seed=5, max_new_tokens=12, **kw):

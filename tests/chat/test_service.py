@@ -5,6 +5,8 @@ import re
 
 import torch
 
+from tests.support.executors import FunctionJobs
+
 from tests.conftest import csrf_of, make_app, sse_events
 from tests.support.chat_models import tiny_chat_model
 from webapp.chat.service import SMALL_MODEL_BYTES, load_model, reply_threads
@@ -38,6 +40,7 @@ def test_a_reply_runs_on_the_models_threads_and_the_worker_gets_its_own_back(tmp
         url = sent.get_data(as_text=True).split('sse-connect="')[-1].split('"')[0]
         assert sse_events(client.get(url).get_data(as_text=True))[-1][0] == "done"
         assert seen and set(seen) == {1}
+        core.executors["probe"] = FunctionJobs()
         probe = core.submit(Job("probe", "o", lambda job, c: job.result.update(threads=torch.get_num_threads())))
         list(probe.subscribe(0.05))
         assert probe.result["threads"] == 2

@@ -179,7 +179,7 @@ def test_closing_the_stream_cancels_the_job_and_frees_the_model(slow_chat_app):
     core = slow_chat_app.extensions["glassbox.core"]
     assert wait_for(lambda: core.counters["cancelled"] == 1, timeout=1.0)
     assert wait_for(lambda: messages(slow_chat_app, cid)[-1]["status"] == "stopped")
-    assert core.running is None
+    assert wait_for(lambda: not core.running_jobs())
 
 
 def test_waiting_reply_reports_its_queue_position(slow_chat_app):

@@ -1,4 +1,4 @@
-"""The core's queue, cancellation, replay and no-rerun behaviour, with tiny runners."""
+"""The core's queue, cancellation, replay and no-rerun behaviour, with whole jobs that are functions."""
 
 import threading
 import time
@@ -6,6 +6,7 @@ import time
 import pytest
 
 from tests.conftest import wait_for
+from tests.support.executors import FunctionJobs
 from webapp.core import InferenceCore, Job, QueueFull, TooManyJobs
 from webapp.core.jobs import CANCELLED, DONE, FAILED
 
@@ -29,7 +30,7 @@ def counting_runner(n, delay=0.0, gate=None, calls=None):
 
 @pytest.fixture
 def core():
-    core = InferenceCore({})
+    core = InferenceCore({}, {"t": FunctionJobs()})
     yield core
     core.shutdown(timeout=5)
 
@@ -61,12 +62,12 @@ def test_jobs_run_one_at_a_time_in_fifo_order_with_positions(core):
         return run
 
     jobs = [core.submit(Job("t", "o", runner(i))) for i in range(3)]
-    assert wait_for(lambda: core.running is jobs[0])
+    assert wait_for(lambda: core.running_jobs() == [jobs[0]])
     assert [j.position for j in jobs] == [0, 1, 2]
     stream = jobs[2].subscribe(0.05)
     assert next(stream).data == {"position": 2}
     gates[0].set()
-    assert wait_for(lambda: core.running is jobs[1])
+    assert wait_for(lambda: core.running_jobs() == [jobs[1]])
     assert next(e for e in stream if e is not None).data == {"position": 1}
     assert order == [0, 1]  # one at a time: job 2 has not started
     gates[1].set(), gates[2].set()
@@ -128,10 +129,10 @@ def test_orphaned_job_is_cancelled(core):
 
 
 def test_queue_limit_and_shutdown_cancel_everything():
-    core = InferenceCore({}, max_queue=1)
+    core = InferenceCore({}, {"t": FunctionJobs()}, max_queue=1)
     gate = threading.Event()
     running = core.submit(Job("t", "o", counting_runner(0, gate=gate)))
-    assert wait_for(lambda: core.running is running)
+    assert wait_for(lambda: core.running_jobs() == [running])
     queued = core.submit(Job("t", "o", counting_runner(1)))
     with pytest.raises(QueueFull):
         core.submit(Job("t", "o", counting_runner(1)))
@@ -142,7 +143,7 @@ def test_queue_limit_and_shutdown_cancel_everything():
 
 
 def test_jobs_per_owner_are_limited_even_when_submitted_at_once():
-    core = InferenceCore({}, max_jobs_per_owner=2)
+    core = InferenceCore({}, {"t": FunctionJobs()}, max_jobs_per_owner=2)
     gate, start = threading.Event(), threading.Barrier(8)
     accepted, refused = [], []
 
@@ -168,7 +169,7 @@ def test_jobs_per_owner_are_limited_even_when_submitted_at_once():
 
 
 def test_shutdown_cancels_running_job_and_ends_streams():
-    core = InferenceCore({})
+    core = InferenceCore({}, {"t": FunctionJobs()})
 
     def forever(job, core):
         while True:

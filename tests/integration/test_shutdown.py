@@ -35,14 +35,15 @@ def read_in_background(client: Client, url: str) -> dict:
 
 def test_sigterm_mid_stream_saves_the_partial_reply_ends_every_stream_and_replays_after_restart(tmp_path):
     require_nginx()
-    env = {**model_env(tmp_path, chat_arch="tiny:0.05", loop_delay=0.1), "GLASSBOX_GRACEFUL_TIMEOUT": "20"}
+    env = {**model_env(tmp_path, chat_arch="tiny:0.05", loop_delay=0.1), "GLASSBOX_GRACEFUL_TIMEOUT": "20",
+           "GLASSBOX_MAX_BATCH": "1"}  # one row: bob's reply waits for it
     app = Gunicorn(tmp_path / "instance", env).start()
     proxy = Nginx(tmp_path / "nginx", app.port).start()
     try:
         alice, bob = Client(proxy.url), Client(proxy.url)
         running_url = start_reply(alice, PREFIX, tokens=250)
-        queued_url = start_reply(bob, PREFIX, tokens=250)  # waits behind alice's reply
-        run_url = start_run(bob, PREFIX, steps=40)         # and so does this Loop-lab run
+        queued_url = start_reply(bob, PREFIX, tokens=250)  # waits for alice's row
+        run_url = start_run(bob, PREFIX, steps=40)         # runs between alice's steps (4 s of loops)
         running, queued, run = (read_in_background(alice, running_url), read_in_background(bob, queued_url),
                                 read_in_background(bob, run_url))
         assert wait_until(lambda: sum(e.name == "token" for e in running["events"]) >= 5, 30)

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from tests.support.executors import FunctionJobs
 from tests.support.loop_models import bundle
 from webapp.core import InferenceCore, Job
 from webapp.core.jobs import CANCELLED, DONE, FAILED
@@ -87,7 +88,7 @@ def test_refuses_training_mode_and_missing_head():
 
 @pytest.fixture
 def core():
-    core = InferenceCore({})
+    core = InferenceCore({}, {"loops": FunctionJobs()})
     yield core
     core.shutdown()
 

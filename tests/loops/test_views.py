@@ -6,6 +6,7 @@ import re
 import pytest
 import torch
 
+from tests.support.executors import FunctionJobs
 from tests.conftest import csrf_of, make_app, sse_events
 from webapp.core import Job
 from webapp.loops.task import SYMBOLS
@@ -54,6 +55,7 @@ def test_loop_runs_use_their_own_thread_count_and_give_the_worker_back_its_own(t
         client = app.test_client()
         run_live(client, csrf_of(client, "/loops/"))
         assert b.model.threads_seen == (loop_threads or 2)  # 0: the worker's own setting
+        core.executors["probe"] = FunctionJobs()
         after = core.submit(Job("probe", "o", lambda job, c: job.result.update(threads=torch.get_num_threads())))
         list(after.subscribe(0.05))
         assert after.result["threads"] == 2

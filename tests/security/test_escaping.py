@@ -12,7 +12,7 @@ from markupsafe import escape
 
 from tests.conftest import csrf_of, make_app, sse_events
 from tests.support.chat_models import tiny_checkpoint
-from webapp.core.sse import frame
+from webapp.web.sse import frame
 
 HOSTILE = '<script>alert("x")</script>\'" onmouseover=alert(1) \r\nevent: done\ndata: <img src=x>\n\n: c\r\rid: 9'
 HX = {"HX-Request": "true"}

@@ -128,12 +128,12 @@ def test_a_refused_regenerate_or_edit_loses_nothing(limited):
     assert "first question" in after and "second thought" not in after
 
 
-@pytest.mark.parametrize("limited", [{"max_queue": 1}], indirect=True)
+@pytest.mark.parametrize("limited", [{"max_queue": 1, "max_batch": 1}], indirect=True)
 def test_the_shared_queue_is_limited(limited):
     clients = [limited.test_client() for _ in range(3)]
     assert send(clients[0], max_new_tokens="200").status_code == 200  # runs
     core = limited.extensions["glassbox.core"]
-    assert wait_for(lambda: core.running is not None)
+    assert wait_for(lambda: core.running_jobs())
     assert send(clients[1], max_new_tokens="200").status_code == 200  # waits
     busy = send(clients[2])
     assert busy.status_code == 503 and "The server is busy; try again in a moment" in text(busy)

@@ -64,6 +64,7 @@ class Gunicorn:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
+    root: Path = ROOT  # the checkout it runs (a benchmark may start an older revision's worktree)
 
     @property
     def url(self) -> str:
@@ -76,7 +77,8 @@ class Gunicorn:
                "GLASSBOX_INSTANCE_PATH": str(self.instance), "GLASSBOX_TORCH_THREADS": "1", **self.env}
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "wsgi:app"],
-                                         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                                         cwd=self.root, env={**env, "PYTHONPATH": str(self.root)},
+                                         stdout=log, stderr=subprocess.STDOUT)
         if not ready_timeout:  # the caller watches start-up itself
             return self
         if not wait_until(lambda: self.proc.poll() is not None or _status(self.url + "/readyz") == 200,

@@ -10,13 +10,16 @@ incrementally as UTF-8: a character split across tokens comes out once complete,
 dropped (the same text as the owner's buffer-and-flush, but never held back behind a bad byte); a
 trailing \r waits for the next token, so a split \r\n streams as one line break.
 
-Models with a KV cache prefill the prompt in chunks, then feed one token per step; others run the
-owner's full-recompute loop over the last block_size tokens. Cancellation (`should_stop`) is polled
-between prefill chunks and before every step.
+A reply on a model with a KV cache is a `Sequence`: its prompt is prefilled in chunks, then it is fed
+one token per step. The core's batched decoder (webapp/chat/batch.py) steps many Sequences together
+with `decode_step`; `generate()` runs one alone, through exactly the same calls, so a reply does not
+depend on who else is asking. Models without a KV cache run the owner's full-recompute loop over the
+last block_size tokens. Cancellation (`should_stop`) is polled between prefill chunks and before
+every step.
 
-With a PrefixCache (webapp/chat/prefix_cache.py), the KV cache of the previous generation is reused
-for the longest prefix its token ids share with this prompt, and only the rest is prefilled. Sampling
-draws from a private generator only after the prefill, so a seed gives the same tokens either way.
+With a PrefixCache (webapp/chat/prefix_cache.py), a kept KV cache is reused for the longest prefix its
+token ids share with this prompt, and only the rest is prefilled. Sampling draws from the reply's
+private generator only after the prefill, so a seed gives the same tokens either way.
 
 Per token there is one host/device sync (`.item()`, to decide whether to stop); the sampled id stays
 on the device as the next step's input, and nothing already tokenized is tokenized again.
@@ -25,30 +28,37 @@ on the device as the next step's input, and nothing already tokenized is tokeniz
 from __future__ import annotations
 
 import codecs
-import inspect
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence as Seq
 
 import torch
 from torch.nn import functional as F
 
 from webapp.chat.prefix_cache import PrefixCache, common_prefix
 
-# Prefill runs in chunks so a cancel lands quickly even during a long prompt. The first chunk is
-# PREFILL_CHUNK tokens; later ones are sized from the measured rate to about PREFILL_SECONDS of work,
-# since small chunks cost throughput (254M, 800 tokens, one thread: 128-token chunks took 1.26x the
-# time of one pass in fp32 and 2x in bf16).
-PREFILL_CHUNK = 128
-PREFILL_SECONDS = 0.5
+# Prefill runs in chunks, so a cancel lands quickly and, in the batched decoder, so the other replies'
+# streams never wait long for their next token. How a prompt is cut into chunks changes its keys and
+# values in the last bits, so the cut depends on the model alone, never on timing: a seeded reply is
+# then the same every time, alone or batched. A chunk is about PREFILL_FLOPS of work: about a quarter
+# of a second on a 2-core CPU, what the other rows' streams may stall for (docs/architecture.md).
+PREFILL_FLOPS = 6e10
+MIN_CHUNK, MAX_CHUNK = 16, 1024
+
+
+def prefill_chunk(model) -> int:
+    """Tokens per prefill chunk for this model: a power of two, about PREFILL_FLOPS of work."""
+    params = sum(p.numel() for p in model.parameters())
+    tokens = PREFILL_FLOPS / (2 * max(params, 1))
+    return max(MIN_CHUNK, min(MAX_CHUNK, 2 ** max(0, round(math.log2(max(tokens, 1))))))
 
 
 @dataclass
 class GenerationStats:
     prompt_tokens: int
     new_tokens: int  # tokens kept in the reply (the stopping special token is not counted)
-    time_to_first_token_s: float | None  # from the call to the first sampled token (prefill included)
+    time_to_first_token_s: float | None  # from the start to the first sampled token (prefill included)
     total_s: float
     decode_tokens_per_s: float | None  # tokens after the first / time after the first
     stop_reason: str  # "end" (a special token), "length" (max_new_tokens), "cancelled"
@@ -60,9 +70,25 @@ class GenerationStats:
 class Piece:
     text: str  # newly printable text; "" while a multi-byte character is incomplete
     tokens: int  # reply tokens so far
-    elapsed_s: float  # since generate() was called
+    elapsed_s: float  # since the reply started
     stats: GenerationStats | None = None  # only on the last piece
     token: int | None = None  # the sampled id (None on the last piece)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 200
+    temperature: float = 1.0  # 0: greedy
+    top_k: int = 50  # 0: the whole vocabulary
+    seed: int | None = None  # a private generator; the global RNG is never touched
+
+    def check(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = whole vocabulary), got {self.top_k}")
 
 
 class _TextDecoder:
@@ -81,107 +107,168 @@ class _TextDecoder:
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator) -> torch.Tensor:
-    """logits (B, V) -> next token ids (B, 1)."""
+    """logits (1, V) -> next token id (1, 1)."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)  # greedy
     logits = logits.float() / temperature
     if 0 < top_k < logits.size(-1):
-        top_logits, top_ids = torch.topk(logits, top_k, dim=-1)  # (B, k)
-        choice = torch.multinomial(F.softmax(top_logits, dim=-1), 1, generator=gen)  # (B, 1) into top_ids
+        top_logits, top_ids = torch.topk(logits, top_k, dim=-1)  # (1, k)
+        choice = torch.multinomial(F.softmax(top_logits, dim=-1), 1, generator=gen)  # (1, 1) into top_ids
         return torch.gather(top_ids, -1, choice)
     return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=gen)
 
 
-class _CachedSteps:
-    """Logits via the model's KV cache: a chunked prefill of what the cache lacks, then one token per step."""
+def _generator(device, seed: int | None) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()  # fresh entropy, global RNG untouched
+    else:
+        gen.manual_seed(seed)
+    return gen
 
-    def __init__(self, model, block_size: int, device, prefix: PrefixCache | None = None):
-        self.model, self.block_size, self.device, self.prefix = model, block_size, device, prefix
-        # chunks before the last skip lm_head when the model can (the project's GPT can): only the
-        # prompt's last position needs logits, and lm_head is a fifth of a 254M model's weights
-        self.skip_logits = "logits" in inspect.signature(model.forward_cached).parameters
+
+class Sequence:
+    """One reply on a KV-cached model: a row of the batched decoder, or alone (a batch of one).
+
+    prefill_chunk() runs the prompt a chunk at a time and samples the first token after the last
+    chunk; then decode_step() feeds one token per step. New text collects in `pieces` until the
+    consumer takes it; close() ends the reply, hands its cache to the prefix holder and returns the
+    last Piece with the stats."""
+
+    def __init__(self, loaded, prompt_ids: Seq[int], params: SamplingParams,
+                 prefix: PrefixCache | None = None) -> None:
+        params.check()
+        if len(prompt_ids) == 0:
+            raise ValueError("prompt_ids is empty")
+        self.t0 = time.perf_counter()
+        self.model, self.tok, self.block_size = loaded.model, loaded.tokenizer, loaded.block_size
+        weight = next(self.model.parameters())
+        self.device, self.dtype = weight.device, weight.dtype
+        self.params, self.prefix = params, prefix
+        self.gen = _generator(self.device, params.seed)
+        self.decoder = _TextDecoder()
+        self.ids = list(prompt_ids)  # the prompt, then the reply
+        self.prompt_tokens = len(self.ids)
         self.cache = None
-        self.ids: list[int] = []  # token ids whose keys/values are in self.cache, by position
-        self.reused = 0
+        self.cached: list[int] = []  # ids whose keys/values are in the cache, by position
+        self.todo: list[int] = []  # ids of the window still to prefill
+        self.chunk = prefill_chunk(self.model)
+        self.next_token: torch.Tensor | None = None  # (1, 1): the sampled id, fed at the next step
+        self.pieces: list[Piece] = []
+        self.new_tokens, self.t_first, self.stop_reason, self.reused = 0, None, None, 0
+        self._open_window()
 
-    def _start(self, window: list[int]) -> int:
-        """Get a cache; returns how many leading positions of `window` it already holds."""
-        if self.cache is not None:  # sliding the window: positions shift, nothing is reusable
-            return 0
-        p = next(self.model.parameters())
-        entry = self.prefix.take(p.device, p.dtype) if self.prefix is not None else None
-        if entry is None or entry.cache.max_len < self.block_size:
-            self.cache = self.model.new_cache(batch=1, max_len=self.block_size)
-            return 0
-        self.cache = entry.cache
-        # at least the last prompt token is run again: its logits give the first reply token
-        self.reused = min(common_prefix(entry.ids, window), len(window) - 1)
-        return self.reused
+    # -- state -----------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.stop_reason is not None
 
-    def prefill(self, ids: Sequence[int], should_stop) -> torch.Tensor | None:
-        window = list(ids[-self.block_size:])
-        start = self._start(window)
-        self.ids = window[:start]
-        todo = torch.tensor([window[start:]], dtype=torch.long, device=self.device)  # (1, T)
-        logits, offset, chunk = None, 0, PREFILL_CHUNK
-        while offset < todo.size(1):
-            if should_stop():
-                return None
-            t = time.perf_counter()
-            piece = todo[:, offset:offset + chunk]
-            with torch.inference_mode():
-                if self.skip_logits:
-                    last = offset + chunk >= todo.size(1)
-                    logits = self.model.forward_cached(piece, self.cache, start + offset, logits=last)
-                else:
-                    logits = self.model.forward_cached(piece, self.cache, start + offset)
-            self.ids += window[start + offset:start + offset + chunk]
-            offset += chunk
-            rate = chunk / max(time.perf_counter() - t, 1e-6)  # tokens/s (launch rate on a GPU: then big chunks)
-            chunk = max(PREFILL_CHUNK, int(rate * PREFILL_SECONDS))
-        return logits
+    @property
+    def prefilling(self) -> bool:
+        return not self.finished and bool(self.todo)
 
-    def step(self, token: torch.Tensor, ids: Sequence[int], should_stop) -> torch.Tensor | None:
-        if len(self.ids) >= self.block_size:
-            # the window is full: slide it, as the owner's loop crops to the last block_size
-            # tokens. Costs a full prefill per token; prompts from PromptBuilder never get here.
-            return self.prefill(ids, should_stop)
+    @property
+    def decoding(self) -> bool:
+        return not self.finished and not self.todo
+
+    @property
+    def position(self) -> int:
+        return len(self.cached)
+
+    # -- work ------------------------------------------------------------------------------
+    def _open_window(self) -> None:
+        """Start (or, once the window is full, restart) the prefill of the last block_size ids."""
+        window = self.ids[-self.block_size:]
+        start = 0
+        if self.cache is None:
+            entry = self.prefix.take(window, self.device, self.dtype) if self.prefix is not None else None
+            if entry is not None and entry.cache.max_len >= self.block_size:
+                self.cache = entry.cache
+                # at least the last prompt token is run again: its logits give the first reply token
+                start = self.reused = min(common_prefix(entry.ids, window), len(window) - 1)
+            else:
+                self.cache = self.model.new_cache(batch=1, max_len=self.block_size)
+        # else: the window slides as the owner's loop crops to the last block_size tokens; positions
+        # shift, so nothing is reusable (a full prefill per token: PromptBuilder's prompts never get here)
+        self.cached, self.todo = window[:start], window[start:]
+
+    def prefill_chunk(self) -> int:
+        """Run the next chunk of the prompt; after the last one, sample the first token. -> tokens run."""
+        piece = self.todo[:self.chunk]
+        last = len(piece) == len(self.todo)
+        idx = torch.tensor([piece], dtype=torch.long, device=self.device)  # (1, T)
         with torch.inference_mode():
-            logits = self.model.forward_cached(token, self.cache, len(self.ids))  # token (1, 1) -> (1, V)
-        self.ids.append(ids[-1])
-        return logits
+            # chunks before the last skip lm_head: only the prompt's last position needs logits
+            logits = self.model.forward_cached(idx, self.cache, self.position, logits=last)
+        self.cached += piece
+        self.todo = self.todo[len(piece):]
+        if last:
+            self.take(logits)
+        return len(piece)
 
-    def finish(self, keep: bool) -> None:
-        """Hand the cache to the prefix holder for the next turn (or drop it after a failure)."""
+    def take(self, logits: torch.Tensor) -> None:
+        """Sample the next token from this reply's logits (1, V) and publish its text."""
+        p = self.params
+        with torch.inference_mode():
+            next_id = _sample(logits, p.temperature, p.top_k, self.gen)  # (1, 1), stays on the device
+        token = next_id.item()  # the one host sync per token: we must know whether to stop
+        now = time.perf_counter() - self.t0
+        if self.t_first is None:
+            self.t_first = now
+        if self.tok.is_special(token):
+            self.stop_reason = "end"
+            return
+        self.new_tokens += 1
+        self.ids.append(token)
+        self.pieces.append(Piece(self.decoder.decode(self.tok.decode_single_token_bytes(token)),
+                                 self.new_tokens, now, token=token))
+        if self.new_tokens == p.max_new_tokens:
+            self.stop_reason = "length"
+        elif self.position >= self.block_size:
+            self._open_window()
+        else:
+            self.next_token = next_id
+
+    def cancel(self) -> None:
+        if not self.finished:
+            self.stop_reason = "cancelled"
+
+    def drain(self) -> list[Piece]:
+        pieces, self.pieces = self.pieces, []
+        return pieces
+
+    def close(self, keep: bool = True) -> Piece:
+        """End the reply: keep its cache for the next turn (not after a failure) -> the last Piece."""
         if self.prefix is not None and self.cache is not None:
             if keep:
-                self.prefix.put(self.cache, self.ids)
+                self.prefix.put(self.cache, self.cached)
             self.prefix.record(self.reused)
         self.cache = None
+        self.cancel()
+        total = time.perf_counter() - self.t0
+        n, first = self.new_tokens, self.t_first
+        rate = (n - 1) / (total - first) if n > 1 and total > first else None
+        stats = GenerationStats(self.prompt_tokens, n, first, total, rate, self.stop_reason, True, self.reused)
+        return Piece(self.decoder.decode(b"", final=True), n, total, stats)
+
+    @property
+    def cache_bytes(self) -> int:
+        return getattr(self.cache, "nbytes", 0)
 
 
-class _RecomputeSteps:
-    """Logits by running the whole (cropped) sequence every step: the owner's loop, any model."""
-
-    def __init__(self, model, block_size: int, device):
-        self.model, self.block_size, self.device = model, block_size, device
-
-    def prefill(self, ids: Sequence[int], should_stop) -> torch.Tensor | None:
-        return None if should_stop() else self.step(None, ids, should_stop)
-
-    def step(self, token, ids: Sequence[int], should_stop) -> torch.Tensor:
-        window = torch.tensor([list(ids[-self.block_size:])], dtype=torch.long, device=self.device)
-        with torch.inference_mode():
-            logits, _ = self.model(window)
-        return logits[:, -1, :]  # (1, V) whether the model returns all positions or the last only
-
-    def finish(self, keep: bool) -> None:
-        pass
+def decode_step(model, seqs: list[Sequence]) -> None:
+    """One token for every decoding Sequence at once: the weights are read once for all rows."""
+    idx = torch.cat([s.next_token for s in seqs])  # (B, 1)
+    with torch.inference_mode():
+        logits = model.decode_step(idx, [s.cache for s in seqs], [s.position for s in seqs])  # (B, V)
+    for row, s in enumerate(seqs):
+        s.cached.append(s.ids[-1])
+        s.take(logits[row:row + 1])
 
 
 def generate(
     loaded,
-    prompt_ids: Sequence[int],
+    prompt_ids: Seq[int],
     *,
     max_new_tokens: int = 200,
     temperature: float = 1.0,
@@ -195,68 +282,66 @@ def generate(
     loaded: a LoadedChatModel. temperature 0 is greedy; top_k 0 samples the whole vocabulary.
     seed makes sampling reproducible with a private generator (the global RNG is untouched).
     prefix_cache: reuse (and afterwards keep) the KV cache of an unchanged prompt prefix; only the
-    core's worker may pass one, since the cache lives on the device. Close the generator (or run it
-    to the end) before the next generation, or that one starts cold.
+    core's worker may pass one, since the cache lives on the device.
     Raises ValueError for arguments out of range, before any work.
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
-    if top_k < 0:
-        raise ValueError(f"top_k must be >= 0 (0 = whole vocabulary), got {top_k}")
+    params = SamplingParams(max_new_tokens, temperature, top_k, seed)
+    params.check()
     if len(prompt_ids) == 0:
         raise ValueError("prompt_ids is empty")
-    return _generate(loaded, list(prompt_ids), max_new_tokens, temperature, top_k, seed,
-                     should_stop or (lambda: False), prefix_cache if loaded.supports_kv_cache else None)
-
-
-def _generate(loaded, ids, max_new_tokens, temperature, top_k, seed, should_stop, prefix_cache):
-    t0 = time.perf_counter()
-    model, tok = loaded.model, loaded.tokenizer
-    device = next(model.parameters()).device
-    gen = torch.Generator(device=device)
-    if seed is None:
-        gen.seed()  # fresh entropy, global RNG untouched
-    else:
-        gen.manual_seed(seed)
+    should_stop = should_stop or (lambda: False)
     if loaded.supports_kv_cache:
-        steps = _CachedSteps(model, loaded.block_size, device, prefix_cache)
-    else:
-        steps = _RecomputeSteps(model, loaded.block_size, device)
-    decoder = _TextDecoder()
-    prompt_tokens, n, t_first, reason = len(ids), 0, None, "length"
+        return _generate_cached(Sequence(loaded, prompt_ids, params, prefix_cache), should_stop)
+    return _generate_recompute(loaded, list(prompt_ids), params, should_stop)
 
+
+def _generate_cached(seq: Sequence, should_stop) -> Iterator[Piece]:
     failed = True  # a cache left by an exception mid-forward is dropped, not reused
     try:
-        logits = steps.prefill(ids, should_stop)
-        while logits is not None:
-            with torch.inference_mode():
-                next_id = _sample(logits, temperature, top_k, gen)  # (1, 1), stays on the device
-            token = next_id.item()  # the one host sync per token: we must know whether to stop
-            if t_first is None:
-                t_first = time.perf_counter() - t0
-            if tok.is_special(token):
-                reason = "end"
-                break
-            n += 1
-            ids.append(token)
-            yield Piece(decoder.decode(tok.decode_single_token_bytes(token)), n, time.perf_counter() - t0,
-                        token=token)
-            if n == max_new_tokens:
-                break
-            logits = None if should_stop() else steps.step(next_id, ids, should_stop)
-        else:
-            reason = "cancelled"
+        while not seq.finished:
+            if should_stop():
+                seq.cancel()
+            elif seq.prefilling:
+                seq.prefill_chunk()
+            else:
+                decode_step(seq.model, [seq])
+            yield from seq.drain()
         failed = False
     except GeneratorExit:  # the consumer closed us at a yield: the cache is consistent
         failed = False
         raise
     finally:
-        steps.finish(keep=not failed)
+        last = seq.close(keep=not failed)
+    yield last
 
+
+def _generate_recompute(loaded, ids: list[int], params: SamplingParams, should_stop) -> Iterator[Piece]:
+    """The owner's loop, for models without a KV cache: the whole (cropped) window every step."""
+    t0 = time.perf_counter()
+    model, tok, block = loaded.model, loaded.tokenizer, loaded.block_size
+    device = next(model.parameters()).device
+    gen, decoder = _generator(device, params.seed), _TextDecoder()
+    prompt_tokens, n, t_first, reason = len(ids), 0, None, "length"
+    while True:
+        if should_stop():
+            reason = "cancelled"
+            break
+        window = torch.tensor([ids[-block:]], dtype=torch.long, device=device)
+        with torch.inference_mode():
+            logits, _ = model(window)
+            next_id = _sample(logits[:, -1, :], params.temperature, params.top_k, gen)
+        token = next_id.item()
+        if t_first is None:
+            t_first = time.perf_counter() - t0
+        if tok.is_special(token):
+            reason = "end"
+            break
+        n += 1
+        ids.append(token)
+        yield Piece(decoder.decode(tok.decode_single_token_bytes(token)), n, time.perf_counter() - t0, token=token)
+        if n == params.max_new_tokens:
+            break
     total = time.perf_counter() - t0
     rate = (n - 1) / (total - t_first) if n > 1 and total > t_first else None
-    reused = steps.reused if loaded.supports_kv_cache else 0
-    stats = GenerationStats(prompt_tokens, n, t_first, total, rate, reason, loaded.supports_kv_cache, reused)
+    stats = GenerationStats(prompt_tokens, n, t_first, total, rate, reason, False, 0)
     yield Piece(decoder.decode(b"", final=True), n, total, stats)

@@ -6,7 +6,8 @@ Parameter names match nanoGPT (and so the owner's checkpoints):
 
 Two ways to run it:
     model(idx, targets=None) -> (logits, loss)       the seed's contract (training, full recompute)
-    model.forward_cached(idx, cache, start_pos)       incremental decoding with a KVCache
+    model.forward_cached(idx, cache, start_pos)       prefill one sequence's KVCache (in chunks)
+    model.decode_step(idx, caches, positions)         one token for each of several sequences
 
 Shapes: B batch, T time (tokens), C n_embd, nh n_head, hs head size (C // nh), V vocab_size.
 """
@@ -46,8 +47,8 @@ class KVCache:
 
     k, v: one (B, nh, max_len, hs) tensor per layer. Separate tensors, not slices of one: under
     torch.compile a write into a slice of a shared tensor copied the whole cache every step.
-    The batch dimension is there so several sequences can share one decoding step later; today
-    every row shares the same start_pos.
+    One cache holds one sequence (batch 1): sequences decoded together each keep their own, so
+    each can be kept for its conversation's next turn (webapp/chat/prefix_cache.py).
     """
 
     def __init__(self, config: GPTConfig, batch: int, max_len: int, device, dtype):
@@ -58,23 +59,40 @@ class KVCache:
         self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.max_len = max_len
         self.batch = batch
+        self.nbytes = 2 * config.n_layer * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
 
 
 class Linear(nn.Linear):
-    """nn.Linear (same parameters, same names) that runs a single row as a matrix-vector product.
+    """nn.Linear (same parameters, same names) whose CPU inference gives every row the same result
+    whatever else is in the batch.
 
-    Decoding one token is a chain of matrix-vector products, bound by reading the weights. On CPU,
-    torch's addmv reads bf16 weights ~30% faster than the addmm that nn.Linear uses (measured in
-    docs/benchmarks.md); for fp32 they are alike. Several rows (prefill, training) stay a matmul.
+    Batched decoding must not change a reply (docs/architecture.md, "The same reply as alone"). On
+    CPU, oneDNN's inner product computes each row of a matrix of two or more rows with the same
+    reduction order, bit for bit, whatever the number of rows; a single row takes a matrix-vector
+    path whose sums are ordered differently, so one row is run as two. oneDNN also streams the
+    weights faster than the addmm and addmv that nn.Linear uses for one or a few rows
+    (docs/benchmarks.md). Training, autograd, other devices and float16 keep F.linear.
     """
 
     def forward(self, x):
-        # more than one row; or under torch.compile, which would turn addmv into a slow generated loop
-        if x.numel() != x.size(-1) or torch.compiler.is_compiling():
+        if not _batch_invariant(x, self.weight):
             return F.linear(x, self.weight, self.bias)
-        row = x.reshape(-1)  # (C,)
-        y = torch.mv(self.weight, row) if self.bias is None else torch.addmv(self.bias, self.weight, row)
-        return y.view(*x.shape[:-1], -1)
+        rows = x.reshape(-1, x.size(-1))  # (N, C_in)
+        n = rows.size(0)
+        if n == 1:
+            rows = rows.expand(2, -1)
+        y = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.weight, self.bias, "none", [], "")
+        return y[:n].view(*x.shape[:-1], -1)
+
+
+_ONEDNN = torch.backends.mkldnn.is_available()
+
+
+def _batch_invariant(x, weight) -> bool:
+    """Whether x @ weight.T may take the batch-invariant oneDNN path."""
+    return (_ONEDNN and x.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
+            and x.dtype == weight.dtype and not torch.is_grad_enabled()
+            and not torch.compiler.is_compiling())
 
 
 class CausalSelfAttention(nn.Module):
@@ -95,6 +113,8 @@ class CausalSelfAttention(nn.Module):
 
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif isinstance(cache, list):
+            y = self._attend_rows(q, k, v, cache, layer, start_pos)
         else:
             end = start_pos + T
             cache.k[layer][:B, :, start_pos:end] = k
@@ -114,6 +134,20 @@ class CausalSelfAttention(nn.Module):
 
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads side by side
         return self.c_proj(y)
+
+    @staticmethod
+    def _attend_rows(q, k, v, caches: list[KVCache], layer: int, positions: list[int]):
+        """One new token per row, each row a sequence of its own: its own cache and position.
+
+        Each row attends over its own history with exactly the call a lone sequence makes, so a
+        row's result does not depend on the others (nor on their lengths: no padding, no mask)."""
+        out = []
+        for r, (cache, pos) in enumerate(zip(caches, positions)):
+            cache.k[layer][:, :, pos:pos + 1] = k[r:r + 1]
+            cache.v[layer][:, :, pos:pos + 1] = v[r:r + 1]
+            keys, values = cache.k[layer][:, :, :pos + 1], cache.v[layer][:, :, :pos + 1]  # (1, nh, pos+1, hs)
+            out.append(F.scaled_dot_product_attention(q[r:r + 1], keys, values))  # (1, nh, 1, hs)
+        return torch.cat(out)  # (B, nh, 1, hs)
 
 
 class MLP(nn.Module):
@@ -135,7 +169,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, cache: KVCache | None = None, layer: int = 0, start_pos: int = 0):
+    def forward(self, x, cache=None, layer: int = 0, start_pos=0):
+        """cache/start_pos: None (no cache); one KVCache and an int (one sequence, T tokens); or one
+        KVCache and one position per row (several sequences, one token each)."""
         x = x + self.attn(self.ln_1(x), cache, layer, start_pos)
         x = x + self.mlp(self.ln_2(x))
         return x
@@ -202,22 +238,15 @@ class GPT(nn.Module):
         return KVCache(self.config, batch, max_len or self.config.block_size, p.device, p.dtype)
 
     def forward_cached(self, idx, cache: KVCache, start_pos: int, logits: bool = True):
-        """Run tokens idx (B, T) at positions start_pos.. start_pos+T-1, storing their keys and values
-        in `cache`, and return the logits of the last position, (B, V) (None with logits=False: a
-        prefill chunk before the last needs only its keys and values, not a pass over lm_head).
+        """Run tokens idx (1, T) of one sequence at positions start_pos.. start_pos+T-1, storing their
+        keys and values in `cache`, and return the logits of the last position, (1, V) (None with
+        logits=False: a prefill chunk before the last needs only its keys and values, not lm_head).
 
         Positions before start_pos must already be in the cache. Prefill a prompt with start_pos=0
-        (whole or in chunks), then feed one token at a time with start_pos = tokens so far.
+        (whole or in chunks); then decode with decode_step, alone or together with other sequences.
         """
         if start_pos + idx.size(1) > cache.max_len:
             raise ValueError(f"KV cache holds {cache.max_len} positions; asked for {start_pos + idx.size(1)}")
-        if idx.size(1) == 1 and logits and self.compiled_step is not None:
-            return self.compiled_step(idx, cache, start_pos)
-        return self._forward_cached(idx, cache, start_pos, logits)
-
-    compiled_step = None  # set by compile_decoding()
-
-    def _forward_cached(self, idx, cache: KVCache, start_pos: int, logits: bool = True):
         x = self._embed(idx, start_pos)
         for layer, block in enumerate(self.transformer.h):
             x = block(x, cache, layer, start_pos)
@@ -226,10 +255,18 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x[:, -1, :])  # (B, C): only the last position is needed
         return self.lm_head(x)  # (B, V)
 
+    def decode_step(self, idx, caches: list[KVCache], positions: list[int]):
+        """One new token for each of B sequences: idx (B, 1), row r at positions[r] of caches[r]
+        (one cache per sequence, batch 1 each). -> logits (B, V).
 
-def compile_decoding(model: GPT) -> GPT:
-    """torch.compile the one-token decode step (GLASSBOX_COMPILE=1). Prefill chunks stay eager: they are
-    large matrix products that compiling barely helps. dynamic=True: one graph for every position,
-    instead of one per cache length. The first decode step compiles (tens of seconds on a CPU)."""
-    model.compiled_step = torch.compile(model._forward_cached, dynamic=True)
-    return model
+        The weights are read once for all rows; attention runs per row over its own cache. A row's
+        logits are the same, bit for bit on CPU, whatever the other rows are (see Linear)."""
+        for cache, pos in zip(caches, positions):
+            if pos >= cache.max_len:
+                raise ValueError(f"KV cache holds {cache.max_len} positions; asked for {pos + 1}")
+        pos = torch.tensor(positions, dtype=torch.long, device=idx.device).view(-1, 1)  # (B, 1)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, 1, C)
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, caches, layer, positions)
+        x = self.transformer.ln_f(x[:, -1, :])  # (B, C)
+        return self.lm_head(x)  # (B, V)

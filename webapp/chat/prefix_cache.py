@@ -5,21 +5,27 @@ assistant_start]. Everything up to the new turn was already run through the mode
 reply, so its keys and values sit in that reply's KV cache. Keeping that cache (and the token ids
 at its positions) lets the next prompt prefill only what differs after the longest common prefix.
 
+Several conversations are served at once, so the holder keeps several caches — one per finished
+reply — under a byte budget (GLASSBOX_KV_CACHE_MB), the least recently used evicted first.
+
 Ownership: one PrefixCache per loaded model, used only on the core's worker (the device owner).
-`take()` hands the cache to one generation and leaves the holder empty until `put()` returns it,
-so two generations can never write the same cache; a generation that fails, or a job that never
-puts it back, simply leaves the next turn to start cold. The keys/values of a token prefix depend
-only on the weights, so any job that uses the model may overwrite the entry; none can corrupt it.
+`take()` hands a cache to one generation and removes it from the holder until `put()` returns it,
+so two generations can never write the same cache; a generation that fails simply never puts it
+back. The keys/values of a token prefix depend only on the weights, so any reply may reuse any
+entry; none can corrupt it.
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+
+DEFAULT_BUDGET_BYTES = 1024 * 2**20
 
 
 @dataclass
@@ -37,36 +43,67 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-class PrefixCache:
-    """Holds at most one KV cache and the ids it holds, for one model."""
+def _nbytes(cache) -> int:
+    return getattr(cache, "nbytes", 0)
 
-    def __init__(self) -> None:
-        self._entry: CachedPrefix | None = None
+
+class PrefixCache:
+    """Finished replies' KV caches and the ids they hold, for one model, least recently used first."""
+
+    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
+        self.budget_bytes = budget_bytes
+        self._entries: collections.deque[CachedPrefix] = collections.deque()  # oldest first
         self._lock = threading.Lock()
         self.hits = 0  # generations that reused at least one position
         self.reused_tokens = 0  # positions not prefilled again, all generations together
+        self.evictions = 0
 
-    def take(self, device: torch.device, dtype: torch.dtype) -> CachedPrefix | None:
-        """The cached entry, now owned by the caller (the holder is left empty)."""
+    def take(self, ids: Sequence[int], device: torch.device, dtype: torch.dtype) -> CachedPrefix | None:
+        """The kept entry sharing the longest prefix with `ids`, now owned by the caller (removed from
+        the holder); None when no entry shares a first token (a new cache is cheaper than evicting)."""
         with self._lock:
-            entry, self._entry = self._entry, None
-        layer0 = entry.cache.k[0] if entry is not None else None
-        if layer0 is None or layer0.device != device or layer0.dtype != dtype:
+            best, shared = None, 0
+            for entry in self._entries:
+                n = common_prefix(entry.ids, ids)
+                if n > shared:
+                    best, shared = entry, n
+            if best is None:
+                return None
+            self._entries.remove(best)
+        layer0 = best.cache.k[0]
+        if layer0.device != device or layer0.dtype != dtype:
             return None  # the model moved or changed dtype since: start cold
-        return entry
+        return best
 
     def put(self, cache, ids: Sequence[int]) -> None:
+        """Keep a cache as the most recent entry; evict the least recent ones beyond the budget."""
         with self._lock:
-            self._entry = CachedPrefix(cache, list(ids))
+            self._entries.append(CachedPrefix(cache, list(ids)))
+            while self._entries and self._bytes() > self.budget_bytes:
+                self._entries.popleft()
+                self.evictions += 1
 
     def clear(self) -> None:
         with self._lock:
-            self._entry = None
+            self._entries.clear()
 
     def record(self, reused: int) -> None:
         if reused:
             self.hits += 1
             self.reused_tokens += reused
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by kept entries (running replies' caches are not counted here)."""
+        with self._lock:
+            return self._bytes()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def _bytes(self) -> int:
+        return sum(_nbytes(e.cache) for e in self._entries)
 
 
 _HOLDERS: "weakref.WeakKeyDictionary[torch.nn.Module, PrefixCache]" = weakref.WeakKeyDictionary()

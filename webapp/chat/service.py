@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import threading
-from contextlib import closing
 from typing import Callable
 
+from webapp.chat.batch import ChatAlone, ChatBatch, ChatRequest
 from webapp.chat.forms import Sampling
+from webapp.chat.generate import SamplingParams
 from webapp.chat.prompt import PromptBuilder
 from webapp.chat.store import ChatStore, ReplyStats
-from webapp.core import InferenceCore, Job
-from webapp.core.jobs import CANCELLED, DONE
+from webapp.core.engine import InferenceCore
+from webapp.core.jobs import CANCELLED, DONE, Job
 from webapp.core.threads import one_torch_thread, torch_threads
 
 STATUS_OF_OUTCOME = {DONE: "complete", CANCELLED: "stopped"}  # anything else is an error
@@ -31,16 +31,20 @@ def reply_threads(model, setting: int) -> int:
 
 def load_model(settings):
     from webapp.chat.loading import load_chat_model
-    from webapp.chat.model import GPT, compile_decoding
     with one_torch_thread():  # the core's worker must stay the only thread with a thread pool
         loaded = load_chat_model(settings.chat_checkpoint, arch=settings.chat_arch or None,
                                  tokenizer_spec=settings.chat_tokenizer or None,
                                  factory=settings.chat_factory or None, device=settings.device,
                                  dtype=settings.dtype or None)
-    if settings.compile and isinstance(loaded.model, GPT):
-        compile_decoding(loaded.model)  # compiles during the warm-up, before /readyz says ready
     loaded.torch_threads = reply_threads(loaded.model, settings.chat_torch_threads)
     return loaded
+
+
+def executor(loaded, settings):
+    """The core's executor for chat jobs: the batched decoder, or one reply at a time without a KV cache."""
+    if loaded.supports_kv_cache:
+        return ChatBatch(loaded, max_rows=settings.max_batch, kv_cache_bytes=settings.kv_cache_mb * 2**20)
+    return ChatAlone(loaded)
 
 
 def warm_up(loaded) -> None:
@@ -58,8 +62,6 @@ class ChatService:
     def __init__(self, core: InferenceCore, store: ChatStore) -> None:
         self.core = core
         self.store = store
-        self._jobs: dict[int, str] = {}  # assistant message id -> job id, while it may stream
-        self._lock = threading.Lock()
 
     @property
     def model(self):
@@ -89,14 +91,14 @@ class ChatService:
         """
         message_id = self.store.add_message(conversation_id, "assistant", "", status="pending",
                                             settings=sampling.as_dict())
-        job = Job("chat", owner, self._runner(prompt_ids, sampling), on_finish=self._saver(message_id))
+        params = SamplingParams(sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.seed)
+        job = Job("chat", owner, ChatRequest(tuple(prompt_ids), params), on_finish=self._saver(message_id),
+                  ref=message_id)
         try:
             self.core.submit(job)
         except Exception:
             self.store.delete_message(conversation_id, message_id)
             raise
-        with self._lock:
-            self._jobs[message_id] = job.id
         if then is not None:
             try:
                 then(message_id)
@@ -107,9 +109,7 @@ class ChatService:
         return message_id
 
     def job_for(self, message_id: int) -> Job | None:
-        with self._lock:
-            job_id = self._jobs.get(message_id)
-        return self.core.get(job_id) if job_id else None
+        return self.core.find("chat", message_id)
 
     def stop(self, message_id: int) -> None:
         job = self.job_for(message_id)
@@ -117,35 +117,6 @@ class ChatService:
             job.cancel()
 
     # -- on the core's worker ----------------------------------------------------------------
-    def _runner(self, prompt_ids: list[int], sampling: Sampling):
-        def run(job: Job, core: InferenceCore) -> None:
-            from webapp.chat.generate import generate
-            from webapp.chat.prefix_cache import prefix_cache_for
-            job.result["text"], first = [], None
-            loaded = core.models["chat"]
-            # The worker owns the device, so it alone keeps the last reply's KV cache: a follow-up turn
-            # prefills only what follows the unchanged prefix. closing(): a cancelled job (emit raises)
-            # hands the cache back at once instead of whenever the generator is collected.
-            prefix = prefix_cache_for(loaded.model) if loaded.supports_kv_cache else None
-            pieces = generate(loaded, prompt_ids, max_new_tokens=sampling.max_new_tokens,
-                              temperature=sampling.temperature, top_k=sampling.top_k, seed=sampling.seed,
-                              should_stop=lambda: job.cancelled, prefix_cache=prefix)
-            with torch_threads(loaded.torch_threads), closing(pieces):
-                for piece in pieces:
-                    if piece.text:
-                        job.result["text"].append(piece.text)
-                    if piece.stats is not None:  # the last piece: the generator's own figures
-                        s = piece.stats
-                        job.result["stats"] = ReplyStats(s.new_tokens, s.time_to_first_token_s,
-                                                         s.decode_tokens_per_s)
-                    elif piece.tokens:
-                        core.count("tokens")
-                        first = piece.elapsed_s if first is None else first
-                        job.result["stats"] = _stats(first, piece.elapsed_s, piece.tokens)
-                    if piece.text:
-                        job.emit("token", text=piece.text)  # raises JobCancelled once stopped
-        return run
-
     def _saver(self, message_id: int):
         def save(job: Job, outcome: str, error: str | None) -> None:
             text = "".join(job.result.get("text", []))
@@ -153,8 +124,3 @@ class ChatService:
             self.store.finish_reply(message_id, text, status, error, job.result.get("stats", ReplyStats()))
         return save
 
-
-def _stats(first: float, elapsed: float, tokens: int) -> ReplyStats:
-    """Figures so far, kept for a reply that is stopped before the generator's own stats."""
-    rate = (tokens - 1) / (elapsed - first) if tokens > 1 and elapsed > first else None
-    return ReplyStats(tokens=tokens, ttft_seconds=first, tokens_per_second=rate)

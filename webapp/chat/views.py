@@ -11,8 +11,9 @@ from webapp.chat.forms import FormError, Sampling, parse_content, parse_sampling
 from webapp.chat.prompt import PromptTooLong
 from webapp.chat.service import ChatService
 from webapp.chat.store import ChatStore
-from webapp.core import CoreClosed, QueueFull, TooManyJobs, get_core
-from webapp.core.sse import finished_stream, stream_job
+from webapp.core import Refused
+from webapp.web import get_core, refusal_headers, refusal_status
+from webapp.web.sse import finished_stream, stream_job
 from webapp.security import owner_id
 
 bp = Blueprint("chat", __name__, url_prefix="/chat")
@@ -67,14 +68,16 @@ def default_sampling() -> Sampling:
     return Sampling(max_new_tokens=min(settings().max_new_tokens, sampling_limit()))
 
 
-def composer_error(conversation, draft, error: FormError | str, sampling=None, status=400, field="content"):
+def composer_error(conversation, draft, error: FormError | str, sampling=None, status=400, field="content",
+                   headers: dict | None = None):
     """Bad input: say what is wrong beside the field and give the text back, nothing saved."""
     errors = {error.field: error.message} if isinstance(error, FormError) else {field: error}
     if is_htmx():
         html = render_template("chat/_composer.html", conversation=conversation, draft=draft, errors=errors,
                                sampling=sampling or default_sampling(), max_new_tokens_limit=sampling_limit())
-        return html, status, {"HX-Retarget": "#composer", "HX-Reswap": "outerHTML"}
-    return render_page(conversation, draft=draft, errors=errors, sampling=sampling, status=status)
+        return html, status, {"HX-Retarget": "#composer", "HX-Reswap": "outerHTML", **(headers or {})}
+    body, status = render_page(conversation, draft=draft, errors=errors, sampling=sampling, status=status)
+    return body, status, headers or {}
 
 
 # -- pages ------------------------------------------------------------------------------------
@@ -124,13 +127,13 @@ def start_reply(conversation, prompt_ids, sampling, *, new_user_text=None, draft
     user_id = svc.store.add_message(conversation["id"], "user", new_user_text) if new_user_text else None
     try:
         reply_id = svc.start_reply(owner, conversation["id"], prompt_ids, sampling, then=then)
-    except (QueueFull, CoreClosed, TooManyJobs) as error:  # take back what was saved for it
+    except Refused as error:  # take back what was saved for it
         if user_id is not None:
             svc.store.delete_message(conversation["id"], user_id)
         if created:
             svc.store.delete_conversation(owner, conversation["id"])
-        status = 429 if isinstance(error, TooManyJobs) else 503
-        return composer_error(None if created else conversation, draft, str(error), sampling, status)
+        return composer_error(None if created else conversation, draft, str(error), sampling,
+                              refusal_status(error), headers=refusal_headers(error))
     if not is_htmx():
         wait_for_reply(reply_id)
         return redirect(url_for("chat.conversation", conversation_id=conversation["id"]), 303)
@@ -162,8 +165,6 @@ def stream(conversation_id: str, message_id: int):
     job = service().job_for(message_id)
     if job is None or message["status"] != "pending":
         return finished_stream(render_message(conversation_id, message_id))
-    if get_core().open_streams >= settings().max_streams:
-        abort(503, "Too many open streams; reload the page in a moment.")
 
     def render(event):
         if event.name == "token":
@@ -172,8 +173,7 @@ def stream(conversation_id: str, message_id: int):
             return render_template("chat/_reply_status.html", event=event)
         return None
 
-    return stream_job(get_core(), job, render, lambda _job: render_message(conversation_id, message_id),
-                      settings().heartbeat_seconds)
+    return stream_job(job, render, lambda _job: render_message(conversation_id, message_id))
 
 
 def render_message(conversation_id: str, message_id: int) -> str:

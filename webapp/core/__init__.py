@@ -1,13 +1,9 @@
-"""The shared inference core: device ownership, the job queue, jobs and streaming."""
+"""The shared inference core: device ownership, the step scheduler, jobs and their event logs.
 
-from flask import current_app
+It knows nothing of Flask or HTTP: requests are data, the scheduler decides, the worker executes.
+The web glue (streams, stream slots, refusals as HTTP answers) is in webapp/web."""
 
-from webapp.core.engine import CoreClosed, InferenceCore, QueueFull, TooManyJobs
+from webapp.core.engine import CoreClosed, InferenceCore, QueueFull, Refused, TooManyJobs
 from webapp.core.jobs import Event, Job, JobCancelled
 
-
-def get_core() -> InferenceCore:
-    return current_app.extensions["glassbox.core"]
-
-
-__all__ = ["CoreClosed", "Event", "InferenceCore", "Job", "JobCancelled", "QueueFull", "TooManyJobs", "get_core"]
+__all__ = ["CoreClosed", "Event", "InferenceCore", "Job", "JobCancelled", "QueueFull", "Refused", "TooManyJobs"]

@@ -1,9 +1,16 @@
-"""The shared inference core: one worker owns the device and runs jobs one at a time.
+"""The shared inference core: one worker owns the device; a step scheduler decides what it runs.
 
-Views never touch a model.  They build a Job with a runner and submit it here; the worker
-takes jobs from one FIFO queue, hands each runner the loaded models, and publishes
-lifecycle changes.  Scheduling lives in `_take_next` alone, so a scheduler that steps
-several jobs together (batched decoding) can replace it without touching the views.
+Views never touch a model. A service submits a Job whose `request` is plain data; the worker runs
+a loop of steps, and each step:
+
+1. admits waiting jobs of a batched kind (chat on a KV-cached model) while their executor has room;
+2. runs at most one whole job (a Loop-lab run, or a chat reply on a model without a KV cache);
+3. runs one step of every batched executor that has rows (one prefill chunk for a newcomer, one
+   decoding step for every running reply), and retires the rows that finished or were cancelled.
+
+So a Loop-lab run never waits for a whole chat reply, and running replies stall for at most one
+Loop-lab run. Waiting jobs keep their order within their lane (the batch, or the whole jobs), and
+their position is their place in that lane. Executors (webapp/core/executors.py) do the device work.
 """
 
 from __future__ import annotations
@@ -14,23 +21,37 @@ import threading
 import time
 from typing import Any, Callable
 
+from webapp.core.executors import BatchedJobs, Finished, StepReport, WholeJobs
 from webapp.core.jobs import CANCELLED, DONE, FAILED, QUEUED, RUNNING, Job, JobCancelled
-from webapp.core.metrics import JobMetrics
+from webapp.core.metrics import JobMetrics, StepMetrics
 
 log = logging.getLogger("glassbox.core")
 
 
-class CoreClosed(Exception):
-    """The core is shutting down and takes no new jobs."""
+class Refused(Exception):
+    """The core will not take a job now. `reason` says why; the web layer maps it to an HTTP status."""
+
+    reason = "busy"
 
 
-class QueueFull(Exception):
-    """Too many jobs are waiting already."""
+class CoreClosed(Refused):
+    reason = "closing"
+
+    def __init__(self, message: str = "The server is shutting down; try again in a moment") -> None:
+        super().__init__(message)
 
 
-class TooManyJobs(Exception):
+class QueueFull(Refused):
+    reason = "busy"
+
+    def __init__(self, message: str = "The server is busy; try again in a moment") -> None:
+        super().__init__(message)
+
+
+class TooManyJobs(Refused):
     """This owner already has as many jobs queued or running as one browser may."""
 
+    reason = "too_many"
     message = "You already have runs or replies waiting or running. Wait for one to finish or stop it."
 
     def __init__(self) -> None:
@@ -38,12 +59,14 @@ class TooManyJobs(Exception):
 
 
 class InferenceCore:
-    def __init__(self, models: dict[str, Any], *, warmups: dict[str, Callable[[Any], None]] | None = None,
+    def __init__(self, models: dict[str, Any], executors: dict[str, WholeJobs | BatchedJobs] | None = None, *,
+                 warmups: dict[str, Callable[[Any], None]] | None = None,
                  load_seconds: dict[str, float] | None = None, torch_threads: int = 0,
                  max_queue: int = 64, max_jobs_per_owner: int = 0, keep_finished: int = 512) -> None:
         # Models are loaded by the caller (a broken checkpoint must stop start-up); from here
-        # on only the worker thread touches them.
+        # on only the worker thread touches them, through the executors.
         self.models = models
+        self.executors = dict(executors or {})
         self.load_seconds = dict(load_seconds or {})
         self._warmups = warmups or {}
         self._torch_threads = torch_threads
@@ -51,14 +74,15 @@ class InferenceCore:
         self.max_jobs_per_owner = max_jobs_per_owner  # 0: no per-owner limit
         self.warmup_error: str | None = None
         self.ready = threading.Event()  # set once every model has run one warm-up pass
-        self._queue: collections.deque[Job] = collections.deque()
+        self._queue: collections.deque[Job] = collections.deque()  # waiting, in order of submission
+        self._running: dict[str, Job] = {}
         self._jobs: collections.OrderedDict[str, Job] = collections.OrderedDict()
         self._keep_finished = keep_finished
         self._lock = threading.Condition()
         self._closed = False
-        self.running: Job | None = None
         self.counters = collections.Counter()  # submitted, done, cancelled, failed, tokens, rows
         self.job_metrics = JobMetrics()  # per-kind outcomes, waits and run times; logs each job
+        self.step_metrics = StepMetrics()  # rows per step, step time, prefill tokens, admitted, retired
         self.warmup_seconds: dict[str, float] = {}
         self.open_streams = 0
         self._worker = threading.Thread(target=self._work, name="glassbox-core", daemon=True)
@@ -66,15 +90,16 @@ class InferenceCore:
 
     # -- public API ------------------------------------------------------------------------
     def submit(self, job: Job) -> Job:
+        if job.kind not in self.executors:
+            raise ValueError(f"no executor for jobs of kind {job.kind!r}")
         with self._lock:
             if self._closed:
-                raise CoreClosed("The server is shutting down; try again in a moment")
-            # Checked here, under the lock, so two requests of one browser cannot both slip in; the
-            # chat view takes back the message it saved for a refused job.
+                raise CoreClosed()
+            # Checked here, under the lock, so two requests of one browser cannot both slip in.
             if self.max_jobs_per_owner and self._active_jobs(job.owner) >= self.max_jobs_per_owner:
                 raise TooManyJobs()
             if len(self._queue) >= self.max_queue:
-                raise QueueFull("The server is busy; try again in a moment")
+                raise QueueFull()
             self._queue.append(job)
             self._jobs[job.id] = job
             self.counters["submitted"] += 1
@@ -87,16 +112,25 @@ class InferenceCore:
         with self._lock:
             return self._jobs.get(job_id)
 
+    def find(self, kind: str, ref: Any) -> Job | None:
+        """The newest job of a kind with this reference (e.g. the chat message it writes)."""
+        with self._lock:
+            return next((j for j in reversed(self._jobs.values()) if j.kind == kind and j.ref == ref), None)
+
     def queue_length(self) -> int:
         with self._lock:
             return len(self._queue)
 
-    def count(self, name: str, n: int = 1) -> None:
-        """Add to a production counter (tokens, loop rows) from a runner."""
+    def running_jobs(self) -> list[Job]:
+        with self._lock:
+            return list(self._running.values())
+
+    def count(self, name: str, n: int = 1, job: Job | None = None) -> None:
+        """Add to a production counter (tokens, loop rows), and to the job's own counts."""
         with self._lock:
             self.counters[name] += n
-            if self.running is not None:  # runners run on the worker, so this is their job
-                self.running.counts[name] = self.running.counts.get(name, 0) + n
+        if job is not None:
+            job.counts[name] = job.counts.get(name, 0) + n
 
     def _active_jobs(self, owner: str) -> int:
         """Jobs of one owner that are queued or running (the per-browser limit counts these)."""
@@ -110,11 +144,22 @@ class InferenceCore:
         with self._lock:
             self.open_streams += delta
 
+    def take_stream_slot(self, limit: int) -> bool:
+        """Count one more open stream if fewer than `limit` are open (atomically)."""
+        with self._lock:
+            if self.open_streams >= limit:
+                return False
+            self.open_streams += 1
+            return True
+
+    def memory_bytes(self) -> int:
+        return sum(ex.memory_bytes() for ex in self.executors.values() if ex.batched)
+
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop taking jobs, cancel every queued and running one, and wait for the worker."""
         with self._lock:
             self._closed = True
-            pending = list(self._queue) + ([self.running] if self.running else [])
+            pending = list(self._queue) + list(self._running.values())
             self._lock.notify_all()
         for job in pending:
             job.cancel()
@@ -124,10 +169,17 @@ class InferenceCore:
     def _work(self) -> None:
         self._warm_up()
         while True:
-            job = self._take_next()
-            if job is None:
+            plan = self._plan()
+            if plan is None:
                 return
-            self._run(job)
+            admitted, whole = plan
+            for job in admitted:
+                self._admit(job)
+            if whole is not None:
+                self._run_whole(whole)
+            for executor in self._batched():
+                if executor.rows:
+                    self._step(executor)
 
     def _warm_up(self) -> None:
         if self._torch_threads:
@@ -144,41 +196,71 @@ class InferenceCore:
             self.warmup_error = f"{type(error).__name__}: {error}"
             log.exception("model warm-up failed")
 
-    def _take_next(self) -> Job | None:
+    def _batched(self) -> list[BatchedJobs]:
+        return [ex for ex in self.executors.values() if ex.batched]
+
+    def _plan(self) -> tuple[list[Job], Job | None] | None:
+        """Under the lock: the jobs to admit to their batches, and the one whole job to run.
+        Waits while there is nothing to do; None once closed and idle."""
         with self._lock:
             while True:
-                while self._queue and self._queue[0].cancelled:
-                    self._finish_unstarted(self._queue.popleft())
-                if self._queue:
-                    job = self._queue.popleft()
-                    self.running = job
-                    self._renumber()
-                    return job
-                if self._closed:
-                    return None
-                self._lock.wait(0.5)
                 for job in [j for j in self._queue if j.cancelled]:
                     self._queue.remove(job)
                     self._finish_unstarted(job)
+                room = {kind: ex.max_rows - ex.rows for kind, ex in self.executors.items() if ex.batched}
+                admitted, whole = [], None
+                for job in list(self._queue):
+                    if job.kind in room:
+                        if room[job.kind] > 0:
+                            room[job.kind] -= 1
+                            admitted.append(job)
+                    elif whole is None:
+                        whole = job
+                for job in admitted + ([whole] if whole else []):
+                    self._queue.remove(job)
+                    self._running[job.id] = job
                 self._renumber()
-
-    def _finish_unstarted(self, job: Job) -> None:
-        self._call_on_finish(job, CANCELLED, None)
-        job.set_state(CANCELLED)
-        self.counters["cancelled"] += 1
-        self._retire(job)
-        self.job_metrics.job_finished(job)
+                busy = any(ex.rows for ex in self._batched())
+                if admitted or whole or busy:
+                    return admitted, whole
+                if self._closed:
+                    return None
+                self._lock.wait(0.5)
 
     def _renumber(self) -> None:
-        for place, waiting in enumerate(self._queue, start=1):
-            waiting.set_position(place)
+        """Each waiting job's place in its lane: among the jobs it really waits behind."""
+        places: collections.Counter = collections.Counter()
+        for job in self._queue:
+            lane = job.kind if job.kind in self.executors and self.executors[job.kind].batched else "whole"
+            places[lane] += 1
+            job.set_position(places[lane])
 
-    def _run(self, job: Job) -> None:
+    def _admit(self, job: Job) -> None:
+        job.set_state(RUNNING)
+        try:
+            self.executors[job.kind].admit(job)
+            self.step_metrics.admitted += 1
+        except Exception as exc:  # e.g. out of memory for its cache: this job fails, the batch goes on
+            log.exception("admitting job %s (%s) failed", job.id, job.kind)
+            self._finish(job, FAILED, str(exc) or type(exc).__name__)
+
+    def _step(self, executor: BatchedJobs) -> None:
+        started = time.perf_counter()
+        try:
+            report = executor.step(self)
+        except Exception:  # an executor must report its rows' failures; never let the worker die
+            log.exception("batched step failed")
+            report = StepReport()
+        self.step_metrics.observe(report, time.perf_counter() - started)
+        for finished in report.finished:
+            self._finish(finished.job, finished.outcome, finished.error)
+
+    def _run_whole(self, job: Job) -> None:
         job.set_state(RUNNING)
         outcome, error = DONE, None
         try:
             job.raise_if_cancelled()
-            job.runner(job, self)
+            self.executors[job.kind].run(job, self)
         except JobCancelled:
             outcome = CANCELLED
         except Exception as exc:  # reported to the user, never hidden
@@ -186,12 +268,22 @@ class InferenceCore:
             log.exception("job %s (%s) failed", job.id, job.kind)
         if outcome == DONE and job.cancelled:
             outcome = CANCELLED  # cancelled after the last check: still say so
+        self._finish(job, outcome, error)
+
+    def _finish(self, job: Job, outcome: str, error: str | None) -> None:
         self._call_on_finish(job, outcome, error)
         job.set_state(outcome, error)
         with self._lock:
-            self.running = None
+            self._running.pop(job.id, None)
             self.counters[outcome] += 1
             self._retire(job)
+        self.job_metrics.job_finished(job)
+
+    def _finish_unstarted(self, job: Job) -> None:
+        self._call_on_finish(job, CANCELLED, None)
+        job.set_state(CANCELLED)
+        self.counters["cancelled"] += 1
+        self._retire(job)
         self.job_metrics.job_finished(job)
 
     def _call_on_finish(self, job: Job, outcome: str, error: str | None) -> None:
@@ -209,3 +301,6 @@ class InferenceCore:
         finished = [j for j in self._jobs.values() if j.state not in (QUEUED, RUNNING)]
         for old in finished[: max(0, len(finished) - self._keep_finished)]:
             del self._jobs[old.id]
+
+
+__all__ = ["CoreClosed", "Finished", "InferenceCore", "QueueFull", "Refused", "StepReport", "TooManyJobs"]

@@ -1,7 +1,7 @@
 """A job: one unit of device work, its event log, and its subscribers.
 
-A job is created by a view, waits in the core's queue, runs on the core's worker and
-publishes events.  Any number of streams may subscribe; each one first replays what was
+A job is created by a service with its request (plain data: what to run), waits in the core's
+queue, is run by the core's worker through the executor of its kind, and publishes events.  Any number of streams may subscribe; each one first replays what was
 published so far, so a late or reconnecting subscriber misses nothing and nothing is ever
 generated twice.  When the last subscriber leaves an unfinished job, the job is cancelled.
 """
@@ -20,7 +20,7 @@ FINISHED = frozenset({DONE, CANCELLED, FAILED})
 
 
 class JobCancelled(Exception):
-    """Raised inside a runner when its job was cancelled; the core treats it as a clean stop."""
+    """Raised inside a whole job when it was cancelled; the core treats it as a clean stop."""
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,9 @@ class Event:
 
 @dataclass
 class Job:
-    kind: str
+    kind: str  # which executor runs it ("chat", "loops")
     owner: str
-    runner: Callable[["Job", Any], None]
+    request: Any = None  # what to run: the demo's own typed request, plain data
     # Called once with (job, outcome, error) before the end is announced: saves results,
     # whatever the outcome (done, cancelled, failed).
     on_finish: Callable[["Job", str, str | None], None] | None = None
@@ -48,9 +48,10 @@ class Job:
     error: str | None = None
     started: float | None = None
     finished: float | None = None
-    result: dict = field(default_factory=dict)  # runner's own summary (timings, counts)
+    result: dict = field(default_factory=dict)  # the executor's own summary (text, timings, counts)
     counts: dict = field(default_factory=dict)  # what it produced (tokens, rows), for the job log
     seq: int = 0  # its place in the order of submission (1, 2, ...), for the job log
+    ref: Any = None  # what the job is found by besides its id (a chat reply: its message id)
 
     def __post_init__(self) -> None:
         self._events: list[Event] = []
@@ -68,7 +69,7 @@ class Job:
         self.keep(name, **data)
 
     def keep(self, name: str, **data: Any) -> None:
-        """Publish an event even once cancelled: what a stopping runner had already worked out."""
+        """Publish an event even once cancelled: what a stopping job had already worked out."""
         with self._cond:
             self._events.append(Event(name, data))
             self._touch()
@@ -108,7 +109,7 @@ class Job:
 
     # -- consumer side (streams) ------------------------------------------------------------
     def cancel(self) -> None:
-        """Ask the runner to stop at its next check; harmless once finished."""
+        """Ask the job to stop at its next check (a token, a loop); harmless once finished."""
         self._cancel.set()
         with self._cond:
             self._cond.notify_all()

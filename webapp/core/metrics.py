@@ -83,6 +83,39 @@ class JobMetrics:
         return out
 
 
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class StepMetrics:
+    """Filled by the core after every batched step: rows decoded together, step time, prefill."""
+
+    def __init__(self) -> None:
+        self.rows = LatencyHistogram(ROW_BUCKETS)  # a histogram of counts, not of seconds
+        self.seconds = LatencyHistogram(STEP_BUCKETS)
+        self.prefill_tokens = LatencyHistogram((16, 32, 64, 128, 256, 512, 1024))
+        self.admitted = 0
+        self.retired = 0
+
+    def observe(self, report, seconds: float) -> None:
+        self.seconds.observe(seconds)
+        if report.rows:
+            self.rows.observe(report.rows)
+        if report.prefill_tokens:
+            self.prefill_tokens.observe(report.prefill_tokens)
+        self.retired += len(report.finished)
+
+    def lines(self) -> list[str]:
+        return (self.rows.lines("glassbox_batch_rows", help="Replies decoded together in one step")
+                + self.seconds.lines("glassbox_step_seconds", help="Time of one batched step")
+                + self.prefill_tokens.lines("glassbox_step_prefill_tokens",
+                                            help="Prompt tokens prefilled in a step that prefilled")
+                + _head("glassbox_batch_admitted_total", "counter", "Replies admitted into the batch")
+                + [f"glassbox_batch_admitted_total {self.admitted}"]
+                + _head("glassbox_batch_retired_total", "counter", "Replies retired from the batch")
+                + [f"glassbox_batch_retired_total {self.retired}"])
+
+
 def _head(name: str, kind: str, help: str = "") -> list[str]:
     return ([f"# HELP {name} {help}"] if help else []) + [f"# TYPE {name} {kind}"]
 
@@ -100,7 +133,8 @@ def thread_counts() -> dict[str, int]:
 def exposition(core, latency: LatencyHistogram) -> str:
     counters = dict(core.counters)
     lines = (_gauge("glassbox_queue_length", core.queue_length(), "Jobs waiting for the device")
-             + _gauge("glassbox_running_jobs", int(core.running is not None), "Jobs on the device (0 or 1)")
+             + _gauge("glassbox_running_jobs", len(core.running_jobs()), "Jobs running (batched replies, whole runs)")
+             + _gauge("glassbox_kv_cache_bytes", core.memory_bytes(), "KV-cache memory: running replies and kept prefixes")
              + _gauge("glassbox_open_streams", core.open_streams, "Open SSE streams, each holding a thread")
              + _gauge("glassbox_ready", int(core.ready.is_set()), "1 once the models are loaded and warmed up")
              + _gauge("glassbox_accepting_jobs", int(core.accepting), "0 once shutdown has begun")
@@ -109,6 +143,7 @@ def exposition(core, latency: LatencyHistogram) -> str:
     lines += _head("glassbox_jobs_total", "counter", "Jobs submitted, and finished by outcome")
     lines += [f'glassbox_jobs_total{{outcome="{o}"}} {counters.get(o, 0)}' for o in OUTCOMES]
     lines += core.job_metrics.lines()
+    lines += core.step_metrics.lines()
     lines += (_head("glassbox_tokens_total", "counter", "Chat tokens generated")
               + [f"glassbox_tokens_total {counters.get('tokens', 0)}"]
               + _head("glassbox_loop_rows_total", "counter", "Loop-lab rows produced")

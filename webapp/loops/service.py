@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from webapp.core import InferenceCore, Job
-from webapp.core.jobs import DONE
+from webapp.core.engine import InferenceCore
+from webapp.core.jobs import DONE, Job
 from webapp.core.threads import torch_threads
 from webapp.loops.request import DemoRequest
 from webapp.loops.store import TraceStore
@@ -17,6 +17,26 @@ def load_model(settings):
     bundle = load_bundle(settings.loop_model)
     check_model(bundle.model)  # refuse at start-up, not on the first visitor's run
     return bundle
+
+
+class LoopRuns:
+    """The core's executor for Loop-lab runs: a run is one model call, run whole between chat steps."""
+
+    batched = False
+
+    def __init__(self, bundle, torch_threads: int = 1) -> None:
+        # The bundled model's loop is hundreds of tiny operators: one intra-op thread runs it
+        # 1.9x faster than two on this 2-core machine (docs/benchmarks.md, Loop lab).
+        self.bundle, self.torch_threads = bundle, torch_threads
+
+    def run(self, job: Job, core) -> None:
+        with torch_threads(self.torch_threads):
+            job.result["snapshot"] = run_trace(job, self.bundle, job.request,
+                                               on_rows=lambda rows: core.count("rows", len(rows), job))
+
+
+def executor(bundle, settings) -> LoopRuns:
+    return LoopRuns(bundle, settings.loop_torch_threads)
 
 
 def warm_up(bundle) -> None:
@@ -31,26 +51,16 @@ def warm_up(bundle) -> None:
 
 
 class LoopService:
-    def __init__(self, core: InferenceCore, store: TraceStore, torch_threads: int = 1) -> None:
+    def __init__(self, core: InferenceCore, store: TraceStore) -> None:
         self.core = core
         self.store = store
-        # The bundled model's loop is hundreds of tiny operators: one intra-op thread runs it
-        # 1.9x faster than two on this 2-core machine (docs/benchmarks.md, Loop lab).
-        self.torch_threads = torch_threads
 
     def start(self, owner: str, request: DemoRequest) -> Job:
-        def run(job: Job, core: InferenceCore) -> None:
-            with torch_threads(self.torch_threads):
-                job.result["snapshot"] = run_trace(job, core.models["loops"], request,
-                                                   on_rows=lambda rows: core.count("rows", len(rows)))
-
         def save(job: Job, outcome: str, error: str | None) -> None:
             if outcome == DONE:
                 job.result["trace_id"] = self.store.save(owner, job.result["snapshot"])
 
-        job = Job("loops", owner, run, on_finish=save)
-        job.result["request"] = request
-        return self.core.submit(job)
+        return self.core.submit(Job("loops", owner, request, on_finish=save))
 
     def job(self, owner: str, job_id: str) -> Job | None:
         job = self.core.get(job_id)

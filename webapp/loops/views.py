@@ -9,8 +9,9 @@ import time
 from flask import (Blueprint, Response, abort, current_app, redirect, render_template, request,
                    stream_with_context, url_for)
 
-from webapp.core import CoreClosed, QueueFull, TooManyJobs, get_core
-from webapp.core.sse import comment, finished_stream, frame, sse_response, stream_job
+from webapp.core import Refused
+from webapp.web import get_core, refusal_headers, refusal_status
+from webapp.web.sse import comment, finished_stream, frame, sse_response, stream_job
 from webapp.loops import pictures
 from webapp.loops.forms import PRESET_LABELS, EditorState, parse_request
 from webapp.loops.recorded import TraceFileError, parse_trace_file, rescore
@@ -29,8 +30,7 @@ RUN_GONE = "This run is no longer here (the server may have restarted). Finished
 def service() -> LoopService:
     ext = current_app.extensions
     if "glassbox.loops" not in ext:
-        ext["glassbox.loops"] = LoopService(get_core(), TraceStore(ext["glassbox.db"]),
-                                               torch_threads=settings().loop_torch_threads)
+        ext["glassbox.loops"] = LoopService(get_core(), TraceStore(ext["glassbox.db"]))
     return ext["glassbox.loops"]
 
 
@@ -90,10 +90,8 @@ def run():
         return render_lab(state, status=400)
     try:
         job = service().start(owner_id(), demo_request)
-    except TooManyJobs as error:
-        abort(429, str(error))
-    except (QueueFull, CoreClosed) as error:
-        abort(503, str(error))
+    except Refused as error:
+        abort(refusal_status(error), str(error))
     if not is_htmx():  # without JavaScript: wait for the run, then show its permalink
         for _ in job.subscribe(settings().heartbeat_seconds):
             pass
@@ -110,23 +108,21 @@ def stream(job_id: str):
     if job is None:
         # An ending stream, not a 404: the browser's EventSource would retry a 404 for ever.
         return finished_stream(render_template("loops/_gone.html", message=RUN_GONE))
-    if get_core().open_streams >= settings().max_streams:
-        abort(503, "Too many open streams; try again in a moment.")
 
     def render(event):
         if event.name == "rows":
-            return render_template("loops/_rows.html", rows=event.data["rows"], steps=job.result["request"].steps)
+            return render_template("loops/_rows.html", rows=event.data["rows"], steps=job.request.steps)
         if event.name in ("position", "running"):
             return render_template("loops/_run_status.html", event=event)
         return None
 
-    return stream_job(get_core(), job, render, final_results, settings().heartbeat_seconds)
+    return stream_job(job, render, final_results)
 
 
 def final_results(job) -> str:
     snapshot = job.result.get("snapshot")
     if snapshot is None:  # stopped or failed: show what arrived, and why it ended
-        req = job.result["request"]
+        req = job.request
         rows = [row for e in job.events if e.name == "rows" for row in e.data["rows"]]
         snapshot = {**metadata(req, "", "live"), "status": "stopped", "trace": rows}
         return render_results(snapshot, job=job, error=job.error or "Stopped.")
@@ -219,10 +215,8 @@ def api_trace():
         return {"error": error.message}, 400
     try:
         job = service().start(owner_id(), demo_request)
-    except TooManyJobs as error:
-        return {"error": str(error)}, 429
-    except (QueueFull, CoreClosed) as error:
-        return {"error": str(error)}, 503
+    except Refused as error:
+        return {"error": str(error)}, refusal_status(error), refusal_headers(error)
 
     def body():
         head, rows = None, []
@@ -230,7 +224,7 @@ def api_trace():
             if event is None:
                 yield "\n"  # keep-alive; also how a vanished client is noticed
             elif event.name == "rows":
-                head = head or metadata(demo_request, current_app.extensions["glassbox.core"].models["loops"].checkpoint_id)
+                head = head or metadata(demo_request, get_core().models["loops"].checkpoint_id)
                 for row in event.data["rows"]:  # one snapshot per loop, as the owner's API gives
                     rows.append(row)
                     yield json.dumps({**head, "status": "streaming", "trace": rows}) + "\n"

@@ -80,3 +80,21 @@ def test_histogram_buckets_are_cumulative():
         histogram.observe(seconds)
     assert histogram.lines("h")[-5:] == ['h_bucket{le="0.1"} 1', 'h_bucket{le="1.0"} 3', 'h_bucket{le="+Inf"} 4',
                                          "h_sum 6.050000", "h_count 4"]
+
+
+def test_metrics_describe_the_batched_steps_and_the_kv_cache(chat_app):
+    client = chat_app.test_client()
+    csrf = csrf_of(client, "/chat/")
+    for text in ("first", "second"):
+        sent = client.post("/chat/send", data={"csrf_token": csrf, "content": text, "max_new_tokens": "4",
+                                               "temperature": "0"}, headers={"HX-Request": "true"})
+        url = re.search(r'sse-connect="([^"]+)"', sent.get_data(as_text=True)).group(1)
+        assert sse_events(client.get(url).get_data(as_text=True))[-1][0] == "done"
+    metrics = client.get("/metrics").get_data(as_text=True)
+    value = lambda name: float(re.search(rf"^{name} (\S+)$", metrics, re.M).group(1))  # noqa: E731
+    assert value("glassbox_batch_admitted_total") == 2 and value("glassbox_batch_retired_total") == 2
+    assert value("glassbox_batch_rows_count") >= 1  # decoding steps (a reply's first token comes from its prefill)
+    assert value("glassbox_step_seconds_count") >= value("glassbox_batch_rows_count")
+    assert value("glassbox_step_prefill_tokens_sum") > 0
+    assert value("glassbox_kv_cache_bytes") > 0  # the finished replies' caches, kept for a next turn
+    assert value("glassbox_running_jobs") == 0

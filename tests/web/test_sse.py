@@ -1,7 +1,7 @@
 """SSE framing: multi-line fragments, leading spaces, every kind of line break."""
 
 from tests.conftest import sse_events as parse
-from webapp.core.sse import comment, frame
+from webapp.web.sse import comment, frame
 
 
 def test_multiline_fragment_round_trips():

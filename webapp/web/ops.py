@@ -4,10 +4,10 @@ They carry no CSRF token and no session: GETs only, nothing about anyone's conve
 
 from flask import Blueprint, Response, current_app, jsonify
 
-from webapp.core import get_core
+from webapp.web import get_core
 from webapp.core.metrics import exposition
 
-bp = Blueprint("core", __name__)
+bp = Blueprint("ops", __name__)
 
 
 @bp.get("/healthz")

@@ -1,0 +1,82 @@
+"""One batched decode step: time per step and tokens/s for batch sizes 1..64, each row with its own
+KV cache at its own position (as the core's batched decoder runs them), and whether every row's logits
+are the same, bit for bit, as that row decoded alone.
+
+    .venv/bin/python -m bench.batch_step                          # 254M, fp32, CPU, batches 1 2 4 8 16
+    .venv/bin/python -m bench.batch_step --dtype bfloat16 --device cuda --batches 1 2 4 8 16 32 64
+
+This is what GLASSBOX_MAX_BATCH's default is chosen from (docs/benchmarks.md): past some batch size a
+step costs more than the rows it adds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from bench import common
+
+
+def caches_for(model, batch: int, context: int, device):
+    """`batch` sequences, each prefilled with its own `context`-ish tokens (lengths differ by row)."""
+    caches, positions, last = [], [], []
+    for r in range(batch):
+        ids = common.prompt_ids(context + 7 * r, seed=r)
+        cache = model.new_cache(1, model.config.block_size)
+        with torch.inference_mode():
+            model.forward_cached(torch.tensor([ids[:-1]], device=device), cache, 0, logits=False)
+        caches.append(cache)
+        positions.append(len(ids) - 1)
+        last.append(ids[-1])
+    return torch.tensor(last, device=device).view(-1, 1), caches, positions
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="gpt2-254m")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--context", type=int, default=300, help="tokens already in each row's cache")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per batch size (median)")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--no-doc", action="store_true")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    load_before, device = common.load_average(), torch.device(args.device)
+    model = common.random_gpt(args.size, seed=0, dtype=getattr(torch, args.dtype), device=device)
+    idx, caches, positions = caches_for(model, max(args.batches), args.context, device)
+    with torch.inference_mode():
+        alone = [model.decode_step(idx[r:r + 1], [caches[r]], [positions[r]]) for r in range(len(caches))]
+    rows = []
+    for batch in args.batches:
+        times = []
+        with torch.inference_mode():
+            for step in range(args.steps + 1):  # the first is a warm-up
+                common.sync(device)
+                t = time.perf_counter()
+                logits = model.decode_step(idx[:batch], caches[:batch], positions[:batch])
+                common.sync(device)
+                times.append(time.perf_counter() - t)
+        same = all(torch.equal(logits[r:r + 1], alone[r]) for r in range(batch))
+        step = common.median(times[1:])
+        rows.append([batch, step * 1000, batch / step, "yes" if same else "no"])
+        print(rows[-1], flush=True)
+    base = rows[0][2]
+    for row in rows:
+        row.insert(3, row[2] / base)
+    body = (f"{args.size}, {args.dtype} on {args.device}, {args.context}+ tokens in each row's cache, "
+            f"median of {args.steps} steps.\n\n"
+            + common.table(["batch", "ms per step", "tokens/s", "tokens/s vs batch 1", "rows equal alone, bit for bit"],
+                           rows))
+    common.report(f"bench.batch_step: {args.size} {args.dtype} {args.device}", body, load_before=load_before,
+                  write_doc=not args.no_doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

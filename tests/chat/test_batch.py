@@ -1,0 +1,221 @@
+"""The batched decoder: replies stepped together are the replies generated alone, token for token."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.chat.test_generate import TINY, tiny
+from tests.conftest import wait_for
+from tests.support.executors import FunctionJobs
+from webapp.chat.batch import ChatAlone, ChatBatch, ChatRequest
+from webapp.chat.generate import SamplingParams, generate, prefill_chunk
+from webapp.chat.loading import load_chat_model
+from webapp.chat.prefix_cache import PrefixCache
+from webapp.core import InferenceCore, Job
+from webapp.core.jobs import CANCELLED, DONE
+
+BUNDLED = Path(__file__).resolve().parents[2] / "models/chat/model.safetensors"
+LONG = dataclasses.replace(TINY, block_size=512)
+
+
+def requests(n: int, vocab: int = 256):
+    """n replies unlike each other: prompts of several lengths (some several prefill chunks long),
+    greedy and seeded sampling at several temperatures and top-k, several lengths."""
+    out = []
+    for i in range(n):
+        prompt = tuple((7 * j + 13 * i) % vocab for j in range(3 + 37 * i))
+        params = SamplingParams(max_new_tokens=8 + 5 * (i % 4), temperature=[0.0, 1.0, 0.7, 1.3][i % 4],
+                                top_k=[0, 50, 5, 0][i % 4], seed=100 + i)
+        out.append(ChatRequest(prompt, params))
+    return out
+
+
+def alone(loaded, request: ChatRequest) -> list[int]:
+    p = request.params
+    pieces = generate(loaded, request.prompt_ids, max_new_tokens=p.max_new_tokens, temperature=p.temperature,
+                      top_k=p.top_k, seed=p.seed)
+    return [piece.token for piece in pieces if piece.token is not None]
+
+
+def drain(job):
+    return [e for e in job.subscribe(0.05) if e is not None]
+
+
+def batched(loaded, reqs, max_rows=16, cancel=None):
+    """Run the requests through a real core with the batched executor; -> (jobs, batch sizes seen)."""
+    sizes, original = [], loaded.model.decode_step
+    loaded.model.decode_step = lambda idx, *a: sizes.append(idx.size(0)) or original(idx, *a)
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, max_rows, 2**30)})
+    try:
+        jobs = [Job("chat", f"user{i}", r) for i, r in enumerate(reqs)]
+        for job in jobs:
+            core.submit(job)
+        if cancel is not None:
+            assert wait_for(lambda: len(jobs[cancel].result.get("token_ids", [])) >= 3)
+            jobs[cancel].cancel()
+        for job in jobs:
+            drain(job)
+    finally:
+        core.shutdown()
+        del loaded.model.decode_step
+    return jobs, sizes
+
+
+def test_a_batched_reply_is_the_reply_generated_alone():
+    loaded = tiny(config=LONG, endless=True)
+    reqs = requests(8)
+    jobs, sizes = batched(loaded, reqs)
+    assert max(sizes) >= 4  # they really were stepped together
+    assert all(job.state == DONE for job in jobs)
+    for job, request in zip(jobs, reqs):
+        assert job.result["token_ids"] == alone(loaded, request)
+        assert len(job.result["token_ids"]) == request.params.max_new_tokens
+
+
+@pytest.mark.skipif(not BUNDLED.is_file(), reason="bundled model not trained yet")
+def test_the_bundled_model_replies_the_same_in_a_batch():
+    loaded = load_chat_model(str(BUNDLED))
+    questions = ["What is the capital of Japan?", "What is 12 plus 30?", "Hello!", "What is the Loop lab?",
+                 "What is the chemical symbol for gold?", "What is 86 minus 7?"]
+    reqs = [ChatRequest(tuple(loaded.prompt.build([{"role": "user", "content": q}], 40)),
+                        SamplingParams(40, temperature=[0.0, 0.9][i % 2], top_k=[0, 20][i % 2], seed=i))
+            for i, q in enumerate(questions)]
+    jobs, sizes = batched(loaded, reqs)
+    assert max(sizes) >= 3
+    assert [job.result["token_ids"] for job in jobs] == [alone(loaded, r) for r in reqs]
+    assert "".join(jobs[0].result["text"]) == "The capital of Japan is Tokyo."
+
+
+@torch.inference_mode()
+def test_a_rows_logits_do_not_depend_on_the_other_rows():
+    """The property the equality rests on, bit for bit: whatever the batch, a row's logits are the same."""
+    model = tiny(config=LONG).model
+    prompts = [[(3 * j + i) % 256 for j in range(5 + 11 * i)] for i in range(6)]
+    caches, last = [], []
+    for prompt in prompts:
+        cache = model.new_cache(1, 512)
+        model.forward_cached(torch.tensor([prompt[:-1]]), cache, 0, logits=False)
+        caches.append(cache)
+        last.append(prompt[-1])
+    positions = [len(p) - 1 for p in prompts]
+    idx = torch.tensor(last).view(-1, 1)
+    together = model.decode_step(idx, caches, positions)
+    for r in range(len(prompts)):
+        assert torch.equal(model.decode_step(idx[r:r + 1], [caches[r]], [positions[r]]), together[r:r + 1])
+        assert torch.equal(model.decode_step(idx[r:r + 3], caches[r:r + 3], positions[r:r + 3])[0], together[r])
+
+
+def test_cancelling_one_row_leaves_the_others_untouched():
+    loaded = tiny(config=LONG, endless=True)
+    reqs = [dataclasses.replace(r, params=dataclasses.replace(r.params, max_new_tokens=60)) for r in requests(4)]
+    jobs, _ = batched(loaded, reqs, cancel=1)
+    assert jobs[1].state == CANCELLED and 3 <= len(jobs[1].result["token_ids"]) < 60
+    assert jobs[1].result["token_ids"] == alone(loaded, reqs[1])[:len(jobs[1].result["token_ids"])]
+    for i in (0, 2, 3):
+        assert jobs[i].state == DONE and jobs[i].result["token_ids"] == alone(loaded, reqs[i])
+
+
+def test_more_replies_than_rows_wait_for_a_free_row_and_keep_their_place():
+    loaded = tiny(config=LONG, endless=True)
+    reqs = requests(5)
+    jobs, sizes = batched(loaded, reqs, max_rows=2)
+    assert max(sizes) == 2
+    assert [job.result["token_ids"] for job in jobs] == [alone(loaded, r) for r in reqs]
+    assert [job.started for job in jobs] == sorted(job.started for job in jobs)  # first come, first served
+
+
+def test_a_newcomers_prefill_is_chunked_between_the_others_steps(monkeypatch):
+    loaded = tiny(config=LONG, endless=True)
+    monkeypatch.setattr("webapp.chat.generate.PREFILL_FLOPS", 0.0)  # the smallest chunks
+    chunk = prefill_chunk(loaded.model)
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 4, 2**30)})
+    order, original = [], loaded.model.forward_cached
+    loaded.model.forward_cached = lambda idx, *a, **k: order.append(("prefill", idx.size(1))) or original(idx, *a, **k)
+    step = loaded.model.decode_step
+    loaded.model.decode_step = lambda idx, *a: order.append(("decode", idx.size(0))) or step(idx, *a)
+    try:
+        first = core.submit(Job("chat", "a", ChatRequest((1, 2, 3), SamplingParams(200, 0.0, 0))))
+        assert wait_for(lambda: len(first.result.get("token_ids", [])) >= 2)
+        newcomer = core.submit(Job("chat", "b", ChatRequest(tuple(range(5 * chunk)), SamplingParams(5, 0.0, 0))))
+        drain(newcomer)
+        first.cancel()
+        drain(first)
+    finally:
+        core.shutdown()
+    chunks = [i for i, (what, n) in enumerate(order) if what == "prefill" and n > 3]
+    assert len(chunks) == 5 and all(order[i][1] == chunk for i in chunks)
+    for a, b in zip(chunks, chunks[1:]):  # the running reply decoded between every two chunks
+        assert ("decode", 1) in order[a + 1:b]
+
+
+def test_a_loop_lab_run_does_not_wait_for_a_whole_reply():
+    loaded = tiny(config=LONG, endless=True)
+    loaded.model.lm_head.register_forward_hook(lambda m, a, out: time.sleep(0.01))
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 4, 2**30), "loops": FunctionJobs()})
+    try:
+        reply = core.submit(Job("chat", "a", ChatRequest((1, 2, 3), SamplingParams(150, 0.0, 0))))
+        assert wait_for(lambda: len(reply.result.get("token_ids", [])) >= 2)
+        run = core.submit(Job("loops", "b", lambda job, c: job.keep("rows", n=len(reply.result["token_ids"]))))
+        drain(run)
+        assert run.state == DONE and reply.state == "running"  # ran between two decoding steps
+        tokens_then = run.events[0].data["n"]
+        assert tokens_then < 150
+        drain(reply)
+        assert reply.state == DONE and len(reply.result["token_ids"]) == 150
+    finally:
+        core.shutdown()
+
+
+def test_positions_count_the_jobs_a_job_really_waits_behind():
+    loaded = tiny(config=LONG, endless=True)
+    loaded.model.lm_head.register_forward_hook(lambda m, a, out: time.sleep(0.005))
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 1, 2**30), "loops": FunctionJobs()})
+    try:
+        running = core.submit(Job("chat", "a", ChatRequest((1, 2), SamplingParams(400, 0.0, 0))))
+        assert wait_for(lambda: running.state == "running")
+        second = core.submit(Job("chat", "b", ChatRequest((1, 2), SamplingParams(5, 0.0, 0))))
+        third = core.submit(Job("chat", "c", ChatRequest((1, 2), SamplingParams(5, 0.0, 0))))
+        assert (second.position, third.position) == (1, 2)  # waiting for the one row
+        run = core.submit(Job("loops", "d", lambda job, c: None))
+        drain(run)  # not behind the chat replies: it ran between two steps
+        assert run.state == DONE and third.position == 2
+        running.cancel()
+        for job in (running, second, third):
+            drain(job)
+    finally:
+        core.shutdown()
+
+
+def test_a_model_without_a_kv_cache_replies_one_at_a_time():
+    loaded = tiny(kv=False, config=LONG)
+    core = InferenceCore({"chat": loaded}, {"chat": ChatAlone(loaded)})
+    reqs = requests(3)
+    try:
+        jobs = [core.submit(Job("chat", f"u{i}", r)) for i, r in enumerate(reqs)]
+        assert wait_for(lambda: jobs[0].state == "running")
+        assert jobs[1].position == 1 and jobs[2].position == 2
+        for job in jobs:
+            drain(job)
+    finally:
+        core.shutdown()
+    assert [job.result["token_ids"] for job in jobs] == [alone(loaded, r) for r in reqs]
+    assert jobs[0].finished <= jobs[1].started and jobs[1].finished <= jobs[2].started
+
+
+def test_kept_caches_are_the_least_recently_used_within_the_budget():
+    model = tiny().model
+    one = model.new_cache(1, 32).nbytes
+    holder = PrefixCache(budget_bytes=2 * one + one // 2)
+    for conversation in range(3):
+        holder.put(model.new_cache(1, 32), [conversation, 1, 2, 3])
+    assert len(holder) == 2 and holder.evictions == 1 and holder.nbytes == 2 * one
+    p = next(model.parameters())
+    assert holder.take([0, 1, 2, 3, 9], p.device, p.dtype) is None  # the oldest was evicted
+    taken = holder.take([2, 1, 2, 9], p.device, p.dtype)
+    assert taken.ids == [2, 1, 2, 3] and len(holder) == 1  # the longest shared prefix, now the caller's
+    assert holder.take([7, 7], p.device, p.dtype) is None  # nothing shared: no entry is spent on it

@@ -1,0 +1,60 @@
+"""What the core's worker executes: one executor per kind of job, given by the app at start-up.
+
+The core decides what runs at each step; an executor knows how to run one kind of request on the
+device. Two shapes:
+
+- `WholeJobs`: a job runs from start to end in one call (a Loop-lab run; a chat reply on a model
+  without a KV cache). One at a time, between the batched steps.
+- `BatchedJobs`: jobs are rows of a batch. The core admits waiting jobs while there is room, then
+  calls `step()` again and again; each step does a bounded amount of work for every row (a prefill
+  chunk for one newcomer, one decoding step for all) and reports the rows that finished.
+
+Executors run on the worker thread only; they never see Flask, and they publish to their jobs with
+`job.keep(...)` (a cancelled job is retired by the executor at its next step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from webapp.core.jobs import Job
+
+
+class WholeJobs(Protocol):
+    batched = False
+
+    def run(self, job: Job, core) -> None:
+        """Run the job to its end; raise JobCancelled once it is cancelled, anything else to fail it."""
+
+
+@dataclass
+class Finished:
+    job: Job
+    outcome: str  # DONE, CANCELLED or FAILED
+    error: str | None = None
+
+
+@dataclass
+class StepReport:
+    finished: list[Finished] = field(default_factory=list)
+    rows: int = 0  # rows that decoded a token in this step
+    prefill_tokens: int = 0  # prompt tokens prefilled in this step
+
+
+class BatchedJobs(Protocol):
+    batched = True
+    max_rows: int
+
+    @property
+    def rows(self) -> int:
+        """Jobs admitted and not finished yet."""
+
+    def admit(self, job: Job) -> None:
+        """Take a job into the batch (its work starts at the next step)."""
+
+    def step(self, core) -> StepReport:
+        """Do one bounded step of work for the rows; report the ones that finished."""
+
+    def memory_bytes(self) -> int:
+        """Device memory the executor holds for rows and kept caches (for /metrics)."""

@@ -1,0 +1,27 @@
+"""Web glue shared by both demos: the core as Flask sees it, refusals as HTTP answers, streams.
+
+Written once here, so the chat and the Loop lab answer a busy server, a full queue or a stream limit
+the same way."""
+
+from __future__ import annotations
+
+from flask import current_app
+
+from webapp.core import InferenceCore, Refused
+
+# A refusal's HTTP status: the browser's own limit is "too many requests"; the rest is the server's
+# state, which passes ("service unavailable", with a hint when to retry).
+STATUS_OF_REFUSAL = {"too_many": 429, "busy": 503, "closing": 503}
+RETRY_AFTER_SECONDS = 5
+
+
+def get_core() -> InferenceCore:
+    return current_app.extensions["glassbox.core"]
+
+
+def refusal_status(error: Refused) -> int:
+    return STATUS_OF_REFUSAL.get(error.reason, 503)
+
+
+def refusal_headers(error: Refused) -> dict[str, str]:
+    return {"Retry-After": str(RETRY_AFTER_SECONDS)} if refusal_status(error) == 503 else {}
