@@ -31,3 +31,11 @@ CREATE TABLE IF NOT EXISTS traces (
     created_at  REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS traces_by_owner ON traces (owner, created_at DESC);
+
+-- What a reply's glass-box views show: the exact prompt it was given (ids, parts, budget) and each
+-- generated token's odds (webapp/chat/odds.py), compact JSON; bounded by the window and the reply length.
+CREATE TABLE IF NOT EXISTS reply_details (
+    message_id  INTEGER PRIMARY KEY REFERENCES messages (id) ON DELETE CASCADE,
+    prompt      TEXT,
+    odds        TEXT
+);

@@ -50,7 +50,10 @@ def test_hostile_model_output_cannot_leave_its_token_fragment_or_its_frame(parro
     events = sse_events(body)
     assert {n for n, _ in events} <= {"position", "running", "token", "done"}
     assert [n for n, _ in events].count("done") == 1 and events[-1][0] == "done"
-    tokens = "".join(d for n, d in events if n == "token")
+    streamed = "".join(d for n, d in events if n == "token")
+    # each token's text sits in the one span the server wraps it in (shaded by its odds); nothing else
+    tokens = re.sub(r'<span class="tok s\d" title="[\d.]+%">|</span>', "", streamed)
+    assert streamed.count("<span") == streamed.count("</span>") == len(HOSTILE.encode())
     # Each token (one byte here) is escaped and framed alone; SSE reads \r\n and a lone \r as one line
     # break each, and a \r\n split across two tokens still streams as one: nothing lost, nothing added.
     assert tokens == re.sub(r"\r\n|\r", "\n", str(escape(HOSTILE)))

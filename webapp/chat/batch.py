@@ -29,15 +29,21 @@ class ChatRequest:
 
     prompt_ids: tuple[int, ...]
     params: SamplingParams
+    odds: bool = True  # record each token's odds (webapp/chat/odds.py)
 
 
 def publish(job: Job, piece: Piece, core) -> None:
     """One generated piece to its job: text for the stream and the saved reply, and the stats so far."""
     if piece.token is not None:
         job.result["token_ids"].append(piece.token)
+        if piece.odds is not None:
+            job.result["odds"].append(piece.odds)
+        # every token is an event, text or not (a byte inside a character): the page shows tokens too
+        job.keep("token", text=piece.text, index=piece.tokens - 1, token=piece.token, odds=piece.odds)
+    elif piece.text:  # the text the decoder held back, flushed at the end
+        job.keep("token", text=piece.text, index=None, token=None, odds=None)
     if piece.text:
         job.result["text"].append(piece.text)
-        job.keep("token", text=piece.text)
     s = piece.stats
     if s is not None:  # the last piece: the generator's own figures
         job.result["stats"] = ReplyStats(s.new_tokens, s.time_to_first_token_s, s.decode_tokens_per_s)
@@ -74,8 +80,9 @@ class ChatBatch:
 
     def admit(self, job: Job) -> None:
         request: ChatRequest = job.request
-        job.result.update(text=[], token_ids=[])
-        self._rows[job.id] = (job, Sequence(self.loaded, request.prompt_ids, request.params, self.prefix))
+        job.result.update(text=[], token_ids=[], odds=[])
+        self._rows[job.id] = (job, Sequence(self.loaded, request.prompt_ids, request.params, self.prefix,
+                                            odds=request.odds))
 
     def step(self, core) -> StepReport:
         report, errors = StepReport(), {}
@@ -124,11 +131,11 @@ class ChatAlone:
 
     def run(self, job: Job, core) -> None:
         request: ChatRequest = job.request
-        job.result.update(text=[], token_ids=[])
+        job.result.update(text=[], token_ids=[], odds=[])
         p = request.params
         pieces = generate(self.loaded, request.prompt_ids, max_new_tokens=p.max_new_tokens,
                           temperature=p.temperature, top_k=p.top_k, seed=p.seed,
-                          should_stop=lambda: job.cancelled)
+                          should_stop=lambda: job.cancelled, odds=request.odds)
         with torch_threads(self.loaded.torch_threads), closing(pieces):
             for piece in pieces:
                 publish(job, piece, core)

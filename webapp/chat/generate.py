@@ -36,6 +36,7 @@ from typing import Callable, Iterator, Sequence as Seq
 import torch
 from torch.nn import functional as F
 
+from webapp.chat.odds import TokenOdds, token_odds
 from webapp.chat.prefix_cache import PrefixCache, common_prefix
 
 # Prefill runs in chunks, so a cancel lands quickly and, in the batched decoder, so the other replies'
@@ -73,6 +74,7 @@ class Piece:
     elapsed_s: float  # since the reply started
     stats: GenerationStats | None = None  # only on the last piece
     token: int | None = None  # the sampled id (None on the last piece)
+    odds: TokenOdds | None = None  # what the model thought of it (when asked for: `odds=True`)
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ class Sequence:
     last Piece with the stats."""
 
     def __init__(self, loaded, prompt_ids: Seq[int], params: SamplingParams,
-                 prefix: PrefixCache | None = None) -> None:
+                 prefix: PrefixCache | None = None, odds: bool = False) -> None:
         params.check()
         if len(prompt_ids) == 0:
             raise ValueError("prompt_ids is empty")
@@ -144,7 +146,7 @@ class Sequence:
         self.model, self.tok, self.block_size = loaded.model, loaded.tokenizer, loaded.block_size
         weight = next(self.model.parameters())
         self.device, self.dtype = weight.device, weight.dtype
-        self.params, self.prefix = params, prefix
+        self.params, self.prefix, self.want_odds = params, prefix, odds
         self.gen = _generator(self.device, params.seed)
         self.decoder = _TextDecoder()
         self.ids = list(prompt_ids)  # the prompt, then the reply
@@ -203,14 +205,19 @@ class Sequence:
         self.cached += piece
         self.todo = self.todo[len(piece):]
         if last:
-            self.take(logits)
+            next_id = self.sample(logits)
+            self.accept(next_id, _odds([self], logits, [next_id])[0])
         return len(piece)
 
-    def take(self, logits: torch.Tensor) -> None:
-        """Sample the next token from this reply's logits (1, V) and publish its text."""
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        """The next token from this reply's logits (1, V), with its own settings and generator -> (1, 1)."""
         p = self.params
         with torch.inference_mode():
-            next_id = _sample(logits, p.temperature, p.top_k, self.gen)  # (1, 1), stays on the device
+            return _sample(logits, p.temperature, p.top_k, self.gen)  # stays on the device
+
+    def accept(self, next_id: torch.Tensor, odds: TokenOdds | None = None) -> None:
+        """Take a sampled token: stop on a special, else publish its text and get ready for the next."""
+        p = self.params
         token = next_id.item()  # the one host sync per token: we must know whether to stop
         now = time.perf_counter() - self.t0
         if self.t_first is None:
@@ -221,7 +228,7 @@ class Sequence:
         self.new_tokens += 1
         self.ids.append(token)
         self.pieces.append(Piece(self.decoder.decode(self.tok.decode_single_token_bytes(token)),
-                                 self.new_tokens, now, token=token))
+                                 self.new_tokens, now, token=token, odds=odds))
         if self.new_tokens == p.max_new_tokens:
             self.stop_reason = "length"
         elif self.position >= self.block_size:
@@ -261,9 +268,23 @@ def decode_step(model, seqs: list[Sequence]) -> None:
     idx = torch.cat([s.next_token for s in seqs])  # (B, 1)
     with torch.inference_mode():
         logits = model.decode_step(idx, [s.cache for s in seqs], [s.position for s in seqs])  # (B, V)
-    for row, s in enumerate(seqs):
+    picks = [s.sample(logits[row:row + 1]) for row, s in enumerate(seqs)]
+    for s, next_id, odds in zip(seqs, picks, _odds(seqs, logits, picks)):
         s.cached.append(s.ids[-1])
-        s.take(logits[row:row + 1])
+        s.accept(next_id, odds)
+
+
+def _odds(seqs: list[Sequence], logits: torch.Tensor, picks: list[torch.Tensor]) -> list[TokenOdds | None]:
+    """The odds of the picks of the rows that want them, computed for those rows at once."""
+    rows = [r for r, s in enumerate(seqs) if s.want_odds]
+    out: list[TokenOdds | None] = [None] * len(seqs)
+    if rows:
+        with torch.inference_mode():
+            found = token_odds(logits[rows], torch.cat([picks[r] for r in rows]).view(-1),
+                               [seqs[r].params.temperature for r in rows], [seqs[r].params.top_k for r in rows])
+        for r, odds in zip(rows, found):
+            out[r] = odds
+    return out
 
 
 def generate(
@@ -276,6 +297,7 @@ def generate(
     seed: int | None = None,
     should_stop: Callable[[], bool] | None = None,
     prefix_cache: PrefixCache | None = None,
+    odds: bool = False,
 ) -> Iterator[Piece]:
     """Yield a Piece per sampled token, then a last Piece carrying GenerationStats.
 
@@ -283,6 +305,7 @@ def generate(
     seed makes sampling reproducible with a private generator (the global RNG is untouched).
     prefix_cache: reuse (and afterwards keep) the KV cache of an unchanged prompt prefix; only the
     core's worker may pass one, since the cache lives on the device.
+    odds: give each Piece the model's odds for its token (webapp/chat/odds.py; KV-cached models).
     Raises ValueError for arguments out of range, before any work.
     """
     params = SamplingParams(max_new_tokens, temperature, top_k, seed)
@@ -291,8 +314,8 @@ def generate(
         raise ValueError("prompt_ids is empty")
     should_stop = should_stop or (lambda: False)
     if loaded.supports_kv_cache:
-        return _generate_cached(Sequence(loaded, prompt_ids, params, prefix_cache), should_stop)
-    return _generate_recompute(loaded, list(prompt_ids), params, should_stop)
+        return _generate_cached(Sequence(loaded, prompt_ids, params, prefix_cache, odds), should_stop)
+    return _generate_recompute(loaded, list(prompt_ids), params, should_stop, odds)
 
 
 def _generate_cached(seq: Sequence, should_stop) -> Iterator[Piece]:
@@ -315,7 +338,8 @@ def _generate_cached(seq: Sequence, should_stop) -> Iterator[Piece]:
     yield last
 
 
-def _generate_recompute(loaded, ids: list[int], params: SamplingParams, should_stop) -> Iterator[Piece]:
+def _generate_recompute(loaded, ids: list[int], params: SamplingParams, should_stop,
+                        odds: bool = False) -> Iterator[Piece]:
     """The owner's loop, for models without a KV cache: the whole (cropped) window every step."""
     t0 = time.perf_counter()
     model, tok, block = loaded.model, loaded.tokenizer, loaded.block_size
@@ -330,6 +354,8 @@ def _generate_recompute(loaded, ids: list[int], params: SamplingParams, should_s
         with torch.inference_mode():
             logits, _ = model(window)
             next_id = _sample(logits[:, -1, :], params.temperature, params.top_k, gen)
+            seen = token_odds(logits[:, -1, :], next_id.view(1), [params.temperature],
+                              [params.top_k])[0] if odds else None
         token = next_id.item()
         if t_first is None:
             t_first = time.perf_counter() - t0
@@ -338,7 +364,8 @@ def _generate_recompute(loaded, ids: list[int], params: SamplingParams, should_s
             break
         n += 1
         ids.append(token)
-        yield Piece(decoder.decode(tok.decode_single_token_bytes(token)), n, time.perf_counter() - t0, token=token)
+        yield Piece(decoder.decode(tok.decode_single_token_bytes(token)), n, time.perf_counter() - t0,
+                    token=token, odds=seen)
         if n == params.max_new_tokens:
             break
     total = time.perf_counter() - t0

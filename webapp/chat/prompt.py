@@ -7,6 +7,7 @@ assistant turn -> [assistant_start, *encode_ordinary(text), assistant_end]
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping
 
 from webapp.chat.tokenizer import ChatTokenizer
@@ -36,6 +37,41 @@ class PromptTooLong(ValueError):
         )
 
 
+@dataclass
+class PromptPart:
+    """A stretch of the prompt: ids[start:end] of the prompt, or a turn dropped to fit (start = end)."""
+
+    kind: str  # "bos", "fewshot", "turn", "dropped", "reply_start"
+    role: str | None
+    text: str | None
+    start: int
+    end: int
+    tokens: int  # its length in tokens (a dropped turn's too)
+
+
+@dataclass
+class PromptReport:
+    """The exact prompt a reply was given, what made it up, and the budget arithmetic behind it."""
+
+    ids: list[int]
+    block_size: int
+    max_new_tokens: int
+    fewshot_tokens: int
+    budget: int  # tokens left for turns: block_size - max_new_tokens - 2 - fewshot_tokens
+    parts: list[PromptPart] = field(default_factory=list)
+
+    @property
+    def turn_tokens(self) -> int:
+        return sum(p.tokens for p in self.parts if p.kind == "turn")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "PromptReport":
+        return cls(**{**data, "parts": [PromptPart(**p) for p in data["parts"]]})
+
+
 class PromptBuilder:
     """Builds prompts for one tokenizer and window; the few-shot ids are encoded once."""
 
@@ -46,8 +82,9 @@ class PromptBuilder:
         self.bos = sp["<|bos|>"]
         self.user_start, self.user_end = sp["<|user_start|>"], sp["<|user_end|>"]
         self.assistant_start, self.assistant_end = sp["<|assistant_start|>"], sp["<|assistant_end|>"]
+        self.fewshot = list(fewshot)
         self.fewshot_ids: list[int] = []
-        for question, answer in fewshot:
+        for question, answer in self.fewshot:
             self.fewshot_ids += self.encode_turn("user", question) + self.encode_turn("assistant", answer)
 
     def encode_turn(self, role: str, text: str) -> list[int]:
@@ -73,26 +110,42 @@ class PromptBuilder:
         the first that does not fit. Raises PromptTooLong when the newest turn alone does not fit,
         and ValueError when max_new_tokens is outside 1..max_new_tokens_limit().
         """
+        return self.explain(messages, max_new_tokens).ids
+
+    def explain(self, messages: Iterable[Mapping[str, str]], max_new_tokens: int) -> PromptReport:
+        """build(), with the parts of the prompt and the turns dropped to fit (see PromptReport)."""
         limit = self.max_new_tokens_limit()
         if not 1 <= max_new_tokens <= limit:
             raise ValueError(f"max_new_tokens must be from 1 to {limit} for this model, got {max_new_tokens}")
         budget = self.budget(max_new_tokens)
+        messages = list(messages)
         turns = [self.encode_turn(m["role"], m["content"]) for m in messages]
 
-        kept: list[list[int]] = []
-        total = 0
-        for turn in reversed(turns):
-            if total + len(turn) > budget:
+        first_kept, total = len(turns), 0
+        for i in range(len(turns) - 1, -1, -1):
+            if total + len(turns[i]) > budget:
                 break
-            kept.append(turn)
-            total += len(turn)
-        if turns and not kept:
+            first_kept, total = i, total + len(turns[i])
+        if turns and first_kept == len(turns):
             # the seed silently dropped the question here; say so instead
             raise PromptTooLong(len(turns[-1]) - budget, len(turns[-1]), budget)
-        kept.reverse()
 
-        ids = [self.bos, *self.fewshot_ids]
-        for turn in kept:
-            ids.extend(turn)
-        ids.append(self.assistant_start)
-        return ids
+        report = PromptReport([], self.block_size, max_new_tokens, len(self.fewshot_ids), budget)
+
+        def add(kind, ids, role=None, text=None):
+            start = len(report.ids)
+            report.ids.extend(ids)
+            report.parts.append(PromptPart(kind, role, text, start, len(report.ids), len(ids)))
+
+        add("bos", [self.bos])
+        for question, answer in self.fewshot:
+            add("fewshot", self.encode_turn("user", question), "user", question)
+            add("fewshot", self.encode_turn("assistant", answer), "assistant", answer)
+        for i, (message, turn) in enumerate(zip(messages, turns)):
+            if i < first_kept:
+                report.parts.append(PromptPart("dropped", message["role"], message["content"], len(report.ids),
+                                               len(report.ids), len(turn)))
+            else:
+                add("turn", turn, message["role"], message["content"])
+        add("reply_start", [self.assistant_start])
+        return report

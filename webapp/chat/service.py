@@ -7,7 +7,7 @@ from typing import Callable
 from webapp.chat.batch import ChatAlone, ChatBatch, ChatRequest
 from webapp.chat.forms import Sampling
 from webapp.chat.generate import SamplingParams
-from webapp.chat.prompt import PromptBuilder
+from webapp.chat.prompt import PromptBuilder, PromptReport
 from webapp.chat.store import ChatStore, ReplyStats
 from webapp.core.engine import InferenceCore
 from webapp.core.jobs import CANCELLED, DONE, Job
@@ -76,13 +76,13 @@ class ChatService:
     def max_new_tokens_limit(self) -> int:
         return self.prompts.max_new_tokens_limit()
 
-    def check_prompt(self, history: list[dict], sampling: Sampling) -> list[int]:
-        """The prompt ids for a reply to `history`; raises PromptTooLong (nothing saved yet)."""
+    def check_prompt(self, history: list[dict], sampling: Sampling) -> PromptReport:
+        """The prompt for a reply to `history`; raises PromptTooLong (nothing saved yet)."""
         turns = [{"role": m["role"], "content": m["content"]} for m in history
                  if m["role"] == "user" or m["status"] in ("complete", "stopped")]
-        return self.prompts.build(turns, sampling.max_new_tokens)
+        return self.prompts.explain(turns, sampling.max_new_tokens)
 
-    def start_reply(self, owner: str, conversation_id: str, prompt_ids: list[int], sampling: Sampling,
+    def start_reply(self, owner: str, conversation_id: str, prompt: PromptReport, sampling: Sampling,
                     then: Callable[[int], None] | None = None) -> int:
         """Save a pending assistant message and queue the job that writes it.
 
@@ -91,8 +91,9 @@ class ChatService:
         """
         message_id = self.store.add_message(conversation_id, "assistant", "", status="pending",
                                             settings=sampling.as_dict())
+        self.store.save_prompt(message_id, prompt.as_dict())
         params = SamplingParams(sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.seed)
-        job = Job("chat", owner, ChatRequest(tuple(prompt_ids), params), on_finish=self._saver(message_id),
+        job = Job("chat", owner, ChatRequest(tuple(prompt.ids), params), on_finish=self._saver(message_id),
                   ref=message_id)
         try:
             self.core.submit(job)
@@ -121,6 +122,7 @@ class ChatService:
         def save(job: Job, outcome: str, error: str | None) -> None:
             text = "".join(job.result.get("text", []))
             status = STATUS_OF_OUTCOME.get(outcome, "error")
-            self.store.finish_reply(message_id, text, status, error, job.result.get("stats", ReplyStats()))
+            odds = [o.as_row() for o in job.result.get("odds", [])]
+            self.store.finish_reply(message_id, text, status, error, job.result.get("stats", ReplyStats()), odds)
         return save
 

@@ -90,12 +90,32 @@ class ChatStore:
             db.execute("DELETE FROM messages WHERE id = ? AND conversation_id = ?", (message_id, conversation_id))
 
     def finish_reply(self, message_id: int, content: str, status: str, error: str | None,
-                     stats: ReplyStats) -> None:
+                     stats: ReplyStats, odds: list | None = None) -> None:
+        """The reply's text, outcome and figures; `odds`: one compact row per token (TokenOdds.as_row)."""
         with self.db.connect() as db:
+            db.execute("BEGIN")
             db.execute("UPDATE messages SET content = ?, status = ?, error = ?, tokens = ?, ttft_seconds = ?,"
                        " tokens_per_second = ? WHERE id = ?",
                        (content, status, error, stats.tokens, stats.ttft_seconds, stats.tokens_per_second,
                         message_id))
+            if odds is not None:
+                db.execute("UPDATE reply_details SET odds = ? WHERE message_id = ?",
+                           (json.dumps(odds, separators=(",", ":")), message_id))
+            db.execute("COMMIT")
+
+    def save_prompt(self, message_id: int, prompt: dict) -> None:
+        """The exact prompt a reply is given (PromptReport.as_dict), saved with the pending reply."""
+        with self.db.connect() as db:
+            db.execute("INSERT OR REPLACE INTO reply_details (message_id, prompt) VALUES (?, ?)",
+                       (message_id, json.dumps(prompt, separators=(",", ":"))))
+
+    def details(self, message_id: int) -> dict:
+        """{"prompt": dict or None, "odds": list or None} of a reply (None: saved before they were kept)."""
+        with self.db.connect() as db:
+            row = db.execute("SELECT prompt, odds FROM reply_details WHERE message_id = ?", (message_id,)).fetchone()
+        if row is None:
+            return {"prompt": None, "odds": None}
+        return {k: json.loads(row[k]) if row[k] else None for k in ("prompt", "odds")}
 
 
 def _message(row) -> dict:

@@ -7,6 +7,7 @@ import json
 from flask import (Blueprint, Response, abort, current_app, g, redirect, render_template, request,
                    url_for)
 
+from webapp.chat import glass
 from webapp.chat.forms import FormError, Sampling, parse_content, parse_sampling
 from webapp.chat.prompt import PromptTooLong
 from webapp.chat.service import ChatService
@@ -110,13 +111,13 @@ def send():
                               f"{settings().max_messages} messages. Start a new chat.", sampling, 400)
     history = history + [{"role": "user", "content": content, "status": "complete"}]
     try:
-        prompt_ids = svc.check_prompt(history, sampling)
+        prompt = svc.check_prompt(history, sampling)
     except PromptTooLong as error:
         return composer_error(conversation, draft, str(error), sampling)
-    return start_reply(conversation, prompt_ids, sampling, new_user_text=content, draft=draft)
+    return start_reply(conversation, prompt, sampling, new_user_text=content, draft=draft)
 
 
-def start_reply(conversation, prompt_ids, sampling, *, new_user_text=None, draft="", then=None):
+def start_reply(conversation, prompt, sampling, *, new_user_text=None, draft="", then=None):
     """Save and queue a checked prompt; answer htmx with the conversation, a form with the reply.
 
     then(reply_id): the store changes the reply replaces, made once the job is accepted."""
@@ -126,7 +127,7 @@ def start_reply(conversation, prompt_ids, sampling, *, new_user_text=None, draft
         conversation = svc.store.conversation(owner, svc.store.create_conversation(owner, new_user_text))
     user_id = svc.store.add_message(conversation["id"], "user", new_user_text) if new_user_text else None
     try:
-        reply_id = svc.start_reply(owner, conversation["id"], prompt_ids, sampling, then=then)
+        reply_id = svc.start_reply(owner, conversation["id"], prompt, sampling, then=then)
     except Refused as error:  # take back what was saved for it
         if user_id is not None:
             svc.store.delete_message(conversation["id"], user_id)
@@ -168,7 +169,9 @@ def stream(conversation_id: str, message_id: int):
 
     def render(event):
         if event.name == "token":
-            return render_template("chat/_token.html", text=event.data["text"])
+            odds = event.data.get("odds")
+            return render_template("chat/_token.html", text=event.data["text"],
+                                   shade=glass.shade(odds.probability) if odds else None, odds=odds)
         if event.name in ("position", "running"):
             return render_template("chat/_reply_status.html", event=event)
         return None
@@ -184,6 +187,46 @@ def render_message(conversation_id: str, message_id: int) -> str:
         return ""
     return render_template("chat/_message_final.html", message_row=message, conversation_id=conversation_id,
                            is_last=messages[-1]["id"] == message_id)
+
+
+# -- the glass box: a reply's tokens with their odds, and the exact prompt it was given ---------------
+def reply_details(conversation_id: str, message_id: int) -> tuple[dict, dict]:
+    message = owned_message(conversation_id, message_id)
+    if message["role"] != "assistant":
+        abort(404, "Only replies have tokens and a prompt.")
+    return message, service().store.details(message_id)
+
+
+@bp.get("/c/<conversation_id>/m/<int:message_id>/tokens")
+def tokens(conversation_id: str, message_id: int):
+    """Every token of a reply shaded by its probability; ?t=N shows token N's alternatives (no JS needed)."""
+    message, details = reply_details(conversation_id, message_id)
+    views = glass.token_views(service().model.tokenizer, details["odds"] or [])
+    selected = request.args.get("t", type=int)
+    selected = selected if selected is not None and 0 <= selected < len(views) else None
+    return render_template("chat/tokens.html", conversation=owned_conversation(conversation_id), message=message,
+                           tokens=views, selected=selected, settings=message["settings"] or {})
+
+
+@bp.get("/c/<conversation_id>/m/<int:message_id>/tokens/<int:index>")
+def token_panel(conversation_id: str, message_id: int, index: int):
+    """One token's alternatives, as the fragment htmx puts in the token view's panel."""
+    message, details = reply_details(conversation_id, message_id)
+    views = glass.token_views(service().model.tokenizer, details["odds"] or [])
+    if not 0 <= index < len(views):
+        abort(404, "No such token in this reply.")
+    return render_template("chat/_token_panel.html", token=views[index], message=message)
+
+
+@bp.get("/c/<conversation_id>/m/<int:message_id>/prompt")
+def prompt(conversation_id: str, message_id: int):
+    """The exact token ids the model was given for a reply, part by part, with the budget arithmetic."""
+    message, details = reply_details(conversation_id, message_id)
+    if details["prompt"] is None:
+        abort(404, "This reply was saved before Glassbox kept prompts.")
+    report, parts = glass.prompt_view(service().model.tokenizer, details["prompt"])
+    return render_template("chat/prompt.html", conversation=owned_conversation(conversation_id), message=message,
+                           report=report, parts=parts)
 
 
 @bp.post("/c/<conversation_id>/m/<int:message_id>/stop")
@@ -209,11 +252,11 @@ def regenerate(conversation_id: str):
     except FormError as error:
         return composer_error(conversation, "", error)
     try:
-        prompt_ids = svc.check_prompt(history[:-1], sampling)
+        prompt = svc.check_prompt(history[:-1], sampling)
     except PromptTooLong as error:
         return composer_error(conversation, "", str(error), sampling)
     old_reply = history[-1]["id"]
-    return start_reply(conversation, prompt_ids, sampling,
+    return start_reply(conversation, prompt, sampling,
                        then=lambda reply_id: svc.store.delete_message(conversation_id, old_reply))
 
 
@@ -235,10 +278,10 @@ def edit(conversation_id: str, message_id: int):
     history = [m for m in svc.store.messages(conversation_id) if m["id"] < message_id]
     history.append({**message, "content": content})
     try:
-        prompt_ids = svc.check_prompt(history, sampling)
+        prompt = svc.check_prompt(history, sampling)
     except PromptTooLong as error:
         return composer_error(conversation, content, str(error), sampling)
-    return start_reply(conversation, prompt_ids, sampling, draft=content,
+    return start_reply(conversation, prompt, sampling, draft=content,
                        then=lambda reply_id: svc.store.edit_message(conversation_id, message_id, content,
                                                                      keep=reply_id))
 

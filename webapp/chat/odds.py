@@ -1,0 +1,79 @@
+"""What the model thought when it picked each token: the raw material of the glass-box chat.
+
+For every generated token: its probability under the model (softmax of the logits at temperature 1),
+under the distribution it was actually drawn from (after temperature and top-k), its rank among all
+tokens, the entropy of the model's distribution, and the TOP_ALTERNATIVES most likely tokens with both
+probabilities. Computed for all rows of a decoding step at once, from the logits that sampled them:
+one top-k and one copy to the host per step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+TOP_ALTERNATIVES = 10
+_LN2 = math.log(2)
+
+
+@dataclass(frozen=True)
+class TokenOdds:
+    token: int
+    probability: float  # under the model, at temperature 1
+    sampled_probability: float  # under the distribution sampled from; greedy: 1 for its pick
+    rank: int  # 1: the model's most likely token
+    entropy_bits: float  # of the model's distribution
+    alternatives: tuple[tuple[int, float, float], ...]  # (id, probability, sampled probability), most likely first
+
+    def as_row(self) -> list:
+        """Compact JSON for storage: [id, p, p_sampled, rank, entropy, [[id, p, p_sampled], ...]]."""
+        return [self.token, _r(self.probability), _r(self.sampled_probability), self.rank, _r(self.entropy_bits),
+                [[i, _r(p), _r(q)] for i, p, q in self.alternatives]]
+
+    @classmethod
+    def from_row(cls, row: list) -> "TokenOdds":
+        token, p, q, rank, entropy, alts = row
+        return cls(token, p, q, rank, entropy, tuple((i, a, b) for i, a, b in alts))
+
+
+def _r(x: float) -> float:
+    return float(f"{x:.4g}")  # four significant digits: what a bar or a percentage can show
+
+
+def token_odds(logits: torch.Tensor, tokens: torch.Tensor, temperatures: list[float],
+               top_ks: list[int]) -> list[TokenOdds]:
+    """logits (B, V) that sampled tokens (B,), each row with its own temperature and top-k."""
+    logits = logits.float()
+    B, V = logits.shape
+    logp = F.log_softmax(logits, dim=-1)  # (B, V)
+    entropy = -(logp.exp() * logp).nan_to_num().sum(-1) / _LN2  # (B,)
+    k_max = min(V, max([TOP_ALTERNATIVES, *top_ks]))
+    top_logits, top_ids = logits.topk(k_max, dim=-1)  # (B, k_max): the one top-k of the step
+    chosen = tokens.view(B, 1)
+    rank = (logits > logits.gather(-1, chosen)).sum(-1) + 1  # (B,)
+
+    # the sampled distribution: temperature, then only the top-k (0 or >= V: every token)
+    temperature = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=logits.device).view(B, 1)
+    ks = [k if 0 < k < V else V for k in top_ks]
+    floor = top_logits.gather(-1, torch.tensor([min(k, k_max) - 1 for k in ks], device=logits.device).view(B, 1))
+    floor = torch.where(torch.tensor([k >= V for k in ks], device=logits.device).view(B, 1),
+                        torch.full_like(floor, -math.inf), floor)
+    sampled = torch.where(logits >= floor, logits / temperature, torch.full_like(logits, -math.inf))
+    sampled_logp = sampled - torch.logsumexp(sampled, dim=-1, keepdim=True)  # (B, V)
+    greedy = torch.tensor([t == 0 for t in temperatures], device=logits.device).view(B, 1)
+    alt_ids = top_ids[:, :TOP_ALTERNATIVES]
+    ids = torch.cat([chosen, alt_ids], dim=-1)  # (B, 1 + N): the pick, then the alternatives
+    p = logp.gather(-1, ids).exp()
+    q = torch.where(greedy, (ids == chosen).float(), sampled_logp.gather(-1, ids).exp())
+    table = torch.cat([p, q, rank.view(B, 1).float(), entropy.view(B, 1), ids.float()], dim=-1)
+    rows = table.double().tolist()  # the one copy to the host
+    n = ids.size(1)
+    out = []
+    for r, row in enumerate(rows):
+        ps, qs, (rk, ent), idx = row[:n], row[n:2 * n], row[2 * n:2 * n + 2], row[2 * n + 2:]
+        out.append(TokenOdds(int(idx[0]), ps[0], qs[0], int(rk), ent,
+                             tuple((int(i), a, b) for i, a, b in zip(idx[1:], ps[1:], qs[1:]))))
+    return out
