@@ -1,6 +1,7 @@
 """One batched decode step: time per step and tokens/s for batch sizes 1..64, each row with its own
-KV cache at its own position (as the core's batched decoder runs them), and whether every row's logits
-are the same, bit for bit, as that row decoded alone.
+KV cache at its own position (as the core's batched decoder runs them), whether every row's logits
+are the same, bit for bit, as that row decoded alone, and what each token's odds (webapp/chat/odds.py,
+computed for the whole batch after sampling) add to a step.
 
     .venv/bin/python -m bench.batch_step                          # 254M, fp32, CPU, batches 1 2 4 8 16
     .venv/bin/python -m bench.batch_step --dtype bfloat16 --device cuda --batches 1 2 4 8 16 32 64
@@ -18,6 +19,7 @@ import time
 import torch
 
 from bench import common
+from webapp.chat.odds import token_odds
 
 
 def caches_for(model, batch: int, context: int, device):
@@ -54,7 +56,7 @@ def main(argv=None) -> int:
         alone = [model.decode_step(idx[r:r + 1], [caches[r]], [positions[r]]) for r in range(len(caches))]
     rows = []
     for batch in args.batches:
-        times = []
+        times, odds_times = [], []
         with torch.inference_mode():
             for step in range(args.steps + 1):  # the first is a warm-up
                 common.sync(device)
@@ -62,17 +64,20 @@ def main(argv=None) -> int:
                 logits = model.decode_step(idx[:batch], caches[:batch], positions[:batch])
                 common.sync(device)
                 times.append(time.perf_counter() - t)
+                t = time.perf_counter()  # the odds as the app records them: top-k 50, temperature 1
+                token_odds(logits, logits.argmax(-1), [1.0] * batch, [50] * batch)
+                odds_times.append(time.perf_counter() - t)
         same = all(torch.equal(logits[r:r + 1], alone[r]) for r in range(batch))
-        step = common.median(times[1:])
-        rows.append([batch, step * 1000, batch / step, "yes" if same else "no"])
+        step, odds = common.median(times[1:]), common.median(odds_times[1:])
+        rows.append([batch, step * 1000, batch / step, "yes" if same else "no", odds * 1000, odds / step])
         print(rows[-1], flush=True)
     base = rows[0][2]
     for row in rows:
         row.insert(3, row[2] / base)
     body = (f"{args.size}, {args.dtype} on {args.device}, {args.context}+ tokens in each row's cache, "
             f"median of {args.steps} steps.\n\n"
-            + common.table(["batch", "ms per step", "tokens/s", "tokens/s vs batch 1", "rows equal alone, bit for bit"],
-                           rows))
+            + common.table(["batch", "ms per step", "tokens/s", "tokens/s vs batch 1", "rows equal alone, bit for bit",
+                            "odds ms", "odds / step"], rows))
     common.report(f"bench.batch_step: {args.size} {args.dtype} {args.device}", body, load_before=load_before,
                   write_doc=not args.no_doc)
     return 0

@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch.nn import functional as F
 
 TOP_ALTERNATIVES = 10
 _LN2 = math.log(2)
@@ -45,34 +44,44 @@ def _r(x: float) -> float:
 
 def token_odds(logits: torch.Tensor, tokens: torch.Tensor, temperatures: list[float],
                top_ks: list[int]) -> list[TokenOdds]:
-    """logits (B, V) that sampled tokens (B,), each row with its own temperature and top-k."""
+    """logits (B, V) that sampled tokens (B,), each row with its own temperature and top-k.
+
+    Three passes over the vocabulary (logsumexp, the entropy's sum, the rank's count) and one top-k;
+    the sampled distribution is worked out on the top-k alone (it is zero elsewhere), except for the
+    rows that sample from the whole vocabulary."""
     logits = logits.float()
     B, V = logits.shape
-    logp = F.log_softmax(logits, dim=-1)  # (B, V)
-    entropy = -(logp.exp() * logp).nan_to_num().sum(-1) / _LN2  # (B,)
-    k_max = min(V, max([TOP_ALTERNATIVES, *top_ks]))
+    device = logits.device
+    logz = torch.logsumexp(logits, dim=-1, keepdim=True)  # (B, 1)
+    entropy = (logz.squeeze(-1) - (torch.softmax(logits, dim=-1) * logits.nan_to_num(neginf=0.0)).sum(-1)) / _LN2
+    ks = [k if 0 < k < V else V for k in top_ks]
+    k_max = min(V, max([TOP_ALTERNATIVES, *[k for k in ks if k < V]]))
     top_logits, top_ids = logits.topk(k_max, dim=-1)  # (B, k_max): the one top-k of the step
     chosen = tokens.view(B, 1)
-    rank = (logits > logits.gather(-1, chosen)).sum(-1) + 1  # (B,)
+    chosen_logit = logits.gather(-1, chosen)
+    rank = (logits > chosen_logit).sum(-1) + 1  # (B,)
 
     # the sampled distribution: temperature, then only the top-k (0 or >= V: every token)
-    temperature = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=logits.device).view(B, 1)
-    ks = [k if 0 < k < V else V for k in top_ks]
-    floor = top_logits.gather(-1, torch.tensor([min(k, k_max) - 1 for k in ks], device=logits.device).view(B, 1))
-    floor = torch.where(torch.tensor([k >= V for k in ks], device=logits.device).view(B, 1),
-                        torch.full_like(floor, -math.inf), floor)
-    sampled = torch.where(logits >= floor, logits / temperature, torch.full_like(logits, -math.inf))
-    sampled_logp = sampled - torch.logsumexp(sampled, dim=-1, keepdim=True)  # (B, V)
-    greedy = torch.tensor([t == 0 for t in temperatures], device=logits.device).view(B, 1)
+    t = torch.tensor([x if x > 0 else 1.0 for x in temperatures], device=device).view(B, 1)
+    in_top = torch.arange(k_max, device=device).view(1, k_max) < torch.tensor(ks, device=device).view(B, 1)
+    log_q_norm = torch.logsumexp(torch.where(in_top, top_logits / t, -math.inf), dim=-1, keepdim=True)  # (B, 1)
+    whole = [r for r, k in enumerate(ks) if k >= V]
+    if whole:
+        log_q_norm[whole] = torch.logsumexp(logits[whole] / t[whole], dim=-1, keepdim=True)
+    floor = top_logits.gather(-1, (torch.tensor([min(k, k_max) for k in ks], device=device) - 1).view(B, 1))
+    floor[whole] = -math.inf
     alt_ids = top_ids[:, :TOP_ALTERNATIVES]
     ids = torch.cat([chosen, alt_ids], dim=-1)  # (B, 1 + N): the pick, then the alternatives
-    p = logp.gather(-1, ids).exp()
-    q = torch.where(greedy, (ids == chosen).float(), sampled_logp.gather(-1, ids).exp())
+    id_logits = torch.cat([chosen_logit, top_logits[:, :TOP_ALTERNATIVES]], dim=-1)
+    p = (id_logits - logz).exp()
+    q = torch.where(id_logits >= floor, (id_logits / t - log_q_norm).exp(), torch.zeros_like(id_logits))
+    greedy = torch.tensor([x == 0 for x in temperatures], device=device).view(B, 1)
+    q = torch.where(greedy, (ids == chosen).float(), q)
     table = torch.cat([p, q, rank.view(B, 1).float(), entropy.view(B, 1), ids.float()], dim=-1)
     rows = table.double().tolist()  # the one copy to the host
     n = ids.size(1)
     out = []
-    for r, row in enumerate(rows):
+    for row in rows:
         ps, qs, (rk, ent), idx = row[:n], row[n:2 * n], row[2 * n:2 * n + 2], row[2 * n + 2:]
         out.append(TokenOdds(int(idx[0]), ps[0], qs[0], int(rk), ent,
                              tuple((int(i), a, b) for i, a, b in zip(idx[1:], ps[1:], qs[1:]))))
