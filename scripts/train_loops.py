@@ -142,6 +142,11 @@ def quick_eval(model, tok, seed: int, per_bucket: int = 64) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=30.0, help="wall-clock training budget")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="budget in steps instead of minutes: the lr schedule follows steps, so a rerun "
+                             "with the same seed and one thread gives the same weights")
+    parser.add_argument("--stop-at", type=int, default=None,
+                        help="with --steps: stop after this many steps of that run (an early checkpoint)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default="models/loops", help="bundle directory to write")
     parser.add_argument("--batch-size", type=int, default=64)
@@ -169,13 +174,22 @@ def main():
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
                                    {"params": rest, "weight_decay": 0.0}],
                                   lr=args.lr, betas=(0.9, 0.99))
+    if args.stop_at is not None and args.steps is None:
+        parser.error("--stop-at needs --steps (the run it stops early)")
     budget, began = args.minutes * 60, time.time()
     level_index, running, at_level, step = 0, 0.0, 0, 0
     history = []
-    while (elapsed := time.time() - began) < budget:
+
+    def more() -> bool:
+        if args.steps is not None:
+            return step < min(args.steps, args.stop_at or args.steps)
+        return time.time() - began < budget
+
+    while more():
+        elapsed = time.time() - began
         level = LEVELS[level_index]
-        # Warmup, then cosine decay over the time budget to 10% of the peak.
-        progress = elapsed / budget
+        # Warmup, then cosine decay over the budget (time, or steps with --steps) to 10% of the peak.
+        progress = step / args.steps if args.steps is not None else elapsed / budget
         lr = args.lr * min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
         for group in optimizer.param_groups:
             group["lr"] = lr

@@ -101,3 +101,139 @@
   document.addEventListener("DOMContentLoaded", addCopyButtons);
   document.addEventListener("htmx:load", addCopyButtons);  // a final reply, a swapped conversation
 })();
+
+// Issue 14: the Enter hint where Enter does send, and the Loop lab's player.
+(function () {
+  "use strict";
+
+  // Without JavaScript Enter adds a line, so the page's placeholder does not promise otherwise.
+  function enterHints() {
+    document.querySelectorAll("textarea[data-enter-placeholder]").forEach(function (box) {
+      box.placeholder = box.getAttribute("data-enter-placeholder");
+    });
+  }
+  document.addEventListener("DOMContentLoaded", enterHints);
+  document.addEventListener("htmx:load", enterHints);
+
+  // The player (templates/loops/_player.html): its links and slider are plain GETs of ?loop=N;
+  // here they step in place, the keyboard's arrows, Home and End step too, and Play runs at
+  // 1, 4 or 16 loops a second. Rows after the current loop are held back (class "ahead").
+  function setupPlayer(nav) {
+    if (nav.hasAttribute("data-ready")) return;
+    nav.setAttribute("data-ready", "");
+    var results = nav.closest(".results") || document;
+    var rows = Array.prototype.slice.call(results.querySelectorAll(".trace-table tbody tr"));
+    var total = rows.length;
+    if (!total) return;
+    var at = parseInt(nav.getAttribute("data-current"), 10) || total;
+    var url = nav.getAttribute("data-url");
+    var range = nav.querySelector("input[type=range]");
+    var now = nav.querySelector(".player-now");
+    var nodes = results.querySelectorAll(".graph .node[data-symbol]");
+    var mark = results.querySelector(".chart .now-mark");
+    var play = nav.querySelector(".player-play");
+    var toggle = nav.querySelector(".player-toggle");
+    var speed = nav.querySelector(".player-speed");
+    var links = nav.querySelectorAll("a[data-to]");
+    var timer = null;
+    var ownPage = new URL(url, location.href).pathname === location.pathname;
+
+    function target(name) {
+      return { first: 1, prev: at - 1, next: at + 1, last: total }[name];
+    }
+    function keepInView(row) {  // inside the table's own scroll box, never the page
+      var box = row.closest(".trace-scroll");
+      if (!box) return;
+      var r = row.getBoundingClientRect(), b = box.getBoundingClientRect();
+      if (r.top < b.top + 30) box.scrollTop -= (b.top + 30 - r.top);
+      else if (r.bottom > b.bottom) box.scrollTop += (r.bottom - b.bottom);
+    }
+    function show(n) {
+      at = Math.max(1, Math.min(total, n));
+      rows.forEach(function (row, i) {
+        row.classList.toggle("ahead", i + 1 > at);
+        row.classList.toggle("current", i + 1 === at);
+      });
+      var row = rows[at - 1];
+      var predicted = row.cells[1].querySelector("strong").textContent;
+      var expected = row.cells[2].textContent.trim();
+      var right = row.cells[3].classList.contains("ok");
+      nodes.forEach(function (node) { node.classList.toggle("current", node.getAttribute("data-symbol") === predicted); });
+      if (mark) {
+        var x = parseFloat(mark.getAttribute("data-x0")) + parseFloat(mark.getAttribute("data-dx")) * (at - 1);
+        mark.setAttribute("x1", x.toFixed(1));
+        mark.setAttribute("x2", x.toFixed(1));
+      }
+      range.value = at;
+      now.querySelector(".player-at").textContent = at;
+      now.querySelector(".player-detail").textContent =
+        "predicted " + predicted + ", expected " + expected + " — " + (right ? "right" : "wrong");
+      now.setAttribute("aria-live", timer ? "off" : "polite");  // playing: no announcement per loop
+      links.forEach(function (a) {
+        var name = a.getAttribute("data-to");
+        a.href = url + "?loop=" + Math.max(1, Math.min(total, target(name))) + "#player";
+        var off = (name === "first" || name === "prev") ? at === 1 : at === total;
+        if (off) a.setAttribute("aria-disabled", "true"); else a.removeAttribute("aria-disabled");
+      });
+      keepInView(row);
+      if (ownPage) history.replaceState(null, "", url + "?loop=" + at);
+    }
+    function stop() {
+      if (!timer) return;
+      clearInterval(timer);
+      timer = null;
+      toggle.setAttribute("aria-pressed", "false");
+      toggle.textContent = "▶ Play";
+      now.setAttribute("aria-live", "polite");
+    }
+    function start() {
+      stop();
+      if (at >= total) show(1);
+      toggle.setAttribute("aria-pressed", "true");
+      toggle.textContent = "⏸ Pause";
+      timer = setInterval(function () {
+        if (at >= total) { stop(); return; }
+        show(at + 1);
+      }, 1000 / (parseFloat(speed.value) || 4));
+      now.setAttribute("aria-live", "off");
+    }
+
+    links.forEach(function (a) {
+      a.addEventListener("click", function (event) {
+        event.preventDefault();
+        stop();
+        show(target(a.getAttribute("data-to")));
+      });
+    });
+    range.addEventListener("input", function () { stop(); show(parseInt(range.value, 10)); });
+    nav.querySelector(".player-jump").addEventListener("submit", function (event) {
+      event.preventDefault();
+      stop();
+      show(parseInt(range.value, 10));
+    });
+    nav.addEventListener("keydown", function (event) {
+      var t = event.target;
+      if (t === range || t.tagName === "SELECT" || event.altKey || event.ctrlKey || event.metaKey) return;
+      var to = { ArrowLeft: at - 1, ArrowRight: at + 1, Home: 1, End: total }[event.key];
+      if (to === undefined) return;
+      event.preventDefault();
+      stop();
+      show(to);
+    });
+    play.hidden = false;
+    toggle.addEventListener("click", function () { if (timer) stop(); else start(); });
+    speed.addEventListener("change", function () { if (timer) start(); });
+  }
+  // Run: the results are brought into view (on a phone they are below the 26-row editor).
+  document.addEventListener("htmx:afterRequest", function (event) {
+    var from = event.detail && event.detail.elt;  // the form, still in the page (#results was replaced)
+    var results = document.getElementById("results");
+    if (!from || !results || !from.closest || !from.closest("[data-show-results]")) return;
+    if (!event.detail.successful || !results.hasAttribute("aria-busy")) return;  // a run started
+    results.scrollIntoView({ block: "start" });
+  });
+
+  function setupPlayers() { document.querySelectorAll(".player").forEach(setupPlayer); }
+  document.addEventListener("DOMContentLoaded", setupPlayers);
+  document.addEventListener("htmx:load", setupPlayers);
+})();

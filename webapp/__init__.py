@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import logging
-import secrets
 import time
-from pathlib import Path
+from datetime import timedelta
 from typing import Any
 
 from flask import Flask, g, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import IntegerConverter
 
 from webapp.config import ROOT, Settings
 from webapp.core import InferenceCore
 from webapp.core.metrics import LatencyHistogram
+from webapp import instance
+from webapp.core.jobs import CLIENT
 from webapp.db import Database
-from webapp.security import TrustedProxies, check_csrf, csrf_token
+from webapp.security import GlassboxSessions, NewSessions, TrustedProxies, check_csrf, csrf_token
 
 log = logging.getLogger("glassbox")
 
@@ -30,17 +32,35 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     settings = settings or Settings.from_env()
     app = Flask(__name__, template_folder=str(ROOT / "templates"), static_folder=str(ROOT / "static"),
                 instance_path=settings.instance_path or str(ROOT / "instance"))
-    Path(app.instance_path).mkdir(parents=True, exist_ok=True)
-    app.config.update(SECRET_KEY=settings.secret_key or _instance_secret(app.instance_path),
-                      MAX_CONTENT_LENGTH=settings.max_body_bytes, SESSION_COOKIE_HTTPONLY=True,
-                      SESSION_COOKIE_SAMESITE="Lax", GLASSBOX=settings)
+    # What cannot work stops start-up here, naming the file (webapp/instance.py), before any model
+    # loads: a folder another Glassbox uses, a bad secret key file, a database that cannot be written.
+    folder = instance.prepare(app.instance_path)
+    lock = instance.InstanceLock(folder)
+    try:
+        secret = settings.secret_key or instance.secret_key(folder)
+        db = Database(folder / "glassbox.sqlite3")
+        db.open_checked()
+    except BaseException:
+        lock.release()
+        raise
+    app.config.update(SECRET_KEY=secret, MAX_CONTENT_LENGTH=settings.max_body_bytes, SESSION_COOKIE_HTTPONLY=True,
+                      SESSION_COOKIE_SAMESITE="Lax", SESSION_COOKIE_NAME="glassbox_session",
+                      PERMANENT_SESSION_LIFETIME=timedelta(days=settings.session_days), GLASSBOX=settings)
     app.config.update(test_config or {})
+    app.session_interface = GlassboxSessions()
+    # Ids in URLs are SQLite integers: a larger one matches no route (404), instead of overflowing (500).
+    app.url_map.converters["int"] = SqliteInteger
 
-    db = Database(Path(app.instance_path) / "glassbox.sqlite3")
-    db.init()
     app.extensions["glassbox.db"] = db
+    app.extensions["glassbox.lock"] = lock
     app.extensions["glassbox.latency"] = LatencyHistogram()
-    app.extensions["glassbox.core"] = _start_core(settings, models)
+    app.extensions["glassbox.new_sessions"] = NewSessions(settings.max_new_sessions_per_minute)
+    try:
+        app.extensions["glassbox.core"] = core = _start_core(settings, models)
+    except BaseException:
+        lock.release()
+        raise
+    core.on_shutdown.extend([db.close, lock.release])  # a process that stops (or a test's app) frees the folder
 
     from webapp import pages
     from webapp.chat.views import bp as chat_bp
@@ -49,6 +69,8 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     from webapp.web.ops import bp as ops_bp
     for blueprint in (ops_bp, pages.bp, chat_bp, loops_bp, loops_api_bp):
         app.register_blueprint(blueprint)
+    from webapp import prefs  # the colour theme each browser chose (issue 14)
+    prefs.init_app(app)
 
     app.wsgi_app = TrustedProxies(app.wsgi_app, settings.forwarded_allow_ips)
     app.before_request(_before)
@@ -75,20 +97,21 @@ def _start_core(settings: Settings, models: dict[str, Any] | None) -> InferenceC
     return InferenceCore(models, {name: executors[name](model, settings) for name, model in models.items()},
                          warmups={k: v for k, v in warmups.items() if k in models},
                          load_seconds=load_seconds, torch_threads=settings.torch_threads,
-                         max_queue=settings.max_queue, max_jobs_per_owner=settings.max_jobs_per_owner)
+                         max_queue=settings.max_queue, max_jobs_per_owner=settings.max_jobs_per_owner,
+                         max_jobs_per_client=settings.max_jobs_per_client)
 
 
-def _instance_secret(instance_path: str) -> str:
-    # One key per installation, so sessions survive restarts without any configuration.
-    path = Path(instance_path) / "secret_key"
-    if not path.exists():
-        path.write_text(secrets.token_hex(32))
-        path.chmod(0o600)
-    return path.read_text().strip()
+class SqliteInteger(IntegerConverter):
+    """<int:...> bounded to SQLite's INTEGER range."""
+
+    def __init__(self, map, *args, **kwargs) -> None:
+        kwargs.setdefault("max", 2**63 - 1)
+        super().__init__(map, *args, **kwargs)
 
 
 def _before() -> None:
     g.started = time.perf_counter()
+    CLIENT.set(request.remote_addr or "")  # jobs created by this request count against this address
     check_csrf()
 
 

@@ -9,6 +9,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+MIN_SECRET_CHARS = 16  # a key that signs cookies must not be guessable
+
+
 class ConfigError(Exception):
     """A setting has a value the app cannot use; the message names the variable."""
 
@@ -38,6 +41,15 @@ class Settings:
     max_message_chars: int = 8000
     max_messages: int = 200      # per conversation
     max_jobs_per_owner: int = 4  # queued or running at once
+    # Limits a script cannot shed by dropping its cookie: per client address (as the trusted proxy says)
+    max_jobs_per_client: int = 16          # queued or running at once, all browsers of one address
+    max_new_sessions_per_minute: int = 30  # new session cookies handed to one address
+    # Storage, per browser (webapp/web/storage.py); 0: unlimited
+    max_conversations: int = 200
+    max_traces: int = 100                  # saved Loop-lab traces; the oldest go to make room
+    max_stored_bytes: int = 64 * 2**20     # text kept: messages, reply details, traces
+    api_retention_hours: float = 24.0      # JSON-API runs made without a cookie are deleted after this
+    session_days: int = 30                 # lifetime of the session cookie
     max_body_bytes: int = 256 * 1024
     forwarded_allow_ips: str = "127.0.0.1"  # proxies whose X-Forwarded-* (and -Prefix) are believed
 
@@ -54,6 +66,9 @@ class Settings:
                 values[f.name] = _flag(raw) if kind is bool else kind(raw)
             except ValueError:
                 raise ConfigError(f"GLASSBOX_{f.name.upper()}={raw!r} is not a valid {kind.__name__}")
+        if "secret_key" in values and len(values["secret_key"].strip()) < MIN_SECRET_CHARS:
+            raise ConfigError(f"GLASSBOX_SECRET_KEY is too short: use at least {MIN_SECRET_CHARS} random characters "
+                              "(or leave it unset to keep a generated key in the instance folder)")
         return cls(**values)
 
 

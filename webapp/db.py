@@ -6,10 +6,13 @@ from the core's worker thread, outside any request.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+from webapp.config import ConfigError
 
 SCHEMA = Path(__file__).with_name("schema.sql")
 
@@ -21,9 +24,44 @@ class Database:
     def init(self) -> None:
         with self.connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
+            _add_branch_columns(db)  # a database made before messages formed a tree
             db.executescript(SCHEMA.read_text())
             # A reply that was being generated when the process died will never finish.
             db.execute("UPDATE messages SET status = 'stopped' WHERE status = 'pending'")
+
+    def open_checked(self) -> None:
+        """init(), created 0600 and checked to be writable: start-up stops with a message naming the file
+        instead of every save failing later. SQLite gives its -wal and -shm files the database's mode."""
+        try:
+            if not os.path.exists(self.path):
+                os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+            self.init()
+        except (sqlite3.Error, OSError) as error:
+            raise ConfigError(f"The database {self.path} cannot be opened for writing: {error}") from None
+        problem = self.writable()
+        if problem:
+            raise ConfigError(f"The database {self.path} cannot be written: {problem}")
+        # Held open for the app's life: SQLite deletes the -wal and -shm files when the last connection
+        # closes and makes them again on the next open, which a full disk refuses ("disk I/O error")
+        # even for reads. With them kept, a full disk fails the writes only, and pages still show.
+        self._keeper = sqlite3.connect(self.path, check_same_thread=False)
+        self._keeper.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+
+    def close(self) -> None:
+        keeper, self._keeper = getattr(self, "_keeper", None), None
+        if keeper is not None:
+            keeper.close()
+
+    def writable(self) -> str | None:
+        """None when a write goes through now; else why not (for /readyz and start-up)."""
+        try:
+            with self.connect() as db:
+                # A real write (a table of one row): BEGIN IMMEDIATE alone takes a lock but writes nothing.
+                db.execute("CREATE TABLE IF NOT EXISTS write_probe (id INTEGER PRIMARY KEY, at REAL)")
+                db.execute("INSERT OR REPLACE INTO write_probe VALUES (1, julianday('now'))")
+        except (sqlite3.Error, OSError) as error:
+            return str(error) or type(error).__name__
+        return None
 
     @contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:
@@ -35,3 +73,18 @@ class Database:
             yield db
         finally:
             db.close()
+
+
+def _add_branch_columns(db: sqlite3.Connection) -> None:
+    """Messages were a list; now a tree (parent_id) with one branch shown (leaf_id). An older database
+    gets the columns, each message the one before it as its parent, each conversation its last message."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(messages)")}
+    if not columns or "parent_id" in columns:
+        return
+    db.execute("BEGIN")
+    db.execute("ALTER TABLE messages ADD COLUMN parent_id INTEGER REFERENCES messages (id) ON DELETE CASCADE")
+    db.execute("ALTER TABLE conversations ADD COLUMN leaf_id INTEGER")
+    db.execute("UPDATE messages SET parent_id = (SELECT MAX(p.id) FROM messages p WHERE"
+               " p.conversation_id = messages.conversation_id AND p.id < messages.id)")
+    db.execute("UPDATE conversations SET leaf_id = (SELECT MAX(id) FROM messages m WHERE m.conversation_id = conversations.id)")
+    db.execute("COMMIT")

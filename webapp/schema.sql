@@ -4,7 +4,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     owner       TEXT NOT NULL,
     title       TEXT NOT NULL,
     created_at  REAL NOT NULL,
-    updated_at  REAL NOT NULL
+    updated_at  REAL NOT NULL,
+    leaf_id     INTEGER        -- the newest message of the branch shown (messages form a tree)
 );
 CREATE INDEX IF NOT EXISTS conversations_by_owner ON conversations (owner, updated_at DESC);
 
@@ -20,7 +21,10 @@ CREATE TABLE IF NOT EXISTS messages (
     tokens          INTEGER,
     ttft_seconds    REAL,
     tokens_per_second REAL,
-    created_at      REAL NOT NULL
+    created_at      REAL NOT NULL,
+    -- the message this one answers or follows; versions of a message (a regenerated reply, an edited
+    -- question, a branch from a token) share a parent: the conversation is a tree, shown one branch at a time
+    parent_id       INTEGER REFERENCES messages (id) ON DELETE CASCADE
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages (conversation_id, id);
 

@@ -43,7 +43,7 @@ def test_edit_a_rule_run_and_watch_the_rows_then_the_summary_and_pictures(page):
     expected = page.locator(f"{ROWS} td:nth-child(3)").all_text_contents()
     assert expected == ["C"] * 6  # the edited rule is what the model was asked about
     assert page.locator("#summary h2").text_content().strip().startswith("Solved")
-    assert page.get_by_role("link", name="Permalink").count() == 1
+    assert page.get_by_role("link", name="Private link").count() == 1
     screenshot(page, "loops")
 
 

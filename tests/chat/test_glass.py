@@ -10,7 +10,7 @@ import torch
 import pytest
 
 from tests.chat.test_views import conversation_id_of, send, stream_url
-from tests.conftest import make_app, sse_events
+from tests.conftest import csrf_of, make_app, sse_events
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def test_the_token_view_shows_every_token_with_its_odds_and_a_panel_without_java
     assert 'id="token-panel"' in chosen and "Token 1:" in chosen and chosen.count("<meter") == 10
     assert "(chosen)" in chosen or odds[0][3] > 10  # the pick is among the ten unless it ranked lower
     panel = client.get(f"{tokens_url}/0", headers={"HX-Request": "true"}).get_data(as_text=True)
-    assert panel.startswith("<section") and "entropy" in panel and "<html" not in panel
+    assert panel.lstrip().startswith("<section") and "entropy" in panel and "<html" not in panel
     assert client.get(f"{tokens_url}/{len(odds)}").status_code == 404
 
 
@@ -88,3 +88,64 @@ def test_glass_views_belong_to_the_browser_that_made_the_reply(chat_app):
         assert mine.get(path).status_code == 200
         assert theirs.get(path).status_code == 404
     assert mine.get(f"/chat/c/{cid}/m/{mid - 1}/tokens").status_code == 404  # the question has no tokens
+
+
+def test_a_branch_from_a_token_is_the_fresh_generation_from_that_prefix_and_a_new_version(chat_app):
+    from webapp.chat.generate import generate
+    from webapp.chat.views import service
+    client = chat_app.test_client()
+    cid, mid, _ = reply(client, "Hello there", max_new_tokens="12", temperature="0.9", top_k="20", seed="3")
+    with chat_app.app_context():
+        rows = service().store.details(mid)["odds"]
+        prompt = service().store.details(mid)["prompt"]["ids"]
+    ids = [row[0] for row in rows]
+    index = 4
+    other = next(t for t, _, _ in rows[index][5] if t != ids[index])  # an alternative not taken
+    page = client.get(f"/chat/c/{cid}/m/{mid}/tokens?t={index}").get_data(as_text=True)
+    assert f'name="token" value="{other}"' in page  # the panel offers it
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    branched = client.post(f"/chat/c/{cid}/m/{mid}/branch", data={"csrf_token": csrf, "index": str(index),
+                                                                  "token": str(other)})
+    assert branched.status_code == 303  # without JavaScript: after the whole reply
+    with chat_app.app_context():
+        shown = service().store.messages(cid)
+        new = shown[-1]
+        new_ids = [row[0] for row in service().store.details(new["id"])["odds"]]
+    assert new["id"] != mid and new["versions"] == [mid, new["id"]] and new["version"] == 2
+    assert new_ids[:index + 1] == ids[:index] + [other] and len(new_ids) == 12
+    loaded = chat_app.extensions["glassbox.core"].models["chat"]
+    fresh = [p.token for p in generate(loaded, prompt + new_ids[:index + 1], max_new_tokens=12 - index - 1,
+                                       temperature=0.9, top_k=20, seed=3) if p.token is not None]
+    assert new_ids[index + 1:] == fresh
+
+    typed = client.post(f"/chat/c/{cid}/m/{new['id']}/branch", data={"csrf_token": csrf, "index": "2", "text": "ok!"})
+    assert typed.status_code == 303
+    with chat_app.app_context():
+        third = service().store.messages(cid)[-1]
+        third_rows = service().store.details(third["id"])["odds"]
+    assert [r[0] for r in third_rows[:5]] == new_ids[:2] + list(b"ok!") and third["version"] == 3
+    assert third_rows[2][1] is None  # typed, not sampled: no odds of its own
+    assert "typed into a branch" in client.get(f"/chat/c/{cid}/m/{third['id']}/tokens?t=2").get_data(as_text=True)
+
+    bad = client.post(f"/chat/c/{cid}/m/{mid}/branch", data={"csrf_token": csrf, "index": "99", "token": "1"})
+    assert bad.status_code == 400 and "there is no token 100" in bad.get_data(as_text=True)
+
+
+def test_two_versions_side_by_side_show_where_they_first_differ(chat_app):
+    from webapp.chat.views import service
+    client = chat_app.test_client()
+    cid, mid, _ = reply(client, "Compare us", max_new_tokens="10", temperature="1.0", top_k="0", seed="11")
+    with chat_app.app_context():
+        rows = service().store.details(mid)["odds"]
+    other = next(t for t, _, _ in rows[3][5] if t != rows[3][0])
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    client.post(f"/chat/c/{cid}/m/{mid}/branch", data={"csrf_token": csrf, "index": "3", "token": str(other)})
+    with chat_app.app_context():
+        new = service().store.messages(cid)[-1]
+    page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
+    compare_url = f"/chat/c/{cid}/m/{new['id']}/compare/{mid}"
+    assert compare_url in page  # linked from the version switcher
+    html = client.get(compare_url).get_data(as_text=True)
+    assert "They share their first 3 tokens and first differ at token 4." in html
+    assert html.count('class="token-panel"') == 2 and 'id="token-panel-1"' in html and 'id="token-panel-2"' in html
+    assert client.get(f"/chat/c/{cid}/m/{new['id']}/compare/{mid - 1}").status_code == 404  # not a sibling

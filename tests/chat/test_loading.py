@@ -1,5 +1,6 @@
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -288,3 +289,21 @@ def test_untied_head_is_refused(tmp_path, seed_checkpoint):
     torch.save(state, path)
     with pytest.raises(ModelLoadError, match="untied.pt: lm_head.weight differs"):
         load_chat_model(str(path), arch=HEADS, tokenizer_spec="byte")
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="needs Linux's /proc")
+def test_a_served_model_reads_its_weights_from_ordinary_memory_not_the_mapped_file(tmp_path):
+    """safetensors maps the file; parameters left on that mapping decode slower (issue #10). The app's
+    loader (meta device + assign) must give the model its own copies."""
+    from tests.support.chat_models import tiny_checkpoint
+    from webapp.chat.service import load_model
+    from webapp.config import Settings
+    checkpoint = tiny_checkpoint(tmp_path / "chat")
+    loaded = load_model(Settings(chat_checkpoint=str(checkpoint)))  # the app's own GPT, built on meta
+    mapped = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if line.rstrip().endswith(str(checkpoint)):
+            start, end = (int(x, 16) for x in line.split()[0].split("-"))
+            mapped.append((start, end))
+    pointers = [p.data_ptr() for p in loaded.model.parameters()]
+    assert not [p for p in pointers if any(a <= p < b for a, b in mapped)]

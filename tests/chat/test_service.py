@@ -48,7 +48,7 @@ def test_a_reply_runs_on_the_models_threads_and_the_worker_gets_its_own_back(tmp
         core.shutdown()
 
 
-def test_a_reply_whose_replacement_step_fails_is_taken_back(tmp_path, monkeypatch):
+def test_a_new_version_whose_saving_fails_is_taken_back(tmp_path, monkeypatch):
     import sqlite3
 
     from webapp.chat.store import ChatStore
@@ -66,13 +66,13 @@ def test_a_reply_whose_replacement_step_fails_is_taken_back(tmp_path, monkeypatc
 
         def busy(*args, **kwargs):
             raise sqlite3.OperationalError("database is locked")
-        monkeypatch.setattr(ChatStore, "edit_message", busy)
+        monkeypatch.setattr(ChatStore, "save_prompt", busy)
         edit = client.post(f"/chat/c/{cid}/m/{user_id}/edit",
                            data={"csrf_token": csrf_of(client, f"/chat/c/{cid}"), "content": "changed"})
         assert edit.status_code == 500
         monkeypatch.undo()
         after = client.get(f"/chat/c/{cid}").get_data(as_text=True)
-        assert ids.findall(after) == ids.findall(before)  # the new reply was taken back, the old one stays
+        assert ids.findall(after) == ids.findall(before)  # the new version was taken back, the old one shown
         assert "changed" not in after
     finally:
         core.shutdown()

@@ -196,7 +196,7 @@ def test_waiting_reply_reports_its_queue_position(slow_chat_app):
     stream.close()
 
 
-def test_regenerate_replaces_the_last_reply(chat_app):
+def test_regenerate_adds_a_version_of_the_reply_and_keeps_the_old_one(chat_app):
     client = chat_app.test_client()
     response = send(client, "Hi", htmx=False, seed="1", max_new_tokens="20")
     cid = response.headers["Location"].rsplit("/", 1)[1]
@@ -205,23 +205,38 @@ def test_regenerate_replaces_the_last_reply(chat_app):
     regen = client.post(f"/chat/c/{cid}/regenerate", data={"csrf_token": csrf, "seed": "2", "max_new_tokens": "20"})
     assert regen.status_code == 303
     after = messages(chat_app, cid)
-    assert len(after) == 2 and after[0] == before[0] and after[1]["id"] != before[1]["id"]
+    assert len(after) == 2 and after[0]["id"] == before[0]["id"] and after[1]["id"] != before[1]["id"]
     assert after[1]["settings"]["seed"] == 2
+    assert after[1]["versions"] == [before[1]["id"], after[1]["id"]] and after[1]["version"] == 2
+    page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
+    assert "<span>2/2</span>" in page and 'aria-label="Previous version"' in page
+    # back to the first version: it is shown again, unchanged
+    back = client.post(f"/chat/c/{cid}/m/{before[1]['id']}/show", data={"csrf_token": csrf})
+    assert back.status_code == 303
+    shown = messages(chat_app, cid)
+    assert shown[1]["id"] == before[1]["id"] and shown[1]["content"] == before[1]["content"]
+    assert shown[1]["version"] == 1
+    json_export = json.loads(client.get(f"/chat/c/{cid}/export.json?branches=all").get_data(as_text=True))
+    assert len(json_export["messages"]) == 2 and len(json_export["all_messages"]) == 3
 
 
-def test_edit_replaces_the_message_and_every_later_turn(chat_app):
+def test_edit_adds_a_version_of_the_question_and_keeps_the_old_branch(chat_app):
     client = chat_app.test_client()
     response = send(client, "first question", htmx=False, seed="1", max_new_tokens="10")
     cid = response.headers["Location"].rsplit("/", 1)[1]
     csrf = csrf_of(client, f"/chat/c/{cid}")
     send(client, "second question", csrf, htmx=False, conversation_id=cid, seed="1", max_new_tokens="10")
-    first_id = messages(chat_app, cid)[0]["id"]
+    old_branch = messages(chat_app, cid)
+    first_id = old_branch[0]["id"]
     edit = client.post(f"/chat/c/{cid}/m/{first_id}/edit",
                        data={"csrf_token": csrf, "content": "edited question", "max_new_tokens": "10"})
     assert edit.status_code == 303
     after = messages(chat_app, cid)
     assert [m["content"] for m in after][:1] == ["edited question"] and len(after) == 2
     assert after[1]["role"] == "assistant" and after[1]["status"] == "complete"
+    assert after[0]["versions"] == [first_id, after[0]["id"]]
+    client.post(f"/chat/c/{cid}/m/{first_id}/show", data={"csrf_token": csrf})
+    assert [m["id"] for m in messages(chat_app, cid)] == [m["id"] for m in old_branch]  # all four turns kept
 
 
 def test_export_markdown_and_json(chat_app):

@@ -37,9 +37,12 @@ def saved_message(instance, message_id: int) -> dict:
         return dict(db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone())
 
 
+TOKEN_SPAN = re.compile(r'<span class="tok s\d" title="[\d.]+%">|</span>')  # each token's own wrapper
+
+
 def streamed_text(events) -> str:
     """The reply text as the browser assembles it from token fragments (SSE turns \\r into \\n)."""
-    return "".join(html.unescape(e.data) for e in events if e.name == "token")
+    return "".join(html.unescape(TOKEN_SPAN.sub("", e.data)) for e in events if e.name == "token")
 
 
 def as_sse_text(text: str) -> str:

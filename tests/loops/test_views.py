@@ -39,7 +39,7 @@ def test_run_streams_rows_then_a_summary_with_pictures(loop_app):
     assert rows.count("<tr") == 4 and rows.index("<td>1</td>") < rows.index("<td>4</td>")
     assert events[-1][0] == "done"
     final = events[-1][1]
-    assert "Solved" in final and "<svg" in final and "Permalink" in final
+    assert "Solved" in final and "<svg" in final and "Private link" in final
     assert final.count("<tr") == 5  # header + 4 rows
     # the saved-traces list is refreshed out of band with the run just saved
     assert 'id="saved-traces" hx-swap-oob="true"' in final and "k = 4" in final
@@ -95,13 +95,28 @@ def test_editor_moves_and_presets(loop_app):
     assert sources == list(SYMBOLS)
 
 
-def test_api_streams_snapshots_and_rejects_bad_input(loop_app):
+def test_api_streams_one_row_per_loop_then_the_summary(loop_app):
+    client = loop_app.test_client()
+    response = client.post("/api/loops/trace", json={"mapping": CYCLE, "start": "C", "steps": 3})
+    assert response.mimetype == "application/x-ndjson"
+    lines = [json.loads(line) for line in response.get_data(as_text=True).splitlines() if line.strip()]
+    assert [line.get("loop") for line in lines] == [1, 2, 3, None]
+    assert [line["prediction"] for line in lines[:3]] == ["D", "E", "F"]
+    final = lines[-1]
+    assert final["status"] == "complete" and final["summary"]["joint_success"] is True
+    assert final["schema_version"] == 1 and final["trace_id"] and "trace" not in final  # no rows twice
+    big = client.post("/api/loops/trace", json={"mapping": CYCLE, "start": "A", "steps": 256})
+    assert len(big.data) < 200_000  # rows, not cumulative snapshots (those were ~12 MB)
+    assert client.post("/api/loops/trace?stream=everything", json={}).status_code == 400
+
+
+def test_api_streams_snapshots_when_asked_and_rejects_bad_input(loop_app):
     client = loop_app.test_client()
     bad = client.post("/api/loops/trace", json={"mapping": CYCLE, "start": "A", "steps": True})
     assert bad.status_code == 400 and bad.get_json() == {"error": "Steps must be an integer from 1 to 256"}
     extra = client.post("/api/loops/trace", json={"mapping": CYCLE, "start": "A", "steps": 3, "x": 1})
     assert extra.get_json() == {"error": "Supply exactly mapping, start, and steps"}
-    response = client.post("/api/loops/trace", json={"mapping": CYCLE, "start": "C", "steps": 3})
+    response = client.post("/api/loops/trace?stream=snapshots", json={"mapping": CYCLE, "start": "C", "steps": 3})
     lines = [json.loads(line) for line in response.get_data(as_text=True).splitlines() if line.strip()]
     assert [l["status"] for l in lines] == ["streaming"] * 3 + ["complete"]
     assert [len(l["trace"]) for l in lines[:3]] == [1, 2, 3]
@@ -145,7 +160,7 @@ def test_upload_rejects_a_bad_file_with_a_message(loop_app):
 
 def test_tampered_upload_is_rescored_from_its_request(loop_app):
     client = loop_app.test_client()
-    response = client.post("/api/loops/trace", json={"mapping": CYCLE, "start": "A", "steps": 2})
+    response = client.post("/api/loops/trace?stream=snapshots", json={"mapping": CYCLE, "start": "A", "steps": 2})
     snapshot = json.loads(response.get_data(as_text=True).splitlines()[-1])
     snapshot["trace"][0]["prediction"] = "Q"       # wrong, but the file still claims success
     from io import BytesIO

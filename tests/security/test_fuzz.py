@@ -180,10 +180,15 @@ def test_chat_send_answers_a_reply_or_a_documented_message(client, form, content
     if response.status_code == 404:
         assert form.get("conversation_id") and "No such conversation." in html
     elif response.status_code == 400:
-        [message] = error_messages(html)
-        assert re.fullmatch(r"Write a message first\.|Messages cannot contain NUL characters\.|Messages are limited .*"
-                            r"|Temperature must .*|Top-k must .*|Max new tokens must .*|Seed must .*"
-                            r"|Your message is \d+ tokens? too long for this model.*", message), message
+        messages = error_messages(html)  # every bad field says so at once, each beside its field
+        assert messages and len(messages) == len(set(messages)), messages
+        for message in messages:
+            assert re.fullmatch(r"Write a message first\.|Messages cannot contain NUL characters\.|Messages are limited .*"
+                                r"|Temperature must .*|Top-k must .*|Max new tokens must .*|Seed must .*"
+                                r"|Your message is \d+ tokens? too long for this model.*"
+                                r"|With this message \([\d,]+ tokens\) at most [\d,]+ new tokens fit\."
+                                r"|This message \([\d,]+ tokens\) leaves no room for a reply: shorten it\.",
+                                message), message
     else:
         # the reply streams, or (a tiny model, two tokens) had already finished when the page was drawn
         assert response.status_code == 200, html[:500]

@@ -16,6 +16,7 @@ from contextlib import closing
 from dataclasses import dataclass
 
 from webapp.chat.generate import Piece, SamplingParams, Sequence, decode_step, generate
+from webapp.chat.odds import TokenOdds
 from webapp.chat.prefix_cache import prefix_cache_for
 from webapp.chat.store import ReplyStats
 from webapp.core.executors import Finished, StepReport
@@ -30,14 +31,23 @@ class ChatRequest:
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     odds: bool = True  # record each token's odds (webapp/chat/odds.py)
+    forced: tuple[int, ...] = ()  # the reply's first tokens, given (a branch from a token)
+    forced_odds: tuple = ()  # their odds where known (TokenOdds or None each)
+
+
+@dataclass(frozen=True)
+class Forced:
+    """The first tokens of a reply branched from another version's token: kept tokens, then the pick."""
+
+    tokens: tuple[int, ...]
+    odds: tuple = ()
 
 
 def publish(job: Job, piece: Piece, core) -> None:
     """One generated piece to its job: text for the stream and the saved reply, and the stats so far."""
     if piece.token is not None:
         job.result["token_ids"].append(piece.token)
-        if piece.odds is not None:
-            job.result["odds"].append(piece.odds)
+        job.result["odds"].append(piece.odds or TokenOdds.given(piece.token))  # one row per token
         # every token is an event, text or not (a byte inside a character): the page shows tokens too
         job.keep("token", text=piece.text, index=piece.tokens - 1, token=piece.token, odds=piece.odds)
     elif piece.text:  # the text the decoder held back, flushed at the end
@@ -51,6 +61,7 @@ def publish(job: Job, piece: Piece, core) -> None:
         core.count("tokens", 1, job)
         job.result.setdefault("first", piece.elapsed_s)
         job.result["stats"] = _stats_so_far(job.result["first"], piece.elapsed_s, piece.tokens)
+        job.progress()  # saves the reply so far now and then (Job.on_progress): kill -9 keeps what was seen
 
 
 def _stats_so_far(first: float, elapsed: float, tokens: int) -> ReplyStats:
@@ -82,7 +93,8 @@ class ChatBatch:
         request: ChatRequest = job.request
         job.result.update(text=[], token_ids=[], odds=[])
         self._rows[job.id] = (job, Sequence(self.loaded, request.prompt_ids, request.params, self.prefix,
-                                            odds=request.odds))
+                                            odds=request.odds, forced=request.forced,
+                                            forced_odds=request.forced_odds))
 
     def step(self, core) -> StepReport:
         report, errors = StepReport(), {}

@@ -138,7 +138,8 @@ class Sequence:
     last Piece with the stats."""
 
     def __init__(self, loaded, prompt_ids: Seq[int], params: SamplingParams,
-                 prefix: PrefixCache | None = None, odds: bool = False) -> None:
+                 prefix: PrefixCache | None = None, odds: bool = False, forced: Seq[int] = (),
+                 forced_odds: Seq[TokenOdds | None] = ()) -> None:
         params.check()
         if len(prompt_ids) == 0:
             raise ValueError("prompt_ids is empty")
@@ -158,7 +159,9 @@ class Sequence:
         self.next_token: torch.Tensor | None = None  # (1, 1): the sampled id, fed at the next step
         self.pieces: list[Piece] = []
         self.new_tokens, self.t_first, self.stop_reason, self.reused = 0, None, None, 0
-        self._open_window()
+        self._force(forced, forced_odds)
+        if not self.finished:
+            self._open_window()
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -178,6 +181,21 @@ class Sequence:
         return len(self.cached)
 
     # -- work ------------------------------------------------------------------------------
+    def _force(self, forced: Seq[int], odds: Seq[TokenOdds | None]) -> None:
+        """The reply's first tokens are given (a branch from a token of another version): they become
+        its first pieces, as if sampled, and the model goes on from them."""
+        for i, token in enumerate(forced):
+            if self.tok.is_special(token):  # forcing the end: the reply ends there
+                self.stop_reason = "end"
+                return
+            self.new_tokens += 1
+            self.ids.append(token)
+            self.pieces.append(Piece(self.decoder.decode(self.tok.decode_single_token_bytes(token)),
+                                     self.new_tokens, 0.0, token=token, odds=odds[i] if i < len(odds) else None))
+            if self.new_tokens >= self.params.max_new_tokens:
+                self.stop_reason = "length"
+                return
+
     def _open_window(self) -> None:
         """Start (or, once the window is full, restart) the prefill of the last block_size ids."""
         window = self.ids[-self.block_size:]
@@ -254,7 +272,7 @@ class Sequence:
         self.cancel()
         total = time.perf_counter() - self.t0
         n, first = self.new_tokens, self.t_first
-        rate = (n - 1) / (total - first) if n > 1 and total > first else None
+        rate = (n - 1) / (total - first) if n > 1 and first is not None and total > first else None
         stats = GenerationStats(self.prompt_tokens, n, first, total, rate, self.stop_reason, True, self.reused)
         return Piece(self.decoder.decode(b"", final=True), n, total, stats)
 
@@ -298,6 +316,8 @@ def generate(
     should_stop: Callable[[], bool] | None = None,
     prefix_cache: PrefixCache | None = None,
     odds: bool = False,
+    forced: Seq[int] = (),
+    forced_odds: Seq[TokenOdds | None] = (),
 ) -> Iterator[Piece]:
     """Yield a Piece per sampled token, then a last Piece carrying GenerationStats.
 
@@ -305,7 +325,8 @@ def generate(
     seed makes sampling reproducible with a private generator (the global RNG is untouched).
     prefix_cache: reuse (and afterwards keep) the KV cache of an unchanged prompt prefix; only the
     core's worker may pass one, since the cache lives on the device.
-    odds: give each Piece the model's odds for its token (webapp/chat/odds.py; KV-cached models).
+    odds: give each Piece the model's odds for its token (webapp/chat/odds.py).
+    forced: the reply's first tokens, given rather than sampled (with their odds, where known).
     Raises ValueError for arguments out of range, before any work.
     """
     params = SamplingParams(max_new_tokens, temperature, top_k, seed)
@@ -314,8 +335,9 @@ def generate(
         raise ValueError("prompt_ids is empty")
     should_stop = should_stop or (lambda: False)
     if loaded.supports_kv_cache:
-        return _generate_cached(Sequence(loaded, prompt_ids, params, prefix_cache, odds), should_stop)
-    return _generate_recompute(loaded, list(prompt_ids), params, should_stop, odds)
+        return _generate_cached(Sequence(loaded, prompt_ids, params, prefix_cache, odds, forced, forced_odds),
+                                should_stop)
+    return _generate_recompute(loaded, list(prompt_ids), params, should_stop, odds, forced, forced_odds)
 
 
 def _generate_cached(seq: Sequence, should_stop) -> Iterator[Piece]:
@@ -339,14 +361,22 @@ def _generate_cached(seq: Sequence, should_stop) -> Iterator[Piece]:
 
 
 def _generate_recompute(loaded, ids: list[int], params: SamplingParams, should_stop,
-                        odds: bool = False) -> Iterator[Piece]:
+                        odds: bool = False, forced: Seq[int] = (), forced_odds: Seq = ()) -> Iterator[Piece]:
     """The owner's loop, for models without a KV cache: the whole (cropped) window every step."""
     t0 = time.perf_counter()
     model, tok, block = loaded.model, loaded.tokenizer, loaded.block_size
     device = next(model.parameters()).device
     gen, decoder = _generator(device, params.seed), _TextDecoder()
     prompt_tokens, n, t_first, reason = len(ids), 0, None, "length"
-    while True:
+    for i, token in enumerate(forced):  # given first tokens, as in Sequence._force
+        if tok.is_special(token):
+            reason = "end"
+            break
+        n += 1
+        ids.append(token)
+        yield Piece(decoder.decode(tok.decode_single_token_bytes(token)), n, 0.0, token=token,
+                    odds=forced_odds[i] if i < len(forced_odds) else None)
+    while n < params.max_new_tokens and reason != "end":
         if should_stop():
             reason = "cancelled"
             break
@@ -369,6 +399,6 @@ def _generate_recompute(loaded, ids: list[int], params: SamplingParams, should_s
         if n == params.max_new_tokens:
             break
     total = time.perf_counter() - t0
-    rate = (n - 1) / (total - t_first) if n > 1 and total > t_first else None
+    rate = (n - 1) / (total - t_first) if n > 1 and t_first is not None and total > t_first else None
     stats = GenerationStats(prompt_tokens, n, t_first, total, rate, reason, False, 0)
     yield Piece(decoder.decode(b"", final=True), n, total, stats)

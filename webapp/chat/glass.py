@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from webapp.chat.batch import Forced
 from webapp.chat.odds import TokenOdds
 from webapp.chat.prompt import PromptReport
 
@@ -44,11 +45,11 @@ class TokenView:
     token: int
     text: str
     whole: bool  # False: a byte of a character, shown as bytes
-    probability: float
-    sampled_probability: float
-    rank: int
-    entropy_bits: float
-    shade: int
+    probability: float | None  # None: typed into a branch, not sampled
+    sampled_probability: float | None
+    rank: int | None
+    entropy_bits: float | None
+    shade: int | str  # 0..SHADES-1, or "typed"
     alternatives: list[Alternative]
 
 
@@ -61,8 +62,17 @@ def token_views(tokenizer, rows: list) -> list[TokenView]:
         alternatives = [Alternative(t, token_text(tokenizer, t)[0], p, q, t == odds.token)
                         for t, p, q in odds.alternatives]
         views.append(TokenView(index, odds.token, text, whole, odds.probability, odds.sampled_probability,
-                               odds.rank, odds.entropy_bits, shade(odds.probability), alternatives))
+                               odds.rank, odds.entropy_bits, "typed" if odds.typed else shade(odds.probability),
+                               alternatives))
     return views
+
+
+def first_difference(a: list[TokenView], b: list[TokenView]) -> int | None:
+    """The index of the first token where two replies differ (None: one is the other's start, or equal)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x.token != y.token:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 @dataclass
@@ -80,3 +90,40 @@ def prompt_view(tokenizer, data: dict) -> tuple[PromptReport, list[PromptPartVie
                             [(t, token_text(tokenizer, t)[0]) for t in report.ids[p.start:p.end]], p.tokens)
              for p in report.parts]
     return report, parts
+
+
+def branch_tokens(tokenizer, rows: list, form, max_chars: int) -> Forced:
+    """A branch's first tokens from the form: the reply's tokens before `index`, then `token` (one of the
+    alternatives shown there) or the tokens of `text` (a continuation typed by hand). Raises ValueError
+    with a message for the person."""
+    try:
+        index = int(form.get("index", ""))
+    except ValueError:
+        raise ValueError("Choose a token of the reply to branch from.") from None
+    if not 0 <= index < len(rows):
+        raise ValueError(f"The reply has tokens 1 to {len(rows)}; there is no token {index + 1}.")
+    kept = [TokenOdds.from_row(row) for row in rows[:index]]
+    at = TokenOdds.from_row(rows[index])
+    text = form.get("text", "")
+    if form.get("token", "") != "" and at.typed:
+        raise ValueError("That token was typed, not sampled: it has no alternatives. Type a continuation.")
+    if form.get("token", "") != "":
+        try:
+            token = int(form["token"])
+        except ValueError:
+            raise ValueError("Choose one of the alternatives shown.") from None
+        place = next((i for i, (t, _, _) in enumerate(at.alternatives) if t == token), None)
+        if place is None:
+            raise ValueError("Choose one of the alternatives shown, or type a continuation.")
+        _, p, q = at.alternatives[place]
+        picked = [TokenOdds(token, p, q, place + 1, at.entropy_bits, at.alternatives)]
+        tokens = [token]
+    elif text.strip():
+        if len(text) > max_chars:
+            raise ValueError(f"A continuation may be at most {max_chars} characters.")
+        tokens = tokenizer.encode_ordinary(text)
+        picked = [None] * len(tokens)  # typed, not sampled: no odds of its own
+    else:
+        raise ValueError("Choose an alternative, or type how the reply should go on.")
+    return Forced(tuple([o.token for o in kept] + tokens),
+                  tuple(None if o.typed else o for o in kept) + tuple(picked))

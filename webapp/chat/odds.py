@@ -21,11 +21,20 @@ _LN2 = math.log(2)
 @dataclass(frozen=True)
 class TokenOdds:
     token: int
-    probability: float  # under the model, at temperature 1
-    sampled_probability: float  # under the distribution sampled from; greedy: 1 for its pick
-    rank: int  # 1: the model's most likely token
-    entropy_bits: float  # of the model's distribution
+    probability: float | None  # under the model, at temperature 1 (None: typed by a person, not sampled)
+    sampled_probability: float | None  # under the distribution sampled from; greedy: 1 for its pick
+    rank: int | None  # 1: the model's most likely token
+    entropy_bits: float | None  # of the model's distribution
     alternatives: tuple[tuple[int, float, float], ...]  # (id, probability, sampled probability), most likely first
+
+    @classmethod
+    def given(cls, token: int) -> "TokenOdds":
+        """A token a person typed into a branch: it has an id but no odds of its own."""
+        return cls(token, None, None, None, None, ())
+
+    @property
+    def typed(self) -> bool:
+        return self.probability is None
 
     def as_row(self) -> list:
         """Compact JSON for storage: [id, p, p_sampled, rank, entropy, [[id, p, p_sampled], ...]]."""
@@ -38,8 +47,8 @@ class TokenOdds:
         return cls(token, p, q, rank, entropy, tuple((i, a, b) for i, a, b in alts))
 
 
-def _r(x: float) -> float:
-    return float(f"{x:.4g}")  # four significant digits: what a bar or a percentage can show
+def _r(x: float | None) -> float | None:
+    return None if x is None else float(f"{x:.4g}")  # four significant digits: what a bar can show
 
 
 def token_odds(logits: torch.Tensor, tokens: torch.Tensor, temperatures: list[float],

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
-
-from webapp.chat.batch import ChatAlone, ChatBatch, ChatRequest
+from webapp.chat.batch import ChatAlone, ChatBatch, ChatRequest, Forced
 from webapp.chat.forms import Sampling
 from webapp.chat.generate import SamplingParams
 from webapp.chat.prompt import PromptBuilder, PromptReport
@@ -83,30 +81,24 @@ class ChatService:
         return self.prompts.explain(turns, sampling.max_new_tokens)
 
     def start_reply(self, owner: str, conversation_id: str, prompt: PromptReport, sampling: Sampling,
-                    then: Callable[[int], None] | None = None) -> int:
-        """Save a pending assistant message and queue the job that writes it.
-
-        `then(message_id)` runs once the core has taken the job: what a reply replaces (the old
-        reply, the turns after an edited message) is dropped only then, so a refused job loses nothing.
-        """
+                    forced: Forced | None = None) -> int:
+        """Save a pending assistant message (after the branch shown) and queue the job that writes it;
+        a refused job, or a failing save, takes the message back. `forced`: the reply's first tokens
+        are given (a branch from a token of another version), the model goes on from them."""
         message_id = self.store.add_message(conversation_id, "assistant", "", status="pending",
                                             settings=sampling.as_dict())
-        self.store.save_prompt(message_id, prompt.as_dict())
         params = SamplingParams(sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.seed)
-        job = Job("chat", owner, ChatRequest(tuple(prompt.ids), params), on_finish=self._saver(message_id),
+        request = ChatRequest(tuple(prompt.ids), params, forced=forced.tokens if forced else (),
+                              forced_odds=forced.odds if forced else ())
+        job = Job("chat", owner, request, on_finish=self._saver(message_id),
+                  on_progress=lambda job: self.store.save_progress(message_id, "".join(job.result["text"])),
                   ref=message_id)
         try:
+            self.store.save_prompt(message_id, prompt.as_dict())
             self.core.submit(job)
         except Exception:
             self.store.delete_message(conversation_id, message_id)
             raise
-        if then is not None:
-            try:
-                then(message_id)
-            except Exception:  # e.g. the database was busy: take the new reply back, keep the old state
-                job.cancel()
-                self.store.delete_message(conversation_id, message_id)
-                raise
         return message_id
 
     def job_for(self, message_id: int) -> Job | None:

@@ -58,11 +58,24 @@ class TooManyJobs(Refused):
         super().__init__(self.message)
 
 
+class TooManyFromClient(Refused):
+    """This client address already has as many jobs queued or running as one address may, whatever
+    cookies it sends (a script that drops its cookie is a new browser, but the same address)."""
+
+    reason = "too_many"
+    message = ("Too many runs or replies are waiting or running from your address. Wait for some to finish; "
+               "scripts: keep the session cookie and send one request at a time.")
+
+    def __init__(self) -> None:
+        super().__init__(self.message)
+
+
 class InferenceCore:
     def __init__(self, models: dict[str, Any], executors: dict[str, WholeJobs | BatchedJobs] | None = None, *,
                  warmups: dict[str, Callable[[Any], None]] | None = None,
                  load_seconds: dict[str, float] | None = None, torch_threads: int = 0,
-                 max_queue: int = 64, max_jobs_per_owner: int = 0, keep_finished: int = 512) -> None:
+                 max_queue: int = 64, max_jobs_per_owner: int = 0, max_jobs_per_client: int = 0,
+                 keep_finished: int = 512) -> None:
         # Models are loaded by the caller (a broken checkpoint must stop start-up); from here
         # on only the worker thread touches them, through the executors.
         self.models = models
@@ -72,6 +85,10 @@ class InferenceCore:
         self._torch_threads = torch_threads
         self.max_queue = max_queue
         self.max_jobs_per_owner = max_jobs_per_owner  # 0: no per-owner limit
+        self.max_jobs_per_client = max_jobs_per_client  # 0: no per-address limit
+        self._turns: dict[str, int] = {}  # client -> when it last had a job taken (fair order)
+        self._turn = 0
+        self.on_shutdown: list[Callable[[], None]] = []  # run once the worker has stopped (e.g. unlock the instance)
         self.warmup_error: str | None = None
         self.ready = threading.Event()  # set once every model has run one warm-up pass
         self._queue: collections.deque[Job] = collections.deque()  # waiting, in order of submission
@@ -98,6 +115,9 @@ class InferenceCore:
             # Checked here, under the lock, so two requests of one browser cannot both slip in.
             if self.max_jobs_per_owner and self._active_jobs(job.owner) >= self.max_jobs_per_owner:
                 raise TooManyJobs()
+            if (self.max_jobs_per_client and job.client
+                    and self._active_jobs(job.client, by="client") >= self.max_jobs_per_client):
+                raise TooManyFromClient()
             if len(self._queue) >= self.max_queue:
                 raise QueueFull()
             self._queue.append(job)
@@ -132,9 +152,9 @@ class InferenceCore:
         if job is not None:
             job.counts[name] = job.counts.get(name, 0) + n
 
-    def _active_jobs(self, owner: str) -> int:
-        """Jobs of one owner that are queued or running (the per-browser limit counts these)."""
-        return sum(1 for j in self._jobs.values() if j.owner == owner and j.state in (QUEUED, RUNNING))
+    def _active_jobs(self, who: str, by: str = "owner") -> int:
+        """Jobs of one owner (or client address) that are queued or running: what the limits count."""
+        return sum(1 for j in self._jobs.values() if getattr(j, by) == who and j.state in (QUEUED, RUNNING))
 
     @property
     def accepting(self) -> bool:
@@ -164,6 +184,9 @@ class InferenceCore:
         for job in pending:
             job.cancel()
         self._worker.join(timeout)
+        for hook in self.on_shutdown:
+            hook()
+        self.on_shutdown.clear()
 
     # -- the worker ------------------------------------------------------------------------
     def _work(self) -> None:
@@ -209,7 +232,7 @@ class InferenceCore:
                     self._finish_unstarted(job)
                 room = {kind: ex.max_rows - ex.rows for kind, ex in self.executors.items() if ex.batched}
                 admitted, whole = [], None
-                for job in list(self._queue):
+                for job in self._fair_order():
                     if job.kind in room:
                         if room[job.kind] > 0:
                             room[job.kind] -= 1
@@ -219,6 +242,7 @@ class InferenceCore:
                 for job in admitted + ([whole] if whole else []):
                     self._queue.remove(job)
                     self._running[job.id] = job
+                    self._took(job)
                 self._renumber()
                 busy = any(ex.rows for ex in self._batched())
                 if admitted or whole or busy:
@@ -227,10 +251,34 @@ class InferenceCore:
                     return None
                 self._lock.wait(0.5)
 
-    def _renumber(self) -> None:
-        """Each waiting job's place in its lane: among the jobs it really waits behind."""
-        places: collections.Counter = collections.Counter()
+    def _fair_order(self) -> list[Job]:
+        """The waiting jobs in the order they will be taken: round-robin across clients (by address, else
+        by owner), each client's own jobs oldest first; the client served longest ago goes first (then
+        the one whose oldest job is oldest). So one client's burst cannot push another client's first
+        job behind all of it."""
+        by_client: dict[str, collections.deque[Job]] = {}
         for job in self._queue:
+            by_client.setdefault(job.client or job.owner, collections.deque()).append(job)
+        clients = sorted(by_client, key=lambda c: self._turns.get(c, 0))  # stable: oldest job breaks ties
+        order, lanes = [], [by_client[c] for c in clients]
+        while lanes:
+            for lane in lanes:
+                order.append(lane.popleft())
+            lanes = [lane for lane in lanes if lane]
+        return order
+
+    def _took(self, job: Job) -> None:
+        """Note that this job's client was served now (under the lock)."""
+        self._turn += 1
+        self._turns[job.client or job.owner] = self._turn
+        if len(self._turns) > 4096:  # bounded: forget clients with nothing waiting (they rank as new)
+            waiting = {j.client or j.owner for j in self._queue}
+            self._turns = {c: t for c, t in self._turns.items() if c in waiting}
+
+    def _renumber(self) -> None:
+        """Each waiting job's place in its lane: among the jobs it really waits behind (in fair order)."""
+        places: collections.Counter = collections.Counter()
+        for job in self._fair_order():
             lane = job.kind if job.kind in self.executors and self.executors[job.kind].batched else "whole"
             places[lane] += 1
             job.set_position(places[lane])
@@ -271,7 +319,9 @@ class InferenceCore:
         self._finish(job, outcome, error)
 
     def _finish(self, job: Job, outcome: str, error: str | None) -> None:
-        self._call_on_finish(job, outcome, error)
+        if job.save_error is not None:  # its partial result could not be saved: it stopped for that
+            outcome, error = FAILED, job.save_error
+        outcome, error = self._call_on_finish(job, outcome, error)
         job.set_state(outcome, error)
         with self._lock:
             self._running.pop(job.id, None)
@@ -280,20 +330,25 @@ class InferenceCore:
         self.job_metrics.job_finished(job)
 
     def _finish_unstarted(self, job: Job) -> None:
-        self._call_on_finish(job, CANCELLED, None)
-        job.set_state(CANCELLED)
-        self.counters["cancelled"] += 1
+        outcome, error = self._call_on_finish(job, CANCELLED, None)
+        job.set_state(outcome, error)
+        self.counters[outcome] += 1
         self._retire(job)
         self.job_metrics.job_finished(job)
 
-    def _call_on_finish(self, job: Job, outcome: str, error: str | None) -> None:
-        # Save before announcing the end, so a reload right after "done" finds the saved result.
+    def _call_on_finish(self, job: Job, outcome: str, error: str | None) -> tuple[str, str | None]:
+        """Save before announcing the end, so a reload right after "done" finds the saved result.
+        -> the outcome to announce: failed, with the reason, when the result could not be saved
+        (disk full, read-only database), so nobody is told a reply was kept that was not."""
         if job.on_finish is None:
-            return
+            return outcome, error
         try:
             job.on_finish(job, outcome, error)
-        except Exception:
-            log.exception("on_finish of job %s failed", job.id)
+        except Exception as exc:
+            log.error("saving job %s (%s) failed: %s", job.id, job.kind, exc)
+            job.save_error = job.save_error or f"Could not save the result: {exc or type(exc).__name__}"
+            return FAILED, job.save_error
+        return outcome, error
 
     def _retire(self, job: Job) -> None:
         # Finished jobs stay findable for replay; the oldest finished ones are forgotten.
@@ -303,4 +358,5 @@ class InferenceCore:
             del self._jobs[old.id]
 
 
-__all__ = ["CoreClosed", "Finished", "InferenceCore", "QueueFull", "Refused", "StepReport", "TooManyJobs"]
+__all__ = ["CoreClosed", "Finished", "InferenceCore", "QueueFull", "Refused", "StepReport", "TooManyFromClient",
+           "TooManyJobs"]

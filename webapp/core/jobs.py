@@ -8,6 +8,7 @@ generated twice.  When the last subscriber leaves an unfinished job, the job is 
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import threading
 import time
@@ -17,6 +18,16 @@ from typing import Any, Callable, Iterator
 
 QUEUED, RUNNING, DONE, CANCELLED, FAILED = "queued", "running", "done", "cancelled", "failed"
 FINISHED = frozenset({DONE, CANCELLED, FAILED})
+
+# The address of the client whose request creates a job (as the trusted proxy reports it). Set by the
+# web layer before each request, so the services need not pass it along: the core limits jobs per
+# address and takes waiting jobs round-robin across addresses (a script can shed its cookie, not its address).
+CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("glassbox_client", default="")
+
+# A running job's partial result is saved (Job.on_progress) after this many pieces or seconds,
+# whichever comes first: a kill -9 loses at most that much of what the user saw.
+PROGRESS_PIECES = 32
+PROGRESS_SECONDS = 1.0
 
 
 class JobCancelled(Exception):
@@ -39,8 +50,11 @@ class Job:
     # Called once with (job, outcome, error) before the end is announced: saves results,
     # whatever the outcome (done, cancelled, failed).
     on_finish: Callable[["Job", str, str | None], None] | None = None
+    # Called now and then while it runs (Job.progress) with the job: saves the partial result.
+    on_progress: Callable[["Job"], None] | None = None
     # A job nobody ever subscribed to is abandoned after this many seconds.
     orphan_seconds: float = 30.0
+    client: str = field(default_factory=CLIENT.get)  # who asked (an address), for per-client limits
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: float = field(default_factory=time.monotonic)
     state: str = QUEUED
@@ -61,6 +75,28 @@ class Job:
         self._subscribers = 0
         self._ever_subscribed = False
         self._cancel = threading.Event()
+        self._unsaved, self._saved_at = 0, time.monotonic()
+        self.save_error: str | None = None  # set when saving its result failed: the job then fails
+
+    def progress(self) -> None:
+        """Called by the executor after each piece it publishes: saves the partial result every
+        PROGRESS_PIECES pieces or PROGRESS_SECONDS. A failed save (disk full, read-only) stops the job,
+        which then ends as failed with the reason (InferenceCore._finish)."""
+        if self.on_progress is None or self.save_error is not None:
+            return
+        self._unsaved += 1
+        now = time.monotonic()
+        if self._unsaved < PROGRESS_PIECES and now - self._saved_at < PROGRESS_SECONDS:
+            return
+        self._unsaved, self._saved_at = 0, now
+        try:
+            self.on_progress(self)
+        except Exception as error:
+            self.fail_saving(error)
+
+    def fail_saving(self, error: Exception) -> None:
+        self.save_error = f"Could not save the result: {error or type(error).__name__}"
+        self.cancel()
 
     # -- producer side (the core's worker) -------------------------------------------------
     def emit(self, name: str, **data: Any) -> None:

@@ -7,11 +7,12 @@ an ordinary HTML form and htmx only saves the page reload.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from dataclasses import dataclass, field
 
-from webapp.loops.request import DemoRequest
+from webapp.loops.request import DemoRequest, RequestError
 from webapp.loops.task import PRESETS, SYMBOLS, preset, shuffle_rules
 
 PRESET_LABELS = {"cycle": "One 26-cycle", "identity": "Identity", "permutation": "Random permutation",
@@ -24,6 +25,7 @@ class EditorState:
     start: str = "A"
     steps: str = "8"
     errors: dict = field(default_factory=dict)
+    model: str = "main"
 
     @classmethod
     def default(cls, rng: random.Random | None = None) -> "EditorState":
@@ -33,11 +35,11 @@ class EditorState:
     def from_form(cls, form) -> "EditorState":
         sources, destinations = form.getlist("src"), form.getlist("dst")
         pairs = [[s, d] for s, d in zip(sources, destinations)]
-        return cls(pairs, form.get("start", ""), form.get("steps", ""))
+        return cls(pairs, form.get("start", ""), form.get("steps", ""), model=form.get("model", "main"))
 
     @classmethod
-    def from_request(cls, request: dict) -> "EditorState":
-        return cls([list(p) for p in request["mapping"]], request["start"], str(request["steps"]))
+    def from_request(cls, request: dict, model: str = "main") -> "EditorState":
+        return cls([list(p) for p in request["mapping"]], request["start"], str(request["steps"]), model=model)
 
     def as_request_value(self) -> dict:
         """The seed's request JSON; steps stays a string unless it is a plain whole number."""
@@ -61,6 +63,9 @@ class EditorState:
             self.start = arg
 
 
-def parse_request(state: EditorState) -> DemoRequest:
-    """Raises RequestError with the owner's message and the field it concerns."""
-    return DemoRequest.parse(state.as_request_value())
+def parse_request(state: EditorState, models=("main",)) -> DemoRequest:
+    """Raises RequestError with the owner's message and the field it concerns; `models`: the names offered."""
+    request = DemoRequest.parse(state.as_request_value())
+    if state.model not in models:
+        raise RequestError("Choose one of the models offered", "model")
+    return dataclasses.replace(request, model=state.model)

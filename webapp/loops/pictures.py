@@ -82,4 +82,6 @@ def stop_chart(rows: list[dict], steps: int, threshold: float, width: int = 480,
             "k_x": x(steps) if steps <= loops else None, "steps": steps,
             "x_ticks": [{"x": x(t), "label": t} for t in ticks],
             "y_ticks": [{"y": y(p), "label": p} for p in (0, 0.5, 1)],
-            "last": {"x": x(rows[-1]["loop"]), "y": y(rows[-1]["stop_probability"])} if rows else None}
+            "last": {"x": x(rows[-1]["loop"]), "y": y(rows[-1]["stop_probability"])} if rows else None,
+            # where loop N is, for the player's marker: x(N) = x0 + dx * (N - 1)
+            "x_of": x, "x0": left, "dx": round(plot_w / max(loops - 1, 1), 4)}

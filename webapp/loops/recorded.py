@@ -25,8 +25,8 @@ def parse_trace_file(data: bytes) -> dict:
     if len(data) > MAX_FILE_BYTES:
         raise TraceFileError("That file is too large to be a Glassbox trace.")
     try:
-        snapshot = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        snapshot = json.loads(data.decode("utf-8"), parse_constant=_no_constants)
+    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested thousands deep
         raise TraceFileError("That file is not JSON; download a trace from Glassbox and upload that file.")
     if not isinstance(snapshot, dict) or snapshot.get("schema_version") != 1:
         raise TraceFileError("That file is not a Glassbox trace (schema_version 1).")
@@ -44,8 +44,16 @@ def parse_trace_file(data: bytes) -> dict:
     reason = snapshot.get("summary", {}).get("stop_reason") if isinstance(snapshot.get("summary"), dict) else None
     if reason not in ("head", "cap"):
         raise TraceFileError("The trace's summary must say whether the head or the cap stopped it.")
+    checkpoint = snapshot.get("checkpoint", "unknown")
+    checkpoint = checkpoint if isinstance(checkpoint, str) else "unknown"
+    # Only known fields are kept (rescore); the one free text is made valid UTF-8 (a lone surrogate
+    # from a \ud800 escape cannot be written into a page) and bounded.
     return {"request": request, "rows": rows, "stop_reason": reason,
-            "checkpoint": str(snapshot.get("checkpoint", "unknown"))[:200]}
+            "checkpoint": checkpoint.encode("utf-8", "replace").decode("utf-8")[:200]}
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not JSON")  # NaN, Infinity: Python's json accepts them, browsers do not
 
 
 def _row_problem(row, number: int) -> str | None:
@@ -62,10 +70,16 @@ def _row_problem(row, number: int) -> str | None:
     if row["stop_probability"] > 1:
         return "stop_probability must be at most 1"
     top3 = row.get("top3")
-    if not isinstance(top3, list) or not all(isinstance(t, dict) and t.get("symbol") in list(SYMBOLS)
-                                             and isinstance(t.get("probability"), (int, float)) for t in top3):
-        return "top3 must list letters with probabilities"
+    if not isinstance(top3, list) or len(top3) > 3 or not all(
+            isinstance(t, dict) and t.get("symbol") in list(SYMBOLS) and _probability(t.get("probability"))
+            for t in top3):
+        return "top3 must list up to three letters with probabilities from 0 to 1"
     return None
+
+
+def _probability(value) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            and 0 <= value <= 1)
 
 
 def rescore(parsed: dict) -> dict:
@@ -74,7 +88,9 @@ def rescore(parsed: dict) -> dict:
     builder = TraceBuilder(request)
     keep = ("loop", "prediction", "direct_prediction", "stop_probability", "top3", "arrival_seconds")
     for row in parsed["rows"]:
-        builder.add({k: row[k] for k in keep})
+        kept = {k: row[k] for k in keep}
+        kept["top3"] = [{"symbol": t["symbol"], "probability": t["probability"]} for t in row["top3"]]
+        builder.add(kept)
     rows = builder.rows
     return {"schema_version": 1, "source": "recorded", "checkpoint": parsed["checkpoint"],
             "request": request.payload(), "threshold": STOP_THRESHOLD, "safety_cap": SAFETY_CAP,

@@ -30,6 +30,7 @@ class DemoRequest:
     pairs: tuple[tuple[str, str], ...]
     start: str
     steps: int
+    model: str = "main"  # which of the Loop lab's models runs it (webapp/loops/service.py); not in payload()
 
     @classmethod
     def parse(cls, value: Any, *, max_steps: int = MAX_STEPS) -> "DemoRequest":

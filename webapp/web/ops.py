@@ -21,7 +21,11 @@ def readyz():
     so a load balancer stops sending work to a process that will not take it."""
     core = get_core()
     if core.ready.is_set() and core.accepting:
-        return jsonify(status="ready", models=sorted(core.models))
+        # A process whose database cannot be written (disk full, read-only) would lose every reply.
+        problem = current_app.extensions["glassbox.db"].writable()
+        if problem is None:
+            return jsonify(status="ready", models=sorted(core.models))
+        return jsonify(status="not ready", reason=f"the database cannot be written: {problem}"), 503
     reason = "shutting down" if not core.accepting else core.warmup_error or "warming up"
     return jsonify(status="not ready", reason=reason), 503
 

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import re
-import threading
 from typing import Callable, Iterator
 
-from flask import Response, abort, current_app, stream_with_context
+from flask import Response, current_app, stream_with_context
 
 from webapp.core.jobs import Event, Job
-from webapp.web import get_core
-
-STREAMS_FULL = "Too many open streams; reload the page in a moment."
+from webapp.web.streams import StreamSlot, long_response
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")  # SSE's own line ends; str.splitlines() splits on more
 
@@ -30,8 +27,15 @@ def comment(text: str = "") -> str:
 
 
 def sse_response(body: Iterator[str]) -> Response:
+    """An SSE response that ends at once (nothing long-lived: no slot). Anything that waits or paces
+    goes through `event_stream`, which holds a GLASSBOX_MAX_STREAMS slot."""
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return Response(stream_with_context(body), mimetype="text/event-stream", headers=headers)
+
+
+def event_stream(body: Iterator[str], slot: StreamSlot | None = None) -> Response:
+    """A long-lived SSE response, counted against GLASSBOX_MAX_STREAMS (webapp/web/streams.py)."""
+    return long_response(body, "text/event-stream", slot)
 
 
 def stream_job(job: Job, render: Callable[[Event], str | None],
@@ -43,33 +47,20 @@ def stream_job(job: Job, render: Callable[[Event], str | None],
     The stream holds one of GLASSBOX_MAX_STREAMS slots (503 when none is free), freed when the
     server closes the response, whatever ended it.
     """
-    core, settings = get_core(), current_app.config["GLASSBOX"]
-    if not core.take_stream_slot(settings.max_streams):
-        abort(503, STREAMS_FULL)
-
-    released = threading.Lock()
-
-    def release() -> None:  # once: when the body ends, or when the server closes a body never started
-        if released.acquire(blocking=False):
-            core.stream_opened(-1)
+    settings = current_app.config["GLASSBOX"]
 
     def body() -> Iterator[str]:
-        try:
-            yield comment("open")  # gunicorn sends headers with the first chunk: send one now
-            for event in job.subscribe(settings.heartbeat_seconds):
-                if event is None:
-                    yield comment("heartbeat")
-                    continue
-                html = render(event)
-                if html is not None:
-                    yield frame(event.name, html)
-            yield frame("done", render_final(job))
-        finally:
-            release()
+        yield comment("open")  # gunicorn sends headers with the first chunk: send one now
+        for event in job.subscribe(settings.heartbeat_seconds):
+            if event is None:
+                yield comment("heartbeat")
+                continue
+            html = render(event)
+            if html is not None:
+                yield frame(event.name, html)
+        yield frame("done", render_final(job))
 
-    response = sse_response(body())
-    response.call_on_close(release)
-    return response
+    return event_stream(body())
 
 
 def finished_stream(html: str) -> Response:

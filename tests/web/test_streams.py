@@ -1,0 +1,150 @@
+"""One place counts streams: every long-lived response (chat and Loop-lab SSE, paced replays, the NDJSON
+API, the no-JavaScript waits) holds a GLASSBOX_MAX_STREAMS slot, frees it on every exit path, and is
+refused with 503 + Retry-After while none is free; pages keep answering. Paced replays are bounded."""
+
+from __future__ import annotations
+
+import re
+import string
+import threading
+import time
+
+import pytest
+
+from tests.conftest import csrf_of, make_app, wait_for
+from tests.support.chat_models import tiny_chat_model
+from tests.support.loop_models import bundle
+from webapp.loops.views import REPLAY_MAX_GAP_SECONDS, REPLAY_MAX_SECONDS, replay_frames, replay_schedule
+
+LETTERS = list(string.ascii_uppercase)
+CYCLE = [[a, b] for a, b in zip(LETTERS, LETTERS[1:] + LETTERS[:1])]
+HX = {"HX-Request": "true"}
+
+
+@pytest.fixture
+def one_slot(tmp_path):
+    models = {"chat": tiny_chat_model(tmp_path / "chat", seconds_per_step=0.02), "loops": bundle(delay=0.02)}
+    app = make_app(tmp_path, models, max_streams=1)
+    yield app
+    app.extensions["glassbox.core"].shutdown()
+
+
+def hold_slot(app):
+    """Take the one slot with a paced replay of a trace whose loops were recorded 1e300 s apart."""
+    client = app.test_client()
+    csrf = csrf_of(client, "/loops/")
+    trace = client.post("/loops/run", data={"csrf_token": csrf, "src": LETTERS, "dst": LETTERS[1:] + LETTERS[:1],
+                                            "start": "A", "steps": "3"}).headers["Location"]
+    streaming = client.get(trace + "/replay", buffered=False)
+    body = iter(streaming.response)
+    next(body)  # open: the replay now holds its thread and the slot
+    return client, streaming, body
+
+
+def refused(response) -> bool:
+    return (response.status_code == 503 and response.headers.get("Retry-After") == "5"
+            and "Too many open streams" in response.get_data(as_text=True))
+
+
+def test_every_long_lived_route_is_counted_and_refused_when_no_slot_is_free(one_slot):
+    core = one_slot.extensions["glassbox.core"]
+    holder, streaming, _ = hold_slot(one_slot)
+    assert core.open_streams == 1
+    other = one_slot.test_client()
+    csrf = csrf_of(other, "/chat/")
+    started = time.monotonic()
+    assert other.get("/loops/").status_code == 200 and other.get("/chat/").status_code == 200  # pages answer
+    assert time.monotonic() - started < 5
+    trace = holder.post("/loops/run", data={"csrf_token": csrf_of(holder, "/loops/"), "src": LETTERS,
+                                            "dst": LETTERS, "start": "A", "steps": "2"})
+    assert refused(trace)  # the no-JS run waits for its run: it needs a slot too
+    checks = {
+        "replay": holder.get(re.sub(r"/replay$", "", streaming.request.path) + "/replay"),
+        "api": other.post("/api/loops/trace", json={"mapping": CYCLE, "start": "A", "steps": 2}),
+        "no-js send": other.post("/chat/send", data={"csrf_token": csrf, "content": "hi", "max_new_tokens": "2"}),
+    }
+    for name, response in checks.items():
+        assert refused(response), (name, response.status_code, response.get_data(as_text=True)[:300])
+    assert core.counters["submitted"] == 1  # refusals queued nothing (only the run that made the trace)
+    assert "/chat/c/" not in other.get("/chat/").get_data(as_text=True)  # and saved nothing
+    streaming.close()  # the replay's client hangs up: its slot is free again
+    assert wait_for(lambda: core.open_streams == 0)
+
+
+def test_slots_are_freed_when_streams_end_and_when_waits_end(one_slot):
+    core = one_slot.extensions["glassbox.core"]
+    client = one_slot.test_client()
+    api = client.post("/api/loops/trace", json={"mapping": CYCLE, "start": "A", "steps": 2})
+    assert api.status_code == 200 and api.get_data(as_text=True).count("\n") >= 3
+    assert core.open_streams == 0
+    csrf = csrf_of(client, "/chat/")
+    sent = client.post("/chat/send", data={"csrf_token": csrf, "content": "hi", "max_new_tokens": "3"})
+    assert sent.status_code == 303 and core.open_streams == 0  # no-JS: waited for the reply, then let go
+    live = client.post("/chat/send", data={"csrf_token": csrf, "content": "hi", "max_new_tokens": "3"}, headers=HX)
+    url = re.findall(r'sse-connect="([^"]+)"', live.get_data(as_text=True))[-1]
+    assert "event: done" in client.get(url).get_data(as_text=True)
+    assert core.open_streams == 0
+    # a stream whose client vanished before the body ran still frees its slot when the server closes it
+    never_read = client.get(url.replace("/stream", "/stream"), buffered=False)
+    never_read.close()
+    assert core.open_streams == 0
+
+
+def test_a_paced_replay_is_bounded_whatever_the_trace_claims():
+    rows = [{"arrival_seconds": t} for t in (0.0, 0.5, 1e300)] + \
+           [{"arrival_seconds": 1e300 * (1 + i)} for i in range(1, 100)]  # 100 gaps of 1e300 s
+    schedule = replay_schedule(rows)
+    assert schedule[:3] == [0.0, 0.5, 0.5 + REPLAY_MAX_GAP_SECONDS]  # a gap of 1e300 s waits one second
+    assert max(schedule) == REPLAY_MAX_SECONDS and schedule == sorted(schedule)
+    backwards = replay_schedule([{"arrival_seconds": 5.0}, {"arrival_seconds": 1.0}, {"arrival_seconds": 5.2}])
+    assert backwards == pytest.approx([1.0, 1.0, 1.2])  # time never runs backwards or pauses twice
+    frames = replay_frames([{"arrival_seconds": t} for t in (0.0, 0.001, 0.1, 0.101, 0.5)])
+    assert [len(rows) for _, rows in frames] == [2, 2, 1]
+
+
+def test_a_replay_says_it_is_bounded(one_slot):
+    client = one_slot.test_client()
+    trace = client.post("/loops/run", data={"csrf_token": csrf_of(client, "/loops/"), "src": LETTERS,
+                                            "dst": LETTERS, "start": "A", "steps": "2"}).headers["Location"]
+    page = client.get(trace + "?replay=paced").get_data(as_text=True)
+    assert "pauses longer than 1 s are shortened" in page and "at most 20 s" in page
+
+
+def test_a_hostile_replay_ends_within_the_bound(tmp_path):
+    """An uploaded trace whose loops claim to be 1e300 s apart replays within REPLAY_MAX_SECONDS."""
+    import io
+    import json
+    app = make_app(tmp_path, {"loops": bundle()})
+    try:
+        client = app.test_client()
+        made = client.post("/loops/run", data={"csrf_token": csrf_of(client, "/loops/"), "src": LETTERS,
+                                               "dst": LETTERS, "start": "A", "steps": "3"}).headers["Location"]
+        snapshot = client.get(made + ".json").get_json()
+        for i, row in enumerate(snapshot["trace"]):
+            row["arrival_seconds"] = 1e300 * i
+        up = client.post("/loops/traces/upload", content_type="multipart/form-data",
+                         data={"csrf_token": csrf_of(client, "/loops/"),
+                               "trace": (io.BytesIO(json.dumps(snapshot).encode()), "t.json")})
+        assert up.status_code == 303
+        started = time.monotonic()
+        replay = client.get(up.headers["Location"] + "/replay").get_data(as_text=True)
+        assert "event: done" in replay and time.monotonic() - started < 2 * REPLAY_MAX_GAP_SECONDS + 3
+    finally:
+        app.extensions["glassbox.core"].shutdown()
+
+
+def test_concurrent_takers_never_exceed_the_limit(one_slot):
+    core = one_slot.extensions["glassbox.core"]
+    won, barrier = [], threading.Barrier(8)
+
+    def take():
+        barrier.wait()
+        won.append(core.take_stream_slot(1))
+
+    threads = [threading.Thread(target=take) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert won.count(True) == 1 and core.open_streams == 1
+    core.stream_opened(-1)
