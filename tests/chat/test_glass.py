@@ -149,3 +149,22 @@ def test_two_versions_side_by_side_show_where_they_first_differ(chat_app):
     assert "They share their first 3 tokens and first differ at token 4." in html
     assert html.count('class="token-panel"') == 2 and 'id="token-panel-1"' in html and 'id="token-panel-2"' in html
     assert client.get(f"/chat/c/{cid}/m/{new['id']}/compare/{mid - 1}").status_code == 404  # not a sibling
+
+
+def test_a_reply_can_be_read_as_its_tokens_in_place_and_the_choice_is_remembered(chat_app):
+    client = chat_app.test_client()
+    cid, mid, _ = reply(client, "Token view please", max_new_tokens="6", seed="2")
+    page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
+    assert 'aria-pressed="false">Show tokens' in page and '<p class="text token-view">' not in page
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    fragment = client.post(f"/chat/c/{cid}/m/{mid}/view", data={"csrf_token": csrf, "view": "tokens"},
+                           headers={"HX-Request": "true"}).get_data(as_text=True)
+    assert fragment.lstrip().startswith(f'<li class="message assistant complete" id="message-{mid}"')
+    assert fragment.count('<a class="tok s') == 6 and 'aria-pressed="true"' in fragment
+    again = client.get(f"/chat/c/{cid}").get_data(as_text=True)  # remembered for this browser
+    assert again.count('<a class="tok s') == 6
+    other = chat_app.test_client()
+    assert other.get(f"/chat/c/{cid}").status_code == 404  # (another browser cannot see it at all)
+    back = client.post(f"/chat/c/{cid}/m/{mid}/view", data={"csrf_token": csrf, "view": "text"})
+    assert back.status_code == 303
+    assert '<a class="tok s' not in client.get(f"/chat/c/{cid}").get_data(as_text=True)

@@ -66,13 +66,13 @@ def test_a_new_version_whose_saving_fails_is_taken_back(tmp_path, monkeypatch):
 
         def busy(*args, **kwargs):
             raise sqlite3.OperationalError("database is locked")
-        monkeypatch.setattr(ChatStore, "save_prompt", busy)
+        monkeypatch.setattr(ChatStore, "begin_turn", busy)
         edit = client.post(f"/chat/c/{cid}/m/{user_id}/edit",
                            data={"csrf_token": csrf_of(client, f"/chat/c/{cid}"), "content": "changed"})
         assert edit.status_code == 500
         monkeypatch.undo()
         after = client.get(f"/chat/c/{cid}").get_data(as_text=True)
-        assert ids.findall(after) == ids.findall(before)  # the new version was taken back, the old one shown
+        assert ids.findall(after) == ids.findall(before)  # nothing of the new version was saved
         assert "changed" not in after
     finally:
         core.shutdown()

@@ -2,16 +2,38 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from webapp.chat.batch import ChatAlone, ChatBatch, ChatRequest, Forced
 from webapp.chat.forms import Sampling
 from webapp.chat.generate import SamplingParams
 from webapp.chat.prompt import PromptBuilder, PromptReport
-from webapp.chat.store import ChatStore, ReplyStats
+from webapp.chat.store import ROOT, ChatStore, ReplyStats
 from webapp.core.engine import InferenceCore
 from webapp.core.jobs import CANCELLED, DONE, Job
 from webapp.core.threads import one_torch_thread, torch_threads
 
 STATUS_OF_OUTCOME = {DONE: "complete", CANCELLED: "stopped"}  # anything else is an error
+
+
+class ChatError(Exception):
+    """A request the conversation cannot take now; `status` is the HTTP answer the web layer gives."""
+
+    def __init__(self, message: str, status: int = 409) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A checked request for a reply, nothing saved yet: where it goes, what the model is given."""
+
+    conversation: dict | None  # None: a new conversation
+    prompt: PromptReport
+    sampling: Sampling
+    user_text: str | None = None  # the question it answers, when the turn adds one
+    branch_from: int | None = None  # a new version after this message (ROOT: a first message); None: after the branch shown
+    forced: Forced | None = None  # the reply's first tokens, given
 # Below this much weight a reply runs on one intra-op thread. The bundled 14 MB model decodes 410
 # tokens/s on one thread either way, 520 on two on a quiet machine, but 17 on two when another process
 # holds a core: each operator then waits a scheduler slice for its second thread (docs/benchmarks.md,
@@ -80,26 +102,104 @@ class ChatService:
                  if m["role"] == "user" or m["status"] in ("complete", "stopped")]
         return self.prompts.explain(turns, sampling.max_new_tokens)
 
-    def start_reply(self, owner: str, conversation_id: str, prompt: PromptReport, sampling: Sampling,
-                    forced: Forced | None = None) -> int:
-        """Save a pending assistant message (after the branch shown) and queue the job that writes it;
-        a refused job, or a failing save, takes the message back. `forced`: the reply's first tokens
-        are given (a branch from a token of another version), the model goes on from them."""
-        message_id = self.store.add_message(conversation_id, "assistant", "", status="pending",
-                                            settings=sampling.as_dict())
-        params = SamplingParams(sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.seed)
-        request = ChatRequest(tuple(prompt.ids), params, forced=forced.tokens if forced else (),
-                              forced_odds=forced.odds if forced else ())
-        job = Job("chat", owner, request, on_finish=self._saver(message_id),
-                  on_progress=lambda job: self.store.save_progress(message_id, "".join(job.result["text"])),
-                  ref=message_id)
+    # -- reading (views never touch the store) -------------------------------------------------
+    def conversations(self, owner: str) -> list[dict]:
+        return self.store.conversations(owner)
+
+    def conversation(self, owner: str, conversation_id: str) -> dict | None:
+        return self.store.conversation(owner, conversation_id)
+
+    def history(self, conversation_id: str) -> list[dict]:
+        """The branch shown, oldest first (see ChatStore.messages)."""
+        return self.store.messages(conversation_id)
+
+    def message(self, conversation_id: str, message_id: int) -> dict | None:
+        return self.store.message(conversation_id, message_id)
+
+    def details(self, message_id: int) -> dict:
+        return self.store.details(message_id)
+
+    def all_messages(self, conversation_id: str) -> list[dict]:
+        return self.store.all_messages(conversation_id)
+
+    def delete(self, owner: str, conversation_id: str) -> None:
+        self.store.delete_conversation(owner, conversation_id)
+
+    # -- turns: check, then save in one transaction, submit, take back if refused ----------------
+    def send_turn(self, conversation: dict | None, content: str, sampling: Sampling, max_messages: int) -> Turn:
+        """A new question in a conversation (None: a new one). Raises ChatError, PromptTooLong."""
+        history = self.history(conversation["id"]) if conversation else []
+        if len(history) + 2 > max_messages:
+            raise ChatError(f"This conversation has reached its limit of {max_messages} messages. Start a new chat.",
+                            400)
+        prompt = self.check_prompt(history + [{"role": "user", "content": content, "status": "complete"}], sampling)
+        return Turn(conversation, prompt, sampling, user_text=content)
+
+    def regenerate_turn(self, conversation: dict, sampling: Sampling) -> Turn:
+        """A new version of the last reply, after the same question; the old one stays."""
+        history = self.history(conversation["id"])
+        if not history or history[-1]["role"] != "assistant" or history[-1]["status"] == "pending":
+            raise ChatError("There is no finished reply to regenerate.")
+        return Turn(conversation, self.check_prompt(history[:-1], sampling), sampling,
+                    branch_from=history[-1]["parent_id"] or ROOT)
+
+    def edit_turn(self, conversation: dict, message: dict, content: str, sampling: Sampling) -> Turn:
+        """A new version of a question (and a reply to it); the old one stays with what followed it."""
+        if message["role"] != "user":
+            raise ChatError("Only your own messages can be edited.")
+        path = self.history(conversation["id"])
+        if any(m["status"] == "pending" for m in path):
+            raise ChatError("Stop the running reply before editing.")
+        shown = [m["id"] for m in path]
+        if message["id"] not in shown:
+            raise ChatError("That message is on a branch not shown; show it first.")
+        history = path[:shown.index(message["id"])] + [{**message, "content": content}]
+        return Turn(conversation, self.check_prompt(history, sampling), sampling, user_text=content,
+                    branch_from=message["parent_id"] or ROOT)
+
+    def branch_turn(self, conversation: dict, message: dict, forced: Forced) -> Turn:
+        """A new version of a reply that starts with `forced` (its tokens before one, then another) and
+        goes on with the reply's own settings and prompt."""
+        if any(m["status"] == "pending" for m in self.history(conversation["id"])):
+            raise ChatError("Stop the running reply before branching.")
+        details = self.details(message["id"])
+        if not details["odds"] or not details["prompt"]:
+            raise ChatError("This reply was saved before Glassbox kept its tokens, so it cannot be branched.")
+        sampling = Sampling(**{k: v for k, v in (message["settings"] or {}).items()
+                               if k in ("max_new_tokens", "temperature", "top_k", "seed")})
+        if len(forced.tokens) > sampling.max_new_tokens:
+            raise ChatError(f"That continuation is longer than the reply may be ({sampling.max_new_tokens} tokens).",
+                            400)
+        return Turn(conversation, PromptReport.from_dict(details["prompt"]), sampling,
+                    branch_from=message["parent_id"] or ROOT, forced=forced)
+
+    def start(self, owner: str, turn: Turn) -> tuple[dict, int, bool]:
+        """Save the turn and queue the job that writes its reply -> (conversation, reply id, created).
+        A refused job (Refused) or a failure takes back everything saved for it, and re-raises."""
+        conversation = turn.conversation
+        ids = self.store.begin_turn(owner, conversation["id"] if conversation else None, user_text=turn.user_text,
+                                    branch_from=turn.branch_from, settings=turn.sampling.as_dict(),
+                                    prompt=turn.prompt.as_dict())
+        p = turn.sampling
+        forced = turn.forced or Forced(())
+        request = ChatRequest(tuple(turn.prompt.ids), SamplingParams(p.max_new_tokens, p.temperature, p.top_k, p.seed),
+                              forced=forced.tokens, forced_odds=forced.odds)
+        reply_id = ids.reply_id
+        job = Job("chat", owner, request, on_finish=self._saver(reply_id),
+                  on_progress=lambda job: self.store.save_progress(reply_id, "".join(job.result["text"])),
+                  ref=reply_id)
         try:
-            self.store.save_prompt(message_id, prompt.as_dict())
             self.core.submit(job)
         except Exception:
-            self.store.delete_message(conversation_id, message_id)
+            self.store.take_back_turn(owner, ids)
             raise
-        return message_id
+        return self.store.conversation(owner, ids.conversation_id), reply_id, ids.created
+
+    def show_version(self, conversation_id: str, message_id: int) -> None:
+        """Show another version of a message, and the branch below it."""
+        if any(m["status"] == "pending" for m in self.history(conversation_id)):
+            raise ChatError("Stop the running reply before switching versions.")
+        self.store.show_message(conversation_id, message_id)
 
     def job_for(self, message_id: int) -> Job | None:
         return self.core.find("chat", message_id)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from webapp.db import Database
 
 TITLE_CHARS = 60
-ROOT = 0  # show_message(ROOT): show nothing yet, so the next message starts a new first version
+ROOT = 0  # begin_turn(branch_from=ROOT): a new version of the first message (it has no parent)
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,17 @@ class ReplyStats:
     tokens: int | None = None
     ttft_seconds: float | None = None
     tokens_per_second: float | None = None
+
+
+@dataclass(frozen=True)
+class TurnIds:
+    """What begin_turn saved, so that take_back_turn can undo it."""
+
+    conversation_id: str
+    created: bool
+    shown: int | None  # the leaf shown before
+    user_id: int | None
+    reply_id: int
 
 
 class ChatStore:
@@ -36,14 +47,6 @@ class ChatStore:
             row = db.execute("SELECT * FROM conversations WHERE id = ? AND owner = ?",
                              (conversation_id, owner)).fetchone()
         return dict(row) if row else None
-
-    def create_conversation(self, owner: str, first_message: str) -> str:
-        title = " ".join(first_message.split())[:TITLE_CHARS] or "New chat"
-        conversation_id, now = uuid.uuid4().hex[:16], time.time()
-        with self.db.connect() as db:
-            db.execute("INSERT INTO conversations (id, owner, title, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
-                       (conversation_id, owner, title, now, now))
-        return conversation_id
 
     def delete_conversation(self, owner: str, conversation_id: str) -> bool:
         with self.db.connect() as db:
@@ -88,56 +91,14 @@ class ChatStore:
                              (message_id, conversation_id)).fetchone()
         return _message(row) if row else None
 
-    def leaf(self, conversation_id: str) -> int | None:
+    def show_message(self, conversation_id: str, message_id: int) -> None:
+        """Show the branch through a message: down to its newest descendant, newest child at each step."""
         with self.db.connect() as db:
-            row = db.execute("SELECT leaf_id FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
-        return row[0] if row else None
-
-    def add_message(self, conversation_id: str, role: str, content: str, *, status: str = "complete",
-                    settings: dict | None = None, parent_id: int | None = None, after_leaf: bool = True) -> int:
-        """A new message, shown from now on: after the shown branch's last message (after_leaf), or as a
-        new version beside the messages whose parent is `parent_id`."""
-        now = time.time()
-        with self.db.connect() as db:
-            db.execute("BEGIN")
-            if after_leaf:
-                parent_id = db.execute("SELECT leaf_id FROM conversations WHERE id = ?", (conversation_id,)).fetchone()[0]
-            cursor = db.execute(
-                "INSERT INTO messages (conversation_id, role, content, status, settings, created_at, parent_id)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (conversation_id, role, content, status, json.dumps(settings) if settings else None, now, parent_id))
-            db.execute("UPDATE conversations SET updated_at = ?, leaf_id = ? WHERE id = ?",
-                       (now, cursor.lastrowid, conversation_id))
-            db.execute("COMMIT")
-        return cursor.lastrowid
-
-    def set_title(self, conversation_id: str, title: str) -> None:
-        with self.db.connect() as db:
-            db.execute("UPDATE conversations SET title = ? WHERE id = ?",
-                       (" ".join(title.split())[:TITLE_CHARS] or "New chat", conversation_id))
-
-    def show_message(self, conversation_id: str, message_id: int | None, descend: bool = True) -> None:
-        """Show the branch through a message: down to its newest descendant, newest child at each step
-        (descend=False: end the branch shown at the message itself; ROOT or None: show nothing, so the
-        next message added starts a new first version)."""
-        with self.db.connect() as db:
-            node = message_id or None
-            while descend and node and (child := db.execute("SELECT MAX(id) FROM messages WHERE parent_id = ?",
+            node = message_id
+            while node and (child := db.execute("SELECT MAX(id) FROM messages WHERE parent_id = ?",
                                                 (node,)).fetchone()[0]):
                 node = child
             db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (node, conversation_id))
-
-    def delete_message(self, conversation_id: str, message_id: int, show: int | None = None) -> None:
-        """Delete a message (and what follows it); then show `show`, else the deleted one's parent."""
-        with self.db.connect() as db:
-            db.execute("BEGIN")
-            row = db.execute("SELECT parent_id FROM messages WHERE id = ? AND conversation_id = ?",
-                             (message_id, conversation_id)).fetchone()
-            db.execute("DELETE FROM messages WHERE id = ? AND conversation_id = ?", (message_id, conversation_id))
-            if row is not None:
-                db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?",
-                           (show if show is not None else row[0], conversation_id))
-            db.execute("COMMIT")
 
     def finish_reply(self, message_id: int, content: str, status: str, error: str | None,
                      stats: ReplyStats, odds: list | None = None) -> None:
@@ -153,16 +114,52 @@ class ChatStore:
                            (json.dumps(odds, separators=(",", ":")), message_id))
             db.execute("COMMIT")
 
+    def begin_turn(self, owner: str, conversation_id: str | None, *, user_text: str | None,
+                   branch_from: int | None, settings: dict, prompt: dict) -> "TurnIds":
+        """Save what a new reply needs, in one transaction: its conversation (when new), the question
+        (when there is one), the pending reply and its prompt. The reply follows the branch shown, or
+        is a new version after `branch_from` (ROOT: a new first message). Both are shown from now on."""
+        now = time.time()
+        with self.db.connect() as db:
+            db.execute("BEGIN")
+            created = conversation_id is None
+            if created:
+                conversation_id = uuid.uuid4().hex[:16]
+                title = " ".join((user_text or "").split())[:TITLE_CHARS] or "New chat"
+                db.execute("INSERT INTO conversations (id, owner, title, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
+                           (conversation_id, owner, title, now, now))
+            shown = db.execute("SELECT leaf_id FROM conversations WHERE id = ?", (conversation_id,)).fetchone()[0]
+            parent = shown if branch_from is None else (branch_from or None)
+            user_id = None
+            if user_text is not None:
+                user_id = db.execute("INSERT INTO messages (conversation_id, role, content, status, created_at,"
+                                     " parent_id) VALUES (?, 'user', ?, 'complete', ?, ?)",
+                                     (conversation_id, user_text, now, parent)).lastrowid
+                parent = user_id
+            reply_id = db.execute("INSERT INTO messages (conversation_id, role, content, status, settings, created_at,"
+                                  " parent_id) VALUES (?, 'assistant', '', 'pending', ?, ?, ?)",
+                                  (conversation_id, json.dumps(settings), now, parent)).lastrowid
+            db.execute("INSERT INTO reply_details (message_id, prompt) VALUES (?, ?)",
+                       (reply_id, json.dumps(prompt, separators=(",", ":"))))
+            db.execute("UPDATE conversations SET updated_at = ?, leaf_id = ? WHERE id = ?", (now, reply_id, conversation_id))
+            db.execute("COMMIT")
+        return TurnIds(conversation_id, created, shown, user_id, reply_id)
+
+    def take_back_turn(self, owner: str, turn: "TurnIds") -> None:
+        """Undo begin_turn, in one transaction: the branch shown is the one shown before."""
+        with self.db.connect() as db:
+            db.execute("BEGIN")
+            if turn.created:
+                db.execute("DELETE FROM conversations WHERE id = ? AND owner = ?", (turn.conversation_id, owner))
+            else:
+                db.execute("DELETE FROM messages WHERE id IN (?, ?)", (turn.reply_id, turn.user_id or -1))
+                db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (turn.shown, turn.conversation_id))
+            db.execute("COMMIT")
+
     def save_progress(self, message_id: int, content: str) -> None:
         """A running reply's text so far (one UPDATE), so a crash keeps what the user saw."""
         with self.db.connect() as db:
             db.execute("UPDATE messages SET content = ? WHERE id = ? AND status = 'pending'", (content, message_id))
-
-    def save_prompt(self, message_id: int, prompt: dict) -> None:
-        """The exact prompt a reply is given (PromptReport.as_dict), saved with the pending reply."""
-        with self.db.connect() as db:
-            db.execute("INSERT OR REPLACE INTO reply_details (message_id, prompt) VALUES (?, ?)",
-                       (message_id, json.dumps(prompt, separators=(",", ":"))))
 
     def details(self, message_id: int) -> dict:
         """{"prompt": dict or None, "odds": list or None} of a reply (None: saved before they were kept)."""

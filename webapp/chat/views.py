@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 
-from flask import (Blueprint, Response, abort, current_app, g, redirect, render_template, request,
+from flask import (Blueprint, Response, abort, current_app, redirect, render_template, request,
                    session, url_for)
 
 from webapp.chat import glass
 from webapp.chat.forms import (FormError, FormErrors, Sampling, parse_content, parse_message, parse_sampling,
                                remembered_sampling, submitted_sampling)
-from webapp.chat.prompt import PromptReport, PromptTooLong
-from webapp.chat.service import ChatService
-from webapp.chat.store import ROOT, ChatStore
+from webapp.chat.prompt import PromptTooLong
+from webapp.chat.service import ChatError, ChatService, Turn
+from webapp.chat.store import ChatStore
 from webapp.core import Refused
 from webapp.web import get_core, refusal_headers, refusal_status
 from webapp.web import storage
@@ -39,7 +39,7 @@ def is_htmx() -> bool:
 
 
 def owned_conversation(conversation_id: str) -> dict:
-    conversation = service().store.conversation(owner_id(), conversation_id)
+    conversation = service().conversation(owner_id(), conversation_id)
     if conversation is None:
         abort(404, "No such conversation.")
     return conversation
@@ -47,7 +47,7 @@ def owned_conversation(conversation_id: str) -> dict:
 
 def owned_message(conversation_id: str, message_id: int) -> dict:
     owned_conversation(conversation_id)
-    message = service().store.message(conversation_id, message_id)
+    message = service().message(conversation_id, message_id)
     if message is None:
         abort(404, "No such message.")
     return message
@@ -57,12 +57,26 @@ def sampling_limit() -> int:
     return service().max_new_tokens_limit()
 
 
+TOKEN_VIEW_KEY, TOKEN_VIEW_KEPT = "token_view", 200  # replies this browser reads as tokens (the newest kept)
+
+
+def with_token_views(messages: list[dict]) -> list[dict]:
+    """The replies this browser switched to their token view get their tokens (and odds) to show."""
+    shown = set(session.get(TOKEN_VIEW_KEY, []))
+    for m in messages:
+        if m["id"] in shown and m["role"] == "assistant" and m["status"] != "pending":
+            odds = service().details(m["id"])["odds"]
+            if odds:
+                m["token_views"] = glass.token_views(service().model.tokenizer, odds)
+    return messages
+
+
 def render_page(conversation: dict | None, *, draft: str = "", errors: dict | None = None,
                 sampling: Sampling | None = None, status: int = 200, typed: dict | None = None):
     svc = service()
-    messages = svc.store.messages(conversation["id"]) if conversation else []
+    messages = with_token_views(svc.history(conversation["id"])) if conversation else []
     body = render_template("chat/page.html", conversation=conversation, messages=messages,
-                           conversations=svc.store.conversations(owner_id()), draft=draft,
+                           conversations=svc.conversations(owner_id()), draft=draft,
                            errors=errors or {}, sampling=sampling or default_sampling(),
                            max_new_tokens_limit=sampling_limit(), typed=typed or {})
     return body, status
@@ -85,7 +99,7 @@ def token_budget(conversation: dict | None, max_new_tokens) -> dict:
     """The window arithmetic the composer explains beside Max new tokens (webapp/chat/prompt.py)."""
     prompts = service().prompts
     fixed = prompts.block_size - prompts.budget(0)  # examples and markers, whatever the reply asks
-    history = service().store.messages(conversation["id"]) if conversation else []
+    history = service().history(conversation["id"]) if conversation else []
     used = sum(len(prompts.encode_turn(m["role"], m["content"])) for m in history
                if m["role"] == "user" or m["status"] in ("complete", "stopped"))
     asked = max_new_tokens if isinstance(max_new_tokens, int) else None
@@ -158,76 +172,43 @@ def send():
                                           max_new_tokens_limit=sampling_limit())
     except FormError as error:  # every field's error at once
         return composer_error(conversation, draft, error)
-    history = svc.store.messages(conversation["id"]) if conversation else []
-    if len(history) + 2 > settings().max_messages:
-        return composer_error(conversation, draft, f"This conversation has reached its limit of "
-                              f"{settings().max_messages} messages. Start a new chat.", sampling, 400)
-    history = history + [{"role": "user", "content": content, "status": "complete"}]
     try:
-        prompt = svc.check_prompt(history, sampling)
+        turn = svc.send_turn(conversation, content, sampling, settings().max_messages)
     except PromptTooLong as error:
         return composer_error(conversation, draft, too_long(error), sampling)
-    return start_reply(conversation, prompt, sampling, new_user_text=content, draft=draft)
+    except ChatError as error:
+        return composer_error(conversation, draft, str(error), sampling, error.status)
+    return start_reply(turn, draft=draft)
 
 
-def start_reply(conversation, prompt, sampling, *, new_user_text=None, draft="", branch_from=None, forced=None):
-    """Save and queue a checked prompt; answer htmx with the conversation, a form with the reply.
-
-    branch_from: a message id: the new message is a new version after it (a regenerated reply after its
-    question, an edited question after the reply before it), beside the old one, which is kept.
-    forced: the reply's first tokens (a branch from a token), see ChatService.start_reply."""
-    svc, owner = service(), owner_id()
-    created = conversation is None
-    storage.check_chat(owner, new_conversation=created)  # the browser's quotas (403 with a message)
-    # Without JavaScript the form waits for the whole reply: that holds a stream slot, taken before
-    # anything is saved, so that "no slot free" (503) leaves nothing behind.
+def start_reply(turn: Turn, draft: str = ""):
+    """Save and queue a checked turn (ChatService.start); answer htmx with the conversation, a form (no
+    JavaScript: it waits for the whole reply, holding a stream slot) with the page."""
+    owner = owner_id()
+    storage.check_chat(owner, new_conversation=turn.conversation is None)  # the browser's quotas (403)
+    # The slot is taken before anything is saved, so that "no slot free" (503) leaves nothing behind.
     slot = None if is_htmx() else take_slot()
     try:
-        return _start_reply(svc, owner, conversation, created, prompt, sampling, new_user_text, draft, slot,
-                            branch_from, forced)
+        try:
+            conversation, reply_id, created = service().start(owner, turn)
+        except Refused as error:  # the service took back what it saved for it
+            return composer_error(turn.conversation, draft, str(error), turn.sampling, refusal_status(error),
+                                  headers=refusal_headers(error))
+        session["sampling"] = turn.sampling.as_dict()  # this browser's settings, until it resets them
+        if slot is not None:
+            wait_for_reply(reply_id)
+            return redirect(url_for("chat.conversation", conversation_id=conversation["id"]), 303)
+        return reply_fragment(conversation, created, turn.sampling)
     finally:
         if slot is not None:
             slot.release()
 
 
-def _start_reply(svc, owner, conversation, created, prompt, sampling, new_user_text, draft, slot,
-                 branch_from=None, forced=None):
-    if created:
-        conversation = svc.store.conversation(owner, svc.store.create_conversation(owner, new_user_text))
-    shown = svc.store.leaf(conversation["id"])  # the branch shown now, shown again if the job is refused
-    if branch_from is not None:
-        svc.store.show_message(conversation["id"], branch_from, descend=False)
-    user_id = svc.store.add_message(conversation["id"], "user", new_user_text) if new_user_text else None
-
-    def take_back():  # what was saved for a reply that will not come; the branch shown as it was
-        if user_id is not None:
-            svc.store.delete_message(conversation["id"], user_id, show=shown)
-        elif not created:
-            svc.store.show_message(conversation["id"], shown, descend=False)
-        if created:
-            svc.store.delete_conversation(owner, conversation["id"])
-
-    try:
-        reply_id = svc.start_reply(owner, conversation["id"], prompt, sampling, forced=forced)
-    except Refused as error:
-        take_back()
-        return composer_error(None if created else conversation, draft, str(error), sampling,
-                              refusal_status(error), headers=refusal_headers(error))
-    except Exception:
-        take_back()
-        raise
-    session["sampling"] = sampling.as_dict()  # this browser's settings, until it resets them
-    if slot is not None:
-        wait_for_reply(reply_id)
-        return redirect(url_for("chat.conversation", conversation_id=conversation["id"]), 303)
-    return reply_fragment(conversation, created, sampling)
-
-
 def reply_fragment(conversation, created, sampling):
-    store = service().store
+    svc = service()
     response = current_app.make_response(render_template(
         "chat/_conversation_swap.html", conversation=conversation,
-        messages=store.messages(conversation["id"]), conversations=store.conversations(owner_id()),
+        messages=svc.history(conversation["id"]), conversations=svc.conversations(owner_id()),
         sampling=sampling, max_new_tokens_limit=sampling_limit(), draft="", errors={}))
     if created:
         response.headers["HX-Push-Url"] = url_for("chat.conversation", conversation_id=conversation["id"])
@@ -262,8 +243,7 @@ def stream(conversation_id: str, message_id: int):
 
 
 def render_message(conversation_id: str, message_id: int, job=None) -> str:
-    store = service().store
-    messages = store.messages(conversation_id)
+    messages = service().history(conversation_id)
     message = next((m for m in messages if m["id"] == message_id), None)
     if message is None:
         return ""
@@ -272,100 +252,20 @@ def render_message(conversation_id: str, message_id: int, job=None) -> str:
         # job's own outcome, never a pending reply whose stream the browser would reopen for ever.
         message = {**message, "status": "error", "content": "".join(job.result.get("text", [])),
                    "error": job.error or "The reply could not be saved."}
-    return render_template("chat/_message_final.html", message_row=message, conversation_id=conversation_id,
-                           is_last=messages[-1]["id"] == message_id)
+    return render_template("chat/_message_final.html", message_row=with_token_views([message])[0],
+                           conversation_id=conversation_id, is_last=messages[-1]["id"] == message_id)
 
 
-# -- the glass box: a reply's tokens with their odds, and the exact prompt it was given ---------------
-def reply_details(conversation_id: str, message_id: int) -> tuple[dict, dict]:
-    message = owned_message(conversation_id, message_id)
-    if message["role"] != "assistant":
-        abort(404, "Only replies have tokens and a prompt.")
-    return message, service().store.details(message_id)
-
-
-@bp.get("/c/<conversation_id>/m/<int:message_id>/tokens")
-def tokens(conversation_id: str, message_id: int):
-    """Every token of a reply shaded by its probability; ?t=N shows token N's alternatives (no JS needed)."""
-    message, details = reply_details(conversation_id, message_id)
-    views = glass.token_views(service().model.tokenizer, details["odds"] or [])
-    selected = request.args.get("t", type=int)
-    selected = selected if selected is not None and 0 <= selected < len(views) else None
-    return render_template("chat/tokens.html", conversation=owned_conversation(conversation_id), message=message,
-                           tokens=views, selected=selected, settings=message["settings"] or {})
-
-
-@bp.get("/c/<conversation_id>/m/<int:message_id>/tokens/<int:index>")
-def token_panel(conversation_id: str, message_id: int, index: int):
-    """One token's alternatives, as the fragment htmx puts in the token view's panel."""
-    message, details = reply_details(conversation_id, message_id)
-    views = glass.token_views(service().model.tokenizer, details["odds"] or [])
-    if not 0 <= index < len(views):
-        abort(404, "No such token in this reply.")
-    return render_template("chat/_token_panel.html", token=views[index], message=message)
-
-
-@bp.post("/c/<conversation_id>/m/<int:message_id>/branch")
-def branch(conversation_id: str, message_id: int):
-    """Continue a reply from one of its tokens with another token (an alternative, or text typed): the
-    tokens before it are kept, the new one is forced, the model goes on with the reply's settings. The
-    result is a new version of the reply; the old one stays."""
-    conversation = owned_conversation(conversation_id)
-    message, details = reply_details(conversation_id, message_id)
-    svc = service()
-    if message["status"] == "pending" or any(m["status"] == "pending" for m in svc.store.messages(conversation_id)):
-        abort(409, "Stop the running reply before branching.")
-    if not details["odds"] or not details["prompt"]:
-        abort(409, "This reply was saved before Glassbox kept its tokens, so it cannot be branched.")
-    try:
-        forced = glass.branch_tokens(svc.model.tokenizer, details["odds"], request.form,
-                                     settings().max_message_chars)
-    except ValueError as error:
-        abort(400, str(error))
-    sampling = Sampling(**{k: v for k, v in (message["settings"] or {}).items()
-                           if k in ("max_new_tokens", "temperature", "top_k", "seed")})
-    if len(forced.tokens) > sampling.max_new_tokens:
-        abort(400, f"That continuation is longer than the reply may be ({sampling.max_new_tokens} tokens).")
-    prompt = PromptReport.from_dict(details["prompt"])
-    return start_reply(conversation, prompt, sampling, branch_from=message["parent_id"] or ROOT, forced=forced)
-
-
-@bp.get("/c/<conversation_id>/m/<int:message_id>/compare/<int:other_id>")
-def compare(conversation_id: str, message_id: int, other_id: int):
-    """Two versions of a reply side by side: where their tokens first differ, and the odds there."""
-    message, details = reply_details(conversation_id, message_id)
-    other, other_details = reply_details(conversation_id, other_id)
-    if message["parent_id"] != other["parent_id"]:
-        abort(404, "These replies answer different messages.")
-    tokenizer = service().model.tokenizer
-    a, b = (glass.token_views(tokenizer, d["odds"] or []) for d in (details, other_details))
-    first = glass.first_difference(a, b)
-    return render_template("chat/compare.html", conversation=owned_conversation(conversation_id),
-                           sides=[(message, a), (other, b)], first=first)
-
-
-@bp.get("/c/<conversation_id>/m/<int:message_id>/prompt")
-def prompt(conversation_id: str, message_id: int):
-    """The exact token ids the model was given for a reply, part by part, with the budget arithmetic."""
-    message, details = reply_details(conversation_id, message_id)
-    if details["prompt"] is None:
-        abort(404, "This reply was saved before Glassbox kept prompts.")
-    report, parts = glass.prompt_view(service().model.tokenizer, details["prompt"])
-    return render_template("chat/prompt.html", conversation=owned_conversation(conversation_id), message=message,
-                           report=report, parts=parts)
-
-
-@bp.post("/c/<conversation_id>/m/<int:message_id>/show")
-def show(conversation_id: str, message_id: int):
-    """Show another version of a message (‹ 2/3 ›), and the branch that follows it."""
-    conversation = owned_conversation(conversation_id)
+@bp.post("/c/<conversation_id>/m/<int:message_id>/view")
+def toggle_token_view(conversation_id: str, message_id: int):
+    """Show a reply as its tokens, shaded by their odds, or as text again; remembered for this browser."""
     owned_message(conversation_id, message_id)
-    svc = service()
-    if any(m["status"] == "pending" for m in svc.store.messages(conversation_id)):
-        abort(409, "Stop the running reply before switching versions.")
-    svc.store.show_message(conversation_id, message_id)
+    shown = [i for i in session.get(TOKEN_VIEW_KEY, []) if i != message_id]
+    if request.form.get("view") == "tokens":
+        shown.append(message_id)
+    session[TOKEN_VIEW_KEY] = shown[-TOKEN_VIEW_KEPT:]
     if is_htmx():
-        return reply_fragment(conversation, False, default_sampling())
+        return render_message(conversation_id, message_id)
     return redirect(url_for("chat.conversation", conversation_id=conversation_id) + f"#message-{message_id}", 303)
 
 
@@ -381,57 +281,46 @@ def stop(conversation_id: str, message_id: int):
 
 @bp.post("/c/<conversation_id>/regenerate")
 def regenerate(conversation_id: str):
+    """A new version of the last reply, after the same question; the old one stays, a click away."""
     conversation = owned_conversation(conversation_id)
-    svc = service()
-    history = svc.store.messages(conversation_id)
-    if not history or history[-1]["role"] != "assistant" or history[-1]["status"] == "pending":
-        abort(409, "There is no finished reply to regenerate.")
     try:
         sampling = parse_sampling(request.form, default_max_new_tokens=settings().max_new_tokens,
                                   max_new_tokens_limit=sampling_limit())
     except FormError as error:
         return composer_error(conversation, "", error)
     try:
-        prompt = svc.check_prompt(history[:-1], sampling)
+        turn = service().regenerate_turn(conversation, sampling)
     except PromptTooLong as error:
         return composer_error(conversation, "", str(error), sampling)
-    # a new version of the reply, after the same question; the old one stays, a click away
-    return start_reply(conversation, prompt, sampling, branch_from=history[-1]["parent_id"])
+    except ChatError as error:
+        abort(error.status, str(error))
+    return start_reply(turn)
 
 
 @bp.post("/c/<conversation_id>/m/<int:message_id>/edit")
 def edit(conversation_id: str, message_id: int):
+    """A new version of a question, beside the old one (kept, with the replies that followed it)."""
     conversation = owned_conversation(conversation_id)
     message = owned_message(conversation_id, message_id)
-    svc = service()
-    if message["role"] != "user":
-        abort(409, "Only your own messages can be edited.")
-    if any(m["status"] == "pending" for m in svc.store.messages(conversation_id)):
-        abort(409, "Stop the running reply before editing.")
     try:
         content = parse_content(request.form, settings().max_message_chars)
         sampling = parse_sampling(request.form, default_max_new_tokens=settings().max_new_tokens,
                                   max_new_tokens_limit=sampling_limit())
     except FormError as error:
         return composer_error(conversation, request.form.get("content", ""), error)
-    path = svc.store.messages(conversation_id)
-    shown = [m["id"] for m in path]
-    if message_id not in shown:
-        abort(409, "That message is on a branch not shown; show it first.")
-    history = path[:shown.index(message_id)] + [{**message, "content": content}]
     try:
-        prompt = svc.check_prompt(history, sampling)
+        turn = service().edit_turn(conversation, message, content, sampling)
     except PromptTooLong as error:
         return composer_error(conversation, content, str(error), sampling)
-    # a new version of the question, beside the old one (kept, with the replies that followed it)
-    return start_reply(conversation, prompt, sampling, new_user_text=content, draft=content,
-                       branch_from=message["parent_id"] or ROOT)
+    except ChatError as error:
+        abort(error.status, str(error))
+    return start_reply(turn, draft=content)
 
 
 @bp.post("/c/<conversation_id>/delete")
 def delete(conversation_id: str):
     owned_conversation(conversation_id)
-    service().store.delete_conversation(owner_id(), conversation_id)
+    service().delete(owner_id(), conversation_id)
     if is_htmx():
         response = current_app.make_response(("", 204))
         response.headers["HX-Redirect"] = url_for("chat.index")
@@ -443,16 +332,19 @@ def delete(conversation_id: str):
 @bp.get("/c/<conversation_id>/export.<fmt>")
 def export(conversation_id: str, fmt: str):
     conversation = owned_conversation(conversation_id)
-    messages = service().store.messages(conversation_id)
+    messages = service().history(conversation_id)
     filename = f"glassbox-chat-{conversation_id}.{fmt}"
     disposition = {"Content-Disposition": f'attachment; filename="{filename}"'}
     if fmt == "json":  # the branch shown; ?branches=all adds every version (each with its parent_id)
         data = {"conversation": conversation, "messages": messages}
         if request.args.get("branches") == "all":
-            data["all_messages"] = service().store.all_messages(conversation_id)
+            data["all_messages"] = service().all_messages(conversation_id)
         body = json.dumps(data, indent=2, ensure_ascii=False)
         return Response(body, mimetype="application/json", headers=disposition)
     if fmt == "md":
         body = render_template("chat/export.md.txt", conversation=conversation, messages=messages)
         return Response(body, mimetype="text/markdown", headers=disposition)
     abort(404, "Export as .md or .json.")
+
+
+from webapp.chat import glass_views  # noqa: E402,F401  (the glass-box routes, on this blueprint)
