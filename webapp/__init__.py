@@ -67,7 +67,8 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     from webapp.loops.views import api as loops_api_bp
     from webapp.loops.views import bp as loops_bp
     from webapp.web.ops import bp as ops_bp
-    for blueprint in (ops_bp, pages.bp, chat_bp, loops_bp, loops_api_bp):
+    from webapp.v1 import bp as v1_bp  # OpenAI's API; also the API-key check of /api/loops (issue 13)
+    for blueprint in (ops_bp, pages.bp, chat_bp, loops_bp, loops_api_bp, v1_bp):
         app.register_blueprint(blueprint)
     from webapp import prefs  # the colour theme each browser chose (issue 14)
     prefs.init_app(app)

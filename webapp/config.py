@@ -52,6 +52,7 @@ class Settings:
     session_days: int = 30                 # lifetime of the session cookie
     max_body_bytes: int = 256 * 1024
     forwarded_allow_ips: str = "127.0.0.1"  # proxies whose X-Forwarded-* (and -Prefix) are believed
+    api_keys: str = ""           # a file of bearer keys for /v1 and /api/ (webapp/v1/auth.py); empty: open
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "Settings":

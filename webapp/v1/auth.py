@@ -1,0 +1,127 @@
+"""Who a script is: an API key (GLASSBOX_API_KEYS, a file of keys) or, with no keys, its address.
+
+With the setting unset, /v1 and the Loop-lab JSON API are as open as the pages, and a script is known
+by its client address (as the trusted proxy reports it). With it set, every request to them needs
+`Authorization: Bearer <key>` with a key from the file, and the key is the script's identity: the
+per-owner limit (GLASSBOX_MAX_JOBS_PER_OWNER) then counts per key.
+
+The file has one key per line; blank lines and lines starting with # are ignored, and anything after
+the key on its line (a name, a note) too. It is read again when it changes, so keys are added and
+revoked without a restart. Only sha256 digests of the keys are kept in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import threading
+from pathlib import Path
+
+from flask import current_app, g, request
+
+from webapp.config import ConfigError
+
+log = logging.getLogger("glassbox.api")
+
+MIN_KEY_CHARS = 16  # a key is a password a script sends: too short is guessable
+OWNER_PREFIX = "api:"  # never a session owner (token_urlsafe has no colon): /v1 never sees a browser's data
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def read_keys(path: Path) -> frozenset[str]:
+    """The digests of the keys in `path`. Raises ConfigError naming the file and the line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"GLASSBOX_API_KEYS={path}: cannot read the keys file ({error})") from None
+    digests = set()
+    for number, line in enumerate(lines, 1):
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if len(words[0]) < MIN_KEY_CHARS:
+            raise ConfigError(f"GLASSBOX_API_KEYS={path}, line {number}: a key needs at least {MIN_KEY_CHARS} "
+                              "characters (python3 -c 'import secrets; print(secrets.token_urlsafe(32))')")
+        digests.add(_digest(words[0]))
+    if not digests:
+        raise ConfigError(f"GLASSBOX_API_KEYS={path}: no keys in the file (unset the variable to leave the API open)")
+    return frozenset(digests)
+
+
+class ApiKeys:
+    """The keys file, read at start-up (a bad file stops it) and again whenever it changes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._stamp = self._file_stamp()
+        self._digests = read_keys(self.path)
+
+    def _file_stamp(self):
+        try:
+            st = os.stat(self.path)
+            return st.st_mtime_ns, st.st_size, st.st_ino
+        except OSError:
+            return None
+
+    def _current(self) -> frozenset[str]:
+        stamp = self._file_stamp()
+        with self._lock:
+            if stamp != self._stamp:
+                self._stamp = stamp
+                try:
+                    self._digests = read_keys(self.path)
+                    log.info("api keys reloaded from %s: %d keys", self.path, len(self._digests))
+                except ConfigError as error:
+                    # Fail closed: a file that cannot be read admits nobody until it is fixed.
+                    self._digests = frozenset()
+                    log.error("api keys: %s; refusing every key until the file is fixed", error)
+            return self._digests
+
+    def identify(self, key: str) -> str | None:
+        """The digest of `key` if it is one of the keys, else None."""
+        digest = _digest(key)
+        found = None
+        for known in self._current():  # compare with every key, found or not
+            if hmac.compare_digest(known, digest):
+                found = known
+        return found
+
+
+def load(settings) -> ApiKeys | None:
+    return ApiKeys(settings.api_keys) if getattr(settings, "api_keys", "") else None
+
+
+def bearer_token() -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+def authenticate() -> tuple[str | None, str | None]:
+    """-> (owner, None) for a request that may go on, or (None, why not). Keeps the owner in g."""
+    keys: ApiKeys | None = current_app.extensions.get("glassbox.api_keys")
+    if keys is None:
+        g.api_owner = OWNER_PREFIX + (request.remote_addr or "local")
+        return g.api_owner, None
+    token = bearer_token()
+    if token is None:
+        return None, ("You didn't provide an API key. This server needs one: send it in the Authorization "
+                      "header as 'Authorization: Bearer YOUR_KEY'.")
+    digest = keys.identify(token)
+    if digest is None:
+        return None, "Incorrect API key provided."
+    g.api_owner = OWNER_PREFIX + "key-" + digest[:16]
+    return g.api_owner, None
+
+
+def api_owner() -> str:
+    """The owner of this request's jobs (set by authenticate, which runs before every API view)."""
+    return g.get("api_owner") or OWNER_PREFIX + (request.remote_addr or "local")
