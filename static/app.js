@@ -233,6 +233,17 @@
     results.scrollIntoView({ block: "start" });
   });
 
+  // A streaming reply's "Show tokens": flip its view at once; htmx tells the server, which remembers it
+  // for the finished reply (without JavaScript the form posts and the page comes back the same way).
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var form = event.detail && event.detail.elt;
+    if (!form || !form.matches || !form.matches("form[data-live-tokens]")) return;
+    var item = form.closest("li.message");
+    var on = item.classList.toggle("show-tokens");
+    form.querySelector("input[name=view]").value = on ? "text" : "tokens";
+    form.querySelector("button").setAttribute("aria-pressed", on ? "true" : "false");
+  });
+
   function setupPlayers() { document.querySelectorAll(".player").forEach(setupPlayer); }
   document.addEventListener("DOMContentLoaded", setupPlayers);
   document.addEventListener("htmx:load", setupPlayers);

@@ -25,6 +25,8 @@ class Database:
         with self.connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
             _add_branch_columns(db)  # a database made before messages formed a tree
+            _add_column(db, "messages", "token_view", "INTEGER NOT NULL DEFAULT 0")
+            _add_column(db, "messages", "wait_seconds", "REAL")
             db.executescript(SCHEMA.read_text())
             # A reply that was being generated when the process died will never finish.
             db.execute("UPDATE messages SET status = 'stopped' WHERE status = 'pending'")
@@ -88,3 +90,10 @@ def _add_branch_columns(db: sqlite3.Connection) -> None:
                " p.conversation_id = messages.conversation_id AND p.id < messages.id)")
     db.execute("UPDATE conversations SET leaf_id = (SELECT MAX(id) FROM messages m WHERE m.conversation_id = conversations.id)")
     db.execute("COMMIT")
+
+
+def _add_column(db: sqlite3.Connection, table: str, column: str, definition: str) -> None:
+    """A column added since a database was made (no-op on a new or an up-to-date database)."""
+    columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+    if columns and column not in columns:
+        db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")

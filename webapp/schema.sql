@@ -21,10 +21,12 @@ CREATE TABLE IF NOT EXISTS messages (
     tokens          INTEGER,
     ttft_seconds    REAL,
     tokens_per_second REAL,
+    wait_seconds    REAL,          -- time the reply waited in line for a free row, apart from its first token
     created_at      REAL NOT NULL,
     -- the message this one answers or follows; versions of a message (a regenerated reply, an edited
     -- question, a branch from a token) share a parent: the conversation is a tree, shown one branch at a time
-    parent_id       INTEGER REFERENCES messages (id) ON DELETE CASCADE
+    parent_id       INTEGER REFERENCES messages (id) ON DELETE CASCADE,
+    token_view      INTEGER NOT NULL DEFAULT 0  -- 1: the owner reads this reply as its tokens, shaded by their odds
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages (conversation_id, id);
 

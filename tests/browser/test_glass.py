@@ -41,3 +41,17 @@ def test_see_a_tokens_odds_branch_from_it_and_switch_versions(page):
     page.get_by_role("link", name="Prompt").click()
     assert page.locator(".part.reply_start").count() == 1 and page.locator(".part.fewshot").count() == 6
     screenshot(page, "chat-prompt")
+
+
+def test_a_streaming_reply_can_show_its_tokens_live_and_stays_in_token_view(page):
+    page.goto("/chat/")
+    send(page, "Stream your tokens", max_new_tokens="25")
+    pending = page.locator("li.message.assistant.pending")
+    pending.get_by_role("button", name="Show tokens").click()
+    page.wait_for_function("() => document.querySelector('li.message.pending.show-tokens .bubble .tok')")
+    shade = page.evaluate("() => getComputedStyle(document.querySelector('li.message.pending .bubble .tok')).borderTopStyle")
+    assert shade == "solid"  # token boundaries drawn while it streams
+    page.wait_for_selector("li.message.assistant.complete")
+    done = page.locator("li.message.assistant.complete")
+    assert done.locator(".token-view a.tok").count() == 25  # remembered: the finished reply shows its tokens
+    assert done.get_by_role("button", name="Show tokens").get_attribute("aria-pressed") == "true"

@@ -151,7 +151,7 @@ def test_two_versions_side_by_side_show_where_they_first_differ(chat_app):
     assert client.get(f"/chat/c/{cid}/m/{new['id']}/compare/{mid - 1}").status_code == 404  # not a sibling
 
 
-def test_a_reply_can_be_read_as_its_tokens_in_place_and_the_choice_is_remembered(chat_app):
+def test_a_reply_can_be_read_as_its_tokens_in_place_and_the_choice_is_kept(chat_app):
     client = chat_app.test_client()
     cid, mid, _ = reply(client, "Token view please", max_new_tokens="6", seed="2")
     page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
@@ -161,7 +161,7 @@ def test_a_reply_can_be_read_as_its_tokens_in_place_and_the_choice_is_remembered
                            headers={"HX-Request": "true"}).get_data(as_text=True)
     assert fragment.lstrip().startswith(f'<li class="message assistant complete" id="message-{mid}"')
     assert fragment.count('<a class="tok s') == 6 and 'aria-pressed="true"' in fragment
-    again = client.get(f"/chat/c/{cid}").get_data(as_text=True)  # remembered for this browser
+    again = client.get(f"/chat/c/{cid}").get_data(as_text=True)  # kept with the reply
     assert again.count('<a class="tok s') == 6
     other = chat_app.test_client()
     assert other.get(f"/chat/c/{cid}").status_code == 404  # (another browser cannot see it at all)

@@ -183,17 +183,27 @@ def test_closing_the_stream_cancels_the_job_and_frees_the_model(slow_chat_app):
     assert wait_for(lambda: not core.running_jobs())
 
 
-def test_waiting_reply_reports_its_queue_position(slow_chat_app):
-    a, b = slow_chat_app.test_client(), slow_chat_app.test_client()
-    first = send(a, "first", max_new_tokens="200", temperature="0")
+@pytest.fixture
+def one_row_app(tmp_path):
+    """Replies of 20 ms a step, one at a time (GLASSBOX_MAX_BATCH=1): a second reply waits for the row."""
+    from tests.conftest import make_app
+    from tests.support.chat_models import tiny_chat_model
+    app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat", seconds_per_step=0.02)}, max_batch=1)
+    yield app
+    app.extensions["glassbox.core"].shutdown()
+
+
+def test_waiting_reply_reports_its_queue_position_then_how_long_it_waited(one_row_app):
+    a, b = one_row_app.test_client(), one_row_app.test_client()
+    first = send(a, "first", max_new_tokens="40", temperature="0")
     second = send(b, "second", max_new_tokens="5", temperature="0")
     stream = b.get(stream_url(second.get_data(as_text=True)))
-    chunks = iter(stream.response)
-    text = ""
-    while "event: position" not in text:
-        text += next(chunks).decode()
-    assert "position 1" in text
-    stream.close()
+    text = stream.get_data(as_text=True)
+    assert "event: position" in text and "position 1" in text
+    final = sse_events(text)[-1][1]
+    waited = re.search(r"waited (\d+) s in line · first token \d+ ms", final)
+    assert waited and int(waited.group(1)) >= 1  # the first reply's 40 steps, shown apart from its first token
+    a.get(stream_url(first.get_data(as_text=True))).get_data()
 
 
 def test_regenerate_adds_a_version_of_the_reply_and_keeps_the_old_one(chat_app):
@@ -235,6 +245,7 @@ def test_edit_adds_a_version_of_the_question_and_keeps_the_old_branch(chat_app):
     assert [m["content"] for m in after][:1] == ["edited question"] and len(after) == 2
     assert after[1]["role"] == "assistant" and after[1]["status"] == "complete"
     assert after[0]["versions"] == [first_id, after[0]["id"]]
+    assert 'aria-current="page">edited question</a>' in client.get(f"/chat/c/{cid}").get_data(as_text=True)  # its new title
     client.post(f"/chat/c/{cid}/m/{first_id}/show", data={"csrf_token": csrf})
     assert [m["id"] for m in messages(chat_app, cid)] == [m["id"] for m in old_branch]  # all four turns kept
 
@@ -280,3 +291,15 @@ def test_every_state_change_needs_the_csrf_token(chat_app):
     assert client.post("/chat/send", data={"content": "hi"}).status_code == 403
     assert client.post("/chat/send", data={"content": "hi", "csrf_token": "forged"}).status_code == 403
     assert chat_app.extensions["glassbox.core"].counters["submitted"] == 0
+
+
+def test_without_javascript_delete_asks_first(chat_app):
+    client = chat_app.test_client()
+    cid = send(client, "Delete me later", htmx=False, max_new_tokens="3").headers["Location"].rsplit("/", 1)[1]
+    page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
+    assert f'<form method="get" action="/chat/c/{cid}/delete"' in page  # the button opens a question
+    ask = client.get(f"/chat/c/{cid}/delete").get_data(as_text=True)
+    assert "Delete “Delete me later”?" in ask and f"/chat/c/{cid}" in ask
+    assert client.get(f"/chat/c/{cid}").status_code == 200  # asking deleted nothing
+    gone = client.post(f"/chat/c/{cid}/delete", data={"csrf_token": csrf_of(client, f"/chat/c/{cid}/delete")})
+    assert gone.status_code == 303 and client.get(f"/chat/c/{cid}").status_code == 404

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from webapp.chat.batch import ChatAlone, ChatBatch, ChatRequest, Forced
@@ -122,6 +123,10 @@ class ChatService:
     def all_messages(self, conversation_id: str) -> list[dict]:
         return self.store.all_messages(conversation_id)
 
+    def set_token_view(self, conversation_id: str, message_id: int, on: bool) -> None:
+        """Read a reply as its tokens (or as text again); kept with the reply, so a streaming one keeps it."""
+        self.store.set_token_view(conversation_id, message_id, on)
+
     def delete(self, owner: str, conversation_id: str) -> None:
         self.store.delete_conversation(owner, conversation_id)
 
@@ -215,6 +220,9 @@ class ChatService:
             text = "".join(job.result.get("text", []))
             status = STATUS_OF_OUTCOME.get(outcome, "error")
             odds = [o.as_row() for o in job.result.get("odds", [])]
-            self.store.finish_reply(message_id, text, status, error, job.result.get("stats", ReplyStats()), odds)
+            stats = job.result.get("stats", ReplyStats())
+            if job.started is not None:  # how long it waited for a free row, shown apart from its first token
+                stats = dataclasses.replace(stats, wait_seconds=job.started - job.created)
+            self.store.finish_reply(message_id, text, status, error, stats, odds)
         return save
 

@@ -18,6 +18,7 @@ class ReplyStats:
     tokens: int | None = None
     ttft_seconds: float | None = None
     tokens_per_second: float | None = None
+    wait_seconds: float | None = None  # in line before the reply started (its first token is timed from then)
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class TurnIds:
     shown: int | None  # the leaf shown before
     user_id: int | None
     reply_id: int
+    title: str | None = None  # the title before, when the turn changed it (an edited first question)
 
 
 class ChatStore:
@@ -100,15 +102,20 @@ class ChatStore:
                 node = child
             db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (node, conversation_id))
 
+    def set_token_view(self, conversation_id: str, message_id: int, on: bool) -> None:
+        with self.db.connect() as db:
+            db.execute("UPDATE messages SET token_view = ? WHERE id = ? AND conversation_id = ?",
+                       (int(on), message_id, conversation_id))
+
     def finish_reply(self, message_id: int, content: str, status: str, error: str | None,
                      stats: ReplyStats, odds: list | None = None) -> None:
         """The reply's text, outcome and figures; `odds`: one compact row per token (TokenOdds.as_row)."""
         with self.db.connect() as db:
             db.execute("BEGIN")
             db.execute("UPDATE messages SET content = ?, status = ?, error = ?, tokens = ?, ttft_seconds = ?,"
-                       " tokens_per_second = ? WHERE id = ?",
+                       " tokens_per_second = ?, wait_seconds = ? WHERE id = ?",
                        (content, status, error, stats.tokens, stats.ttft_seconds, stats.tokens_per_second,
-                        message_id))
+                        stats.wait_seconds, message_id))
             if odds is not None:
                 db.execute("UPDATE reply_details SET odds = ? WHERE message_id = ?",
                            (json.dumps(odds, separators=(",", ":")), message_id))
@@ -125,10 +132,13 @@ class ChatStore:
             created = conversation_id is None
             if created:
                 conversation_id = uuid.uuid4().hex[:16]
-                title = " ".join((user_text or "").split())[:TITLE_CHARS] or "New chat"
                 db.execute("INSERT INTO conversations (id, owner, title, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
-                           (conversation_id, owner, title, now, now))
+                           (conversation_id, owner, _title(user_text or ""), now, now))
             shown = db.execute("SELECT leaf_id FROM conversations WHERE id = ?", (conversation_id,)).fetchone()[0]
+            title = None
+            if branch_from == ROOT and user_text is not None and not created:  # the first question, edited
+                title = db.execute("SELECT title FROM conversations WHERE id = ?", (conversation_id,)).fetchone()[0]
+                db.execute("UPDATE conversations SET title = ? WHERE id = ?", (_title(user_text), conversation_id))
             parent = shown if branch_from is None else (branch_from or None)
             user_id = None
             if user_text is not None:
@@ -143,7 +153,7 @@ class ChatStore:
                        (reply_id, json.dumps(prompt, separators=(",", ":"))))
             db.execute("UPDATE conversations SET updated_at = ?, leaf_id = ? WHERE id = ?", (now, reply_id, conversation_id))
             db.execute("COMMIT")
-        return TurnIds(conversation_id, created, shown, user_id, reply_id)
+        return TurnIds(conversation_id, created, shown, user_id, reply_id, title)
 
     def take_back_turn(self, owner: str, turn: "TurnIds") -> None:
         """Undo begin_turn, in one transaction: the branch shown is the one shown before."""
@@ -153,7 +163,8 @@ class ChatStore:
                 db.execute("DELETE FROM conversations WHERE id = ? AND owner = ?", (turn.conversation_id, owner))
             else:
                 db.execute("DELETE FROM messages WHERE id IN (?, ?)", (turn.reply_id, turn.user_id or -1))
-                db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (turn.shown, turn.conversation_id))
+                db.execute("UPDATE conversations SET leaf_id = ?, title = COALESCE(?, title) WHERE id = ?",
+                           (turn.shown, turn.title, turn.conversation_id))
             db.execute("COMMIT")
 
     def save_progress(self, message_id: int, content: str) -> None:
@@ -168,6 +179,10 @@ class ChatStore:
         if row is None:
             return {"prompt": None, "odds": None}
         return {k: json.loads(row[k]) if row[k] else None for k in ("prompt", "odds")}
+
+
+def _title(text: str) -> str:
+    return " ".join(text.split())[:TITLE_CHARS] or "New chat"
 
 
 def _message(row) -> dict:

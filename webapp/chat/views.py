@@ -57,14 +57,10 @@ def sampling_limit() -> int:
     return service().max_new_tokens_limit()
 
 
-TOKEN_VIEW_KEY, TOKEN_VIEW_KEPT = "token_view", 200  # replies this browser reads as tokens (the newest kept)
-
-
 def with_token_views(messages: list[dict]) -> list[dict]:
-    """The replies this browser switched to their token view get their tokens (and odds) to show."""
-    shown = set(session.get(TOKEN_VIEW_KEY, []))
+    """The replies their owner reads as tokens get their tokens (and odds) to show."""
     for m in messages:
-        if m["id"] in shown and m["role"] == "assistant" and m["status"] != "pending":
+        if m.get("token_view") and m["role"] == "assistant" and m["status"] != "pending":
             odds = service().details(m["id"])["odds"]
             if odds:
                 m["token_views"] = glass.token_views(service().model.tokenizer, odds)
@@ -258,12 +254,11 @@ def render_message(conversation_id: str, message_id: int, job=None) -> str:
 
 @bp.post("/c/<conversation_id>/m/<int:message_id>/view")
 def toggle_token_view(conversation_id: str, message_id: int):
-    """Show a reply as its tokens, shaded by their odds, or as text again; remembered for this browser."""
+    """Read a reply as its tokens, shaded by their odds, or as text again; kept with the reply."""
     owned_message(conversation_id, message_id)
-    shown = [i for i in session.get(TOKEN_VIEW_KEY, []) if i != message_id]
-    if request.form.get("view") == "tokens":
-        shown.append(message_id)
-    session[TOKEN_VIEW_KEY] = shown[-TOKEN_VIEW_KEPT:]
+    service().set_token_view(conversation_id, message_id, request.form.get("view") == "tokens")
+    if is_htmx() and request.form.get("live"):  # a streaming reply: app.js flipped it, kept for its end
+        return "", 204
     if is_htmx():
         return render_message(conversation_id, message_id)
     return redirect(url_for("chat.conversation", conversation_id=conversation_id) + f"#message-{message_id}", 303)
@@ -315,6 +310,12 @@ def edit(conversation_id: str, message_id: int):
     except ChatError as error:
         abort(error.status, str(error))
     return start_reply(turn, draft=content)
+
+
+@bp.get("/c/<conversation_id>/delete")
+def confirm_delete(conversation_id: str):
+    """Without JavaScript, Delete asks first, on a page of its own."""
+    return render_template("chat/delete.html", conversation=owned_conversation(conversation_id))
 
 
 @bp.post("/c/<conversation_id>/delete")
