@@ -82,6 +82,7 @@ def main(argv=None) -> int:
         (tmp / "model").mkdir()
         checkpoint = write_checkpoint(tmp / "model", args.size)
         env = {**model_env(checkpoint, args.size), "GLASSBOX_TORCH_THREADS": "0", "GLASSBOX_MAX_STREAMS": "40",
+               "GLASSBOX_MAX_STREAMS_PER_CLIENT": "0", "GLASSBOX_MAX_JOBS_PER_CLIENT": "0",  # all users share 127.0.0.1
                "GLASSBOX_MAX_QUEUE": "64"}
         servers = {mode: Gunicorn(tmp / mode.replace(" ", "_"), {**env, **extra}).start(ready_timeout=600)
                    for mode, extra in MODES.items()}

@@ -308,7 +308,8 @@ def main() -> int:
             parser.error("loopback only: --url must be on 127.0.0.1")
     else:
         workdir = Path(tempfile.mkdtemp(prefix="glassbox-load-"))
-        env = {"GLASSBOX_THREADS": str(args.threads), "GLASSBOX_LOG_LEVEL": "info"}
+        env = {"GLASSBOX_THREADS": str(args.threads), "GLASSBOX_LOG_LEVEL": "info",
+               "GLASSBOX_MAX_STREAMS_PER_CLIENT": "0", "GLASSBOX_MAX_JOBS_PER_CLIENT": "0"}  # all share 127.0.0.1
         if args.models == "test":
             env.update(model_env(workdir, chat_arch="tiny:0.03", loop_delay=0.05))
         server = Gunicorn(workdir / "instance", env).start(ready_timeout=300)

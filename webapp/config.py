@@ -24,6 +24,14 @@ class Settings:
     chat_tokenizer: str = ""     # "byte", "gpt2" (packaged) or "gpt2:/path/gpt2.tiktoken"; empty: from config.json
     chat_factory: str = ""       # "module:function", the owner's build_model(arch)
     loop_model: str = str(ROOT / "models/loops")  # directory, or "module:function"
+    # Remote chat (webapp/chat/remote.py, docs/scaling.md): replies from OpenAI-compatible servers
+    chat_backend: str = ""       # "openai:<base url>[,<base url>...]"; empty: the local chat model writes replies
+    chat_backend_model: str = ""  # the "model" sent; empty: none (the server's one model)
+    chat_backend_key_file: str = ""  # a file whose first line is the bearer key for the backends
+    chat_backend_timeout: float = 60.0  # seconds to connect, and the longest wait for the next chunk
+    chat_backend_wait_seconds: float = 30.0  # how long a reply waits for a backend that is down or starting
+    chat_backend_retry_seconds: float = 10.0  # a failed backend is skipped this long, then health-checked
+    chat_backend_max_replies: int = 64  # remote replies streaming at once (more wait in the queue)
     device: str = "cpu"
     dtype: str = ""              # float32, bfloat16, float16; empty: bf16 on GPU, fp32 on CPU
     torch_threads: int = 0       # intra-op threads of the core's worker; 0 = torch's default
@@ -37,12 +45,13 @@ class Settings:
     max_batch: int = 16          # chat replies decoded together in one step
     kv_cache_mb: int = 1024      # finished replies' KV caches kept for follow-up turns, least recent evicted
     max_streams: int = 24
+    max_streams_per_client: int = 6  # open streams one client address may hold (0: no limit of its own)
     max_new_tokens: int = 200    # default for a reply; the form may ask for more, up to the window
     max_message_chars: int = 8000
     max_messages: int = 200      # per conversation
     max_jobs_per_owner: int = 4  # queued or running at once
     # Limits a script cannot shed by dropping its cookie: per client address (as the trusted proxy says)
-    max_jobs_per_client: int = 16          # queued or running at once, all browsers of one address
+    max_jobs_per_client: int = 8           # queued or running at once, all browsers of one address: half a batch
     max_new_sessions_per_minute: int = 30  # new session cookies handed to one address
     # Storage, per browser (webapp/web/storage.py); 0: unlimited
     max_conversations: int = 200

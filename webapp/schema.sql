@@ -45,3 +45,11 @@ CREATE TABLE IF NOT EXISTS reply_details (
     prompt      TEXT,
     odds        TEXT
 );
+
+-- Read-only links to a conversation, made on purpose by its owner and revocable: whoever has the token
+-- may read the branch shown (no editing, no new replies).
+CREATE TABLE IF NOT EXISTS conversation_shares (
+    token           TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL UNIQUE REFERENCES conversations (id) ON DELETE CASCADE,
+    created_at      REAL NOT NULL
+);

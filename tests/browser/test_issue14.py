@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.browser.test_chat import set_reply_length
 from tests.browser.conftest import REPORT_CSP, screenshot
 from tests.support.servers import ROOT, Gunicorn, model_env
 
@@ -121,11 +122,14 @@ def test_chat_status_is_a_live_region_and_enter_hint_needs_javascript(open_page)
     page = open_page()
     page.goto("/chat/")
     assert "Enter sends" in page.locator("#content").get_attribute("placeholder")
+    set_reply_length(page, "200")  # 200 steps of 60 ms: still streaming while it is looked at
     page.fill("#content", "Hi")
     page.click("button.send")
-    page.wait_for_selector("li.message.assistant")
-    if page.locator("li.message.pending").count():
-        assert page.locator("li.message.pending .reply-status").get_attribute("role") == "status"
+    pending = page.locator("li.message.pending .reply-status")
+    pending.wait_for()
+    assert pending.get_attribute("role") == "status"
+    page.locator("li.message.pending button.stop").click()
+    page.wait_for_selector("li.message.assistant.stopped")
     plain = open_page(js=False)
     plain.goto("/chat/")
     assert "Enter" not in plain.locator("#content").get_attribute("placeholder")
@@ -267,8 +271,13 @@ def test_every_page_passes_axe_and_fits_a_phone(open_page, problems, scheme):
     setup.click("button.send")
     setup.wait_for_selector("li.message.assistant:not(.pending)")
     chat_url = setup.url
+    reply = setup.locator("li.message.assistant").last.get_attribute("id").split("-")[1]
+    setup.get_by_role("button", name="Share read-only").click()
+    shared_chat = setup.get_by_role("link", name="Read-only link").get_attribute("href")
     pages = {"home": "/", "chat": "/chat/", "conversation": chat_url, "loops": "/loops/", "trace": trace_url,
-             "trace-step": trace_url + "?loop=3", "shared": shared_url, "not-found": "/loops/traces/nope"}
+             "trace-step": trace_url + "?loop=3", "shared": shared_url, "not-found": "/loops/traces/nope",
+             "tokens": f"{chat_url}/m/{reply}/tokens?t=0", "prompt": f"{chat_url}/m/{reply}/prompt",
+             "delete": f"{chat_url}/delete", "shared-chat": shared_chat}
     context_cookies = setup.context.cookies()
     found = {}
     for size in SIZES:

@@ -303,3 +303,20 @@ def test_without_javascript_delete_asks_first(chat_app):
     assert client.get(f"/chat/c/{cid}").status_code == 200  # asking deleted nothing
     gone = client.post(f"/chat/c/{cid}/delete", data={"csrf_token": csrf_of(client, f"/chat/c/{cid}/delete")})
     assert gone.status_code == 303 and client.get(f"/chat/c/{cid}").status_code == 404
+
+
+def test_a_conversation_is_shared_read_only_on_purpose_and_the_link_can_be_revoked(chat_app):
+    owner, colleague = chat_app.test_client(), chat_app.test_client()
+    cid = send(owner, "Share *this*", htmx=False, max_new_tokens="3").headers["Location"].rsplit("/", 1)[1]
+    assert colleague.get(f"/chat/c/{cid}").status_code == 404  # the address itself stays private
+    assert colleague.post(f"/chat/c/{cid}/share", data={"csrf_token": csrf_of(colleague, "/chat/")}).status_code == 404
+    csrf = csrf_of(owner, f"/chat/c/{cid}")
+    assert owner.post(f"/chat/c/{cid}/share", data={"csrf_token": csrf}).status_code == 303
+    page = owner.get(f"/chat/c/{cid}").get_data(as_text=True)
+    link = re.search(r'href="(http://[^"]+/chat/shared/([\w-]+))"', page)
+    assert link and len(link.group(2)) >= 24 and "Stop sharing" in page
+    shared = colleague.get(link.group(1)).get_data(as_text=True)
+    assert "Share *this*" in shared and "<form" not in shared.split('<main')[1]  # read-only: no forms
+    assert "sse-connect" not in shared
+    owner.post(f"/chat/c/{cid}/unshare", data={"csrf_token": csrf})
+    assert colleague.get(link.group(1)).status_code == 404

@@ -148,3 +148,35 @@ def test_concurrent_takers_never_exceed_the_limit(one_slot):
         t.join()
     assert won.count(True) == 1 and core.open_streams == 1
     core.stream_opened(-1)
+
+
+def test_one_client_address_cannot_take_every_slot(tmp_path):
+    """Streams per address are capped below the total: one hostile browser (or a script that drops its
+    cookie) leaves slots to everyone else."""
+    app = make_app(tmp_path, {"loops": bundle(delay=0.02)}, max_streams=3, max_streams_per_client=1)
+    try:
+        first = open_replay(app.test_client(), "127.0.0.9")
+        assert first.status_code == 200
+        refused = open_replay(app.test_client(), "127.0.0.9")  # the same address, a new cookie jar
+        assert refused.status_code == 429
+        assert "This address already holds 1 open streams" in refused.get_data(as_text=True)
+        other = open_replay(app.test_client(), "127.0.0.10")  # another address still gets a slot
+        assert other.status_code == 200
+        other.close()
+        first.close()
+        again = open_replay(app.test_client(), "127.0.0.9")  # its slot was given back
+        assert again.status_code == 200
+        again.close()
+    finally:
+        app.extensions["glassbox.core"].shutdown()
+
+
+def open_replay(client, address):
+    """A paced replay of a fresh trace, from `address`: a long-lived response that holds its slot."""
+    csrf = csrf_of(client, "/loops/")
+    trace = client.post("/loops/run", data={"csrf_token": csrf, "src": LETTERS, "dst": LETTERS[1:] + LETTERS[:1],
+                                            "start": "A", "steps": "3"}).headers["Location"]
+    response = client.get(trace + "/replay", buffered=False, environ_base={"REMOTE_ADDR": address})
+    if response.status_code == 200:
+        next(iter(response.response))
+    return response

@@ -58,11 +58,20 @@ def load_model(settings):
                                  factory=settings.chat_factory or None, device=settings.device,
                                  dtype=settings.dtype or None)
     loaded.torch_threads = reply_threads(loaded.model, settings.chat_torch_threads)
+    # With a remote backend the local model still gives the tokenizer and the window (prompt budget,
+    # prompt view); the replies come from the backend (webapp/chat/remote.py).
+    loaded.remote = bool(getattr(settings, "chat_backend", ""))
     return loaded
 
 
 def executor(loaded, settings):
-    """The core's executor for chat jobs: the batched decoder, or one reply at a time without a KV cache."""
+    """The core's executor for chat jobs: a remote OpenAI-compatible backend when configured
+    (GLASSBOX_CHAT_BACKEND), else the batched decoder, or one reply at a time without a KV cache."""
+    if getattr(settings, "chat_backend", ""):
+        from webapp.chat.remote import remote_executor
+        remote = remote_executor(loaded, settings)  # a bad GLASSBOX_CHAT_BACKEND* stops start-up here
+        loaded.remote = True
+        return remote
     if loaded.supports_kv_cache:
         return ChatBatch(loaded, max_rows=settings.max_batch, kv_cache_bytes=settings.kv_cache_mb * 2**20)
     return ChatAlone(loaded)
@@ -70,6 +79,8 @@ def executor(loaded, settings):
 
 def warm_up(loaded) -> None:
     """One short greedy reply, so the first visitor does not pay for lazy initialisation."""
+    if getattr(loaded, "remote", False):  # replies come from a backend: nothing local to warm up
+        return
     from webapp.chat.generate import generate
     ids = loaded.prompt.build([{"role": "user", "content": "Hi"}], 2)
     with torch_threads(loaded.torch_threads):
@@ -122,6 +133,20 @@ class ChatService:
 
     def all_messages(self, conversation_id: str) -> list[dict]:
         return self.store.all_messages(conversation_id)
+
+    def share(self, owner: str, conversation_id: str) -> str | None:
+        return self.store.share_conversation(owner, conversation_id)
+
+    def share_token(self, owner: str, conversation_id: str) -> str | None:
+        return self.store.conversation_share(owner, conversation_id)
+
+    def stop_sharing(self, owner: str, conversation_id: str) -> None:
+        self.store.stop_sharing(owner, conversation_id)
+
+    def shared(self, token: str) -> tuple[dict, list[dict]] | None:
+        """A shared conversation and the branch shown, for whoever has the token; None if not shared."""
+        conversation = self.store.shared_conversation(token)
+        return None if conversation is None else (conversation, self.history(conversation["id"]))
 
     def set_token_view(self, conversation_id: str, message_id: int, on: bool) -> None:
         """Read a reply as its tokens (or as text again); kept with the reply, so a streaming one keeps it."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import time
 import uuid
 from dataclasses import dataclass
@@ -101,6 +102,36 @@ class ChatStore:
                                                 (node,)).fetchone()[0]):
                 node = child
             db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (node, conversation_id))
+
+    # -- read-only links ------------------------------------------------------------------------
+    def share_conversation(self, owner: str, conversation_id: str) -> str | None:
+        """The conversation's read-only token (made once; None if it is not the owner's)."""
+        with self.db.connect() as db:
+            owned = db.execute("SELECT 1 FROM conversations WHERE id = ? AND owner = ?",
+                               (conversation_id, owner)).fetchone()
+            if owned is None:
+                return None
+            db.execute("INSERT OR IGNORE INTO conversation_shares VALUES (?, ?, ?)",
+                       (secrets.token_urlsafe(18), conversation_id, time.time()))  # 144 random bits
+        return self.conversation_share(owner, conversation_id)
+
+    def conversation_share(self, owner: str, conversation_id: str) -> str | None:
+        with self.db.connect() as db:
+            found = db.execute("SELECT token FROM conversation_shares JOIN conversations c ON c.id = conversation_id"
+                               " WHERE conversation_id = ? AND c.owner = ?", (conversation_id, owner)).fetchone()
+        return found[0] if found else None
+
+    def stop_sharing(self, owner: str, conversation_id: str) -> None:
+        with self.db.connect() as db:
+            db.execute("DELETE FROM conversation_shares WHERE conversation_id IN"
+                       " (SELECT id FROM conversations WHERE id = ? AND owner = ?)", (conversation_id, owner))
+
+    def shared_conversation(self, token: str) -> dict | None:
+        """The conversation a token opens (None once its owner stopped sharing it)."""
+        with self.db.connect() as db:
+            found = db.execute("SELECT c.* FROM conversation_shares s JOIN conversations c ON c.id = s.conversation_id"
+                               " WHERE s.token = ?", (token,)).fetchone()
+        return dict(found) if found else None
 
     def set_token_view(self, conversation_id: str, message_id: int, on: bool) -> None:
         with self.db.connect() as db:

@@ -348,4 +348,4 @@ def export(conversation_id: str, fmt: str):
     abort(404, "Export as .md or .json.")
 
 
-from webapp.chat import glass_views  # noqa: E402,F401  (the glass-box routes, on this blueprint)
+from webapp.chat import glass_views, share_views  # noqa: E402,F401  (more routes of this blueprint)

@@ -23,7 +23,10 @@ def chat_model():
 
 
 def json_body() -> dict:
-    body = request.get_json(silent=True)
+    try:
+        body = request.get_json(silent=True)
+    except RecursionError:  # silent=True catches ValueError only; nesting thousands deep is a client's error
+        body = None
     if body is None:
         raise ApiError(400, "We could not parse the JSON body of your request: send a JSON object with "
                             "Content-Type: application/json.")

@@ -1,6 +1,7 @@
 """The one place a long-lived response is counted: every stream, replay, NDJSON run and no-JavaScript
 wait holds one of GLASSBOX_MAX_STREAMS slots, because each holds a gunicorn thread for its whole life.
 
+One client address holds at most GLASSBOX_MAX_STREAMS_PER_CLIENT of them (429 past that).
 gunicorn has GLASSBOX_MAX_STREAMS + 8 threads (gunicorn.conf.py): as long as nothing long-lived runs
 without a slot, the 8 left over always answer page loads, however many streams a script opens.
 """
@@ -10,24 +11,54 @@ from __future__ import annotations
 import threading
 from typing import Iterator
 
-from flask import Response, abort, current_app, stream_with_context
+from flask import Response, abort, current_app, request, stream_with_context
 
 from webapp.web import get_core
 
 STREAMS_FULL = "Too many open streams; reload the page in a moment."
 
 
+STREAMS_PER_CLIENT = ("This address already holds {n} open streams (GLASSBOX_MAX_STREAMS_PER_CLIENT). "
+                      "Close a tab, or wait for a reply to end.")
+
+
+class ClientStreams:
+    """Open streams per client address (as a trusted proxy reports it): one browser, or a script that
+    drops its cookie, cannot take every slot from everyone else."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, int] = {}
+
+    def take(self, client: str, limit: int) -> bool:
+        with self._lock:
+            if limit and self._open.get(client, 0) >= limit:
+                return False
+            self._open[client] = self._open.get(client, 0) + 1
+            return True
+
+    def give_back(self, client: str) -> None:
+        with self._lock:
+            left = self._open.get(client, 1) - 1
+            if left:
+                self._open[client] = left
+            else:
+                self._open.pop(client, None)
+
+
 class StreamSlot:
     """One slot, released exactly once whichever exit path gets there first (the body's end, the
     server closing a response whose body never ran, an exception in a no-JavaScript wait)."""
 
-    def __init__(self, core) -> None:
-        self._core = core
+    def __init__(self, core, clients: ClientStreams | None = None, client: str = "") -> None:
+        self._core, self._clients, self._client = core, clients, client
         self._released = threading.Lock()
 
     def release(self) -> None:
         if self._released.acquire(blocking=False):
             self._core.stream_opened(-1)
+            if self._clients is not None:
+                self._clients.give_back(self._client)
 
     def __enter__(self) -> "StreamSlot":
         return self
@@ -39,10 +70,15 @@ class StreamSlot:
 def take_slot() -> StreamSlot:
     """A slot, or a 503 with Retry-After (pages.http_error adds it to every 503) when none is free.
     Take it before queueing anything, so a refusal leaves nothing behind."""
-    core = get_core()
-    if not core.take_stream_slot(current_app.config["GLASSBOX"].max_streams):
+    core, settings = get_core(), current_app.config["GLASSBOX"]
+    clients = current_app.extensions.setdefault("glassbox.client_streams", ClientStreams())
+    client = request.remote_addr or ""
+    if not clients.take(client, settings.max_streams_per_client):
+        abort(429, STREAMS_PER_CLIENT.format(n=settings.max_streams_per_client))
+    if not core.take_stream_slot(settings.max_streams):
+        clients.give_back(client)
         abort(503, STREAMS_FULL)
-    return StreamSlot(core)
+    return StreamSlot(core, clients, client)
 
 
 def long_response(body: Iterator[str], mimetype: str, slot: StreamSlot | None = None) -> Response:

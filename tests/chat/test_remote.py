@@ -1,0 +1,237 @@
+"""The remote chat executor (webapp/chat/remote.py) against a small fake OpenAI-compatible server in this
+process: settings, back-off and round-robin, the prompt as messages, logprobs as odds, a reply streamed,
+a backend that dies mid-reply, Stop closing the connection. Real gunicorn: tests/integration/test_remote.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from webapp.chat.batch import ChatRequest
+from webapp.chat.generate import SamplingParams
+from webapp.chat.remote import Backends, RemoteChat, TokenMap, messages_of, odds_of, parse_backend, read_key
+from webapp.core.engine import InferenceCore
+from webapp.core.jobs import CANCELLED, DONE, FAILED, Job
+
+
+class Fake(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, text="Hi there", die_after=None, delay=0.0, status=200):
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.text, self.die_after, self.delay, self.status = text, die_after, delay, status
+        self.bodies, self.hangups, self.models_checked = [], 0, 0
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self.server.models_checked += 1
+        body = json.dumps({"data": [{"id": "fake"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        server = self.server
+        server.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        if server.status != 200:
+            body = json.dumps({"error": {"message": "no such model"}}).encode()
+            self.send_response(server.status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        try:
+            for i, ch in enumerate(server.text):
+                if server.die_after is not None and i == server.die_after:
+                    self.connection.close()  # the backend dies: no finish, no [DONE]
+                    return
+                entry = {"token": ch, "logprob": math.log(0.5), "bytes": list(ch.encode()),
+                         "top_logprobs": [{"token": "x", "logprob": math.log(0.3), "bytes": [120]},
+                                          {"token": ch, "logprob": math.log(0.5), "bytes": list(ch.encode())}]}
+                chunk = {"choices": [{"index": 0, "delta": {"content": ch}, "logprobs": {"content": [entry]},
+                                      "finish_reason": None}]}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+                time.sleep(server.delay)
+            end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+            self.wfile.write(f"data: {json.dumps(end)}\n\ndata: [DONE]\n\n".encode())
+        except OSError:
+            server.hangups += 1
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    from tests.support.chat_models import tiny_chat_model
+    return tiny_chat_model(tmp_path_factory.mktemp("remote-chat"))
+
+
+def run_reply(loaded, urls, *, wait=5.0, cancel_after=None, max_tokens=50):
+    executor = RemoteChat(loaded, Backends(urls, retry_seconds=30), wait_seconds=wait, timeout=5)
+    core = InferenceCore({"chat": loaded}, {"chat": executor})
+    finished = threading.Event()
+    outcome = {}
+
+    def on_finish(job, result, error):
+        outcome.update(result=result, error=error, text="".join(job.result["text"]))
+        finished.set()
+    ids = loaded.prompt.build([{"role": "user", "content": "Hello"}], max_tokens)
+    job = Job("chat", "me", ChatRequest(tuple(ids), SamplingParams(max_tokens, 0.7, 40, 3)), on_finish=on_finish)
+    core.submit(job)
+    if cancel_after is not None:
+        time.sleep(cancel_after)
+        job.cancel()
+    assert finished.wait(20)
+    core.shutdown()
+    return job, outcome
+
+
+# -- settings --------------------------------------------------------------------------------------------
+def test_backend_spec_and_key_file(tmp_path):
+    assert parse_backend("") == []
+    assert parse_backend("openai:http://a:1/v1/, https://b/v1") == ["http://a:1/v1", "https://b/v1"]
+    for bad in ("http://a/v1", "openai:", "openai:ftp://a"):
+        with pytest.raises(ValueError):
+            parse_backend(bad)
+    keys = tmp_path / "key"
+    keys.write_text("# the key\n\nsk-123  backend\n")
+    assert read_key(str(keys)) == "sk-123" and read_key("") == ""
+
+
+def test_backends_in_turn_skip_a_failed_one_then_check_it():
+    now = [0.0]
+    pool = Backends(["a", "b", "c"], retry_seconds=10, clock=lambda: now[0])
+    assert [u for u, _ in pool.turn()] == ["a", "b", "c"]
+    assert [u for u, _ in pool.turn()] == ["b", "c", "a"]
+    pool.failed("c")
+    assert pool.turn() == [("a", False), ("b", False)]  # c is in its back-off
+    now[0] = 11
+    assert ("c", True) in pool.turn()  # back-off over: checked with GET /models first
+    pool.ok("c")
+    assert ("c", False) in pool.turn()
+
+
+# -- the prompt and the odds ------------------------------------------------------------------------------
+def test_the_prompt_goes_as_messages_without_the_local_few_shot(loaded):
+    turns = [{"role": "user", "content": "Hello ✓"}, {"role": "assistant", "content": "Hi."},
+             {"role": "user", "content": "Again"}]
+    assert messages_of(loaded.prompt, loaded.prompt.build(turns, 20)) == turns
+
+
+def test_logprobs_become_token_odds(loaded):
+    tokens = TokenMap(loaded.tokenizer)
+    entry = {"token": "a", "logprob": math.log(0.25), "bytes": [97],
+             "top_logprobs": [{"token": "b", "logprob": math.log(0.5), "bytes": [98]},
+                              {"token": "a", "logprob": math.log(0.25), "bytes": [97]}]}
+    odds = odds_of(entry, 97, tokens)
+    assert odds.token == 97 and odds.probability == pytest.approx(0.25) and odds.rank == 2
+    # not sent by OpenAI's API: worked out from the alternatives (temperature 1, no top-k: renormalized)
+    assert odds.sampled_probability == pytest.approx(1 / 3) and odds.entropy_bits == pytest.approx(1.5)
+    assert [(i, round(p, 3), round(q, 3)) for i, p, q in odds.alternatives] == [(98, 0.5, 0.667), (97, 0.25, 0.333)]
+    greedy = odds_of(entry, 97, tokens, temperature=0.0)
+    assert greedy.sampled_probability == 0.0 and [q for _, _, q in greedy.alternatives] == [1.0, 0.0]
+    top1 = odds_of(entry, 97, tokens, temperature=0.5, top_k=1)  # the cut inside the list sent: exact
+    assert [q for _, _, q in top1.alternatives] == [1.0, 0.0]
+    glassbox = odds_of({**entry, "rank": 7, "sampled_probability": 0.125, "entropy_bits": 3.25}, 97, tokens)
+    assert (glassbox.rank, glassbox.sampled_probability, glassbox.entropy_bits) == (7, 0.125, 3.25)  # sent: kept
+    assert odds_of({"token": "z", "logprob": -1.0, "top_logprobs": []}, 122, tokens).rank is None
+    assert tokens.ids("é".encode()) == list("é".encode())  # not one local token: re-tokenized
+
+
+# -- replies through the core ------------------------------------------------------------------------------
+def test_a_reply_streams_with_odds_and_the_request_is_openai_shaped(loaded):
+    fake = Fake("Hi ✓")
+    job, outcome = run_reply(loaded, [fake.url])
+    assert outcome == {"result": DONE, "error": None, "text": "Hi ✓"}
+    assert job.result["token_ids"] == list("Hi ✓".encode())
+    first = job.result["odds"][0]
+    assert first.probability == pytest.approx(0.5) and first.rank == 2 and first.sampled_probability is not None
+    body = fake.bodies[0]
+    assert body["messages"] == [{"role": "user", "content": "Hello"}] and body["stream"] is True
+    assert (body["max_tokens"], body["temperature"], body["top_k"], body["seed"]) == (50, 0.7, 40, 3)
+    assert body["logprobs"] is True and body["top_logprobs"] == 10 and "model" not in body
+    assert job.result["stats"].tokens == len("Hi ✓".encode())
+    fake.shutdown()
+
+
+def test_a_backend_that_dies_mid_reply_fails_it_clearly_and_keeps_the_text(loaded):
+    fake = Fake("Hello world", die_after=5)
+    job, outcome = run_reply(loaded, [fake.url])
+    assert outcome["result"] == FAILED and outcome["text"] == "Hello"
+    assert "stopped mid-reply" in outcome["error"] and fake.url in outcome["error"]
+    fake.shutdown()
+
+
+def test_a_down_backend_is_skipped_for_the_next(loaded):
+    fake = Fake("ok")
+    down = "http://127.0.0.1:9/v1"  # nothing listens on the discard port
+    job, outcome = run_reply(loaded, [down, fake.url])
+    assert outcome["result"] == DONE and outcome["text"] == "ok"
+    fake.shutdown()
+
+
+def test_no_backend_fails_after_the_wait_naming_them(loaded):
+    down = "http://127.0.0.1:9/v1"
+    started = time.monotonic()
+    job, outcome = run_reply(loaded, [down], wait=0.5)
+    assert outcome["result"] == FAILED and "No chat backend answered" in outcome["error"] and down in outcome["error"]
+    assert time.monotonic() - started < 10
+
+
+def test_a_refusal_is_not_retried(loaded):
+    fake = Fake(status=404)
+    job, outcome = run_reply(loaded, [fake.url])
+    assert outcome["result"] == FAILED and "refused" in outcome["error"] and "no such model" in outcome["error"]
+    assert len(fake.bodies) == 1
+    fake.shutdown()
+
+
+def test_stop_closes_the_connection_and_keeps_the_text(loaded):
+    fake = Fake("abcdefghijklmnopqrstuvwxyz" * 4, delay=0.05)
+    job, outcome = run_reply(loaded, [fake.url], cancel_after=0.6, max_tokens=200)
+    assert outcome["result"] == CANCELLED and 0 < len(outcome["text"]) < 104
+    assert "abcdefghijklmnopqrstuvwxyz".startswith(outcome["text"][:26])
+    fake.shutdown()
+
+
+def test_the_service_picks_the_remote_executor_when_configured(loaded, tmp_path):
+    from webapp.chat import service
+    from webapp.config import Settings
+    settings = Settings.from_env({"GLASSBOX_CHAT_BACKEND": "openai:http://127.0.0.1:9/v1",
+                                  "GLASSBOX_CHAT_BACKEND_WAIT_SECONDS": "2.5",
+                                  "GLASSBOX_CHAT_BACKEND_MAX_REPLIES": "7"})
+    executor = service.executor(loaded, settings)
+    assert isinstance(executor, RemoteChat) and executor.batched
+    assert (executor.max_rows, executor.wait_seconds, executor.backends.urls) == (7, 2.5, ["http://127.0.0.1:9/v1"])
+    service.warm_up(loaded)  # nothing local to warm up: returns at once
+    loaded.remote = False
+    assert not isinstance(service.executor(loaded, Settings()), RemoteChat)
+    with pytest.raises(ValueError, match="GLASSBOX_CHAT_BACKEND"):
+        service.executor(loaded, Settings(chat_backend="http://no-scheme/v1"))
+
+
+def test_a_branch_from_a_token_fails_clearly(loaded):
+    executor = RemoteChat(loaded, Backends(["http://127.0.0.1:9/v1"]))
+    job = Job("chat", "me", ChatRequest((1, 2), SamplingParams(), forced=(65,)))
+    with pytest.raises(ValueError, match="remote backend"):
+        executor.admit(job)
