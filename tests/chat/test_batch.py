@@ -219,3 +219,33 @@ def test_kept_caches_are_the_least_recently_used_within_the_budget():
     taken = holder.take([2, 1, 2, 9], p.device, p.dtype)
     assert taken.ids == [2, 1, 2, 3] and len(holder) == 1  # the longest shared prefix, now the caller's
     assert holder.take([7, 7], p.device, p.dtype) is None  # nothing shared: no entry is spent on it
+
+
+def test_running_replies_keep_stepping_during_a_long_loop_lab_run():
+    """A Loop-lab run that takes a while hands the worker to the batch between its loops
+    (InferenceCore.interleave): a running reply keeps getting tokens, and stays the reply alone."""
+    from tests.support.loop_models import bundle
+    from webapp.loops.request import DemoRequest
+    from webapp.loops.service import LoopRuns
+    loaded = tiny(config=LONG, endless=True)
+    runs = bundle(delay=0.02)  # 20 ms a loop: a 100-loop run holds the worker 2 s
+    core = InferenceCore({"chat": loaded, "loops": runs},
+                         {"chat": ChatBatch(loaded, 4, 2**30), "loops": LoopRuns(runs)})
+    try:
+        request = ChatRequest((1, 2, 3), SamplingParams(400, 0.0, 0))
+        reply = core.submit(Job("chat", "a", request))
+        assert wait_for(lambda: len(reply.result.get("token_ids", [])) >= 2)
+        run = core.submit(Job("loops", "b", DemoRequest.parse(
+            {"mapping": [[c, c] for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"], "start": "A", "steps": 100})))
+        assert wait_for(lambda: run.state == "running")
+        during = len(reply.result["token_ids"])
+        assert wait_for(lambda: len(reply.result["token_ids"]) >= during + 10, timeout=1.5)
+        assert run.state == "running"  # the reply moved on while the run was still running
+        drain(run)
+        reply.cancel()
+        drain(reply)
+    finally:
+        core.shutdown()
+    tokens = reply.result["token_ids"]
+    assert tokens == alone(loaded, dataclasses.replace(request, params=dataclasses.replace(
+        request.params, max_new_tokens=len(tokens))))

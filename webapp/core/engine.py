@@ -8,8 +8,9 @@ a loop of steps, and each step:
 3. runs one step of every batched executor that has rows (one prefill chunk for a newcomer, one
    decoding step for every running reply), and retires the rows that finished or were cancelled.
 
-So a Loop-lab run never waits for a whole chat reply, and running replies stall for at most one
-Loop-lab run. Waiting jobs keep their order within their lane (the batch, or the whole jobs), and
+So a Loop-lab run never waits for a whole chat reply; and a run gives the batch a step every
+BATCH_SLICE_SECONDS (InferenceCore.interleave, called between its loops), so running replies never stall
+for a whole run. Waiting jobs keep their order within their lane (the batch, or the whole jobs), and
 their position is their place in that lane. Executors (webapp/core/executors.py) do the device work.
 """
 
@@ -24,8 +25,12 @@ from typing import Any, Callable
 from webapp.core.executors import BatchedJobs, Finished, StepReport, WholeJobs
 from webapp.core.jobs import CANCELLED, DONE, FAILED, QUEUED, RUNNING, Job, JobCancelled
 from webapp.core.metrics import JobMetrics, StepMetrics
+from webapp.core.threads import torch_threads
 
 log = logging.getLogger("glassbox.core")
+# How long a whole job (a Loop-lab run) may hold the worker before running replies step again: a few
+# decoding steps of a large model, a blink on screen.
+BATCH_SLICE_SECONDS = 0.05
 
 
 class Refused(Exception):
@@ -102,6 +107,8 @@ class InferenceCore:
         self.step_metrics = StepMetrics()  # rows per step, step time, prefill tokens, admitted, retired
         self.warmup_seconds: dict[str, float] = {}
         self.open_streams = 0
+        self._last_step = 0.0  # when a batched step last ran (see interleave)
+        self._worker_threads = 0
         self._worker = threading.Thread(target=self._work, name="glassbox-core", daemon=True)
         self._worker.start()
 
@@ -205,9 +212,10 @@ class InferenceCore:
                     self._step(executor)
 
     def _warm_up(self) -> None:
+        import torch
         if self._torch_threads:
-            import torch
             torch.set_num_threads(self._torch_threads)
+        self._worker_threads = torch.get_num_threads()
         try:
             for name, warm_up in self._warmups.items():
                 started = time.perf_counter()
@@ -227,29 +235,51 @@ class InferenceCore:
         Waits while there is nothing to do; None once closed and idle."""
         with self._lock:
             while True:
-                for job in [j for j in self._queue if j.cancelled]:
-                    self._queue.remove(job)
-                    self._finish_unstarted(job)
-                room = {kind: ex.max_rows - ex.rows for kind, ex in self.executors.items() if ex.batched}
-                admitted, whole = [], None
-                for job in self._fair_order():
-                    if job.kind in room:
-                        if room[job.kind] > 0:
-                            room[job.kind] -= 1
-                            admitted.append(job)
-                    elif whole is None:
-                        whole = job
-                for job in admitted + ([whole] if whole else []):
-                    self._queue.remove(job)
-                    self._running[job.id] = job
-                    self._took(job)
-                self._renumber()
+                admitted, whole = self._take(whole_too=True)
                 busy = any(ex.rows for ex in self._batched())
                 if admitted or whole or busy:
                     return admitted, whole
                 if self._closed:
                     return None
                 self._lock.wait(0.5)
+
+    def _take(self, whole_too: bool) -> tuple[list[Job], Job | None]:
+        """Under the lock: take the waiting jobs the batches have room for (and one whole job)."""
+        for job in [j for j in self._queue if j.cancelled]:
+            self._queue.remove(job)
+            self._finish_unstarted(job)
+        room = {kind: ex.max_rows - ex.rows for kind, ex in self.executors.items() if ex.batched}
+        admitted, whole = [], None
+        for job in self._fair_order():
+            if job.kind in room:
+                if room[job.kind] > 0:
+                    room[job.kind] -= 1
+                    admitted.append(job)
+            elif whole is None and whole_too:
+                whole = job
+        for job in admitted + ([whole] if whole else []):
+            self._queue.remove(job)
+            self._running[job.id] = job
+            self._took(job)
+        self._renumber()
+        return admitted, whole
+
+    def interleave(self) -> None:
+        """Called by a whole job between its units of work (a Loop-lab run, after each loop), on the
+        worker: once the batch has waited BATCH_SLICE_SECONDS, admit waiting replies and run one batched
+        step, so running replies stall for a slice, not for a whole run. Steps run on the worker's own
+        thread count, as they do outside a run, so a reply's numbers do not depend on where it stepped."""
+        if time.perf_counter() - self._last_step < BATCH_SLICE_SECONDS or not self._batched():
+            return
+        with self._lock:
+            admitted, _ = self._take(whole_too=False)
+        for job in admitted:
+            self._admit(job)
+        with torch_threads(self._worker_threads):
+            for executor in self._batched():
+                if executor.rows:
+                    self._step(executor)
+        self._last_step = time.perf_counter()
 
     def _fair_order(self) -> list[Job]:
         """The waiting jobs in the order they will be taken: round-robin across clients (by address, else
@@ -293,7 +323,7 @@ class InferenceCore:
             self._finish(job, FAILED, str(exc) or type(exc).__name__)
 
     def _step(self, executor: BatchedJobs) -> None:
-        started = time.perf_counter()
+        started = self._last_step = time.perf_counter()
         try:
             report = executor.step(self)
         except Exception:  # an executor must report its rows' failures; never let the worker die

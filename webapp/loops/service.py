@@ -43,7 +43,8 @@ class LoopRuns:
         bundle = self.bundles.get(getattr(job.request, "model", MAIN), self.bundle)
         with torch_threads(self.torch_threads):
             job.result["snapshot"] = run_trace(job, bundle, job.request,
-                                               on_rows=lambda rows: core.count("rows", len(rows), job))
+                                               on_rows=lambda rows: core.count("rows", len(rows), job),
+                                               between=getattr(core, "interleave", None))
 
     def choices(self) -> list[dict]:
         return [{"name": name, "label": MODEL_LABELS.get(name, name), "checkpoint": b.checkpoint_id}

@@ -73,8 +73,8 @@ class Observer:
     One `rows` event per FLUSH_SECONDS (and for the first loop at once), instead of one per loop:
     every event wakes the stream threads, which then take the GIL from the worker."""
 
-    def __init__(self, job: Job, builder: "TraceBuilder", on_rows=None) -> None:
-        self.job, self.builder, self.on_rows = job, builder, on_rows
+    def __init__(self, job: Job, builder: "TraceBuilder", on_rows=None, between=None) -> None:
+        self.job, self.builder, self.on_rows, self.between = job, builder, on_rows, between
         self.started = self.flushed = time.perf_counter()
         self.pending: list[tuple] = []
 
@@ -86,6 +86,8 @@ class Observer:
                              None if state_logits is None else state_logits.clone(), now - self.started))
         if loop == 1 or now - self.flushed >= FLUSH_SECONDS:
             self.flush()
+        if self.between is not None:
+            self.between()  # the core lets running chat replies step (InferenceCore.interleave)
 
     def flush(self, ended: bool = False) -> bool:
         """Publish the pending loops as one `rows` event; -> whether one was nonfinite.
@@ -141,12 +143,12 @@ def score_trace(request: DemoRequest, rows: list[dict], stop_reason: str) -> dic
             "first_error": next((r["loop"] for r in rows[:request.steps] if not r["correct"]), None)}
 
 
-def run_trace(job: Job, bundle: Any, request: DemoRequest, on_rows=None) -> dict:
+def run_trace(job: Job, bundle: Any, request: DemoRequest, on_rows=None, between=None) -> dict:
     """Run one request on the core's worker; emits `rows` events as loops run, returns the snapshot."""
     model = bundle.model
     check_model(model)
     builder = TraceBuilder(request)
-    observe = Observer(job, builder, on_rows)
+    observe = Observer(job, builder, on_rows, between)
     started = observe.started
 
     encoded = bundle.tokenizer(bundle.render_prompt(list(request.pairs), request.start, request.steps),
