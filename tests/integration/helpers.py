@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import re
+import threading
 import sqlite3
 
 from tests.support.servers import Client, stream_url
@@ -47,3 +48,19 @@ def streamed_text(events) -> str:
 
 def as_sse_text(text: str) -> str:
     return re.sub(r"\r\n|\r", "\n", text)
+
+
+def read_until(client, url: str, tokens: int, timeout: float = 120):
+    """Read a reply's stream on a thread -> (events so far, an Event set once `tokens` token events came,
+    the thread): for tests that act on a reply part way through (Stop, kill -9)."""
+    events, seen = [], threading.Event()
+
+    def read():
+        for event in client.open_stream(url, timeout=timeout).events():
+            events.append(event)
+            if sum(e.name == "token" for e in events) >= tokens:
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return events, seen, reader

@@ -9,14 +9,13 @@ import os
 import re
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import csrf_of, make_app, wait_for
-from tests.integration.helpers import as_sse_text, message_id, saved_message, start_reply
+from tests.integration.helpers import as_sse_text, message_id, read_until, saved_message, start_reply
 from tests.support.chat_models import tiny_chat_model
 from tests.support.servers import Client, Gunicorn, model_env
 
@@ -47,15 +46,7 @@ def test_kill_9_keeps_what_the_user_saw_and_a_second_glassbox_is_refused(tmp_pat
 
         client = Client(app.url)
         url = start_reply(client, tokens=250)
-        events, seen = [], threading.Event()
-
-        def read():
-            for event in client.open_stream(url, timeout=60).events():
-                events.append(event)
-                if sum(e.name == "token" for e in events) >= 40:
-                    seen.set()
-
-        threading.Thread(target=read, daemon=True).start()
+        events, seen, _ = read_until(client, url, 40, timeout=60)
         assert seen.wait(30)
         shown = shown_text(list(events))
         time.sleep(1.5)  # a save is due at least every second

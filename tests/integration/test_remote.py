@@ -16,7 +16,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.integration.helpers import TOKEN_SPAN, as_sse_text, message_id, saved_message, start_reply, streamed_text
+from tests.integration.helpers import (TOKEN_SPAN, as_sse_text, message_id, read_until, saved_message, start_reply,
+                                       streamed_text)
 from tests.support.servers import Client, Gunicorn, free_port, model_env, wait_until
 from tests.v1.conftest import KEY, write_keys
 
@@ -91,16 +92,7 @@ def test_stop_closes_the_connection_to_the_backend_which_stops_its_job(pair):
     front, backend = pair
     client = Client(front.url)
     url = start_reply(client, tokens=250)
-    events, seen = [], threading.Event()
-
-    def read():
-        for event in client.open_stream(url, timeout=120).events():
-            events.append(event)
-            if sum(e.name == "token" for e in events) >= 5:
-                seen.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    events, seen, reader = read_until(client, url, 5)
     assert seen.wait(60)
     conversation = saved_message(front.instance, message_id(url))["conversation_id"]
     stop = client.post(f"/chat/c/{conversation}/m/{message_id(url)}/stop", htmx=True)
@@ -117,16 +109,7 @@ def test_a_backend_killed_mid_reply_fails_the_reply_clearly_and_keeps_its_text(p
     assert backend.proc is not None and backend.proc.poll() is None
     client = Client(front.url)
     url = start_reply(client, tokens=250)
-    events, seen = [], threading.Event()
-
-    def read():
-        for event in client.open_stream(url, timeout=120).events():
-            events.append(event)
-            if sum(e.name == "token" for e in events) >= 10:
-                seen.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    events, seen, reader = read_until(client, url, 10)
     assert seen.wait(60)
     for pid in [backend.proc.pid] + children(backend.proc.pid):  # the master first: no new worker
         os.kill(pid, signal.SIGKILL)

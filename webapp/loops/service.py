@@ -44,7 +44,7 @@ class LoopRuns:
         with torch_threads(self.torch_threads):
             job.result["snapshot"] = run_trace(job, bundle, job.request,
                                                on_rows=lambda rows: core.count("rows", len(rows), job),
-                                               between=getattr(core, "interleave", None))
+                                               between=core.interleave)
 
     def choices(self) -> list[dict]:
         return [{"name": name, "label": MODEL_LABELS.get(name, name), "checkpoint": b.checkpoint_id}
