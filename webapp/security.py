@@ -105,7 +105,8 @@ def check_csrf() -> None:
         abort(415, "This endpoint takes JSON: send the body with Content-Type: application/json.")
     sent = request.headers.get("X-CSRF-Token") or request.form.get("csrf_token", "")
     expected = session.get("csrf", "")
-    if not expected or not hmac.compare_digest(sent, expected):
+    # as bytes: compare_digest refuses str with non-ASCII characters (a TypeError, a 500)
+    if not expected or not hmac.compare_digest(sent.encode("utf-8", "surrogatepass"), expected.encode()):
         abort(403, "This form has expired. Reload the page and try again.")
 
 

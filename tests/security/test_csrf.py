@@ -72,3 +72,12 @@ def test_the_json_api_is_exempt_only_for_json_which_a_cross_site_form_cannot_sen
     as_json = client.post("/api/loops/trace", json={"mapping": [], "start": "A", "steps": 1})
     assert as_json.status_code == 400 and as_json.get_json()["error"].startswith("Supply all 26")
     assert "Access-Control-Allow-Origin" not in as_json.headers  # no CORS: other origins cannot read it
+
+
+def test_a_csrf_token_with_non_ascii_characters_is_refused_not_a_500(chat_app):
+    client = chat_app.test_client()
+    client.get("/chat/")  # a session with a token of its own
+    for token in ("\u0080", "é" * 32):
+        sent = client.post("/chat/sampling/reset", data={"csrf_token": token})
+        assert sent.status_code == 403 and "This form has expired" in sent.get_data(as_text=True)
+    assert client.post("/chat/send", headers={"X-CSRF-Token": "\u00e9"}, data={"content": "hi"}).status_code == 403
