@@ -112,6 +112,34 @@ def test_cancelled_while_queued_never_runs_and_on_finish_is_called(core):
     assert drain(blocker) == []
 
 
+def test_a_result_whose_save_failed_is_saved_as_failed_once_the_disk_has_room(monkeypatch):
+    monkeypatch.setattr("webapp.core.engine.SAVE_RETRY_SECONDS", 0.05)
+    core = InferenceCore({}, {"t": FunctionJobs()}, keep_finished=1)
+    disk_full, saved = threading.Event(), []
+    disk_full.set()
+
+    def save(job, outcome, error):
+        if disk_full.is_set():
+            raise OSError("database or disk is full")
+        saved.append((outcome, error))
+
+    try:
+        job = core.submit(Job("t", "o", counting_runner(2), on_finish=save, ref="reply"))
+        drain(job)
+        assert job.state == FAILED and job.error == "Could not save the result: database or disk is full"
+        for _ in range(3):  # more finished jobs than it keeps: the unsaved one is still found
+            drain(core.submit(Job("t", "o", counting_runner(0))))
+        time.sleep(0.2)  # several retries, all failing
+        assert saved == [] and core.find("t", "reply") is job
+        disk_full.clear()
+        assert wait_for(lambda: saved)
+        assert saved == [(FAILED, "Could not save the result: database or disk is full")]  # what the user was told
+        drain(core.submit(Job("t", "o", counting_runner(0))))
+        assert core.find("t", "reply") is None  # saved: forgotten like any finished job
+    finally:
+        core.shutdown(timeout=5)
+
+
 def test_failure_is_reported_not_hidden(core):
     def broken(job, core):
         job.emit("token", text="a")

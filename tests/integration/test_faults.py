@@ -116,5 +116,9 @@ def test_a_full_disk_fails_the_reply_with_the_reason_and_ends_the_stream(tmp_pat
         assert client.get("/chat/").status_code == 200  # pages still show what was saved
         (small_filesystem / "filler").unlink()
         assert client.get("/readyz").status_code == 200  # room again: ready again
+        reply = int(re.search(r"/m/(\d+)/stream", url).group(1))
+        assert wait_for(lambda: saved_message(small_filesystem / "instance", reply)["status"] == "error", timeout=15)
+        saved = saved_message(small_filesystem / "instance", reply)  # never left pending: saved as the user was told
+        assert "Could not save" in saved["error"] and "database or disk is full" in saved["error"]
     finally:
         app.extensions["glassbox.core"].shutdown()

@@ -5,6 +5,7 @@ anyone wrote."""
 from __future__ import annotations
 
 import re
+import socket
 
 import pytest
 
@@ -94,3 +95,27 @@ def _answers(client, path):
         return client.get(path, timeout=2).status
     except OSError:
         return None
+
+
+def read_response(reader) -> tuple[int, bytes]:
+    """One HTTP/1.1 answer with a Content-Length from a connection's buffered reader -> (status, body)."""
+    status = int(reader.readline().split()[1])
+    headers = {}
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, reader.read(int(headers["content-length"]))
+
+
+def test_a_body_too_large_is_answered_and_the_kept_alive_connection_still_works(server):
+    """gunicorn announces keep-alive on the 413 but closes a connection whose large body nobody read;
+    nginx then sends its next request (anyone's) into the closed connection: a 502. The app reads the
+    body before answering, so the connection stays usable."""
+    body = b"content=" + b"x" * 900_000  # over the app's limit, under nginx's
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as conn, conn.makefile("rb") as reader:
+        conn.sendall(b"POST /chat/send HTTP/1.1\r\nHost: glassbox\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        status, text = read_response(reader)
+        assert status == 413 and b"too large" in text
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: glassbox\r\n\r\n")
+        assert read_response(reader)[0] == 200

@@ -31,6 +31,7 @@ log = logging.getLogger("glassbox.core")
 # How long a whole job (a Loop-lab run) may hold the worker before running replies step again: a few
 # decoding steps of a large model, a blink on screen.
 BATCH_SLICE_SECONDS = 0.05
+SAVE_RETRY_SECONDS = 5.0  # how often a result whose save failed (disk full) is tried again
 
 
 class Refused(Exception):
@@ -100,6 +101,8 @@ class InferenceCore:
         self._running: dict[str, Job] = {}
         self._jobs: collections.OrderedDict[str, Job] = collections.OrderedDict()
         self._keep_finished = keep_finished
+        self._unsaved: dict[str, Job] = {}  # finished, but their result could not be saved yet (see _retry_saves)
+        self._last_save_try = 0.0
         self._lock = threading.Condition()
         self._closed = False
         self.counters = collections.Counter()  # submitted, done, cancelled, failed, tokens, rows
@@ -199,6 +202,7 @@ class InferenceCore:
     def _work(self) -> None:
         self._warm_up()
         while True:
+            self._retry_saves()
             plan = self._plan()
             if plan is None:
                 return
@@ -241,6 +245,8 @@ class InferenceCore:
                     return admitted, whole
                 if self._closed:
                     return None
+                if self._unsaved and self._save_retry_due():
+                    return [], None
                 self._lock.wait(0.5)
 
     def _take(self, whole_too: bool) -> tuple[list[Job], Job | None]:
@@ -377,13 +383,37 @@ class InferenceCore:
         except Exception as exc:
             log.error("saving job %s (%s) failed: %s", job.id, job.kind, exc)
             job.save_error = job.save_error or f"Could not save the result: {exc or type(exc).__name__}"
+            with self._lock:
+                self._unsaved[job.id] = job
             return FAILED, job.save_error
         return outcome, error
+
+    def _save_retry_due(self) -> bool:
+        return time.monotonic() - self._last_save_try >= SAVE_RETRY_SECONDS
+
+    def _retry_saves(self) -> None:
+        """Save again, as failed with the reason the user was shown, the results whose last save failed
+        (the disk was full, the database read-only), until it works: no reply stays pending in the
+        database while the process lives. Until then the job stays findable, so pages show its outcome."""
+        if not self._unsaved or not self._save_retry_due():
+            return
+        self._last_save_try = time.monotonic()
+        with self._lock:
+            unsaved = list(self._unsaved.values())
+        for job in unsaved:
+            try:
+                job.on_finish(job, FAILED, job.save_error)
+            except Exception as exc:
+                log.warning("saving job %s (%s) failed again: %s", job.id, job.kind, exc)
+                return  # the disk is still full: try them all again later
+            log.info("saved job %s (%s) at last", job.id, job.kind)
+            with self._lock:
+                self._unsaved.pop(job.id, None)
 
     def _retire(self, job: Job) -> None:
         # Finished jobs stay findable for replay; the oldest finished ones are forgotten.
         self._jobs.move_to_end(job.id)
-        finished = [j for j in self._jobs.values() if j.state not in (QUEUED, RUNNING)]
+        finished = [j for j in self._jobs.values() if j.state not in (QUEUED, RUNNING) and j.id not in self._unsaved]
         for old in finished[: max(0, len(finished) - self._keep_finished)]:
             del self._jobs[old.id]
 
