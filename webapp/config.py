@@ -33,7 +33,7 @@ class Settings:
     chat_backend_retry_seconds: float = 10.0  # a failed backend is skipped this long, then health-checked
     chat_backend_max_replies: int = 64  # remote replies streaming at once (more wait in the queue)
     device: str = "cpu"
-    dtype: str = ""              # float32, bfloat16, float16; empty: bf16 on GPU, fp32 on CPU
+    dtype: str = ""              # float32, bfloat16, float16, int8 (precision.py); empty: bf16 on GPU, fp32 on CPU
     torch_threads: int = 0       # intra-op threads of the core's worker; 0 = torch's default
     chat_torch_threads: int = 0  # intra-op threads for chat replies; 0 = 1 for a small model, else the worker's
     loop_torch_threads: int = 1  # intra-op threads for Loop-lab runs; 0 = the worker's setting

@@ -15,6 +15,7 @@ from tests.support.executors import FunctionJobs
 from webapp.chat.batch import ChatAlone, ChatBatch, ChatRequest
 from webapp.chat.generate import SamplingParams, generate, prefill_chunk
 from webapp.chat.loading import load_chat_model
+from webapp.chat.precision import apply_precision
 from webapp.chat.prefix_cache import PrefixCache
 from webapp.core import InferenceCore, Job
 from webapp.core.jobs import CANCELLED, DONE
@@ -92,9 +93,11 @@ def test_the_bundled_model_replies_the_same_in_a_batch():
 
 
 @torch.inference_mode()
-def test_a_rows_logits_do_not_depend_on_the_other_rows():
-    """The property the equality rests on, bit for bit: whatever the batch, a row's logits are the same."""
-    model = tiny(config=LONG).model
+@pytest.mark.parametrize("precision", ["float32", "bfloat16", "int8"])
+def test_a_rows_logits_do_not_depend_on_the_other_rows(precision):
+    """The property the equality rests on, bit for bit: whatever the batch, a row's logits are the same,
+    at every precision the CPU runs."""
+    model = apply_precision(tiny(config=LONG).model, precision)
     prompts = [[(3 * j + i) % 256 for j in range(5 + 11 * i)] for i in range(6)]
     caches, last = [], []
     for prompt in prompts:

@@ -28,14 +28,11 @@ import torch.nn as nn
 from webapp.chat.arch import fields_from, parse_arch, read_json, resolve_config
 from webapp.chat.errors import ModelLoadError
 from webapp.chat.model import GPT
+from webapp.chat.precision import PrecisionError, apply_precision, parse_precision
 from webapp.chat.prompt import PromptBuilder
 from webapp.chat.tokenizer import ChatTokenizer, tokenizer_from_spec
 
-__all__ = ["LoadedChatModel", "ModelLoadError", "load_chat_model", "parse_dtype"]
-
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
-
+__all__ = ["LoadedChatModel", "ModelLoadError", "load_chat_model"]
 
 @dataclass
 class LoadedChatModel:
@@ -47,18 +44,6 @@ class LoadedChatModel:
     description: str  # one line for the UI/logs: architecture, size, tokenizer, where the config came from
     prompt: PromptBuilder  # few-shot encoded once for this tokenizer and window
     torch_threads: int = 0  # intra-op threads for its replies; 0 = the core worker's setting
-
-
-def parse_dtype(dtype, device: torch.device) -> torch.dtype:
-    """A torch.dtype, a name ("bfloat16", "fp32"...), or None/"" = bf16 on GPU, fp32 on CPU."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if not dtype:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    try:
-        return DTYPES[str(dtype).lower()]
-    except KeyError:
-        raise ModelLoadError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}") from None
 
 
 def _file_id(path: Path) -> str:
@@ -189,8 +174,9 @@ def _resolve_tokenizer(spec, configs: list[dict], path: Path) -> ChatTokenizer:
 
 
 def load_chat_model(checkpoint: str, *, arch: str | None = None, tokenizer_spec: str | None = None,
-                    factory: str | None = None, device: str = "cpu", dtype=torch.float32) -> LoadedChatModel:
-    """Load, check and place a chat model. Raises ModelLoadError naming the file and the mismatch."""
+                    factory: str | None = None, device: str = "cpu", dtype="float32") -> LoadedChatModel:
+    """Load, check and place a chat model. Raises ModelLoadError naming the file and the mismatch.
+    dtype: a precision of webapp/chat/precision.py (float32, bfloat16, float16, int8; None: the device's)."""
     path = Path(checkpoint)
     if not path.is_file():
         raise ModelLoadError(f"{path}: checkpoint not found")
@@ -200,7 +186,10 @@ def load_chat_model(checkpoint: str, *, arch: str | None = None, tokenizer_spec:
         raise ModelLoadError(f"device {device!r}: {e}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} requested but CUDA is not available")
-    dtype = parse_dtype(dtype, dev)
+    try:
+        precision = parse_precision(dtype, dev)
+    except PrecisionError as e:
+        raise ModelLoadError(str(e)) from None
 
     state, args, args_source = _read_checkpoint(path)
     state = _clean_state(state)
@@ -232,15 +221,15 @@ def load_chat_model(checkpoint: str, *, arch: str | None = None, tokenizer_spec:
         raise ModelLoadError(f"{path}: tokenizer {tokenizer.name} needs {tokenizer.n_vocab} ids (chat specials "
                              f"included) but the model's embedding has only {rows} rows")
     _load_strict(model, state, path, source)
-    model.to(device=dev, dtype=dtype).eval()
+    n_params = sum(p.numel() for p in model.parameters())  # before int8 turns weights into buffers
+    apply_precision(model.to(device=dev), precision).eval()
 
     block_size = int(model.config.block_size)
     kv = callable(getattr(model, "forward_cached", None)) and callable(getattr(model, "new_cache", None))
-    n_params = sum(p.numel() for p in model.parameters())
     c = model.config
     shape = f"{c.n_layer}L/{c.n_head}H/{c.n_embd}d " if all(hasattr(c, a) for a in ("n_layer", "n_head", "n_embd")) else ""
     description = (f"{type(model).__name__} {shape}{n_params / 1e6:.1f}M params, block {block_size}, "
-                   f"tokenizer {tokenizer.name}, {str(dtype).removeprefix('torch.')} on {dev}, "
+                   f"tokenizer {tokenizer.name}, {precision} on {dev}, "
                    f"config from {source}, {'KV cache' if kv else 'full recompute'}")
     return LoadedChatModel(model=model, tokenizer=tokenizer, block_size=block_size, supports_kv_cache=kv,
                            checkpoint_id=_file_id(path), description=description,

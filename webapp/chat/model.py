@@ -234,7 +234,7 @@ class GPT(nn.Module):
 
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
         """An empty KV cache on the model's device and dtype, for up to block_size positions."""
-        p = self.lm_head.weight
+        p = self.transformer.wte.weight  # the activations' dtype (lm_head may hold int8 weights)
         return KVCache(self.config, batch, max_len or self.config.block_size, p.device, p.dtype)
 
     def forward_cached(self, idx, cache: KVCache, start_pos: int, logits: bool = True):
