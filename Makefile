@@ -42,9 +42,11 @@ $(VENDOR): package.json package-lock.json
 	cp node_modules/htmx.org/dist/htmx.min.js node_modules/htmx-ext-sse/dist/sse.js static/vendor/
 
 # Debian packages, only what is missing, and only when a target that needs them is (re)built: the
-# venv needs python3-venv, htmx needs npm; the integration and browser tests start real nginx and
-# drive Debian's Chromium (never a browser downloaded by Playwright).
-NEED_VENV = $(shell $(PYTHON) -c 'import ensurepip' 2>/dev/null || echo python3-venv)
+# venv needs python3-venv (and gcc, which compiles the decode kernel for this CPU on first use:
+# webapp/chat/kernels), htmx needs npm; the integration and browser tests start real nginx and drive
+# Debian's Chromium (never a browser downloaded by Playwright).
+NEED_VENV = $(strip $(shell $(PYTHON) -c 'import ensurepip' 2>/dev/null || echo python3-venv) \
+	$(shell command -v cc >/dev/null || command -v gcc >/dev/null || echo gcc))
 NEED_NPM  = $(shell command -v npm >/dev/null || echo npm)
 NEED_TEST = $(strip $(NEED_VENV) $(NEED_NPM) \
 	$(shell [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || echo nginx) \

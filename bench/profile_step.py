@@ -2,7 +2,10 @@
 bandwidth each weight-reading operator reached.
 
     .venv/bin/python -m bench.profile_step                       # 254M, fp32, 800 cached positions
-    .venv/bin/python -m bench.profile_step --dtype bfloat16 --context 300 --no-doc
+    .venv/bin/python -m bench.profile_step --dtype int8 --context 300 --threads 1 --no-doc
+
+The step is the app's: GPT.decode_step on one row (webapp/chat/generate.py decodes with it, alone or
+batched), at a precision of webapp/chat/precision.py.
 """
 
 from __future__ import annotations
@@ -14,13 +17,15 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench import common
+from webapp.chat.precision import PRECISIONS, apply_precision
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", default="gpt2-254m")
     p.add_argument("--context", type=int, default=800, help="positions already in the KV cache")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="float32", help="a precision: float32, bfloat16, int8")
+    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--no-doc", action="store_true")
     return p.parse_args(argv)
@@ -29,41 +34,49 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     load_before = common.load_average()
-    model = common.random_gpt(args.size, dtype=getattr(torch, args.dtype))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = apply_precision(common.random_gpt(args.size), args.dtype)
     ids = torch.tensor([common.prompt_ids(args.context)])
     cache = model.new_cache()
     token = ids[:, :1]
     with torch.inference_mode():
         model.forward_cached(ids, cache, 0)
         for i in range(3):
-            model.forward_cached(token, cache, args.context + i)
+            model.decode_step(token, [cache], [args.context + i])
         times = []
         for i in range(args.steps):
             t = time.perf_counter()
-            model.forward_cached(token, cache, args.context + 3 + i)
+            model.decode_step(token, [cache], [args.context + 3 + i])
             times.append(time.perf_counter() - t)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for i in range(args.steps):
-                model.forward_cached(token, cache, args.context + 3 + args.steps + i)
+                model.decode_step(token, [cache], [args.context + 3 + args.steps + i])
     step_ms = common.median(times) * 1e3
-    cfg, size = model.config, torch.tensor([], dtype=model.lm_head.weight.dtype).element_size()
+    cfg, size = model.config, {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}[PRECISIONS[args.dtype]]
     layer_bytes = cfg.n_layer * 12 * cfg.n_embd**2 * size  # c_attn 3C², c_proj C², c_fc 4C², mlp c_proj 4C²
     head_bytes = cfg.vocab_size * cfg.n_embd * size
     kv_bytes = cfg.n_layer * 2 * args.context * cfg.n_embd * size
-    reads = {"aten::addmv": layer_bytes, "aten::addmm": layer_bytes, "aten::addmv_": head_bytes, "aten::mm": head_bytes,
+    kv_bytes = kv_bytes * (4 if size == 4 else 2) // size  # int8 keeps keys and values in bfloat16
+    weights = layer_bytes + head_bytes  # every layer and lm_head go through one kernel
+    reads = {"mkldnn::_linear_pointwise": weights, "aten::_weight_int8pack_mm": weights,
              "aten::_scaled_dot_product_flash_attention_for_cpu": kv_bytes}
     rows = []
-    for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:10]:
+    averages = prof.key_averages()
+    calls = sum(e.count for e in averages) // args.steps
+    for e in sorted(averages, key=lambda e: -e.self_cpu_time_total)[:10]:
         ms = e.self_cpu_time_total / 1e3 / args.steps
         gbs = reads[e.key] / (ms / 1e3) / 1e9 if e.key in reads else float("nan")
         rows.append([e.key, e.count // args.steps, ms, gbs])
     body = (common.table(["operator", "calls per step", "ms per step (self)", "GB/s it read"], rows)
             + f"\n\n- {args.size} in {args.dtype}, {args.context} cached positions: one step takes {step_ms:.1f} ms "
-            + f"(median of {args.steps}, outside the profiler) = {1e3 / step_ms:.1f} tokens/s. Bytes read per step: "
+            + f"(median of {args.steps}, outside the profiler) = {1e3 / step_ms:.1f} tokens/s, {calls} operator calls. "
+            + "Bytes read per step: "
             + f"layer weights {layer_bytes / 1e6:.0f} MB, lm_head {head_bytes / 1e6:.0f} MB, keys and values "
-            + f"{kv_bytes / 1e6:.0f} MB; addmv/addmm rows are the layers' matrices, addmv_ (torch.mv) or mm the "
-            + "lm_head, the attention row the KV cache. The profiler adds its own overhead to the small operators.\n")
-    common.report(f"Decode step profile: {args.size}, {args.dtype}, {args.context} positions", body,
+            + f"{kv_bytes / 1e6:.0f} MB; the linear kernel's row reads the layers' matrices and lm_head, the "
+            + "attention row the KV cache. The profiler adds its own overhead to the small operators.\n")
+    common.report(f"Decode step profile: {args.size}, {args.dtype}, {args.context} positions, "
+                  f"{torch.get_num_threads()} threads", body,
                   load_before=load_before, write_doc=not args.no_doc)
 
 

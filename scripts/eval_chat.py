@@ -2,6 +2,7 @@
 
     python scripts/eval_chat.py                          # the bundled models/chat/model.safetensors
     python scripts/eval_chat.py --history 2              # each question after two earlier Q/A turns
+    python scripts/eval_chat.py --dtype int8             # at another precision (GLASSBOX_DTYPE)
 
 Questions go through the product's own path: load_chat_model -> PromptBuilder -> generate, greedy.
 A reply counts only if it equals the expected answer exactly.
@@ -37,8 +38,8 @@ def answer(loaded, messages, max_new_tokens=200, stats=None) -> str:
 
 
 def evaluate(checkpoint, history: int = 0, n_arithmetic: int = 150, limit: int | None = None,
-             show_failures: int = 8) -> dict:
-    loaded = load_chat_model(str(checkpoint))
+             show_failures: int = 8, dtype: str = "float32") -> dict:
+    loaded = load_chat_model(str(checkpoint), dtype=dtype)
     print(f"model: {loaded.checkpoint_id}: {loaded.description}")
     questions = held_out(n_arithmetic=n_arithmetic)
     rng = random.Random(0)
@@ -82,9 +83,11 @@ def main(argv=None):
     p.add_argument("--arithmetic", type=int, default=150, help="held-out arithmetic questions")
     p.add_argument("--limit", type=int, default=None, help="a random subset of this many questions")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dtype", default="float32", help="a precision, as GLASSBOX_DTYPE: float32, bfloat16, int8")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    evaluate(args.checkpoint, history=args.history, n_arithmetic=args.arithmetic, limit=args.limit)
+    evaluate(args.checkpoint, history=args.history, n_arithmetic=args.arithmetic, limit=args.limit,
+             dtype=args.dtype)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 from tests.chat.test_generate import TINY, tiny
 from tests.conftest import wait_for
 from tests.support.executors import FunctionJobs
+from webapp.chat import kernels
 from webapp.chat.batch import ChatAlone, ChatBatch, ChatRequest
 from webapp.chat.generate import SamplingParams, generate, prefill_chunk
 from webapp.chat.loading import load_chat_model
@@ -93,11 +95,17 @@ def test_the_bundled_model_replies_the_same_in_a_batch():
 
 
 @torch.inference_mode()
+@pytest.mark.parametrize("kernel", ["glassbox", "torch"])
 @pytest.mark.parametrize("precision", ["float32", "bfloat16", "int8"])
-def test_a_rows_logits_do_not_depend_on_the_other_rows(precision):
+def test_a_rows_logits_do_not_depend_on_the_other_rows(precision, kernel):
     """The property the equality rests on, bit for bit: whatever the batch, a row's logits are the same,
-    at every precision the CPU runs."""
-    model = apply_precision(tiny(config=LONG).model, precision)
+    at every precision the CPU runs, with Glassbox's decode kernel and with torch's (its fallback)."""
+    assert kernels.library() is not None, kernels.unavailable_reason  # CI has a C compiler: the kernel is tested
+    with contextlib.nullcontext() if kernel == "glassbox" else kernels.disabled():
+        rows_alone_and_together(apply_precision(tiny(config=LONG).model, precision))
+
+
+def rows_alone_and_together(model):
     prompts = [[(3 * j + i) % 256 for j in range(5 + 11 * i)] for i in range(6)]
     caches, last = [], []
     for prompt in prompts:

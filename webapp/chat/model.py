@@ -21,6 +21,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from webapp.chat import kernels
+
 
 @dataclass
 class GPTConfig:
@@ -66,23 +68,31 @@ class Linear(nn.Linear):
     """nn.Linear (same parameters, same names) whose CPU inference gives every row the same result
     whatever else is in the batch.
 
-    Batched decoding must not change a reply (docs/architecture.md, "The same reply as alone"). On
-    CPU, oneDNN's inner product computes each row of a matrix of two or more rows with the same
-    reduction order, bit for bit, whatever the number of rows; a single row takes a matrix-vector
-    path whose sums are ordered differently, so one row is run as two. oneDNN also streams the
-    weights faster than the addmm and addmv that nn.Linear uses for one or a few rows
-    (docs/benchmarks.md). Training, autograd, other devices and float16 keep F.linear.
+    Batched decoding must not change a reply (docs/architecture.md, "The same reply as alone"). A
+    decode step (decode=True) runs Glassbox's own kernel (webapp/chat/kernels): each output summed in
+    one fixed order, and the weights streamed at the machine's bandwidth for a single row. Prefill, and
+    decoding where that kernel cannot be compiled, run oneDNN's inner product: for two or more rows it
+    computes each row with the same reduction order, bit for bit, whatever the number of rows; a single
+    row takes a matrix-vector path whose sums are ordered differently, so one row is run as two.
+    Training, autograd, other devices and float16 keep F.linear.
     """
 
-    def forward(self, x):
+    def forward(self, x, decode: bool = False):
+        if decode and kernels.supports(x, self.weight):
+            return kernels.linear(x, self.weight, self.bias)
         if not _batch_invariant(x, self.weight):
             return F.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, x.size(-1))  # (N, C_in)
-        n = rows.size(0)
-        if n == 1:
-            rows = rows.expand(2, -1)
-        y = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.weight, self.bias, "none", [], "")
-        return y[:n].view(*x.shape[:-1], -1)
+        return onednn_linear(x, self.weight, self.bias)
+
+
+def onednn_linear(x, weight, bias):
+    """x @ weightᵀ + bias through oneDNN's inner product, one row run as two (see Linear)."""
+    rows = x.reshape(-1, x.size(-1))  # (N, C_in)
+    n = rows.size(0)
+    if n == 1:
+        rows = rows.expand(2, -1)
+    y = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), weight, bias, "none", [], "")
+    return y[:n].view(*x.shape[:-1], -1)
 
 
 _ONEDNN = torch.backends.mkldnn.is_available()
@@ -105,6 +115,8 @@ class CausalSelfAttention(nn.Module):
         self.n_embd = config.n_embd
 
     def forward(self, x, cache: KVCache | None = None, layer: int = 0, start_pos: int = 0):
+        if isinstance(cache, list):
+            return self._decode(x, cache, layer, start_pos)
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
@@ -113,8 +125,6 @@ class CausalSelfAttention(nn.Module):
 
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        elif isinstance(cache, list):
-            y = self._attend_rows(q, k, v, cache, layer, start_pos)
         else:
             end = start_pos + T
             cache.k[layer][:B, :, start_pos:end] = k
@@ -135,19 +145,21 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads side by side
         return self.c_proj(y)
 
-    @staticmethod
-    def _attend_rows(q, k, v, caches: list[KVCache], layer: int, positions: list[int]):
-        """One new token per row, each row a sequence of its own: its own cache and position.
+    def _decode(self, x, caches: list[KVCache], layer: int, positions: list[int]):
+        """One new token per row (x: (B, 1, C)), each row a sequence of its own: its own cache and position.
 
-        Each row attends over its own history with exactly the call a lone sequence makes, so a
-        row's result does not depend on the others (nor on their lengths: no padding, no mask)."""
-        out = []
+        Each row attends over its own history alone, so a row's result does not depend on the others
+        (nor on their lengths: no padding, no mask). With one token per row the heads need no transposes:
+        (B, 3, nh, 1, hs) -> per row (nh, 1, hs) queries, and (nh, 1, hs) outputs that are already (C,)."""
+        B, _, C = x.size()
+        qkv = self.c_attn(x, decode=True).view(B, 3, self.n_head, 1, C // self.n_head)
+        out = torch.empty(B, self.n_head, 1, C // self.n_head, dtype=x.dtype, device=x.device)
         for r, (cache, pos) in enumerate(zip(caches, positions)):
-            cache.k[layer][:, :, pos:pos + 1] = k[r:r + 1]
-            cache.v[layer][:, :, pos:pos + 1] = v[r:r + 1]
-            keys, values = cache.k[layer][:, :, :pos + 1], cache.v[layer][:, :, :pos + 1]  # (1, nh, pos+1, hs)
-            out.append(F.scaled_dot_product_attention(q[r:r + 1], keys, values))  # (1, nh, 1, hs)
-        return torch.cat(out)  # (B, nh, 1, hs)
+            keys, values = cache.k[layer][0], cache.v[layer][0]  # (nh, max_len, hs)
+            keys[:, pos:pos + 1] = qkv[r, 1]
+            values[:, pos:pos + 1] = qkv[r, 2]
+            out[r] = F.scaled_dot_product_attention(qkv[r, 0], keys[:, :pos + 1], values[:, :pos + 1])
+        return self.c_proj(out.view(B, 1, C), decode=True)
 
 
 class MLP(nn.Module):
@@ -157,8 +169,8 @@ class MLP(nn.Module):
         self.gelu = nn.GELU()
         self.c_proj = Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
 
-    def forward(self, x):
-        return self.c_proj(self.gelu(self.c_fc(x)))
+    def forward(self, x, decode: bool = False):
+        return self.c_proj(self.gelu(self.c_fc(x, decode)), decode)
 
 
 class Block(nn.Module):
@@ -173,7 +185,7 @@ class Block(nn.Module):
         """cache/start_pos: None (no cache); one KVCache and an int (one sequence, T tokens); or one
         KVCache and one position per row (several sequences, one token each)."""
         x = x + self.attn(self.ln_1(x), cache, layer, start_pos)
-        x = x + self.mlp(self.ln_2(x))
+        x = x + self.mlp(self.ln_2(x), decode=isinstance(cache, list))
         return x
 
 
@@ -269,4 +281,4 @@ class GPT(nn.Module):
         for layer, block in enumerate(self.transformer.h):
             x = block(x, caches, layer, positions)
         x = self.transformer.ln_f(x[:, -1, :])  # (B, C)
-        return self.lm_head(x)  # (B, V)
+        return self.lm_head(x, decode=True)  # (B, V)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
 from webapp.chat.batch import ChatAlone, ChatBatch, ChatRequest, Forced
@@ -58,6 +59,10 @@ def load_model(settings):
                                  factory=settings.chat_factory or None, device=settings.device,
                                  dtype=settings.dtype or None)
     loaded.torch_threads = reply_threads(loaded.model, settings.chat_torch_threads)
+    if settings.device == "cpu":  # compiled here, once per machine, rather than on the first reply
+        from webapp.chat import kernels
+        if kernels.library() is not None:
+            logging.getLogger("glassbox").info("decode kernel compiled for this CPU, in %s", kernels.cache_dir())
     # With a remote backend the local model still gives the tokenizer and the window (prompt budget,
     # prompt view); the replies come from the backend (webapp/chat/remote.py).
     loaded.remote = bool(getattr(settings, "chat_backend", ""))

@@ -1,0 +1,109 @@
+"""The decode kernel (webapp/chat/kernels): right results in every weight format, each row's result the
+same whatever the other rows and the thread count, compiled once per machine, and a clear fallback to
+torch's kernels where it cannot be compiled."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from webapp.chat import kernels
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def weights(fmt: str, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(stored weight, scale or None, the float32 weight it stands for)."""
+    w = torch.randn(n, k)
+    if fmt == "int8":
+        q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+        scale = torch.rand(n) / 100
+        return q, scale, q.float() * scale[:, None]
+    stored = w.to(getattr(torch, fmt))
+    return stored, None, stored.float()
+
+
+@pytest.fixture(autouse=True)
+def compiled():
+    assert kernels.library() is not None, kernels.unavailable_reason  # CI has a C compiler
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("k, n", [(64, 96), (1000, 37), (17, 5)])  # K with a tail, N not a multiple of 4
+def test_each_format_computes_the_linear_layer(fmt, k, n):
+    torch.manual_seed(0)
+    w, scale, dense = weights(fmt, n, k)
+    bias, x = torch.randn(n), torch.randn(7, k)
+    expected = x.double() @ dense.double().T + bias.double()
+    got = kernels.linear(x, w, bias, scale)
+    assert got.shape == (7, n) and got.dtype == torch.float32
+    assert torch.allclose(got.double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+    assert torch.allclose(kernels.linear(x, w, None, scale).double(), expected - bias.double(),
+                          rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8"])
+def test_a_rows_result_does_not_depend_on_the_other_rows_or_the_threads(fmt):
+    torch.manual_seed(1)
+    w, scale, _ = weights(fmt, 203, 1040)
+    bias, x = torch.randn(203), torch.randn(40, 1040)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([kernels.linear(x[i:i + 1], w, bias, scale) for i in range(40)])
+        torch.set_num_threads(2)
+        for m in range(1, 41):
+            assert torch.equal(kernels.linear(x[:m], w, bias, scale), alone[:m]), m
+            assert torch.equal(kernels.linear(x[40 - m:], w, bias, scale), alone[40 - m:]), m
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_it_takes_only_what_it_computes():
+    assert not kernels.supports(torch.randn(2, 4).bfloat16(), torch.randn(3, 4))  # float32 rows only
+    assert not kernels.supports(torch.randn(2, 4), torch.randn(3, 4).half())
+    assert not kernels.supports(torch.randn(2, 4), torch.randn(4, 3).t())  # rows of W must be contiguous
+    with kernels.disabled():
+        assert not kernels.supports(torch.randn(2, 4), torch.randn(3, 4))
+    assert kernels.supports(torch.randn(2, 4), torch.randn(3, 4))
+    with pytest.raises(ValueError, match="float32 vectors"):
+        kernels.linear(torch.randn(2, 4), torch.randn(3, 4), torch.randn(3).double())
+
+
+def run_python(code: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": ROOT, **env})
+
+
+PROBE = ("import torch; from webapp.chat import kernels; lib = kernels.library(); "
+         "print('kernel' if lib else 'torch:', kernels.unavailable_reason); "
+         "from webapp.chat.model import GPT, GPTConfig; m = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, "
+         "n_head=2, n_embd=32)).eval(); c = m.new_cache(); "
+         "torch.inference_mode().__enter__(); m.forward_cached(torch.tensor([[1, 2]]), c, 0); "
+         "print(m.decode_step(torch.tensor([[3]]), [c], [2]).shape)")
+
+
+def test_compiled_once_per_machine_and_cached(tmp_path):
+    first = run_python(PROBE, {"XDG_CACHE_HOME": str(tmp_path)})
+    assert first.returncode == 0 and first.stdout.startswith("kernel None"), first.stderr
+    built = list((tmp_path / "glassbox").glob("linear-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    again = run_python(PROBE, {"XDG_CACHE_HOME": str(tmp_path)})
+    assert again.stdout.startswith("kernel None") and built[0].stat().st_mtime_ns == stamp  # not rebuilt
+    assert list((tmp_path / "glassbox").iterdir()) == built  # nothing left over from the build
+
+
+@pytest.mark.parametrize("env, reason", [({"CC": "/bin/false"}, "/bin/false failed"),
+                                         ({"GLASSBOX_DECODE_KERNEL": "torch"}, "GLASSBOX_DECODE_KERNEL=torch"),
+                                         ({"GLASSBOX_DECODE_KERNEL": "fast"}, "is not 'glassbox' or 'torch'")])
+def test_without_the_kernel_decoding_falls_back_to_torch_and_says_why(tmp_path, env, reason):
+    result = run_python(PROBE, {"XDG_CACHE_HOME": str(tmp_path), **env})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("torch:") and reason in result.stdout
+    assert "torch.Size([1, 64])" in result.stdout  # and the model still decodes
+    assert "decode kernel unavailable" in result.stderr  # the log says so

@@ -1,0 +1,150 @@
+"""The decode kernel (linear.c): y = (x @ Wᵀ) * scale + b for the few rows of a decode step, with float32,
+bfloat16 or int8 weights, each row's result the same whatever the other rows are.
+
+It is compiled on first use for the machine it runs on (`cc -O3 -march=native -fopenmp`), cached under
+$XDG_CACHE_HOME/glassbox (or ~/.cache/glassbox) by a hash of the source, the compiler and the CPU, and
+called through ctypes: no build step at install time and no Python headers. Without a C compiler (or
+with GLASSBOX_DECODE_KERNEL=torch) decoding uses torch's kernels instead: slower for one row, the same
+row invariance, and a warning in the log says so.
+
+It shares torch's OpenMP runtime (torch's libgomp is loaded first and satisfies the kernel's), and runs on
+as many threads as torch's intra-op pool, so it follows GLASSBOX_TORCH_THREADS like every other operator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("glassbox.kernels")
+
+SOURCE = Path(__file__).with_name("linear.c")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # linear.c's weight formats
+
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+_tried = False
+unavailable_reason: str | None = None  # why torch's kernels decode instead (None: the kernel is in use)
+_disabled = 0  # > 0 inside disabled(): benchmarks and tests compare with torch's kernels
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "glassbox"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _compile(compiler: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # built aside, then renamed: never half a file
+        built = Path(tmp) / target.name
+        result = subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE)], capture_output=True, text=True,
+                                timeout=120)
+        if result.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
+        os.replace(built, target)
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernel, compiled and loaded on the first call; None when it cannot be (see
+    unavailable_reason) or when GLASSBOX_DECODE_KERNEL=torch."""
+    global _library, _tried, unavailable_reason
+    if _tried:
+        return _library
+    with _lock:
+        if _tried:
+            return _library
+        try:
+            _library = _load()
+        except Exception as error:  # no compiler, a read-only home, a failed build: torch's kernels decode
+            unavailable_reason = str(error) or type(error).__name__
+            log.warning("decode kernel unavailable (%s): decoding with torch's kernels", unavailable_reason)
+        _tried = True
+        return _library
+
+
+def _load() -> ctypes.CDLL:
+    choice = os.environ.get("GLASSBOX_DECODE_KERNEL", "glassbox").strip().lower() or "glassbox"
+    if choice == "torch":
+        raise RuntimeError("GLASSBOX_DECODE_KERNEL=torch")
+    if choice != "glassbox":
+        raise RuntimeError(f"GLASSBOX_DECODE_KERNEL={choice!r} is not 'glassbox' or 'torch'")
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        raise RuntimeError("no C compiler (cc or gcc) on PATH")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS), _cpu_flags()])
+                         .encode()).hexdigest()[:16]
+    target = cache_dir() / f"linear-{key}.so"
+    if not target.exists():
+        log.info("compiling the decode kernel for this CPU: %s", target)
+        _compile(compiler, target)
+    lib = ctypes.CDLL(str(target))
+    lib.glassbox_linear.restype = ctypes.c_int
+    lib.glassbox_linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                    ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                    ctypes.c_void_p, ctypes.c_int]
+    return lib
+
+
+@contextlib.contextmanager
+def disabled():
+    """Decode with torch's kernels inside this block (a benchmark's baseline; the fallback's tests)."""
+    global _disabled
+    _disabled += 1
+    try:
+        yield
+    finally:
+        _disabled -= 1
+
+
+def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether linear() can take these: float32 rows on the CPU and weights in one of its formats."""
+    return (not _disabled and x.device.type == "cpu" and x.dtype == torch.float32 and weight.device.type == "cpu"
+            and weight.dtype in KINDS and weight.layout == torch.strided and weight.is_contiguous()
+            and library() is not None)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           scale: torch.Tensor | None = None) -> torch.Tensor:
+    """(x @ weightᵀ) * scale + bias for x (..., K) float32, weight (N, K) float32/bfloat16/int8,
+    scale and bias (N,) float32 or None -> (..., N) float32. Call supports() first."""
+    K, N = x.size(-1), weight.size(0)
+    rows = x.reshape(-1, K).contiguous()  # (M, K)
+    out = torch.empty(rows.size(0), N, dtype=torch.float32)
+    for t in (scale, bias):
+        if t is not None and (t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != N):
+            raise ValueError("scale and bias must be contiguous float32 vectors of the output size")
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"decode kernel unavailable: {unavailable_reason}")
+    status = lib.glassbox_linear(KINDS[weight.dtype], rows.data_ptr(), rows.size(0), K, K, weight.data_ptr(),
+                                 N, scale.data_ptr() if scale is not None else None,
+                                 bias.data_ptr() if bias is not None else None, out.data_ptr(),
+                                 torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"decode kernel refused its arguments ({status})")
+    return out.view(*x.shape[:-1], N)
+
+
+__all__ = ["cache_dir", "disabled", "library", "linear", "supports", "unavailable_reason"]

@@ -1,0 +1,145 @@
+/* Glassbox's decode kernel: y = (x @ Wᵀ) * scale + b for a few rows of x, the weights read once.
+ *
+ * A decode step reads every weight once per token and does two flops with it per row: its speed is
+ * the speed at which the weights stream from memory. This kernel streams them at the machine's
+ * bandwidth for one row (the library kernels reach about half of it there) and keeps every row's
+ * result the same whatever the other rows are, bit for bit.
+ *
+ *   x      (M, K) float32, rows ldx apart
+ *   W      (N, K) float32, bfloat16 (raw bits) or int8 -- one row per output, K contiguous
+ *   scale  (N,)   float32 or NULL (int8: one scale per output row)
+ *   b      (N,)   float32 or NULL
+ *   y      (M, N) float32
+ *
+ * Row invariance: every output y[m, n] is summed in one fixed order -- 16 lanes over K in steps of 16,
+ * the lanes added pairwise, then the tail of K -- whichever tile of rows it is computed in and
+ * whichever thread computes it. Weights are widened to float32 exactly (bfloat16 by a shift, int8 by
+ * a conversion); products and sums are float32.
+ *
+ * Written with GCC's vector extensions: one source for AVX-512, AVX2 or SSE; compiled for the machine
+ * it runs on (webapp/chat/kernels/__init__.py).
+ */
+#include <stdint.h>
+#include <string.h>
+
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef int8_t i8x16 __attribute__((vector_size(16)));
+
+enum { LANES = 16, MR = 4, NR = 4 };  /* a tile: up to MR rows of x times NR rows of W */
+enum { F32 = 0, BF16 = 1, I8 = 2 };   /* the weights' format */
+
+static inline f32x16 load_x(const float *p) {
+    f32x16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline __attribute__((always_inline)) f32x16 load_w(int kind, const void *w, int64_t at) {
+    f32x16 v;
+    if (kind == F32) {
+        memcpy(&v, (const float *)w + at, sizeof v);
+    } else if (kind == BF16) {
+        u16x16 h;
+        memcpy(&h, (const uint16_t *)w + at, sizeof h);
+        u32x16 bits = __builtin_convertvector(h, u32x16) << 16;  /* bfloat16 is float32's top half */
+        memcpy(&v, &bits, sizeof v);
+    } else {
+        i8x16 q;
+        memcpy(&q, (const int8_t *)w + at, sizeof q);
+        v = __builtin_convertvector(q, f32x16);
+    }
+    return v;
+}
+
+static inline float w_at(int kind, const void *w, int64_t at) {
+    if (kind == F32) return ((const float *)w)[at];
+    if (kind == BF16) {
+        uint32_t bits = (uint32_t)((const uint16_t *)w)[at] << 16;
+        float f;
+        memcpy(&f, &bits, sizeof f);
+        return f;
+    }
+    return (float)((const int8_t *)w)[at];
+}
+
+static inline float lanes_sum(f32x16 v) {
+    float s[LANES];
+    memcpy(s, &v, sizeof s);
+    for (int width = LANES / 2; width > 0; width /= 2)
+        for (int i = 0; i < width; i++) s[i] += s[i + width];
+    return s[0];
+}
+
+/* dots[i][j] = x[m0 + i] . W[n0 + j] for i < mr, j < nr; mr and nr are constants where inlined */
+static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr, const float *x, int64_t ldx,
+                                                       const void *w, int64_t K, int64_t n0, float dots[MR][NR]) {
+    f32x16 acc[MR][NR];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) acc[i][j] = (f32x16){0};
+    int64_t k = 0;
+    for (; k + LANES <= K; k += LANES) {
+        f32x16 wv[NR];
+        for (int j = 0; j < nr; j++) wv[j] = load_w(kind, w, (n0 + j) * K + k);
+        for (int i = 0; i < mr; i++) {
+            f32x16 xv = load_x(x + i * ldx + k);
+            for (int j = 0; j < nr; j++) acc[i][j] += xv * wv[j];
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            float s = lanes_sum(acc[i][j]);
+            for (int64_t t = k; t < K; t++) s += x[i * ldx + t] * w_at(kind, w, (n0 + j) * K + t);
+            dots[i][j] = s;
+        }
+}
+
+#define TILES(KIND)                                                                                  \
+    static void tile_##KIND(int mr, int nr, const float *x, int64_t ldx, const void *w, int64_t K,   \
+                            int64_t n0, float dots[MR][NR]) {                                        \
+        if (nr == NR) {                                                                              \
+            switch (mr) {                                                                            \
+                case 1: tile(KIND, 1, NR, x, ldx, w, K, n0, dots); return;                           \
+                case 2: tile(KIND, 2, NR, x, ldx, w, K, n0, dots); return;                           \
+                case 3: tile(KIND, 3, NR, x, ldx, w, K, n0, dots); return;                           \
+                default: tile(KIND, 4, NR, x, ldx, w, K, n0, dots); return;                          \
+            }                                                                                        \
+        }                                                                                            \
+        float one[MR][NR];                                                                           \
+        for (int j = 0; j < nr; j++)  /* the last rows of W, one at a time: the same sums */         \
+            for (int i = 0; i < mr; i++) {                                                           \
+                tile(KIND, 1, 1, x + i * ldx, ldx, w, K, n0 + j, one);                               \
+                dots[i][j] = one[0][0];                                                              \
+            }                                                                                        \
+    }
+TILES(F32)
+TILES(BF16)
+TILES(I8)
+
+typedef void (*tile_fn)(int, int, const float *, int64_t, const void *, int64_t, int64_t, float[MR][NR]);
+
+int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx, const void *w, int64_t N,
+                    const float *scale, const float *b, float *y, int threads) {
+    tile_fn fn = kind == F32 ? tile_F32 : kind == BF16 ? tile_BF16 : kind == I8 ? tile_I8 : 0;
+    if (!fn || M < 0 || K < 0 || N < 0) return -1;
+    int64_t tiles = (N + NR - 1) / NR;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        int64_t n0 = t * NR;
+        int nr = N - n0 < NR ? (int)(N - n0) : NR;
+        for (int64_t m0 = 0; m0 < M; m0 += MR) {
+            int mr = M - m0 < MR ? (int)(M - m0) : MR;
+            float dots[MR][NR];
+            fn(mr, nr, x + m0 * ldx, ldx, w, K, n0, dots);
+            for (int i = 0; i < mr; i++)
+                for (int j = 0; j < nr; j++) {
+                    float v = dots[i][j];
+                    if (scale) v *= scale[n0 + j];
+                    if (b) v += b[n0 + j];
+                    y[(m0 + i) * N + n0 + j] = v;
+                }
+        }
+    }
+    return 0;
+}
