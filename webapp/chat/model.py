@@ -150,15 +150,16 @@ class CausalSelfAttention(nn.Module):
 
         Each row attends over its own history alone, so a row's result does not depend on the others
         (nor on their lengths: no padding, no mask). With one token per row the heads need no transposes:
-        (B, 3, nh, 1, hs) -> per row (nh, 1, hs) queries, and (nh, 1, hs) outputs that are already (C,)."""
+        (B, 3, nh, 1, hs) -> per row (1, nh, 1, hs) queries, and outputs that are already (1, C)."""
         B, _, C = x.size()
         qkv = self.c_attn(x, decode=True).view(B, 3, self.n_head, 1, C // self.n_head)
         out = torch.empty(B, self.n_head, 1, C // self.n_head, dtype=x.dtype, device=x.device)
         for r, (cache, pos) in enumerate(zip(caches, positions)):
-            keys, values = cache.k[layer][0], cache.v[layer][0]  # (nh, max_len, hs)
-            keys[:, pos:pos + 1] = qkv[r, 1]
-            values[:, pos:pos + 1] = qkv[r, 2]
-            out[r] = F.scaled_dot_product_attention(qkv[r, 0], keys[:, :pos + 1], values[:, :pos + 1])
+            keys, values = cache.k[layer], cache.v[layer]  # (1, nh, max_len, hs)
+            keys[:, :, pos:pos + 1] = qkv[r:r + 1, 1]
+            values[:, :, pos:pos + 1] = qkv[r:r + 1, 2]
+            # 4-D, as SDPA's fused CPU kernel wants it (3-D inputs take its slow reference path)
+            out[r:r + 1] = F.scaled_dot_product_attention(qkv[r:r + 1, 0], keys[:, :, :pos + 1], values[:, :, :pos + 1])
         return self.c_proj(out.view(B, 1, C), decode=True)
 
 

@@ -16,16 +16,16 @@
  * whichever thread computes it. Weights are widened to float32 exactly (bfloat16 by a shift, int8 by
  * a conversion); products and sums are float32.
  *
- * Written with GCC's vector extensions: one source for AVX-512, AVX2 or SSE; compiled for the machine
- * it runs on (webapp/chat/kernels/__init__.py).
+ * Written with GCC's vector extensions (AVX-512 intrinsics only to widen weights): one source for AVX-512,
+ * AVX2 or SSE, compiled for the machine it runs on (webapp/chat/kernels/__init__.py).
  */
 #include <stdint.h>
 #include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 typedef float f32x16 __attribute__((vector_size(64)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
-typedef int8_t i8x16 __attribute__((vector_size(16)));
 
 enum { LANES = 16, MR = 4, NR = 4 };  /* a tile: up to MR rows of x times NR rows of W */
 enum { F32 = 0, BF16 = 1, I8 = 2 };   /* the weights' format */
@@ -36,21 +36,32 @@ static inline f32x16 load_x(const float *p) {
     return v;
 }
 
+/* Widen 16 weights to float32, exactly. With AVX-512 by its widening instructions; elsewhere by element
+ * loops (GCC does not vectorize every widening loop, so the intrinsics where it matters most). */
 static inline __attribute__((always_inline)) f32x16 load_w(int kind, const void *w, int64_t at) {
+#ifdef __AVX512F__
+    if (kind == F32) return _mm512_loadu_ps((const float *)w + at);
+    if (kind == BF16)  /* bfloat16 is float32's top half */
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + at))), 16));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)w + at))));
+#else
     f32x16 v;
     if (kind == F32) {
         memcpy(&v, (const float *)w + at, sizeof v);
     } else if (kind == BF16) {
-        u16x16 h;
-        memcpy(&h, (const uint16_t *)w + at, sizeof h);
-        u32x16 bits = __builtin_convertvector(h, u32x16) << 16;  /* bfloat16 is float32's top half */
-        memcpy(&v, &bits, sizeof v);
+        const uint16_t *h = (const uint16_t *)w + at;
+        uint32_t bits[LANES];
+        for (int j = 0; j < LANES; j++) bits[j] = (uint32_t)h[j] << 16;
+        memcpy(&v, bits, sizeof v);
     } else {
-        i8x16 q;
-        memcpy(&q, (const int8_t *)w + at, sizeof q);
-        v = __builtin_convertvector(q, f32x16);
+        const int8_t *q = (const int8_t *)w + at;
+        float f[LANES];
+        for (int j = 0; j < LANES; j++) f[j] = (float)q[j];
+        memcpy(&v, f, sizeof v);
     }
     return v;
+#endif
 }
 
 static inline float w_at(int kind, const void *w, int64_t at) {
