@@ -109,16 +109,17 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
 #define TILES(KIND)                                                                                  \
     static void tile_##KIND(int mr, int nr, const float *x, int64_t ldx, const void *w, int64_t K,   \
                             int64_t n0, float dots[MR][NR]) {                                        \
-        if (nr == NR) {                                                                              \
+        if (nr == NR && mr > 1) {                                                                    \
             switch (mr) {                                                                            \
-                case 1: tile(KIND, 1, NR, x, ldx, w, K, n0, dots); return;                           \
                 case 2: tile(KIND, 2, NR, x, ldx, w, K, n0, dots); return;                           \
                 case 3: tile(KIND, 3, NR, x, ldx, w, K, n0, dots); return;                           \
                 default: tile(KIND, 4, NR, x, ldx, w, K, n0, dots); return;                          \
             }                                                                                        \
         }                                                                                            \
+        /* One row of x (a lone reply streams faster through one row of W at a time), or the last   \
+         * rows of W: one dot at a time, the same sums. */                                           \
         float one[MR][NR];                                                                           \
-        for (int j = 0; j < nr; j++)  /* the last rows of W, one at a time: the same sums */         \
+        for (int j = 0; j < nr; j++)                                                                 \
             for (int i = 0; i < mr; i++) {                                                           \
                 tile(KIND, 1, 1, x + i * ldx, ldx, w, K, n0 + j, one);                               \
                 dots[i][j] = one[0][0];                                                              \
