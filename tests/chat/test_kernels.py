@@ -107,3 +107,19 @@ def test_without_the_kernel_decoding_falls_back_to_torch_and_says_why(tmp_path, 
     assert result.stdout.startswith("torch:") and reason in result.stdout
     assert "torch.Size([1, 64])" in result.stdout  # and the model still decodes
     assert "decode kernel unavailable" in result.stderr  # the log says so
+
+
+@pytest.mark.parametrize("nh, hs, pos", [(16, 64, 799), (3, 20, 0), (2, 8, 32)])
+def test_attention_writes_the_new_key_and_value_then_attends_over_the_cache(nh, hs, pos):
+    torch.manual_seed(2)
+    keys, values = torch.randn(1, nh, 1024, hs), torch.randn(1, nh, 1024, hs)
+    q, k, v = torch.randn(nh, 1, hs), torch.randn(nh, 1, hs), torch.randn(nh, 1, hs)
+    before = keys.clone()
+    out = torch.empty(nh, 1, hs)
+    kernels.attend(q, k, v, keys, values, pos, out)
+    assert torch.equal(keys[0, :, pos:pos + 1], k) and torch.equal(values[0, :, pos:pos + 1], v)
+    assert torch.equal(keys[:, :, pos + 1:], before[:, :, pos + 1:])  # nothing else written
+    expected = torch.nn.functional.scaled_dot_product_attention(q[None], keys[:, :, :pos + 1], values[:, :, :pos + 1])
+    assert torch.allclose(out, expected[0], atol=1e-5)
+    with pytest.raises(ValueError):
+        kernels.attend(q, k, v, keys, values, 1024, out)  # past the cache

@@ -154,12 +154,17 @@ class CausalSelfAttention(nn.Module):
         B, _, C = x.size()
         qkv = self.c_attn(x, decode=True).view(B, 3, self.n_head, 1, C // self.n_head)
         out = torch.empty(B, self.n_head, 1, C // self.n_head, dtype=x.dtype, device=x.device)
+        fused = kernels.attends(qkv, out, caches[0].k[layer])  # every cache is made alike (GPT.new_cache)
         for r, (cache, pos) in enumerate(zip(caches, positions)):
             keys, values = cache.k[layer], cache.v[layer]  # (1, nh, max_len, hs)
-            keys[:, :, pos:pos + 1] = qkv[r:r + 1, 1]
-            values[:, :, pos:pos + 1] = qkv[r:r + 1, 2]
+            q, k, v = qkv[r, 0], qkv[r, 1], qkv[r, 2]  # (nh, 1, hs) each
+            if fused:  # writes k and v, then reads the cache once, at the machine's bandwidth
+                kernels.attend(q, k, v, keys, values, pos, out[r])
+                continue
+            keys[0, :, pos:pos + 1] = k
+            values[0, :, pos:pos + 1] = v
             # 4-D, as SDPA's fused CPU kernel wants it (3-D inputs take its slow reference path)
-            out[r:r + 1] = F.scaled_dot_product_attention(qkv[r:r + 1, 0], keys[:, :, :pos + 1], values[:, :, :pos + 1])
+            out[r:r + 1] = F.scaled_dot_product_attention(q[None], keys[:, :, :pos + 1], values[:, :, :pos + 1])
         return self.c_proj(out.view(B, 1, C), decode=True)
 
 

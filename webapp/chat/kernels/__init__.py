@@ -1,5 +1,6 @@
-"""The decode kernel (linear.c): y = (x @ Wᵀ) * scale + b for the few rows of a decode step, with float32,
-bfloat16 or int8 weights, each row's result the same whatever the other rows are.
+"""The decode kernels (linear.c): y = (x @ Wᵀ) * scale + b for the few rows of a decode step, with float32,
+bfloat16 or int8 weights, each row's result the same whatever the other rows are; and one new token's
+attention over its own KV cache.
 
 It is compiled on first use for the machine it runs on (`cc -O3 -march=native -fopenmp`), cached under
 $XDG_CACHE_HOME/glassbox (or ~/.cache/glassbox) by a hash of the source, the compiler and the CPU, and
@@ -104,6 +105,10 @@ def _load() -> ctypes.CDLL:
     lib.glassbox_linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                     ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                     ctypes.c_void_p, ctypes.c_int]
+    lib.glassbox_attend.restype = ctypes.c_int
+    lib.glassbox_attend.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                    ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                    ctypes.c_int]
     return lib
 
 
@@ -129,22 +134,42 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            scale: torch.Tensor | None = None) -> torch.Tensor:
     """(x @ weightᵀ) * scale + bias for x (..., K) float32, weight (N, K) float32/bfloat16/int8,
     scale and bias (N,) float32 or None -> (..., N) float32. Call supports() first."""
-    K, N = x.size(-1), weight.size(0)
-    rows = x.reshape(-1, K).contiguous()  # (M, K)
-    out = torch.empty(rows.size(0), N, dtype=torch.float32)
+    K, N = x.shape[-1], weight.shape[0]
+    rows = x.reshape(-1, K).contiguous()  # (M, K); no copy when x is already so
     for t in (scale, bias):
         if t is not None and (t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != N):
             raise ValueError("scale and bias must be contiguous float32 vectors of the output size")
-    lib = library()
-    if lib is None:
-        raise RuntimeError(f"decode kernel unavailable: {unavailable_reason}")
-    status = lib.glassbox_linear(KINDS[weight.dtype], rows.data_ptr(), rows.size(0), K, K, weight.data_ptr(),
-                                 N, scale.data_ptr() if scale is not None else None,
-                                 bias.data_ptr() if bias is not None else None, out.data_ptr(),
-                                 torch.get_num_threads())
+    if weight.shape[1] != K:
+        raise ValueError(f"x has {K} features, the weights {weight.shape[1]}")
+    out = torch.empty(rows.shape[0], N)
+    status = _library.glassbox_linear(KINDS[weight.dtype], rows.data_ptr(), rows.shape[0], K, K, weight.data_ptr(),
+                                      N, scale.data_ptr() if scale is not None else None,
+                                      bias.data_ptr() if bias is not None else None, out.data_ptr(),
+                                      torch.get_num_threads())
     if status != 0:
         raise RuntimeError(f"decode kernel refused its arguments ({status})")
     return out.view(*x.shape[:-1], N)
 
 
-__all__ = ["cache_dir", "disabled", "library", "linear", "supports", "unavailable_reason"]
+def attends(*tensors: torch.Tensor) -> bool:
+    """Whether attend() can take these: contiguous float32 tensors on the CPU."""
+    return (not _disabled and all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+                                  for t in tensors) and library() is not None)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: int,
+           out: torch.Tensor) -> None:
+    """Write one new token's key and value at `pos` of its own cache, then its attention over positions
+    0..pos into out. q, k, v, out: nh * hs contiguous floats (e.g. (1, nh, 1, hs)); keys, values
+    (1, nh, max_len, hs). Call attends() first."""
+    nh, max_len, hs = keys.shape[-3:]
+    if not (q.numel() == k.numel() == v.numel() == out.numel() == nh * hs and values.shape == keys.shape
+            and 0 <= pos < max_len):
+        raise ValueError("attend: q, k, v and out hold one token of every head; keys and values share a shape")
+    status = _library.glassbox_attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), keys.data_ptr(), values.data_ptr(),
+                                      nh, pos, max_len, hs, out.data_ptr(), torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"decode attention kernel failed ({status})")
+
+
+__all__ = ["attend", "attends", "cache_dir", "disabled", "library", "linear", "supports", "unavailable_reason"]

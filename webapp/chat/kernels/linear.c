@@ -76,6 +76,9 @@ static inline float w_at(int kind, const void *w, int64_t at) {
 }
 
 static inline float lanes_sum(f32x16 v) {
+#ifdef __AVX512F__
+    return _mm512_reduce_add_ps(v);  /* a fixed tree of adds, as below */
+#endif
     float s[LANES];
     memcpy(s, &v, sizeof s);
     for (int width = LANES / 2; width > 0; width /= 2)
@@ -154,4 +157,74 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
         }
     }
     return 0;
+}
+
+/* One new token's attention over its own sequence's cache, every head. Its key and value are first
+ * written at position `pos`, then
+ *   out[h] = softmax(q[h] . K[h, :pos+1]ᵀ / sqrt(hs)) V[h, :pos+1]
+ *   q, k, v, out (nh, hs); K, V (nh, max_len, hs); float32 throughout.
+ * One pass over K and one over V, each read once: the cache streams at the machine's bandwidth (torch's
+ * fused CPU attention is built for many queries and reads a one-token step's cache slower). */
+#include <math.h>
+#include <stdlib.h>
+
+int glassbox_attend(const float *q, const float *k, const float *v, float *K, float *V, int64_t nh, int64_t pos,
+                    int64_t max_len, int64_t hs, float *out, int threads) {
+    if (nh < 0 || pos < 0 || pos >= max_len || hs < 1) return -1;
+    int64_t n = pos + 1;
+    float scale = 1.0f / sqrtf((float)hs);
+    int failed = 0;
+    #pragma omp parallel for num_threads(threads) schedule(static) reduction(|:failed)
+    for (int64_t h = 0; h < nh; h++) {
+        const float *qh = q + h * hs, *Kh = K + h * max_len * hs, *Vh = V + h * max_len * hs;
+        memcpy(K + (h * max_len + pos) * hs, k + h * hs, (size_t)hs * sizeof(float));
+        memcpy(V + (h * max_len + pos) * hs, v + h * hs, (size_t)hs * sizeof(float));
+        float *p = malloc((size_t)n * sizeof(float)), *oh = out + h * hs;
+        if (!p) { failed = 1; continue; }
+        float top = -INFINITY;
+        int64_t t = 0;
+        for (; t + 4 <= n; t += 4) {  /* four positions at once: four independent sums in flight */
+            const float *kt = Kh + t * hs;
+            f32x16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+            int64_t d = 0;
+            for (; d + LANES <= hs; d += LANES) {
+                f32x16 qv = load_x(qh + d);
+                a0 += qv * load_x(kt + d);
+                a1 += qv * load_x(kt + hs + d);
+                a2 += qv * load_x(kt + 2 * hs + d);
+                a3 += qv * load_x(kt + 3 * hs + d);
+            }
+            float s[4] = {lanes_sum(a0), lanes_sum(a1), lanes_sum(a2), lanes_sum(a3)};
+            for (int i = 0; i < 4; i++) {
+                for (int64_t e = d; e < hs; e++) s[i] += qh[e] * kt[i * hs + e];
+                p[t + i] = s[i] * scale;
+                top = p[t + i] > top ? p[t + i] : top;
+            }
+        }
+        for (; t < n; t++) {
+            const float *kt = Kh + t * hs;
+            f32x16 acc = {0};
+            int64_t d = 0;
+            for (; d + LANES <= hs; d += LANES) acc += load_x(qh + d) * load_x(kt + d);
+            float s = lanes_sum(acc);
+            for (; d < hs; d++) s += qh[d] * kt[d];
+            p[t] = s * scale;
+            top = p[t] > top ? p[t] : top;
+        }
+        float total = 0.0f;
+        for (int64_t t = 0; t < n; t++) total += (p[t] = expf(p[t] - top));
+        for (int64_t d = 0; d < hs; d++) oh[d] = 0.0f;
+        for (int64_t t = 0; t < n; t++) {
+            const float *vt = Vh + t * hs;
+            float pt = p[t] / total;
+            int64_t d = 0;
+            for (; d + LANES <= hs; d += LANES) {
+                f32x16 o = load_x(oh + d) + pt * load_x(vt + d);
+                memcpy(oh + d, &o, sizeof o);
+            }
+            for (; d < hs; d++) oh[d] += pt * vt[d];
+        }
+        free(p);
+    }
+    return failed ? -2 : 0;
 }
