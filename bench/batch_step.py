@@ -4,7 +4,12 @@ are the same, bit for bit, as that row decoded alone, and what each token's odds
 computed for the whole batch after sampling) add to a step.
 
     .venv/bin/python -m bench.batch_step                          # 254M, fp32, CPU, batches 1 2 4 8 16
+    .venv/bin/python -m bench.batch_step --dtype int8             # a precision of webapp/chat/precision.py
     .venv/bin/python -m bench.batch_step --dtype bfloat16 --device cuda --batches 1 2 4 8 16 32 64
+
+On the CPU each batch size runs with Glassbox's decode kernel and with torch's (`kernels.disabled()`, the
+fallback and the path before the kernel), interleaved, so the kernel's single-stream gain can be checked
+against what it does to the batch.
 
 This is what GLASSBOX_MAX_BATCH's default is chosen from (docs/benchmarks.md): past some batch size a
 step costs more than the rows it adds.
@@ -18,8 +23,12 @@ import time
 
 import torch
 
+import contextlib
+
 from bench import common
+from webapp.chat import kernels
 from webapp.chat.odds import token_odds
+from webapp.chat.precision import apply_precision
 
 
 def caches_for(model, batch: int, context: int, device):
@@ -50,34 +59,38 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     load_before, device = common.load_average(), torch.device(args.device)
-    model = common.random_gpt(args.size, seed=0, dtype=getattr(torch, args.dtype), device=device)
+    model = apply_precision(common.random_gpt(args.size, seed=0, device=device), args.dtype)
     idx, caches, positions = caches_for(model, max(args.batches), args.context, device)
-    with torch.inference_mode():
-        alone = [model.decode_step(idx[r:r + 1], [caches[r]], [positions[r]]) for r in range(len(caches))]
+    paths = ["glassbox", "torch"] if device.type == "cpu" else ["torch"]
+    alone = {}
+    for path in paths:
+        with torch.inference_mode(), contextlib.nullcontext() if path == "glassbox" else kernels.disabled():
+            alone[path] = [model.decode_step(idx[r:r + 1], [caches[r]], [positions[r]]) for r in range(len(caches))]
     rows = []
     for batch in args.batches:
-        times, odds_times = [], []
-        with torch.inference_mode():
-            for step in range(args.steps + 1):  # the first is a warm-up
-                common.sync(device)
-                t = time.perf_counter()
-                logits = model.decode_step(idx[:batch], caches[:batch], positions[:batch])
-                common.sync(device)
-                times.append(time.perf_counter() - t)
-                t = time.perf_counter()  # the odds as the app records them: top-k 50, temperature 1
-                token_odds(logits, logits.argmax(-1), [1.0] * batch, [50] * batch)
-                odds_times.append(time.perf_counter() - t)
-        same = all(torch.equal(logits[r:r + 1], alone[r]) for r in range(batch))
-        step, odds = common.median(times[1:]), common.median(odds_times[1:])
-        rows.append([batch, step * 1000, batch / step, "yes" if same else "no", odds * 1000, odds / step])
-        print(rows[-1], flush=True)
-    base = rows[0][2]
+        for path in paths:
+            times, odds_times = [], []
+            with torch.inference_mode(), contextlib.nullcontext() if path == "glassbox" else kernels.disabled():
+                for step in range(args.steps + 1):  # the first is a warm-up
+                    common.sync(device)
+                    t = time.perf_counter()
+                    logits = model.decode_step(idx[:batch], caches[:batch], positions[:batch])
+                    common.sync(device)
+                    times.append(time.perf_counter() - t)
+                    t = time.perf_counter()  # the odds as the app records them: top-k 50, temperature 1
+                    token_odds(logits, logits.argmax(-1), [1.0] * batch, [50] * batch)
+                    odds_times.append(time.perf_counter() - t)
+            same = all(torch.equal(logits[r:r + 1], alone[path][r]) for r in range(batch))
+            step, odds = common.median(times[1:]), common.median(odds_times[1:])
+            rows.append([path, batch, step * 1000, batch / step, "yes" if same else "no", odds * 1000, odds / step])
+            print(rows[-1], flush=True)
+    base = {path: next(r[3] for r in rows if r[0] == path) for path in paths}
     for row in rows:
-        row.insert(3, row[2] / base)
+        row.insert(4, row[3] / base[row[0]])
     body = (f"{args.size}, {args.dtype} on {args.device}, {args.context}+ tokens in each row's cache, "
-            f"median of {args.steps} steps.\n\n"
-            + common.table(["batch", "ms per step", "tokens/s", "tokens/s vs batch 1", "rows equal alone, bit for bit",
-                            "odds ms", "odds / step"], rows))
+            f"median of {args.steps} steps; kernel `glassbox`: webapp/chat/kernels, `torch`: torch's kernels.\n\n"
+            + common.table(["kernel", "batch", "ms per step", "tokens/s", "tokens/s vs batch 1",
+                            "rows equal alone, bit for bit", "odds ms", "odds / step"], rows))
     common.report(f"bench.batch_step: {args.size} {args.dtype} {args.device}", body, load_before=load_before,
                   write_doc=not args.no_doc)
     return 0

@@ -192,11 +192,14 @@ def hf_generate(hf, ids, new_tokens, top_k=50, seed=0) -> Run:
 
 # -- the machine -------------------------------------------------------------------------------------
 def weight_bytes_per_token(model) -> int:
-    """Bytes of weights one decode step reads: every parameter once (lm_head shares wte's tensor and reads
-    all of it), except the position table, of which one row is read."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    wpe = model.transformer.wpe.weight
-    return total - wpe.numel() * wpe.element_size()
+    """Bytes of weights one decode step reads: every parameter and weight buffer once (lm_head shares wte's
+    tensor at float32 and reads all of it), except the position table and, when lm_head has weights of its
+    own (bfloat16, int8), the token table: of those a step reads one row."""
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    skip = {id(model.transformer.wpe.weight)}
+    if model.lm_head.weight is not model.transformer.wte.weight:
+        skip.add(id(model.transformer.wte.weight))
+    return sum(t.numel() * t.element_size() for key, t in tensors.items() if key not in skip)
 
 
 def bandwidth_gbs(gib: float = 2.0, reps: int = 5, device="cpu") -> dict:

@@ -17,6 +17,7 @@ import argparse
 import torch
 
 from bench import common
+from webapp.chat.precision import apply_precision
 
 
 def parse_args(argv=None):
@@ -47,7 +48,7 @@ def bench_size(size: str, args, device, bandwidths: list[float]):
     model = build(size, args, device)
     models = {"fp32": model}
     if "glassbox-bf16" in variants:
-        models["bf16"] = common.random_gpt(size, seed=0, dtype=torch.bfloat16, device=device)
+        models["bf16"] = apply_precision(common.random_gpt(size, seed=0, device=device), "bfloat16")
     hf = common.to_hf(model) if "hf" in variants else None
     check = common.check_same_logits(model, hf) if hf is not None else float("nan")
     loaded = {k: common.loaded(m) for k, m in models.items()}

@@ -1,0 +1,481 @@
+"""Single-stream decoding: Glassbox (PyTorch, CPU) vs llama.cpp on the same random weights.
+
+    .venv/bin/python -m bench.llamacpp              # gpt2-254m, threads 1,2, contexts 300,800, 200 new, 3 reps
+    .venv/bin/python -m bench.llamacpp --size gpt2 --threads 2 --contexts 300 --reps 1 --new 50 --no-doc
+    .venv/bin/python -m bench.llamacpp --setup-only # build the llama.cpp environment and the GGUF files
+
+What it measures: single-stream greedy decoding (one sequence, batch 1, on the CPU) of Glassbox's own
+path (forward_cached over the prompt, then decode_step with one KVCache per token, in this process) against
+llama.cpp (llama-cpp-python's Llama.eval, one token per call, in a subprocess of its own venv), on the same
+random weights (bench.common.random_gpt(--size), seed 0) and the same prompt ids (bench.common.prompt_ids),
+at matching precisions: gb-fp32 / llama-f32, gb-bf16 / llama-f16, gb-int8 / llama-q8_0 (Glassbox's
+bf16 and int8 through webapp.chat.precision.apply_precision; int8 is skipped with a note where that module
+is missing). For each thread count (torch.set_num_threads; llama.cpp n_threads = n_threads_batch) and
+context: prefill seconds, decode tokens/s (--new single-token steps / their seconds), their medians over
+--reps with the variants interleaved, and Glassbox ÷ llama.cpp. Also how far the two agree: the largest
+|logit difference| after the prompt (fp32 vs f32, the first 50257 ids) and, for each variant, how many
+greedy tokens match Glassbox fp32's before the first difference. The table is printed and, unless
+--no-doc, appended to docs/benchmarks.md (bench.common.report).
+
+Its environment is its own, under .bench/llamacpp/ (gitignored), made on first use and reused: a venv
+(torch==2.13.0 CPU first, for the converter; numpy, safetensors, transformers, pyyaml, tqdm), the
+llama-cpp-python sdist, llama.cpp's convert_hf_to_gguf.py, conversion/ and gguf-py taken from it, and
+llama-cpp-python built from that sdist with CMAKE_ARGS="-DGGML_NATIVE=ON" (this CPU's AVX-512 kernels).
+The first run's setup takes about 12 minutes on 2 cores, 9 of them the llama.cpp build (log in
+.bench/llamacpp/build.log); the GGUF files (f32, f16, q8_0 of the exported model, under
+.bench/llamacpp/models/SIZE/, 1.8 GB for gpt2-254m) take about a minute and are cached too. The default
+run then takes roughly 20 minutes. Run it on a quiet machine: with as many threads as cores, any other
+busy process slows both engines many times over (llama.cpp's spinning thread barrier the most); the
+report gives how many cores other processes kept busy during the timed runs (from /proc/stat). Never
+part of `make test`: nothing imports this module, and its first run needs PyPI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HOME = ROOT / ".bench" / "llamacpp"  # gitignored; nothing here is part of `make test`
+VENV = HOME / "venv"
+VPY = VENV / "bin" / "python"
+LLAMA_CPP_PYTHON = "0.3.36"  # llama-cpp-python, built from source (its sdist vendors llama.cpp)
+TORCH = "torch==2.13.0"  # the CPU wheel (pip's find-links); never unpinned: that would pull a CUDA build
+TRANSFORMERS = "transformers==5.24.0"  # the converter reads config.json and the tokenizer through it
+CMAKE_ARGS = "-DGGML_NATIVE=ON"  # -march=native: this CPU's AVX-512 / avx512_bf16 / VNNI kernels
+SDIST = HOME / "sdist"
+CONVERTER = HOME / "convert_hf_to_gguf.py"
+GGUF_PY = HOME / "gguf-py"
+CONVERSION = HOME / "conversion"  # the converter's model classes (it imports this package)
+GGUF_TYPES = ("f32", "f16", "q8_0")
+
+
+# -- the bench environment ---------------------------------------------------------------------------
+def _step(message: str) -> None:
+    print(f"[llamacpp setup] {message}", flush=True)
+
+
+def _run(cmd: list, log: Path | None = None, env: dict | None = None) -> None:
+    print("  $ " + " ".join(str(c) for c in cmd), flush=True)
+    if log is None:
+        subprocess.run([str(c) for c in cmd], check=True, env=env)
+        return
+    with open(log, "w") as out:
+        r = subprocess.run([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT, env=env)
+    if r.returncode:
+        raise SystemExit(f"failed ({r.returncode}); see {log}")
+
+
+def _venv_has(module: str, attr: str = "__version__") -> str | None:
+    r = subprocess.run([str(VPY), "-c", f"import {module}; print({module}.{attr})"], capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def setup() -> None:
+    """Create .bench/llamacpp (venv, sdist, converter, gguf-py, llama-cpp-python); skip what is done."""
+    HOME.mkdir(parents=True, exist_ok=True)
+    pip = [VPY, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    if not VPY.exists():
+        _step(f"creating the bench venv {VENV}")
+        _run([sys.executable, "-m", "venv", VENV])
+    version = _venv_has("torch")
+    if version is None:
+        _step(f"installing {TORCH} first (the converter imports torch)")
+        _run(pip + [TORCH])
+        version = _venv_has("torch")
+    if not version or not version.startswith("2.13.0+cpu"):
+        raise SystemExit(f"the bench venv has torch {version!r}, not the 2.13.0 CPU wheel")
+    if _venv_has("transformers") is None or _venv_has("yaml", "__name__") is None:
+        _step("installing the converter's other needs (numpy, safetensors, transformers, pyyaml, tqdm)")
+        _run(pip + ["numpy", "safetensors", TRANSFORMERS, "pyyaml", "tqdm"])
+    tarball = next(SDIST.glob("llama_cpp_python-*.tar.gz"), None) if SDIST.exists() else None
+    if tarball is None:
+        _step(f"downloading the llama-cpp-python {LLAMA_CPP_PYTHON} sdist")
+        _run([VPY, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", SDIST,
+              f"llama-cpp-python=={LLAMA_CPP_PYTHON}"])
+        tarball = next(SDIST.glob("llama_cpp_python-*.tar.gz"))
+    if not (CONVERTER.exists() and GGUF_PY.exists() and CONVERSION.exists()):
+        _step(f"extracting vendor/llama.cpp/{{convert_hf_to_gguf.py,conversion,gguf-py}} from {tarball.name}")
+        with tarfile.open(tarball) as tar:
+            top = tar.getnames()[0].split("/")[0]
+            vendor = f"{top}/vendor/llama.cpp/"
+            for m in tar.getmembers():
+                if m.name == vendor + "convert_hf_to_gguf.py" or m.name.startswith(
+                        (vendor + "gguf-py/", vendor + "conversion/")):
+                    m.name = m.name[len(vendor):]
+                    tar.extract(m, HOME, filter="data")
+    if _venv_has("gguf", "__name__") is None:
+        _step("installing gguf-py from the sdist (no deps: sentencepiece is not needed for GPT-2)")
+        _run(pip + ["--no-deps", GGUF_PY])
+    if _venv_has("llama_cpp") != LLAMA_CPP_PYTHON:
+        log = HOME / "build.log"
+        _step(f"building llama-cpp-python {LLAMA_CPP_PYTHON} from source, CMAKE_ARGS={CMAKE_ARGS!r} "
+              f"(~9 min on 2 cores; log: {log})")
+        env = {**os.environ, "CMAKE_ARGS": CMAKE_ARGS, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
+        t = time.perf_counter()
+        _run([VPY, "-m", "pip", "install", "-v", "--no-binary", "llama-cpp-python", tarball], log=log, env=env)
+        _step(f"built in {(time.perf_counter() - t) / 60:.1f} min")
+    _step(f"ready: llama-cpp-python {_venv_has('llama_cpp')}, torch {version}")
+
+
+def export_and_convert(size: str, model) -> dict[str, Path]:
+    """The random model as an HF GPT-2 directory (webapp.chat.export) and its GGUF files, made by
+    llama.cpp's own converter; cached under .bench/llamacpp/models/SIZE, made again only if missing."""
+    from bench import common
+    from webapp.chat import export
+    out = HOME / "models" / size
+    hf = out / "hf"
+    if not (hf / "model.safetensors").exists() or not (hf / "config.json").exists():
+        _step(f"exporting the random {size} (seed 0) with the GPT-2 BPE tokenizer to {hf}")
+        export.export_hf(common.loaded(model, tokenizer=common.gpt2_tokenizer()), hf)
+    paths = {}
+    for outtype in GGUF_TYPES:
+        path = out / f"{size}-{outtype}.gguf"
+        if not path.exists():
+            _step(f"converting to GGUF {outtype}")
+            tmp = path.with_suffix(".part")
+            env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+            env.pop("NO_LOCAL_GGUF", None)  # the gguf-py beside the converter: the same llama.cpp revision
+            _run([VPY, CONVERTER, hf, "--outtype", outtype, "--outfile", tmp], log=out / f"convert-{outtype}.log",
+                 env=env)
+            tmp.rename(path)
+        paths[outtype] = path
+    return paths
+
+
+# -- llama.cpp, in the bench venv ------------------------------------------------------------------------
+# Runs as `VPY -c WORKER GGUF THREADS N_CTX`: loads once, then answers one JSON line per request line
+# ({"ids": [...], "new": N, "logits": bool}) with the timings and the greedy tokens. It imports only
+# llama_cpp and numpy (never the project). llama.cpp's own prints go to stderr: the protocol keeps the
+# real stdout to itself.
+WORKER = r"""
+import json, os, sys, time
+proto = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+import numpy as np
+import llama_cpp
+path, threads, n_ctx = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+t = time.perf_counter()
+llm = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                      logits_all=False, verbose=False)
+info = llama_cpp.llama_print_system_info()
+proto.write(json.dumps({"load_s": time.perf_counter() - t, "version": llama_cpp.__version__,
+                        "system_info": info.decode() if isinstance(info, bytes) else str(info)}) + "\n")
+proto.flush()
+nv = llm.n_vocab()
+
+
+def last_logits():
+    # with logits_all=False, llama-cpp-python 0.3.x no longer fills llm.scores / llm.eval_logits (its
+    # sampler reads the context directly): read the last row from the context, as that sampler does
+    return np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(nv,))
+
+
+for line in sys.stdin:
+    req = json.loads(line)
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(req["ids"])
+    last = last_logits()
+    tok = int(np.argmax(last))
+    t1 = time.perf_counter()
+    logits = last[:req.get("vocab", 50257)].tolist() if req.get("logits") else None
+    tokens = [tok]
+    t2 = time.perf_counter()
+    for _ in range(req["new"]):
+        llm.eval([tok])
+        tok = int(np.argmax(last_logits()))
+        tokens.append(tok)
+    t3 = time.perf_counter()
+    proto.write(json.dumps({"prefill_s": t1 - t0, "decode_s": t3 - t2, "tokens": tokens, "logits": logits}) + "\n")
+    proto.flush()
+"""
+
+
+class LlamaWorker:
+    """One llama.cpp model loaded at one thread count, in a bench-venv subprocess."""
+
+    def __init__(self, path: Path, threads: int, n_ctx: int):
+        self.proc = subprocess.Popen([str(VPY), "-c", WORKER, str(path), str(threads), str(n_ctx)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.info = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the llama.cpp worker exited ({self.proc.wait()}); its stderr is above")
+        return json.loads(line)
+
+    def run(self, ids: list[int], new: int, logits: bool = False) -> dict:
+        self.proc.stdin.write(json.dumps({"ids": ids, "new": new, "logits": logits}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+# -- Glassbox, in-process ------------------------------------------------------------------------------
+GB_PRECISION = {"gb-fp32": "float32", "gb-bf16": "bfloat16", "gb-int8": "int8"}
+LLAMA_TYPE = {"llama-f32": "f32", "llama-f16": "f16", "llama-q8_0": "q8_0"}
+PAIRS = [("gb-fp32", "llama-f32"), ("gb-bf16", "llama-f16"), ("gb-int8", "llama-q8_0")]
+
+
+def glassbox_model(size: str, precision: str):
+    """A fresh random model (seed 0) at `precision`: webapp.chat.precision.apply_precision where it
+    exists, else bfloat16 by .to() and no int8 (None)."""
+    import torch
+    from bench import common
+    model = common.random_gpt(size, seed=0)
+    try:
+        from webapp.chat.precision import apply_precision
+    except ImportError as error:
+        if precision == "float32":
+            return model
+        if precision == "bfloat16":
+            print(f"note: webapp.chat.precision not importable ({error}); bfloat16 by model.to()", flush=True)
+            return model.to(torch.bfloat16)
+        print(f"note: webapp.chat.precision not importable ({error}); skipping int8", flush=True)
+        return None
+    return apply_precision(model, precision).eval()
+
+
+def glassbox_run(model, ids: list[int], new: int, logits: bool = False) -> dict:
+    """Greedy: the whole prompt through forward_cached, then `new` decode_step calls with a list of one
+    KVCache (the app's batched path with one row). Token i+1 comes from step i; the last step's pick is
+    where llama.cpp's also stops."""
+    import torch
+    with torch.inference_mode():
+        cache = model.new_cache(batch=1, max_len=len(ids) + new + 1)
+        x = torch.tensor([ids], dtype=torch.long)
+        t0 = time.perf_counter()
+        out = model.forward_cached(x, cache, 0)
+        tok = out.argmax(dim=-1, keepdim=True)  # (1, 1)
+        tokens = [int(tok)]
+        t1 = time.perf_counter()
+        first = out[0, :50257].float().tolist() if logits else None
+        pos = len(ids)
+        t2 = time.perf_counter()
+        for _ in range(new):
+            out = model.decode_step(tok, [cache], [pos])
+            tok = out.argmax(dim=-1, keepdim=True)
+            tokens.append(int(tok))  # the host needs it (a server streams it): one sync per token, as the app
+            pos += 1
+        t3 = time.perf_counter()
+    return {"prefill_s": t1 - t0, "decode_s": t3 - t2, "tokens": tokens, "logits": first}
+
+
+# -- other processes' CPU use, from /proc (the machine is shared) ----------------------------------------
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def _machine_busy() -> int:
+    """Jiffies all CPUs spent running something of this machine, from boot: user, nice, system, irq,
+    softirq (guest is inside user; idle, iowait and the hypervisor's steal are left out)."""
+    user, nice, system, idle, iowait, irq, softirq = (
+        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8])
+    return user + nice + system + irq + softirq
+
+
+def _process_cpu(pid: int | str) -> int:
+    """Jiffies of user + system time of a process (all its threads)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+class OtherLoad:
+    """Cores that processes other than this benchmark (itself and its workers) kept busy over an interval."""
+
+    def __init__(self, pids=()):
+        self.pids = ["self", *pids]
+
+    def start(self):
+        self.t, self.busy, self.ours = time.perf_counter(), _machine_busy(), sum(map(_process_cpu, self.pids))
+
+    def cores(self) -> float:
+        wall = time.perf_counter() - self.t
+        others = (_machine_busy() - self.busy) - (sum(map(_process_cpu, self.pids)) - self.ours)
+        return max(0.0, others / HZ / wall)
+
+
+# -- the benchmark ---------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", default="gpt2-254m", help="a preset of webapp.chat.model.PRESETS")
+    p.add_argument("--threads", default="1,2", help="thread counts (torch.set_num_threads; llama.cpp n_threads)")
+    p.add_argument("--contexts", default="300,800", help="prompt lengths in tokens")
+    p.add_argument("--new", type=int, default=200, help="decode steps (new tokens) per run")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--variants", default=",".join(v for pair in PAIRS for v in pair))
+    p.add_argument("--setup-only", action="store_true", help="build the environment and the GGUF files; time nothing")
+    p.add_argument("--no-doc", action="store_true", help="print only; do not append to docs/benchmarks.md")
+    return p.parse_args(argv)
+
+
+def first_divergence(a: list[int], b: list[int], n: int) -> int | None:
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return None
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    setup()
+    import torch
+    from bench import common
+    load_before = common.load_average()
+    if not args.setup_only:
+        probe = OtherLoad()
+        probe.start()
+        time.sleep(1.0)
+        if (before := probe.cores()) > 0.25:
+            print(f"warning: other processes keep {before:.1f} cores busy: the timings (2 threads above "
+                  "all) will suffer", flush=True)
+    fp32 = common.random_gpt(args.size, seed=0)
+    paths = export_and_convert(args.size, fp32)
+    if args.setup_only:
+        for t, p in paths.items():
+            print(f"{t}: {p} ({p.stat().st_size / 1e6:.0f} MB)")
+        return
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in GB_PRECISION and v not in LLAMA_TYPE]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; known: {list(GB_PRECISION) + list(LLAMA_TYPE)}")
+    threads = [int(t) for t in args.threads.split(",")]
+    contexts = [int(c) for c in args.contexts.split(",")]
+    n_ctx = max(contexts) + args.new + 8
+    if max(contexts) + args.new + 1 > fp32.config.block_size:
+        raise SystemExit(f"context + new exceeds the model's {fp32.config.block_size} positions")
+    n_params = fp32.num_params()
+
+    gb = {}
+    for v in variants:
+        if v in GB_PRECISION:
+            m = fp32 if v == "gb-fp32" else glassbox_model(args.size, GB_PRECISION[v])
+            if m is not None:
+                gb[v] = m
+    variants = [v for v in variants if v in gb or v in LLAMA_TYPE]
+    notes = [f"{v}: skipped (webapp.chat.precision could not make it)" for v in args.variants.split(",")
+             if v in GB_PRECISION and v not in gb]
+
+    runs = {}  # (threads, context, variant) -> list of results
+    info = {}
+    for t in threads:
+        torch.set_num_threads(t)
+        workers = {}
+        for v in variants:
+            if v in LLAMA_TYPE:
+                workers[v] = LlamaWorker(paths[LLAMA_TYPE[v]], t, n_ctx)
+                info = workers[v].info
+                print(f"  loaded {v} with {t} threads in {info['load_s']:.2f}s", flush=True)
+        try:
+            run = {v: (lambda ids, new, logits=False, v=v: glassbox_run(gb[v], ids, new, logits)) for v in gb}
+            run.update({v: w.run for v, w in workers.items()})
+            load = OtherLoad([w.proc.pid for w in workers.values()])
+            warm = common.prompt_ids(40, seed=40)
+            for v in variants:
+                run[v](warm, 4)  # allocator, oneDNN primitives, ggml's thread pool: before any timing
+            for r in range(args.reps):
+                for c in contexts:
+                    ids = common.prompt_ids(c)
+                    for v in variants:
+                        load.start()
+                        res = run[v](ids, args.new, logits=(r == 0 and v in ("gb-fp32", "llama-f32")))
+                        res["others"] = load.cores()
+                        runs.setdefault((t, c, v), []).append(res)
+                    print(f"  threads {t} context {c} rep {r + 1}: " + ", ".join(
+                        f"{v} {args.new / runs[t, c, v][-1]['decode_s']:.1f} tok/s" for v in variants)
+                        + f" (other processes: up to {max(runs[t, c, v][-1]['others'] for v in variants):.2f} cores)",
+                        flush=True)
+        finally:
+            for w in workers.values():
+                w.close()
+
+    def rate(t, c, v):
+        rs = runs.get((t, c, v))
+        return common.median(args.new / x["decode_s"] for x in rs) if rs else float("nan")
+
+    def prefill(t, c, v):
+        rs = runs.get((t, c, v))
+        return common.median(x["prefill_s"] for x in rs) if rs else float("nan")
+
+    rows = []
+    for t in threads:
+        for c in contexts:
+            for g, l in PAIRS:
+                if g not in variants and l not in variants:
+                    continue
+                rg, rl = rate(t, c, g), rate(t, c, l)
+                rows.append([t, c, f"{g} / {l}", rg, rl, rg / rl, prefill(t, c, g), prefill(t, c, l)])
+    header = ["threads", "context", "precisions", "Glassbox tok/s", "llama.cpp tok/s",
+              "Glassbox ÷ llama.cpp", "Glassbox prefill s", "llama.cpp prefill s"]
+
+    # agreement, from the first rep: logits after the prompt (fp32 vs f32), greedy streams vs gb-fp32
+    agree_rows = []
+    for t in threads:
+        for c in contexts:
+            ref = runs.get((t, c, "gb-fp32"))
+            if not ref:
+                continue
+            ref = ref[0]
+            other = runs.get((t, c, "llama-f32"))
+            diff = float("nan")
+            if other and ref["logits"] and other[0]["logits"]:
+                a = torch.tensor(ref["logits"])
+                b = torch.tensor(other[0]["logits"])
+                diff = float((a - b).abs().max())
+            cells = []
+            for v in variants:
+                if v == "gb-fp32":
+                    continue
+                d = first_divergence(ref["tokens"], runs[t, c, v][0]["tokens"], args.new)
+                cells.append(f"{v} {args.new if d is None else d}/{args.new}"
+                             + ("" if d is None else f" (first differs at {d})"))
+            agree_rows.append([t, c, diff, "; ".join(cells)])
+    agree = common.table(["threads", "context", "max abs logit diff gb-fp32 vs llama-f32 (50257 ids)",
+                          "greedy tokens equal to gb-fp32's before the first difference"], agree_rows)
+
+    others = [x["others"] for rs in runs.values() for x in rs]
+    sizes = ", ".join(f"{k} {p.stat().st_size / 1e6:.0f} MB" for k, p in paths.items())
+    system = info.get("system_info", "n/a")
+    body = (common.table(header, rows) + "\n\n" + agree + "\n\n"
+            + f"- model: random `{args.size}` (seed 0, {n_params / 1e6:.1f}M parameters), exported by "
+            + "webapp.chat.export.export_hf and converted by llama.cpp's convert_hf_to_gguf.py "
+            + f"(--outtype f32/f16/q8_0; GGUF {sizes})\n"
+            + f"- llama.cpp: llama-cpp-python {info.get('version', LLAMA_CPP_PYTHON)} built from source with "
+            + f"CMAKE_ARGS=`{CMAKE_ARGS}`; n_threads = n_threads_batch = threads, n_batch 512, n_ctx {n_ctx}; "
+            + f"system info: `{system.strip()}`\n"
+            + "- Glassbox: forward_cached over the whole prompt, then decode_step with one KVCache per token, "
+            + "greedy; torch.set_num_threads(threads); bf16 and int8 through webapp.chat.precision.apply_precision "
+            + "where it exists\n"
+            + f"- decode tok/s = {args.new} single-token steps / their seconds (prefill, the first token's argmax "
+            + f"included, is timed apart); {args.reps} reps, variants interleaved, medians; prompts of random "
+            + "GPT-2 ids (bench.common.prompt_ids)\n"
+            + "- the pairs are alike, not the same: llama.cpp's GPT-2 graph uses the tanh GELU (through an fp16 "
+            + "table), Glassbox and the exported config the exact erf GELU, so the logits differ a little even "
+            + "at fp32; f16 vs bfloat16 weights; q8_0 = int8 blocks of 32 weights with a scale each and int8 "
+            + "activations, Glassbox int8 = int8 weights with one scale per row and float32 activations; Glassbox bf16 = bfloat16 weights (7 mantissa bits, f16 has 10) and float32 activations. Random "
+            + "weights give nearly flat logits, so greedy streams part at the first near tie\n"
+            + "".join(f"- {n}\n" for n in dict.fromkeys(notes))
+            + "- other processes' CPU use during a timed run (/proc/stat less this benchmark's own): median "
+            + f"{common.median(others):.2f} cores, at most {max(others, default=float('nan')):.2f}"
+            + (" - the machine was not quiet: these timings are suspect" if max(others, default=0) > 0.25 else "")
+            + "\n")
+    common.report(f"Single-stream decode: Glassbox vs llama.cpp ({args.size})", body, load_before=load_before,
+                  write_doc=not args.no_doc)
+
+
+if __name__ == "__main__":
+    main()
