@@ -1,9 +1,10 @@
-/* Glassbox's decode kernel: y = (x @ Wᵀ) * scale + b for a few rows of x, the weights read once.
+/* Glassbox's decode kernels: y = (x @ Wᵀ) * scale + b for a few rows of x, the weights read once
+ * (glassbox_linear); and one new token's attention over its own KV cache (glassbox_attend, below).
  *
  * A decode step reads every weight once per token and does two flops with it per row: its speed is
- * the speed at which the weights stream from memory. This kernel streams them at the machine's
- * bandwidth for one row (the library kernels reach about half of it there) and keeps every row's
- * result the same whatever the other rows are, bit for bit.
+ * the speed at which the weights stream from memory. This kernel streams them as fast as memory allows
+ * for a single row (library kernels are built for many rows) and keeps every row's result the same
+ * whatever the other rows are, bit for bit.
  *
  *   x      (M, K) float32, rows ldx apart
  *   W      (N, K) float32, bfloat16 (raw bits) or int8 -- one row per output, K contiguous
@@ -12,7 +13,7 @@
  *   y      (M, N) float32
  *
  * Row invariance: every output y[m, n] is summed in one fixed order -- 16 lanes over K in steps of 16,
- * the lanes added pairwise, then the tail of K -- whichever tile of rows it is computed in and
+ * the lanes added in a fixed tree, then the tail of K -- whichever tile of rows it is computed in and
  * whichever thread computes it. Weights are widened to float32 exactly (bfloat16 by a shift, int8 by
  * a conversion); products and sums are float32.
  *
