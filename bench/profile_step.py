@@ -11,6 +11,8 @@ batched), at a precision of webapp/chat/precision.py.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import time
 
 import torch
@@ -52,12 +54,20 @@ def main(argv=None):
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for i in range(args.steps):
                 model.decode_step(token, [cache], [args.context + 3 + args.steps + i])
+        # torch's profiler does not see the decode kernel (a ctypes call): cProfile times its calls
+        python = cProfile.Profile()
+        python.enable()
+        for i in range(args.steps):
+            model.decode_step(token, [cache], [args.context + 3 + 2 * args.steps + i])
+        python.disable()
     step_ms = common.median(times) * 1e3
+    inside = {name: (stat[3], stat[1]) for (path, _, name), stat in pstats.Stats(python).stats.items()
+              if "kernels" in path}  # name -> (seconds inside, calls)
     cfg, size = model.config, {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}[PRECISIONS[args.dtype]]
+    kv_size = 4 if PRECISIONS[args.dtype] != "float16" else 2  # the CPU keeps keys and values in float32
     layer_bytes = cfg.n_layer * 12 * cfg.n_embd**2 * size  # c_attn 3C², c_proj C², c_fc 4C², mlp c_proj 4C²
     head_bytes = cfg.vocab_size * cfg.n_embd * size
-    kv_bytes = cfg.n_layer * 2 * args.context * cfg.n_embd * size
-    kv_bytes = kv_bytes * (4 if size == 4 else 2) // size  # int8 keeps keys and values in bfloat16
+    kv_bytes = cfg.n_layer * 2 * args.context * cfg.n_embd * kv_size
     weights = layer_bytes + head_bytes  # every layer and lm_head go through one kernel
     reads = {"mkldnn::_linear_pointwise": weights, "aten::_weight_int8pack_mm": weights,
              "aten::_scaled_dot_product_flash_attention_for_cpu": kv_bytes}
@@ -68,13 +78,19 @@ def main(argv=None):
         ms = e.self_cpu_time_total / 1e3 / args.steps
         gbs = reads[e.key] / (ms / 1e3) / 1e9 if e.key in reads else float("nan")
         rows.append([e.key, e.count // args.steps, ms, gbs])
+    for name, nbytes in (("linear", weights), ("attend", kv_bytes)):  # the decode kernel, under cProfile
+        if name in inside:
+            seconds, count = inside[name]
+            ms = seconds * 1e3 / args.steps
+            rows.insert(0, [f"kernels.{name} (webapp/chat/kernels)", count // args.steps, ms, nbytes / (ms / 1e3) / 1e9])
     body = (common.table(["operator", "calls per step", "ms per step (self)", "GB/s it read"], rows)
             + f"\n\n- {args.size} in {args.dtype}, {args.context} cached positions: one step takes {step_ms:.1f} ms "
             + f"(median of {args.steps}, outside the profiler) = {1e3 / step_ms:.1f} tokens/s, {calls} operator calls. "
             + "Bytes read per step: "
             + f"layer weights {layer_bytes / 1e6:.0f} MB, lm_head {head_bytes / 1e6:.0f} MB, keys and values "
             + f"{kv_bytes / 1e6:.0f} MB; the linear kernel's row reads the layers' matrices and lm_head, the "
-            + "attention row the KV cache. The profiler adds its own overhead to the small operators.\n")
+            + "attention row the KV cache. The kernels' rows are timed with cProfile (torch's profiler does not see "
+            + "a ctypes call), the operators' with torch's profiler, which adds its own overhead to the small ones.\n")
     common.report(f"Decode step profile: {args.size}, {args.dtype}, {args.context} positions, "
                   f"{torch.get_num_threads()} threads", body,
                   load_before=load_before, write_doc=not args.no_doc)
