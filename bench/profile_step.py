@@ -64,7 +64,7 @@ def main(argv=None):
     inside = {name: (stat[3], stat[1]) for (path, _, name), stat in pstats.Stats(python).stats.items()
               if "kernels" in path}  # name -> (seconds inside, calls)
     cfg, size = model.config, {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}[PRECISIONS[args.dtype]]
-    kv_size = 4 if PRECISIONS[args.dtype] != "float16" else 2  # the CPU keeps keys and values in float32
+    kv_size = 4 if PRECISIONS[args.dtype] == "float32" else 2  # the reduced precisions keep keys and values in 16 bits
     layer_bytes = cfg.n_layer * 12 * cfg.n_embd**2 * size  # c_attn 3C², c_proj C², c_fc 4C², mlp c_proj 4C²
     head_bytes = cfg.vocab_size * cfg.n_embd * size
     kv_bytes = cfg.n_layer * 2 * args.context * cfg.n_embd * kv_size

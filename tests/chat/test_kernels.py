@@ -109,17 +109,21 @@ def test_without_the_kernel_decoding_falls_back_to_torch_and_says_why(tmp_path, 
     assert "decode kernel unavailable" in result.stderr  # the log says so
 
 
+@pytest.mark.parametrize("cache", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("nh, hs, pos", [(16, 64, 799), (3, 20, 0), (2, 8, 32)])
-def test_attention_writes_the_new_key_and_value_then_attends_over_the_cache(nh, hs, pos):
+def test_attention_writes_the_new_key_and_value_then_attends_over_the_cache(nh, hs, pos, cache):
     torch.manual_seed(2)
-    keys, values = torch.randn(1, nh, 1024, hs), torch.randn(1, nh, 1024, hs)
-    q, k, v = torch.randn(nh, 1, hs), torch.randn(nh, 1, hs), torch.randn(nh, 1, hs)
+    keys, values = torch.randn(1, nh, 1024, hs).to(cache), torch.randn(1, nh, 1024, hs).to(cache)
+    q, k, v = torch.randn(nh, 1, hs), torch.randn(nh, 1, hs) * 3, torch.randn(nh, 1, hs)
     before = keys.clone()
     out = torch.empty(nh, 1, hs)
+    assert kernels.attends(q, out, keys)
     kernels.attend(q, k, v, keys, values, pos, out)
-    assert torch.equal(keys[0, :, pos:pos + 1], k) and torch.equal(values[0, :, pos:pos + 1], v)
+    # written as torch writes into the cache: rounded to its dtype, to nearest even
+    assert torch.equal(keys[0, :, pos:pos + 1], k.to(cache)) and torch.equal(values[0, :, pos:pos + 1], v.to(cache))
     assert torch.equal(keys[:, :, pos + 1:], before[:, :, pos + 1:])  # nothing else written
-    expected = torch.nn.functional.scaled_dot_product_attention(q[None], keys[:, :, :pos + 1], values[:, :, :pos + 1])
+    expected = torch.nn.functional.scaled_dot_product_attention(q[None], keys[:, :, :pos + 1].float(),
+                                                                values[:, :, :pos + 1].float())
     assert torch.allclose(out, expected[0], atol=1e-5)
     with pytest.raises(ValueError):
         kernels.attend(q, k, v, keys, values, 1024, out)  # past the cache

@@ -8,6 +8,7 @@ import torch
 
 from tests.chat.test_generate import TINY, tiny
 from webapp.chat.generate import generate
+from webapp.chat.precision import apply_precision
 from webapp.chat.prefix_cache import PrefixCache, common_prefix, prefix_cache_for
 
 BIG = dataclasses.replace(TINY, block_size=384)
@@ -36,6 +37,17 @@ def test_follow_up_reuses_the_prefix_and_samples_the_cold_tokens():
     # turn 1 fed its prompt and every reply token but the last (sampled, never run) to the model
     assert warm[1].reused_tokens == len(first) + 9 and cold[1].reused_tokens == 0
     assert prefix.hits == 1 and prefix.reused_tokens == warm[1].reused_tokens
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+def test_a_reduced_precisions_16_bit_cache_is_reused_too(precision):
+    loaded = tiny(config=BIG, endless=True)
+    apply_precision(loaded.model, precision)
+    prefix = PrefixCache()
+    prompt = [(3 * i) % 250 for i in range(200)]
+    first = reply(loaded, prompt, prefix)
+    again = reply(loaded, prompt, prefix)
+    assert first[0] == again[0] and again[1].reused_tokens == len(prompt) - 1
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

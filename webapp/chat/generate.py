@@ -146,7 +146,8 @@ class Sequence:
         self.t0 = time.perf_counter()
         self.model, self.tok, self.block_size = loaded.model, loaded.tokenizer, loaded.block_size
         weight = next(self.model.parameters())
-        self.device, self.dtype = weight.device, weight.dtype
+        self.device = weight.device
+        self.dtype = getattr(self.model, "kv_dtype", None) or weight.dtype  # its KV cache's (prefix reuse)
         self.params, self.prefix, self.want_odds = params, prefix, odds
         self.gen = _generator(self.device, params.seed)
         self.decoder = _TextDecoder()

@@ -129,8 +129,8 @@ class CausalSelfAttention(nn.Module):
             end = start_pos + T
             cache.k[layer][:B, :, start_pos:end] = k
             cache.v[layer][:B, :, start_pos:end] = v
-            k = cache.k[layer][:B, :, :end]  # (B, nh, end, hs): everything seen so far
-            v = cache.v[layer][:B, :, :end]
+            k = cache.k[layer][:B, :, :end].to(q.dtype)  # (B, nh, end, hs): everything seen so far
+            v = cache.v[layer][:B, :, :end].to(q.dtype)  # (a no-op unless the cache is kept in 16 bits)
             if T == 1:
                 # one new token may look at every cached position: no mask needed
                 y = F.scaled_dot_product_attention(q, k, v)
@@ -164,7 +164,8 @@ class CausalSelfAttention(nn.Module):
             keys[0, :, pos:pos + 1] = k
             values[0, :, pos:pos + 1] = v
             # 4-D, as SDPA's fused CPU kernel wants it (3-D inputs take its slow reference path)
-            out[r:r + 1] = F.scaled_dot_product_attention(q[None], keys[:, :, :pos + 1], values[:, :, :pos + 1])
+            out[r:r + 1] = F.scaled_dot_product_attention(q[None], keys[:, :, :pos + 1].to(q.dtype),
+                                                          values[:, :, :pos + 1].to(q.dtype))
         return self.c_proj(out.view(B, 1, C), decode=True)
 
 
@@ -207,6 +208,7 @@ class GPT(nn.Module):
         ))
         self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying, as GPT-2
+        self.kv_dtype: torch.dtype | None = None  # the KV cache's dtype; None: the activations' (precision.py)
 
         # GPT-2 init; residual projections scaled down by depth (GPT-2 paper, section 2.3)
         self.apply(self._init_weights)
@@ -253,7 +255,7 @@ class GPT(nn.Module):
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
         """An empty KV cache on the model's device and dtype, for up to block_size positions."""
         p = self.transformer.wte.weight  # the activations' dtype (lm_head may hold int8 weights)
-        return KVCache(self.config, batch, max_len or self.config.block_size, p.device, p.dtype)
+        return KVCache(self.config, batch, max_len or self.config.block_size, p.device, self.kv_dtype or p.dtype)
 
     def forward_cached(self, idx, cache: KVCache, start_pos: int, logits: bool = True):
         """Run tokens idx (1, T) of one sequence at positions start_pos.. start_pos+T-1, storing their

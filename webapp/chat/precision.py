@@ -1,15 +1,15 @@
 """The chat model's precision (GLASSBOX_DTYPE): how its weights are stored and what its activations are.
 
     float32   exact: replies are the seed's, bit for bit, alone or batched (the default on CPU)
-    bfloat16  on the CPU: bfloat16 weights, float32 activations (half the bytes a token reads);
-              on a GPU: bfloat16 throughout (the default there)
+    bfloat16  on the CPU: bfloat16 weights and KV cache, float32 activations (half the bytes a token
+              reads); on a GPU: bfloat16 throughout (the default there)
     float16   16-bit throughout, for GPUs (CPU kernels for float16 are slow)
     int8      CPU only: weight-only int8, every Linear's weights as int8 with one float32 scale per
-              output row (symmetric, absmax / 127), float32 activations (a quarter of the bytes)
+              output row (symmetric, absmax / 127), a bfloat16 KV cache, float32 activations
 
-A decode step is bound by the bytes of weights it reads, so fewer bytes per weight is speed. On the CPU the
-reduced precisions change only the weights: activations, layer norms, attention and the KV cache stay
-float32. Only float32 is exact; the others change the logits in their last bits or more, and so, now and
+A decode step is bound by the bytes of weights (and keys and values) it reads, so fewer bytes is speed. On
+the CPU the reduced precisions change only what is stored: activations, layer norms and attention's sums
+stay float32. Only float32 is exact; the others change the logits in their last bits or more, and so, now and
 then, a token. docs/chat_model.md ("Precisions") gives the speed and what replies lose.
 """
 
@@ -100,6 +100,8 @@ def apply_precision(model: nn.Module, precision: str) -> nn.Module:
     for name, linear in linears:
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, WeightOnlyLinear(linear, precision))
+    if hasattr(model, "kv_dtype"):  # keys and values in 16 bits too: half the bytes attention reads
+        model.kv_dtype = torch.bfloat16
     return model
 
 

@@ -106,9 +106,9 @@ def _load() -> ctypes.CDLL:
                                     ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                     ctypes.c_void_p, ctypes.c_int]
     lib.glassbox_attend.restype = ctypes.c_int
-    lib.glassbox_attend.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                    ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                                    ctypes.c_int]
+    lib.glassbox_attend.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                    ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                    ctypes.c_void_p, ctypes.c_int]
     return lib
 
 
@@ -151,23 +151,26 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out.view(*x.shape[:-1], N)
 
 
-def attends(*tensors: torch.Tensor) -> bool:
-    """Whether attend() can take these: contiguous float32 tensors on the CPU."""
-    return (not _disabled and all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
-                                  for t in tensors) and library() is not None)
+def attends(q: torch.Tensor, out: torch.Tensor, keys: torch.Tensor) -> bool:
+    """Whether attend() can take these: contiguous float32 queries and outputs, and a contiguous float32
+    or bfloat16 cache, on the CPU."""
+    return (not _disabled and all(t.device.type == "cpu" and t.is_contiguous() for t in (q, out, keys))
+            and q.dtype == out.dtype == torch.float32 and keys.dtype in (torch.float32, torch.bfloat16)
+            and library() is not None)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: int,
            out: torch.Tensor) -> None:
-    """Write one new token's key and value at `pos` of its own cache, then its attention over positions
-    0..pos into out. q, k, v, out: nh * hs contiguous floats (e.g. (1, nh, 1, hs)); keys, values
-    (1, nh, max_len, hs). Call attends() first."""
+    """Write one new token's key and value at `pos` of its own cache (rounded to the cache's dtype), then
+    its attention over positions 0..pos into out. q, k, v, out: nh * hs contiguous float32 (e.g.
+    (1, nh, 1, hs)); keys, values (1, nh, max_len, hs), float32 or bfloat16. Call attends() first."""
     nh, max_len, hs = keys.shape[-3:]
     if not (q.numel() == k.numel() == v.numel() == out.numel() == nh * hs and values.shape == keys.shape
-            and 0 <= pos < max_len):
+            and values.dtype == keys.dtype and k.dtype == v.dtype == torch.float32 and 0 <= pos < max_len):
         raise ValueError("attend: q, k, v and out hold one token of every head; keys and values share a shape")
-    status = _library.glassbox_attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), keys.data_ptr(), values.data_ptr(),
-                                      nh, pos, max_len, hs, out.data_ptr(), torch.get_num_threads())
+    status = _library.glassbox_attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), KINDS[keys.dtype], keys.data_ptr(),
+                                      values.data_ptr(), nh, pos, max_len, hs, out.data_ptr(),
+                                      torch.get_num_threads())
     if status != 0:
         raise RuntimeError(f"decode attention kernel failed ({status})")
 

@@ -163,67 +163,83 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
 /* One new token's attention over its own sequence's cache, every head. Its key and value are first
  * written at position `pos`, then
  *   out[h] = softmax(q[h] . K[h, :pos+1]ᵀ / sqrt(hs)) V[h, :pos+1]
- *   q, k, v, out (nh, hs); K, V (nh, max_len, hs); float32 throughout.
+ *   q, k, v, out (nh, hs) float32; K, V (nh, max_len, hs) float32 or bfloat16 (kv_kind: F32 or BF16),
+ *   the new key and value rounded to it to nearest even, as torch rounds; the sums in float32.
  * One pass over K and one over V, each read once: the cache streams at the machine's bandwidth (torch's
  * fused CPU attention is built for many queries and reads a one-token step's cache slower). */
 #include <math.h>
 #include <stdlib.h>
 
-int glassbox_attend(const float *q, const float *k, const float *v, float *K, float *V, int64_t nh, int64_t pos,
-                    int64_t max_len, int64_t hs, float *out, int threads) {
-    if (nh < 0 || pos < 0 || pos >= max_len || hs < 1) return -1;
+static void store_row(int kind, void *dst, const float *src, int64_t n) {
+    if (kind == F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *h = dst;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, src + i, sizeof bits);
+        h[i] = (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);  /* round to nearest even */
+    }
+}
+
+int glassbox_attend(const float *q, const float *k, const float *v, int kv_kind, void *K, void *V, int64_t nh,
+                    int64_t pos, int64_t max_len, int64_t hs, float *out, int threads) {
+    if (nh < 0 || pos < 0 || pos >= max_len || hs < 1 || (kv_kind != F32 && kv_kind != BF16)) return -1;
     int64_t n = pos + 1;
+    size_t item = kv_kind == F32 ? sizeof(float) : sizeof(uint16_t);
     float scale = 1.0f / sqrtf((float)hs);
     int failed = 0;
     #pragma omp parallel for num_threads(threads) schedule(static) reduction(|:failed)
     for (int64_t h = 0; h < nh; h++) {
-        const float *qh = q + h * hs, *Kh = K + h * max_len * hs, *Vh = V + h * max_len * hs;
-        memcpy(K + (h * max_len + pos) * hs, k + h * hs, (size_t)hs * sizeof(float));
-        memcpy(V + (h * max_len + pos) * hs, v + h * hs, (size_t)hs * sizeof(float));
+        const float *qh = q + h * hs;
+        int64_t head = h * max_len * hs;  /* this head's first element in K and V */
+        store_row(kv_kind, (char *)K + (size_t)(head + pos * hs) * item, k + h * hs, hs);
+        store_row(kv_kind, (char *)V + (size_t)(head + pos * hs) * item, v + h * hs, hs);
         float *p = malloc((size_t)n * sizeof(float)), *oh = out + h * hs;
         if (!p) { failed = 1; continue; }
         float top = -INFINITY;
         int64_t t = 0;
         for (; t + 4 <= n; t += 4) {  /* four positions at once: four independent sums in flight */
-            const float *kt = Kh + t * hs;
+            int64_t at = head + t * hs;
             f32x16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
             int64_t d = 0;
             for (; d + LANES <= hs; d += LANES) {
                 f32x16 qv = load_x(qh + d);
-                a0 += qv * load_x(kt + d);
-                a1 += qv * load_x(kt + hs + d);
-                a2 += qv * load_x(kt + 2 * hs + d);
-                a3 += qv * load_x(kt + 3 * hs + d);
+                a0 += qv * load_w(kv_kind, K, at + d);
+                a1 += qv * load_w(kv_kind, K, at + hs + d);
+                a2 += qv * load_w(kv_kind, K, at + 2 * hs + d);
+                a3 += qv * load_w(kv_kind, K, at + 3 * hs + d);
             }
             float s[4] = {lanes_sum(a0), lanes_sum(a1), lanes_sum(a2), lanes_sum(a3)};
             for (int i = 0; i < 4; i++) {
-                for (int64_t e = d; e < hs; e++) s[i] += qh[e] * kt[i * hs + e];
+                for (int64_t e = d; e < hs; e++) s[i] += qh[e] * w_at(kv_kind, K, at + i * hs + e);
                 p[t + i] = s[i] * scale;
                 top = p[t + i] > top ? p[t + i] : top;
             }
         }
         for (; t < n; t++) {
-            const float *kt = Kh + t * hs;
+            int64_t at = head + t * hs;
             f32x16 acc = {0};
             int64_t d = 0;
-            for (; d + LANES <= hs; d += LANES) acc += load_x(qh + d) * load_x(kt + d);
+            for (; d + LANES <= hs; d += LANES) acc += load_x(qh + d) * load_w(kv_kind, K, at + d);
             float s = lanes_sum(acc);
-            for (; d < hs; d++) s += qh[d] * kt[d];
+            for (; d < hs; d++) s += qh[d] * w_at(kv_kind, K, at + d);
             p[t] = s * scale;
             top = p[t] > top ? p[t] : top;
         }
         float total = 0.0f;
-        for (int64_t t = 0; t < n; t++) total += (p[t] = expf(p[t] - top));
+        for (int64_t u = 0; u < n; u++) total += (p[u] = expf(p[u] - top));
         for (int64_t d = 0; d < hs; d++) oh[d] = 0.0f;
-        for (int64_t t = 0; t < n; t++) {
-            const float *vt = Vh + t * hs;
-            float pt = p[t] / total;
+        for (int64_t u = 0; u < n; u++) {
+            int64_t at = head + u * hs;
+            float pu = p[u] / total;
             int64_t d = 0;
             for (; d + LANES <= hs; d += LANES) {
-                f32x16 o = load_x(oh + d) + pt * load_x(vt + d);
+                f32x16 o = load_x(oh + d) + pu * load_w(kv_kind, V, at + d);
                 memcpy(oh + d, &o, sizeof o);
             }
-            for (; d < hs; d++) oh[d] += pt * vt[d];
+            for (; d < hs; d++) oh[d] += pu * w_at(kv_kind, V, at + d);
         }
         free(p);
     }
