@@ -1,10 +1,12 @@
 """The decode kernel (webapp/chat/kernels): right results in every weight format, each row's result the
-same whatever the other rows and the thread count, compiled once per machine, and a clear fallback to
-torch's kernels where it cannot be compiled."""
+same whatever the other rows and the thread count, the same on CPUs with and without VNNI, compiled once
+per machine, and a clear fallback to torch's kernels where it cannot be compiled."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import subprocess
 import sys
 
@@ -27,6 +29,15 @@ def weights(fmt: str, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor | None
     return stored, None, stored.float()
 
 
+def q8(x: torch.Tensor) -> torch.Tensor:
+    """x as the int8 kernel sees it: quantized in blocks of 32 (absmax / 127, to nearest even), as float32."""
+    M, K = x.shape
+    blocks = torch.nn.functional.pad(x, (0, -K % 32)).view(M, -1, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    q = torch.round(blocks * torch.where(amax > 0, 127 / amax, 0)).clamp(-127, 127)
+    return (q * (amax / 127)).view(M, -1)[:, :K]
+
+
 @pytest.fixture(autouse=True)
 def compiled():
     assert kernels.library() is not None, kernels.unavailable_reason  # CI has a C compiler
@@ -38,12 +49,32 @@ def test_each_format_computes_the_linear_layer(fmt, k, n):
     torch.manual_seed(0)
     w, scale, dense = weights(fmt, n, k)
     bias, x = torch.randn(n), torch.randn(7, k)
-    expected = x.double() @ dense.double().T + bias.double()
+    exact = x.double() @ dense.double().T + bias.double()
+    # int8 weights multiply int8 activations (q8_0's blocks of 32), exactly as computed in float64 here
+    expected = q8(x).double() @ dense.double().T + bias.double() if fmt == "int8" else exact
     got = kernels.linear(x, w, bias, scale)
     assert got.shape == (7, n) and got.dtype == torch.float32
     assert torch.allclose(got.double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
     assert torch.allclose(kernels.linear(x, w, None, scale).double(), expected - bias.double(),
                           rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+    # and the quantized activations cost int8 outputs little: under 3% of the largest output here
+    assert (got.double() - exact).abs().max() < 0.03 * exact.abs().max()
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the portable build is an x86-64 one")
+def test_int8_sums_are_the_same_integers_with_and_without_vnni(tmp_path):
+    portable = tmp_path / "portable.so"  # x86-64-v3: AVX2 and FMA, no AVX-512, no VNNI
+    subprocess.run(["cc", "-O3", "-march=x86-64-v3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-o", str(portable),
+                    str(kernels.SOURCE)], check=True, capture_output=True)
+    lib = ctypes.CDLL(str(portable))
+    lib.glassbox_linear.argtypes = kernels.library().glassbox_linear.argtypes
+    torch.manual_seed(3)
+    for m, k, n in [(1, 1024, 96), (5, 1000, 37), (3, 17, 5)]:
+        w, scale, _ = weights("int8", n, k)
+        bias, x, out = torch.randn(n), torch.randn(m, k), torch.empty(m, n)
+        assert lib.glassbox_linear(2, x.data_ptr(), m, k, k, w.data_ptr(), n, scale.data_ptr(), bias.data_ptr(),
+                                   out.data_ptr(), 1) == 0
+        assert torch.equal(out, kernels.linear(x, w, bias, scale)), (m, k, n)
 
 
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8"])

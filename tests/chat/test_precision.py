@@ -25,11 +25,10 @@ def test_int8_weights_are_the_float_weights_within_half_a_step_of_their_row(deco
     assert torch.equal(q.scale, linear.weight.abs().amax(dim=1) / 127)
     assert ((dequantized - linear.weight).abs() <= q.scale[:, None] / 2 * (1 + 1e-6)).all()
     x = torch.randn(5, 64)
-    with torch.inference_mode():  # decode: the kernel in float32; prefill: torch's int8 kernel in bfloat16
+    with torch.inference_mode():  # decode: the kernel, int8 by int8; prefill: torch's int8 kernel in bfloat16
         y = q(x, decode=decode)
     assert y.dtype == torch.float32
-    assert torch.allclose(y, x @ dequantized.T + linear.bias, rtol=1e-5 if decode else 2e-2,
-                          atol=1e-5 if decode else 5e-2)
+    assert torch.allclose(y, x @ dequantized.T + linear.bias, rtol=2e-2, atol=5e-2)
 
 
 @pytest.mark.parametrize("precision, weights", [("float32", torch.float32), ("bfloat16", torch.bfloat16),

@@ -4,12 +4,13 @@
     bfloat16  on the CPU: bfloat16 weights and KV cache, float32 activations (half the bytes a token
               reads); on a GPU: bfloat16 throughout (the default there)
     float16   16-bit throughout, for GPUs (CPU kernels for float16 are slow)
-    int8      CPU only: weight-only int8, every Linear's weights as int8 with one float32 scale per
-              output row (symmetric, absmax / 127), a bfloat16 KV cache, float32 activations
+    int8      CPU only: every Linear's weights as int8 with one float32 scale per output row
+              (symmetric, absmax / 127), a bfloat16 KV cache; a decode step multiplies them by its
+              activations quantized to int8 too, in blocks of 32 (as llama.cpp's q8_0 does)
 
 A decode step is bound by the bytes of weights (and keys and values) it reads, so fewer bytes is speed. On
-the CPU the reduced precisions change only what is stored: activations, layer norms and attention's sums
-stay float32. Only float32 is exact; the others change the logits in their last bits or more, and so, now and
+the CPU the reduced precisions change what is stored, and int8 the inputs of its matrix products; layer
+norms, attention's sums and everything between the products stay float32. Only float32 is exact; the others change the logits in their last bits or more, and so, now and
 then, a token. docs/chat_model.md ("Precisions") gives the speed and what replies lose.
 """
 
@@ -50,7 +51,7 @@ class WeightOnlyLinear(nn.Module):
 
     int8: W_q = round(W / scale), scale = max |W_row| / 127, so each weight is off by half a step at most.
     Decoding runs Glassbox's kernel (webapp/chat/kernels), which reads the stored bytes once per step and
-    sums each row alone. Prefill, and decoding without that kernel, run torch's kernels in bfloat16
+    sums each row alone; for int8 it quantizes each row of x in blocks of 32 and multiplies int8 by int8. Prefill, and decoding without that kernel, run torch's kernels in bfloat16
     (oneDNN's inner product, torch's weight-only int8 matmul): both compute each row alone too."""
 
     def __init__(self, linear: nn.Linear, weights: str):

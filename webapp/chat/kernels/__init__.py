@@ -1,6 +1,6 @@
 """The decode kernels (linear.c): y = (x @ Wᵀ) * scale + b for the few rows of a decode step, with float32,
-bfloat16 or int8 weights, each row's result the same whatever the other rows are; and one new token's
-attention over its own KV cache.
+bfloat16 or int8 weights (int8 by int8: x quantized in blocks of 32, as llama.cpp's q8_0), each row's result
+the same whatever the other rows are; and one new token's attention over its own KV cache.
 
 It is compiled on first use for the machine it runs on (`cc -O3 -march=native -fopenmp`), cached under
 $XDG_CACHE_HOME/glassbox (or ~/.cache/glassbox) by a hash of the source, the compiler and the CPU, and
@@ -133,7 +133,8 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            scale: torch.Tensor | None = None) -> torch.Tensor:
     """(x @ weightᵀ) * scale + bias for x (..., K) float32, weight (N, K) float32/bfloat16/int8,
-    scale and bias (N,) float32 or None -> (..., N) float32. Call supports() first."""
+    scale and bias (N,) float32 or None -> (..., N) float32; with int8 weights x is quantized to int8
+    first, per row in blocks of 32 (linear.c, tile_q8). Call supports() first."""
     K, N = x.shape[-1], weight.shape[0]
     rows = x.reshape(-1, K).contiguous()  # (M, K); no copy when x is already so
     for t in (scale, bias):

@@ -14,13 +14,16 @@
  *
  * Row invariance: every output y[m, n] is summed in one fixed order -- 16 lanes over K in steps of 16,
  * the lanes added in a fixed tree, then the tail of K -- whichever tile of rows it is computed in and
- * whichever thread computes it. Weights are widened to float32 exactly (bfloat16 by a shift, int8 by
- * a conversion); products and sums are float32.
+ * whichever thread computes it. float32 and bfloat16 weights are widened to float32 exactly (bfloat16
+ * by a shift); products and sums are float32. int8 weights are multiplied by int8-quantized activations
+ * instead (tile_q8, below).
  *
- * Written with GCC's vector extensions (AVX-512 intrinsics only to widen weights): one source for AVX-512,
- * AVX2 or SSE, compiled for the machine it runs on (webapp/chat/kernels/__init__.py).
+ * Written with GCC's vector extensions (AVX-512 intrinsics to widen weights and for VNNI): one source for
+ * AVX-512, AVX2 or SSE, compiled for the machine it runs on (webapp/chat/kernels/__init__.py).
  */
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -42,24 +45,18 @@ static inline f32x16 load_x(const float *p) {
 static inline __attribute__((always_inline)) f32x16 load_w(int kind, const void *w, int64_t at) {
 #ifdef __AVX512F__
     if (kind == F32) return _mm512_loadu_ps((const float *)w + at);
-    if (kind == BF16)  /* bfloat16 is float32's top half */
-        return _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + at))), 16));
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)w + at))));
+    /* bfloat16 is float32's top half */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + at))), 16));
 #else
     f32x16 v;
     if (kind == F32) {
         memcpy(&v, (const float *)w + at, sizeof v);
-    } else if (kind == BF16) {
+    } else {
         const uint16_t *h = (const uint16_t *)w + at;
         uint32_t bits[LANES];
         for (int j = 0; j < LANES; j++) bits[j] = (uint32_t)h[j] << 16;
         memcpy(&v, bits, sizeof v);
-    } else {
-        const int8_t *q = (const int8_t *)w + at;
-        float f[LANES];
-        for (int j = 0; j < LANES; j++) f[j] = (float)q[j];
-        memcpy(&v, f, sizeof v);
     }
     return v;
 #endif
@@ -67,13 +64,10 @@ static inline __attribute__((always_inline)) f32x16 load_w(int kind, const void 
 
 static inline float w_at(int kind, const void *w, int64_t at) {
     if (kind == F32) return ((const float *)w)[at];
-    if (kind == BF16) {
-        uint32_t bits = (uint32_t)((const uint16_t *)w)[at] << 16;
-        float f;
-        memcpy(&f, &bits, sizeof f);
-        return f;
-    }
-    return (float)((const int8_t *)w)[at];
+    uint32_t bits = (uint32_t)((const uint16_t *)w)[at] << 16;  /* bfloat16 */
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
 }
 
 static inline float lanes_sum(f32x16 v) {
@@ -110,9 +104,10 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
         }
 }
 
+/* float32 and bfloat16 weights, widened as they are read */
 #define TILES(KIND)                                                                                  \
-    static void tile_##KIND(int mr, int nr, const float *x, int64_t ldx, const void *w, int64_t K,   \
-                            int64_t n0, float dots[MR][NR]) {                                        \
+    static void tiles_##KIND(int mr, int nr, const float *x, int64_t ldx, const void *w, int64_t K,  \
+                             int64_t n0, float dots[MR][NR]) {                                       \
         if (nr == NR && mr > 1) {                                                                    \
             switch (mr) {                                                                            \
                 case 2: tile(KIND, 2, NR, x, ldx, w, K, n0, dots); return;                           \
@@ -131,14 +126,128 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
     }
 TILES(F32)
 TILES(BF16)
-TILES(I8)
 
-typedef void (*tile_fn)(int, int, const float *, int64_t, const void *, int64_t, int64_t, float[MR][NR]);
+/* int8 weights meet int8 activations, as llama.cpp's q8_0 does: each row of x is quantized in blocks of
+ * QBLOCK values (one float32 scale each, absmax / 127, rounded to nearest even), and each output is then a
+ * sum over chunks of QCHUNK = 2 blocks of
+ *     float(lane dots) * (the block's x scale),   lane j's dot = sum of 4 products x_q[4j..4j+3] * w[4j..4j+3]
+ * in 16 float32 lanes, exact in integers within a chunk; times the weight row's scale at the end. AVX-512
+ * VNNI computes a chunk's 16 lane dots in one instruction (64 int8 weights, no widening); elsewhere a
+ * loop computes the same integers. A row's result depends only on that row: row invariance holds. */
+enum { QBLOCK = 32, QCHUNK = 64 };
+
+typedef struct {        /* x quantized: per row, chunks * QCHUNK bytes and chunks * LANES scales */
+    const uint8_t *xu;  /* x_q + 128 (unsigned, as VNNI multiplies), zero-padded to whole chunks */
+    const float *xs;    /* each chunk's lane scales: 8 lanes per block */
+    int64_t chunks;
+} q8rows;
+
+static void quantize_rows(const float *x, int64_t M, int64_t K, int64_t ldx, uint8_t *xu, float *xs) {
+    int64_t chunks = (K + QCHUNK - 1) / QCHUNK;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t blk = 0; blk < 2 * chunks; blk++) {
+            const float *xb = x + m * ldx;
+            int64_t lo = blk * QBLOCK, hi = lo + QBLOCK < K ? lo + QBLOCK : K;
+            float amax = 0.0f;
+            for (int64_t k = lo; k < hi; k++) amax = fabsf(xb[k]) > amax ? fabsf(xb[k]) : amax;
+            float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            uint8_t *qb = xu + m * chunks * QCHUNK;
+            for (int64_t k = lo; k < lo + QBLOCK; k++) {
+                int q = k < hi ? (int)nearbyintf(xb[k] * inv) : 0;
+                qb[k] = (uint8_t)((q > 127 ? 127 : q < -127 ? -127 : q) + 128);
+            }
+            float *sb = xs + m * chunks * LANES + (blk / 2) * LANES + (blk % 2) * (LANES / 2);
+            for (int j = 0; j < LANES / 2; j++) sb[j] = d;
+        }
+}
+
+/* acc += float(lane dots of x chunk c and 64 weights at w, the first `valid` of them) * x's lane scales */
+static inline __attribute__((always_inline)) f32x16 q8_chunk(f32x16 acc, const uint8_t *xu, const float *xs,
+                                                             const int8_t *w, int64_t valid) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    __m512i wv = valid >= QCHUNK ? _mm512_loadu_si512(w)
+                                 : _mm512_maskz_loadu_epi8((1ULL << valid) - 1, w);
+    __m512i zero = _mm512_setzero_si512();
+    /* VNNI multiplies unsigned by signed: x_q + 128 by w, less 128 * (sum of w), exactly x_q . w */
+    __m512i bias = _mm512_dpbusd_epi32(zero, _mm512_set1_epi8((char)128), wv);
+    __m512i dots = _mm512_dpbusd_epi32(_mm512_sub_epi32(zero, bias), _mm512_loadu_si512(xu), wv);
+    return (f32x16)_mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_loadu_ps(xs), (__m512)acc);
+#else
+    float a[LANES];
+    memcpy(a, &acc, sizeof a);
+    for (int j = 0; j < LANES; j++) {
+        int32_t dot = 0;
+        for (int e = 4 * j; e < 4 * j + 4 && e < valid; e++) dot += ((int32_t)xu[e] - 128) * w[e];
+        a[j] = fmaf((float)dot, xs[j], a[j]);
+    }
+    memcpy(&acc, a, sizeof acc);
+    return acc;
+#endif
+}
+
+static inline __attribute__((always_inline)) void tile_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K,
+                                                          int64_t n0, float dots[MR][NR]) {
+    f32x16 acc[MR][NR];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) acc[i][j] = (f32x16){0};
+    for (int64_t c = 0; c < x.chunks; c++) {
+        int64_t k = c * QCHUNK;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+        /* q8_chunk's steps, each weight vector and its sum computed once for all rows (one at a time:
+         * sixteen sums, the rows' x and its scales would not all fit in registers) */
+        __m512i zero = _mm512_setzero_si512();
+        for (int j = 0; j < nr; j++) {
+            const int8_t *wj = w + (n0 + j) * K + k;
+            __m512i wv = K - k >= QCHUNK ? _mm512_loadu_si512(wj) : _mm512_maskz_loadu_epi8((1ULL << (K - k)) - 1, wj);
+            __m512i neg = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8((char)128), wv));
+            for (int i = 0; i < mr; i++) {
+                __m512i dots = _mm512_dpbusd_epi32(neg, _mm512_loadu_si512(x.xu + i * x.chunks * QCHUNK + k), wv);
+                acc[i][j] = (f32x16)_mm512_fmadd_ps(_mm512_cvtepi32_ps(dots),
+                                                    _mm512_loadu_ps(x.xs + (i * x.chunks + c) * LANES),
+                                                    (__m512)acc[i][j]);
+            }
+        }
+#else
+        for (int j = 0; j < nr; j++)
+            for (int i = 0; i < mr; i++)
+                acc[i][j] = q8_chunk(acc[i][j], x.xu + i * x.chunks * QCHUNK + k, x.xs + (i * x.chunks + c) * LANES,
+                                     w + (n0 + j) * K + k, K - k);
+#endif
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) dots[i][j] = lanes_sum(acc[i][j]);
+}
+
+static void tiles_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K, int64_t n0, float dots[MR][NR]) {
+    if (nr == NR && mr > 1) {
+        switch (mr) {
+            case 2: tile_q8(2, NR, x, w, K, n0, dots); return;
+            case 3: tile_q8(3, NR, x, w, K, n0, dots); return;
+            default: tile_q8(4, NR, x, w, K, n0, dots); return;
+        }
+    }
+    float one[MR][NR];  /* a lone row streams one row of W at a time, as above */
+    for (int j = 0; j < nr; j++)
+        for (int i = 0; i < mr; i++) {
+            q8rows xi = {x.xu + i * x.chunks * QCHUNK, x.xs + i * x.chunks * LANES, x.chunks};
+            tile_q8(1, 1, xi, w, K, n0 + j, one);
+            dots[i][j] = one[0][0];
+        }
+}
 
 int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx, const void *w, int64_t N,
                     const float *scale, const float *b, float *y, int threads) {
-    tile_fn fn = kind == F32 ? tile_F32 : kind == BF16 ? tile_BF16 : kind == I8 ? tile_I8 : 0;
-    if (!fn || M < 0 || K < 0 || N < 0) return -1;
+    if ((kind != F32 && kind != BF16 && kind != I8) || M < 0 || K < 0 || N < 0) return -1;
+    q8rows q = {0, 0, (K + QCHUNK - 1) / QCHUNK};
+    uint8_t *xu = 0;
+    float *xs = 0;
+    if (kind == I8) {
+        xu = aligned_alloc(64, (size_t)(M * q.chunks * QCHUNK) + 64);  /* 64-byte rows: no split loads */
+        xs = aligned_alloc(64, (size_t)(M * q.chunks * LANES) * sizeof(float) + 64);
+        if (!xu || !xs) { free(xu); free(xs); return -2; }
+        quantize_rows(x, M, K, ldx, xu, xs);
+        q.xu = xu, q.xs = xs;
+    }
     int64_t tiles = (N + NR - 1) / NR;
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
@@ -147,7 +256,12 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
         for (int64_t m0 = 0; m0 < M; m0 += MR) {
             int mr = M - m0 < MR ? (int)(M - m0) : MR;
             float dots[MR][NR];
-            fn(mr, nr, x + m0 * ldx, ldx, w, K, n0, dots);
+            if (kind == I8) {
+                q8rows xm = {q.xu + m0 * q.chunks * QCHUNK, q.xs + m0 * q.chunks * LANES, q.chunks};
+                tiles_q8(mr, nr, xm, w, K, n0, dots);
+            } else {
+                (kind == F32 ? tiles_F32 : tiles_BF16)(mr, nr, x + m0 * ldx, ldx, w, K, n0, dots);
+            }
             for (int i = 0; i < mr; i++)
                 for (int j = 0; j < nr; j++) {
                     float v = dots[i][j];
@@ -157,6 +271,8 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
                 }
         }
     }
+    free(xu);
+    free(xs);
     return 0;
 }
 
@@ -167,9 +283,6 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
  *   the new key and value rounded to it to nearest even, as torch rounds; the sums in float32.
  * One pass over K and one over V, each read once: the cache streams at the machine's bandwidth (torch's
  * fused CPU attention is built for many queries and reads a one-token step's cache slower). */
-#include <math.h>
-#include <stdlib.h>
-
 static void store_row(int kind, void *dst, const float *src, int64_t n) {
     if (kind == F32) {
         memcpy(dst, src, (size_t)n * sizeof(float));
