@@ -65,7 +65,7 @@ def test_each_format_computes_the_linear_layer(fmt, k, n):
 def test_int8_sums_are_the_same_integers_with_and_without_vnni(tmp_path):
     portable = tmp_path / "portable.so"  # x86-64-v3: AVX2 and FMA, no AVX-512, no VNNI
     subprocess.run(["cc", "-O3", "-march=x86-64-v3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-o", str(portable),
-                    str(kernels.SOURCE)], check=True, capture_output=True)
+                    *map(str, kernels.SOURCES)], check=True, capture_output=True)
     lib = ctypes.CDLL(str(portable))
     lib.glassbox_linear.argtypes = kernels.library().glassbox_linear.argtypes
     torch.manual_seed(3)
@@ -141,11 +141,15 @@ def test_without_the_kernel_decoding_falls_back_to_torch_and_says_why(tmp_path, 
 
 
 @pytest.mark.parametrize("cache", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("nh, hs, pos", [(16, 64, 799), (3, 20, 0), (2, 8, 32)])
-def test_attention_writes_the_new_key_and_value_then_attends_over_the_cache(nh, hs, pos, cache):
+# head sizes of 16's multiples take the register path (64: GPT-2's own), others the plain one; positions
+# past a multiple of 16 take its tail; sharp=True makes scores hundreds apart (exp16's underflow)
+@pytest.mark.parametrize("nh, hs, pos, sharp", [(16, 64, 799, False), (4, 64, 37, False), (2, 64, 0, False),
+                                                (3, 32, 100, False), (2, 128, 20, False), (4, 64, 300, True),
+                                                (3, 20, 0, False), (2, 8, 32, False), (2, 24, 40, True)])
+def test_attention_writes_the_new_key_and_value_then_attends_over_the_cache(nh, hs, pos, sharp, cache):
     torch.manual_seed(2)
     keys, values = torch.randn(1, nh, 1024, hs).to(cache), torch.randn(1, nh, 1024, hs).to(cache)
-    q, k, v = torch.randn(nh, 1, hs), torch.randn(nh, 1, hs) * 3, torch.randn(nh, 1, hs)
+    q, k, v = torch.randn(nh, 1, hs) * (30 if sharp else 1), torch.randn(nh, 1, hs) * 3, torch.randn(nh, 1, hs)
     before = keys.clone()
     out = torch.empty(nh, 1, hs)
     assert kernels.attends(q, out, keys)

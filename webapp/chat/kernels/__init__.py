@@ -1,6 +1,6 @@
-"""The decode kernels (linear.c): y = (x @ Wᵀ) * scale + b for the few rows of a decode step, with float32,
+"""The decode kernels: (linear.c) y = (x @ Wᵀ) * scale + b for the few rows of a decode step, with float32,
 bfloat16 or int8 weights (int8 by int8: x quantized in blocks of 32, as llama.cpp's q8_0), each row's result
-the same whatever the other rows are; and one new token's attention over its own KV cache.
+the same whatever the other rows are; and (attend.c) one new token's attention over its own KV cache.
 
 It is compiled on first use for the machine it runs on (`cc -O3 -march=native -fopenmp`), cached under
 $XDG_CACHE_HOME/glassbox (or ~/.cache/glassbox) by a hash of the source, the compiler and the CPU, and
@@ -30,9 +30,10 @@ import torch
 
 log = logging.getLogger("glassbox.kernels")
 
-SOURCE = Path(__file__).with_name("linear.c")
+SOURCES = [Path(__file__).with_name(name) for name in ("linear.c", "attend.c")]  # and vectors.h, which both include
+HEADER = Path(__file__).with_name("vectors.h")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
-KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # linear.c's weight formats
+KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # the kernels' formats (vectors.h, linear.c)
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
@@ -59,7 +60,7 @@ def _compile(compiler: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # built aside, then renamed: never half a file
         built = Path(tmp) / target.name
-        result = subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE)], capture_output=True, text=True,
+        result = subprocess.run([compiler, *FLAGS, "-o", str(built), *map(str, SOURCES)], capture_output=True, text=True,
                                 timeout=120)
         if result.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
@@ -94,8 +95,8 @@ def _load() -> ctypes.CDLL:
     if not compiler:
         raise RuntimeError("no C compiler (cc or gcc) on PATH")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS), _cpu_flags()])
-                         .encode()).hexdigest()[:16]
+    code = [path.read_text() for path in (*SOURCES, HEADER)]
+    key = hashlib.sha256("\n".join([*code, compiler, version, " ".join(FLAGS), _cpu_flags()]).encode()).hexdigest()[:16]
     target = cache_dir() / f"linear-{key}.so"
     if not target.exists():
         log.info("compiling the decode kernel for this CPU: %s", target)

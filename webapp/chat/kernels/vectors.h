@@ -1,0 +1,65 @@
+/* What the decode kernels share (linear.c, attend.c): 16 float32 lanes in GCC's vector extensions, and
+ * loads that widen float32 or bfloat16 (raw bits) to float32 exactly. */
+#ifndef GLASSBOX_VECTORS_H
+#define GLASSBOX_VECTORS_H
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+typedef float f32x16 __attribute__((vector_size(64)));
+
+enum { LANES = 16 };
+enum { F32 = 0, BF16 = 1 };  /* float32, or bfloat16 as raw bits: weights, keys and values */
+
+static inline f32x16 load_x(const float *p) {
+    f32x16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* Widen 16 weights to float32, exactly. With AVX-512 by its widening instructions; elsewhere by element
+ * loops (GCC does not vectorize every widening loop, so the intrinsics where it matters most). */
+static inline __attribute__((always_inline)) f32x16 load_w(int kind, const void *w, int64_t at) {
+#ifdef __AVX512F__
+    if (kind == F32) return _mm512_loadu_ps((const float *)w + at);
+    /* bfloat16 is float32's top half */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + at))), 16));
+#else
+    f32x16 v;
+    if (kind == F32) {
+        memcpy(&v, (const float *)w + at, sizeof v);
+    } else {
+        const uint16_t *h = (const uint16_t *)w + at;
+        uint32_t bits[LANES];
+        for (int j = 0; j < LANES; j++) bits[j] = (uint32_t)h[j] << 16;
+        memcpy(&v, bits, sizeof v);
+    }
+    return v;
+#endif
+}
+
+static inline float w_at(int kind, const void *w, int64_t at) {
+    if (kind == F32) return ((const float *)w)[at];
+    uint32_t bits = (uint32_t)((const uint16_t *)w)[at] << 16;  /* bfloat16 */
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline float lanes_sum(f32x16 v) {
+#ifdef __AVX512F__
+    return _mm512_reduce_add_ps(v);  /* a fixed tree of adds, as below */
+#endif
+    float s[LANES];
+    memcpy(s, &v, sizeof s);
+    for (int width = LANES / 2; width > 0; width /= 2)
+        for (int i = 0; i < width; i++) s[i] += s[i + width];
+    return s[0];
+}
+
+#endif
