@@ -73,8 +73,40 @@ def test_int8_sums_are_the_same_integers_with_and_without_vnni(tmp_path):
         w, scale, _ = weights("int8", n, k)
         bias, x, out = torch.randn(n), torch.randn(m, k), torch.empty(m, n)
         assert lib.glassbox_linear(2, x.data_ptr(), m, k, k, w.data_ptr(), n, scale.data_ptr(), bias.data_ptr(),
-                                   out.data_ptr(), 1) == 0
+                                   out.data_ptr(), 1, None, None, 0.0, 0, None) == 0
         assert torch.equal(out, kernels.linear(x, w, bias, scale)), (m, k, n)
+
+
+@pytest.mark.parametrize("fmt", ["float32", "int8"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_layer_norm_before_and_the_gelu_and_residual_after_are_torchs(fmt, bias):
+    torch.manual_seed(4)
+    w, scale, dense = weights(fmt, 70, 96)
+    norm = torch.nn.LayerNorm(96, bias=bias)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 2)
+        if bias:
+            norm.bias.normal_()
+    x, b = torch.randn(3, 96) * 4 + 1, torch.randn(70)
+    residual = torch.randn(3, 70)
+    with torch.inference_mode():
+        normed = norm(x)
+        inputs = q8(normed) if fmt == "int8" else normed
+        pre = inputs.double() @ dense.double().T + b.double()
+        expected = torch.nn.functional.gelu(pre) + residual.double()
+        got = kernels.linear(x, w, b, scale, norm=norm, gelu=True, residual=residual)
+        tol = 1e-5 * pre.abs().max().item()
+        assert torch.allclose(got.double(), expected, rtol=1e-5, atol=tol)
+        # each part alone, too
+        assert torch.allclose(kernels.linear(x, w, b, scale, norm=norm).double(), pre, rtol=1e-5, atol=tol)
+        assert torch.allclose(kernels.linear(inputs, w, b, scale, gelu=True).double(),
+                              torch.nn.functional.gelu(pre), rtol=1e-5, atol=tol)
+        assert torch.allclose(kernels.linear(inputs, w, b, scale, residual=residual).double(),
+                              pre + residual.double(), rtol=1e-5, atol=tol)
+    # GELU itself, over a wide range, against torch's exact erf GELU
+    v = torch.linspace(-12, 12, 4099).view(1, -1)
+    eye = torch.eye(4099)
+    assert torch.allclose(kernels.linear(v, eye, gelu=True), torch.nn.functional.gelu(v), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8"])
@@ -101,7 +133,7 @@ def test_it_takes_only_what_it_computes():
     with kernels.disabled():
         assert not kernels.supports(torch.randn(2, 4), torch.randn(3, 4))
     assert kernels.supports(torch.randn(2, 4), torch.randn(3, 4))
-    with pytest.raises(ValueError, match="float32 vectors"):
+    with pytest.raises(ValueError, match="contiguous float32 vectors"):
         kernels.linear(torch.randn(2, 4), torch.randn(3, 4), torch.randn(3).double())
 
 

@@ -64,7 +64,26 @@ class KVCache:
         self.nbytes = 2 * config.n_layer * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
 
 
-class Linear(nn.Linear):
+class DecodingLinear:
+    """forward() of Glassbox's linear layers (Linear, precision.WeightOnlyLinear): x @ Wᵀ + b (matmul()),
+    or, with decode=True, a decode step's layer together with what surrounds it in a block:
+        gelu(norm(x) @ Wᵀ + b) + residual, each part only when given.
+    Glassbox's kernel does a decode step's layer in one call (webapp/chat/kernels; a step is short: a
+    call per small operator would cost as much as the layer norms themselves); without the kernel,
+    torch's operators compute the same thing one by one."""
+
+    def forward(self, x, decode: bool = False, norm=None, gelu: bool = False, residual=None):
+        if not decode:
+            return self.matmul(x)
+        if kernels.supports(x, self.weight):
+            return kernels.linear(x, self.weight, self.bias, self.scale, norm, gelu, residual)
+        y = self.matmul(x if norm is None else norm(x))
+        if gelu:
+            y = F.gelu(y)
+        return y if residual is None else residual + y
+
+
+class Linear(DecodingLinear, nn.Linear):
     """nn.Linear (same parameters, same names) whose CPU inference gives every row the same result
     whatever else is in the batch.
 
@@ -77,9 +96,9 @@ class Linear(nn.Linear):
     Training, autograd, other devices and float16 keep F.linear.
     """
 
-    def forward(self, x, decode: bool = False):
-        if decode and kernels.supports(x, self.weight):
-            return kernels.linear(x, self.weight, self.bias)
+    scale = None  # WeightOnlyLinear's int8 weights have one per output row; float weights none
+
+    def matmul(self, x):
         if not _batch_invariant(x, self.weight):
             return F.linear(x, self.weight, self.bias)
         return onednn_linear(x, self.weight, self.bias)
@@ -115,8 +134,6 @@ class CausalSelfAttention(nn.Module):
         self.n_embd = config.n_embd
 
     def forward(self, x, cache: KVCache | None = None, layer: int = 0, start_pos: int = 0):
-        if isinstance(cache, list):
-            return self._decode(x, cache, layer, start_pos)
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
@@ -145,14 +162,15 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads side by side
         return self.c_proj(y)
 
-    def _decode(self, x, caches: list[KVCache], layer: int, positions: list[int]):
-        """One new token per row (x: (B, 1, C)), each row a sequence of its own: its own cache and position.
+    def decode(self, x, norm: nn.LayerNorm, caches: list[KVCache], layer: int, positions: list[int]):
+        """x + attention(norm(x)) for one new token per row (x: (B, 1, C)), each row a sequence of its own:
+        its own cache and position. The norm and the residual add happen inside the linear layers' calls.
 
         Each row attends over its own history alone, so a row's result does not depend on the others
         (nor on their lengths: no padding, no mask). With one token per row the heads need no transposes:
         (B, 3, nh, 1, hs) -> per row (1, nh, 1, hs) queries, and outputs that are already (1, C)."""
         B, _, C = x.size()
-        qkv = self.c_attn(x, decode=True).view(B, 3, self.n_head, 1, C // self.n_head)
+        qkv = self.c_attn(x, decode=True, norm=norm).view(B, 3, self.n_head, 1, C // self.n_head)
         out = torch.empty(B, self.n_head, 1, C // self.n_head, dtype=x.dtype, device=x.device)
         fused = kernels.attends(qkv, out, caches[0].k[layer])  # every cache is made alike (GPT.new_cache)
         for r, (cache, pos) in enumerate(zip(caches, positions)):
@@ -166,7 +184,7 @@ class CausalSelfAttention(nn.Module):
             # 4-D, as SDPA's fused CPU kernel wants it (3-D inputs take its slow reference path)
             out[r:r + 1] = F.scaled_dot_product_attention(q[None], keys[:, :, :pos + 1].to(q.dtype),
                                                           values[:, :, :pos + 1].to(q.dtype))
-        return self.c_proj(out.view(B, 1, C), decode=True)
+        return self.c_proj(out.view(B, 1, C), decode=True, residual=x)
 
 
 class MLP(nn.Module):
@@ -176,8 +194,12 @@ class MLP(nn.Module):
         self.gelu = nn.GELU()
         self.c_proj = Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
 
-    def forward(self, x, decode: bool = False):
-        return self.c_proj(self.gelu(self.c_fc(x, decode)), decode)
+    def forward(self, x):
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+    def decode(self, x, norm: nn.LayerNorm):
+        """x + mlp(norm(x)) for one new token per row, the norm, GELU and residual add inside the calls."""
+        return self.c_proj(self.c_fc(x, decode=True, norm=norm, gelu=True), decode=True, residual=x)
 
 
 class Block(nn.Module):
@@ -190,9 +212,11 @@ class Block(nn.Module):
 
     def forward(self, x, cache=None, layer: int = 0, start_pos=0):
         """cache/start_pos: None (no cache); one KVCache and an int (one sequence, T tokens); or one
-        KVCache and one position per row (several sequences, one token each)."""
+        KVCache and one position per row (several sequences, one token each: decoding)."""
+        if isinstance(cache, list):
+            return self.mlp.decode(self.attn.decode(x, self.ln_1, cache, layer, start_pos), self.ln_2)
         x = x + self.attn(self.ln_1(x), cache, layer, start_pos)
-        x = x + self.mlp(self.ln_2(x), decode=isinstance(cache, list))
+        x = x + self.mlp(self.ln_2(x))
         return x
 
 
@@ -288,5 +312,4 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, 1, C)
         for layer, block in enumerate(self.transformer.h):
             x = block(x, caches, layer, positions)
-        x = self.transformer.ln_f(x[:, -1, :])  # (B, C)
-        return self.lm_head(x, decode=True)  # (B, V)
+        return self.lm_head(x[:, -1, :], decode=True, norm=self.transformer.ln_f)  # (B, V)

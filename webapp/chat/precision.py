@@ -19,8 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from webapp.chat import kernels
-from webapp.chat.model import onednn_linear
+from webapp.chat.model import DecodingLinear, onednn_linear
 
 PRECISIONS = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
               "float16": "float16", "fp16": "float16", "int8": "int8"}
@@ -45,7 +44,7 @@ def parse_precision(name: str | torch.dtype | None, device: torch.device) -> str
     return precision
 
 
-class WeightOnlyLinear(nn.Module):
+class WeightOnlyLinear(DecodingLinear, nn.Module):
     """A Linear whose weights are stored in fewer bytes (bfloat16, or int8 with one scale per output row)
     and widened to float32 as they are used: y = (x @ W_qᵀ) * scale + b, float32 in and out.
 
@@ -67,9 +66,7 @@ class WeightOnlyLinear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
-    def forward(self, x, decode: bool = False):
-        if decode and kernels.supports(x, self.weight):
-            return kernels.linear(x, self.weight, self.bias, self.scale)
+    def matmul(self, x):
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, C_in)
         if self.scale is None:
             y = onednn_linear(rows, self.weight, None).float()

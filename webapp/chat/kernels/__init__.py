@@ -105,7 +105,8 @@ def _load() -> ctypes.CDLL:
     lib.glassbox_linear.restype = ctypes.c_int
     lib.glassbox_linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                     ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                                    ctypes.c_void_p, ctypes.c_int]
+                                    ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,
+                                    ctypes.c_int, ctypes.c_void_p]
     lib.glassbox_attend.restype = ctypes.c_int
     lib.glassbox_attend.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                     ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
@@ -132,22 +133,36 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           scale: torch.Tensor | None = None) -> torch.Tensor:
-    """(x @ weightᵀ) * scale + bias for x (..., K) float32, weight (N, K) float32/bfloat16/int8,
-    scale and bias (N,) float32 or None -> (..., N) float32; with int8 weights x is quantized to int8
-    first, per row in blocks of 32 (linear.c, tile_q8). Call supports() first."""
+           scale: torch.Tensor | None = None, norm: torch.nn.LayerNorm | None = None, gelu: bool = False,
+           residual: torch.Tensor | None = None) -> torch.Tensor:
+    """gelu(norm(x) @ weightᵀ * scale + bias) + residual, each part only when given, for x (..., K) float32,
+    weight (N, K) float32/bfloat16/int8, scale and bias (N,) float32, norm a LayerNorm over K, residual
+    shaped as the result -> (..., N) float32. With int8 weights the (normed) x is quantized to int8 first,
+    per row in blocks of 32 (linear.c, tile_q8). Call supports() first."""
     K, N = x.shape[-1], weight.shape[0]
-    rows = x.reshape(-1, K).contiguous()  # (M, K); no copy when x is already so
-    for t in (scale, bias):
-        if t is not None and (t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != N):
-            raise ValueError("scale and bias must be contiguous float32 vectors of the output size")
+    rows = x.reshape(-1, K)
+    if not rows.is_contiguous():
+        rows = rows.contiguous()
     if weight.shape[1] != K:
         raise ValueError(f"x has {K} features, the weights {weight.shape[1]}")
+    vectors = (scale, bias) if norm is None else (scale, bias, norm.weight, norm.bias)
+    for t in vectors:
+        if t is not None and (t.dtype != torch.float32 or not t.is_contiguous() or t.dim() != 1):
+            raise ValueError("scale, bias and the norm's parameters must be contiguous float32 vectors")
+    if (scale is not None and scale.numel() != N) or (bias is not None and bias.numel() != N):
+        raise ValueError("scale and bias must have one value per output")
+    if norm is not None and (norm.weight is None or norm.weight.numel() != K):
+        raise ValueError("the layer norm must have a weight over the input's features")
     out = torch.empty(rows.shape[0], N)
-    status = _library.glassbox_linear(KINDS[weight.dtype], rows.data_ptr(), rows.shape[0], K, K, weight.data_ptr(),
-                                      N, scale.data_ptr() if scale is not None else None,
-                                      bias.data_ptr() if bias is not None else None, out.data_ptr(),
-                                      torch.get_num_threads())
+    if residual is not None and (residual.dtype != torch.float32 or residual.numel() != out.numel()
+                                 or not residual.is_contiguous()):
+        raise ValueError("residual must be contiguous float32, one value per output")
+    status = _library.glassbox_linear(
+        KINDS[weight.dtype], rows.data_ptr(), rows.shape[0], K, K, weight.data_ptr(), N,
+        None if scale is None else scale.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
+        torch.get_num_threads(), None if norm is None else norm.weight.data_ptr(),
+        None if norm is None or norm.bias is None else norm.bias.data_ptr(), 0.0 if norm is None else norm.eps,
+        int(gelu), None if residual is None else residual.data_ptr())
     if status != 0:
         raise RuntimeError(f"decode kernel refused its arguments ({status})")
     return out.view(*x.shape[:-1], N)

@@ -30,29 +30,6 @@ static void store_row(int kind, void *dst, const float *src, int64_t n) {
 
 /* e^x, 16 at a time, for x <= 0 (a score less the largest): 2^n * e^r, r = x - n ln 2 in [-ln2/2, ln2/2],
  * e^r by Cephes' degree-6 polynomial (within 2 ulp); below -87 (e^x under float32's smallest normal) 0. */
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-
-static inline f32x16 where(i32x16 mask, f32x16 a, f32x16 b) {  /* a where mask is set, else b */
-    return (f32x16)(((i32x16)a & mask) | ((i32x16)b & ~mask));
-}
-
-static inline f32x16 exp16(f32x16 x) {
-    i32x16 lo = x < -87.0f;  /* all bits set where so */
-    x = where(lo, (f32x16){0} - 87.0f, x);
-    f32x16 n = x * 1.44269504088896341f + 12582912.0f - 12582912.0f;  /* round(x / ln 2): 1.5 * 2^23 */
-    f32x16 r = x - n * 0.693359375f + n * 2.12194440e-4f;              /* ln 2 in two parts */
-    f32x16 p = (f32x16){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    i32x16 pow2 = (__builtin_convertvector(n, i32x16) + 127) << 23;  /* 2^n, n in [-126, 0] */
-    f32x16 e = p * (f32x16)pow2;
-    return (f32x16)((i32x16)e & ~(i32x16)lo);
-}
-
 /* out[i] = the sum of a[i]'s 16 lanes, for 16 vectors at once: pairs, then quads, then across the four
  * 128-bit quarters, with shuffles (one sum across lanes costs as much as these 45 operations do for 16). */
 static inline f32x16 sum16(const f32x16 a[16]) {

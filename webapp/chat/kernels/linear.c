@@ -24,6 +24,12 @@
 #include "vectors.h"
 
 enum { MR = 4, NR = 4 };  /* a tile: up to MR rows of x times NR rows of W */
+
+/* Each weight is read once per step: ask for it AHEAD bytes early, with the hint that it will not be
+ * used again soon (non-temporal), so that the stream runs ahead of the hardware's own prefetcher and
+ * does not push the rest of the process (the interpreter between calls included) out of the caches. */
+enum { AHEAD = 8192 };
+#define PREFETCH(p) __builtin_prefetch((const char *)(p) + AHEAD, 0, 0)
 enum { I8 = 2 };          /* int8 weights (F32 and BF16: vectors.h) */
 
 /* dots[i][j] = x[m0 + i] . W[n0 + j] for i < mr, j < nr; mr and nr are constants where inlined */
@@ -35,7 +41,10 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
     int64_t k = 0;
     for (; k + LANES <= K; k += LANES) {
         f32x16 wv[NR];
-        for (int j = 0; j < nr; j++) wv[j] = load_w(kind, w, (n0 + j) * K + k);
+        for (int j = 0; j < nr; j++) {
+            wv[j] = load_w(kind, w, (n0 + j) * K + k);
+            PREFETCH((const char *)w + ((n0 + j) * K + k) * (kind == F32 ? 4 : 2));
+        }
         for (int i = 0; i < mr; i++) {
             f32x16 xv = load_x(x + i * ldx + k);
             for (int j = 0; j < nr; j++) acc[i][j] += xv * wv[j];
@@ -143,6 +152,7 @@ static inline __attribute__((always_inline)) void tile_q8(int mr, int nr, q8rows
         __m512i zero = _mm512_setzero_si512();
         for (int j = 0; j < nr; j++) {
             const int8_t *wj = w + (n0 + j) * K + k;
+            PREFETCH(wj);
             __m512i wv = K - k >= QCHUNK ? _mm512_loadu_si512(wj) : _mm512_maskz_loadu_epi8((1ULL << (K - k)) - 1, wj);
             __m512i neg = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8((char)128), wv));
             for (int i = 0; i < mr; i++) {
@@ -180,16 +190,64 @@ static void tiles_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K, int64
         }
 }
 
+/* What surrounds a linear layer in a transformer block, done here rather than by a library call each: a
+ * layer norm of the input rows (over K, float32 sums), and GELU and a residual add on the outputs. */
+static void layer_norm_rows(const float *x, int64_t M, int64_t K, int64_t ldx, const float *g, const float *beta,
+                            float eps, float *out) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *row = x + m * ldx;
+        float sum = 0.0f, sq = 0.0f;
+        for (int64_t k = 0; k < K; k++) sum += row[k];
+        float mean = sum / (float)K;
+        for (int64_t k = 0; k < K; k++) sq += (row[k] - mean) * (row[k] - mean);
+        float rstd = 1.0f / sqrtf(sq / (float)K + eps);
+        for (int64_t k = 0; k < K; k++) out[m * K + k] = (row[k] - mean) * rstd * g[k] + (beta ? beta[k] : 0.0f);
+    }
+}
+
+/* GELU with erf (as torch's default), 16 at a time: erf by Abramowitz and Stegun's 7.1.26, within 1.5e-7
+ * of it, its e^(-z^2) by exp16. */
+static inline f32x16 gelu16(f32x16 v) {
+    f32x16 z = v * 0.70710678118654752f;
+    f32x16 a = where(z < 0.0f, -z, z);
+    f32x16 t = 1.0f / (1.0f + 0.3275911f * a);
+    f32x16 poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+    f32x16 erf_a = 1.0f - poly * exp16(-(a * a));
+    return 0.5f * v * (1.0f + where(z < 0.0f, -erf_a, erf_a));
+}
+
+/* y = gelu(y) (when asked) + residual (when given), over M * N outputs, 16 at a time */
+static void finish_outputs(float *y, int64_t count, int gelu, const float *residual) {
+    for (int64_t i = 0; i < count; i += LANES) {
+        int64_t n = count - i < LANES ? count - i : LANES;
+        float part[LANES] = {0}, add[LANES] = {0};
+        memcpy(part, y + i, (size_t)n * sizeof(float));
+        if (residual) memcpy(add, residual + i, (size_t)n * sizeof(float));
+        f32x16 v = load_x(part);
+        if (gelu) v = gelu16(v);
+        v += load_x(add);
+        memcpy(y + i, &v, (size_t)n * sizeof(float));
+    }
+}
+
+/* y = act(layer_norm(x) @ Wᵀ * scale + b) + residual; norm_w NULL: no layer norm (norm_b NULL: none of its
+ * bias), gelu 0: no activation, residual NULL: nothing added ((M, N) contiguous otherwise). */
 int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx, const void *w, int64_t N,
-                    const float *scale, const float *b, float *y, int threads) {
+                    const float *scale, const float *b, float *y, int threads, const float *norm_w,
+                    const float *norm_b, float eps, int gelu, const float *residual) {
     if ((kind != F32 && kind != BF16 && kind != I8) || M < 0 || K < 0 || N < 0) return -1;
     q8rows q = {0, 0, (K + QCHUNK - 1) / QCHUNK};
     uint8_t *xu = 0;
-    float *xs = 0;
+    float *xs = 0, *normed = 0;
+    if (norm_w) {
+        if (!(normed = aligned_alloc(64, (size_t)(M * K * 4 + 63) / 64 * 64 + 64))) return -2;
+        layer_norm_rows(x, M, K, ldx, norm_w, norm_b, eps, normed);
+        x = normed, ldx = K;
+    }
     if (kind == I8) {
         xu = aligned_alloc(64, (size_t)(M * q.chunks * QCHUNK) + 64);  /* 64-byte rows: no split loads */
         xs = aligned_alloc(64, (size_t)(M * q.chunks * LANES) * sizeof(float) + 64);
-        if (!xu || !xs) { free(xu); free(xs); return -2; }
+        if (!xu || !xs) { free(xu); free(xs); free(normed); return -2; }
         quantize_rows(x, M, K, ldx, xu, xs);
         q.xu = xu, q.xs = xs;
     }
@@ -216,7 +274,9 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
                 }
         }
     }
+    if (gelu || residual) finish_outputs(y, M * N, gelu, residual);
     free(xu);
     free(xs);
+    free(normed);
     return 0;
 }

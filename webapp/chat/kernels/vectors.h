@@ -1,5 +1,5 @@
-/* What the decode kernels share (linear.c, attend.c): 16 float32 lanes in GCC's vector extensions, and
- * loads that widen float32 or bfloat16 (raw bits) to float32 exactly. */
+/* What the decode kernels share (linear.c, attend.c): 16 float32 lanes in GCC's vector extensions, loads
+ * that widen float32 or bfloat16 (raw bits) to float32 exactly, and e^x 16 at a time. */
 #ifndef GLASSBOX_VECTORS_H
 #define GLASSBOX_VECTORS_H
 #include <math.h>
@@ -60,6 +60,29 @@ static inline float lanes_sum(f32x16 v) {
     for (int width = LANES / 2; width > 0; width /= 2)
         for (int i = 0; i < width; i++) s[i] += s[i + width];
     return s[0];
+}
+
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+
+static inline f32x16 where(i32x16 mask, f32x16 a, f32x16 b) {  /* a where mask is set, else b */
+    return (f32x16)(((i32x16)a & mask) | ((i32x16)b & ~mask));
+}
+
+static inline f32x16 exp16(f32x16 x) {
+    i32x16 lo = x < -87.0f;  /* all bits set where so */
+    x = where(lo, (f32x16){0} - 87.0f, x);
+    f32x16 n = x * 1.44269504088896341f + 12582912.0f - 12582912.0f;  /* round(x / ln 2): 1.5 * 2^23 */
+    f32x16 r = x - n * 0.693359375f + n * 2.12194440e-4f;              /* ln 2 in two parts */
+    f32x16 p = (f32x16){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    i32x16 pow2 = (__builtin_convertvector(n, i32x16) + 127) << 23;  /* 2^n, n in [-126, 0] */
+    f32x16 e = p * (f32x16)pow2;
+    return (f32x16)((i32x16)e & ~(i32x16)lo);
 }
 
 #endif
