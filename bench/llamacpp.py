@@ -466,7 +466,9 @@ def main(argv=None):
             + "- the pairs are alike, not the same: llama.cpp's GPT-2 graph uses the tanh GELU (through an fp16 "
             + "table), Glassbox and the exported config the exact erf GELU, so the logits differ a little even "
             + "at fp32; f16 vs bfloat16 weights; q8_0 = int8 blocks of 32 weights with a scale each and int8 "
-            + "activations, Glassbox int8 = int8 weights with one scale per row and float32 activations; Glassbox bf16 = bfloat16 weights (7 mantissa bits, f16 has 10) and float32 activations. Random "
+            + "activations, Glassbox int8 = int8 weights with one scale per row and (decoding) int8 activations "
+            + "in blocks of 32; Glassbox bf16 = bfloat16 weights (7 mantissa bits, f16 has 10) and float32 "
+            + "activations; Glassbox bf16 and int8 keep a bfloat16 KV cache, fp32 a float32 one. Random "
             + "weights give nearly flat logits, so greedy streams part at the first near tie\n"
             + "".join(f"- {n}\n" for n in dict.fromkeys(notes))
             + "- other processes' CPU use during a timed run (/proc/stat less this benchmark's own): median "

@@ -5,7 +5,7 @@ app's generator (webapp.chat.generate), the 254M shape, random GPT-2-init weight
     .venv/bin/python -m bench.precisions --threads 2 --reps 1 --new 50 --no-doc   # a quick look
 
 Variants, interleaved in every repetition: float32, bfloat16 (weights; float32 activations) and int8
-(weight-only, one scale per output row), each decoded with Glassbox's kernel (webapp/chat/kernels) and
+(one scale per output row; the kernel multiplies by int8 activations, torch's by bfloat16 ones), each decoded with Glassbox's kernel (webapp/chat/kernels) and
 with torch's kernels (`kernels.disabled()`, the path taken where no C compiler is found). Figures are
 medians over --reps. Greedy agreement: the greedy reply of each variant against float32 with the kernel
 (the exact reference), as the first token that differs and the share of equal positions.
