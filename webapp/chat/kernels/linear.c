@@ -18,6 +18,10 @@
  * by a shift); products and sums are float32. int8 weights are multiplied by int8-quantized activations
  * instead (tile_q8, below).
  *
+ * Around the product, what a transformer block does next to it, so that a decode step makes one call where
+ * it would make four: a layer norm of x before, GELU and a residual add after (glassbox_linear's last
+ * arguments).
+ *
  * Written with GCC's vector extensions (AVX-512 intrinsics to widen weights and for VNNI): one source for
  * AVX-512, AVX2 or SSE, compiled for the machine it runs on (webapp/chat/kernels/__init__.py).
  */
@@ -115,18 +119,10 @@ static void quantize_rows(const float *x, int64_t M, int64_t K, int64_t ldx, uin
         }
 }
 
-/* acc += float(lane dots of x chunk c and 64 weights at w, the first `valid` of them) * x's lane scales */
-static inline __attribute__((always_inline)) f32x16 q8_chunk(f32x16 acc, const uint8_t *xu, const float *xs,
-                                                             const int8_t *w, int64_t valid) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-    __m512i wv = valid >= QCHUNK ? _mm512_loadu_si512(w)
-                                 : _mm512_maskz_loadu_epi8((1ULL << valid) - 1, w);
-    __m512i zero = _mm512_setzero_si512();
-    /* VNNI multiplies unsigned by signed: x_q + 128 by w, less 128 * (sum of w), exactly x_q . w */
-    __m512i bias = _mm512_dpbusd_epi32(zero, _mm512_set1_epi8((char)128), wv);
-    __m512i dots = _mm512_dpbusd_epi32(_mm512_sub_epi32(zero, bias), _mm512_loadu_si512(xu), wv);
-    return (f32x16)_mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_loadu_ps(xs), (__m512)acc);
-#else
+#if !(defined(__AVX512VNNI__) && defined(__AVX512BW__))
+/* Without VNNI: acc += float(lane dots of a chunk of x and 64 weights at w, the first `valid` of them) * x's
+ * lane scales, the same integers as VNNI's (tile_q8) */
+static inline f32x16 q8_chunk(f32x16 acc, const uint8_t *xu, const float *xs, const int8_t *w, int64_t valid) {
     float a[LANES];
     memcpy(a, &acc, sizeof a);
     for (int j = 0; j < LANES; j++) {
@@ -136,8 +132,8 @@ static inline __attribute__((always_inline)) f32x16 q8_chunk(f32x16 acc, const u
     }
     memcpy(&acc, a, sizeof acc);
     return acc;
-#endif
 }
+#endif
 
 static inline __attribute__((always_inline)) void tile_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K,
                                                           int64_t n0, float dots[MR][NR]) {
@@ -147,8 +143,9 @@ static inline __attribute__((always_inline)) void tile_q8(int mr, int nr, q8rows
     for (int64_t c = 0; c < x.chunks; c++) {
         int64_t k = c * QCHUNK;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-        /* q8_chunk's steps, each weight vector and its sum computed once for all rows (one at a time:
-         * sixteen sums, the rows' x and its scales would not all fit in registers) */
+        /* VNNI multiplies unsigned by signed: x_q + 128 by w, less 128 * (sum of w), is exactly x_q . w.
+         * Each weight vector and its sum once for all rows; one weight row at a time (sixteen sums, the
+         * rows' x and its scales would not all fit in registers). */
         __m512i zero = _mm512_setzero_si512();
         for (int j = 0; j < nr; j++) {
             const int8_t *wj = w + (n0 + j) * K + k;
