@@ -194,3 +194,32 @@ def test_attention_writes_the_new_key_and_value_then_attends_over_the_cache(nh, 
     assert torch.allclose(out, expected[0], atol=1e-5)
     with pytest.raises(ValueError):
         kernels.attend(q, k, v, keys, values, 1024, out)  # past the cache
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16", "int8"])
+def test_a_whole_block_in_one_call_is_its_calls_one_by_one(precision):
+    from webapp.chat.model import GPT, GPTConfig
+    from webapp.chat.precision import apply_precision
+    torch.manual_seed(5)
+    model = apply_precision(GPT(GPTConfig(block_size=64, vocab_size=64, n_layer=1, n_head=4, n_embd=64)), precision)
+    block, positions = model.eval().transformer.h[0], [5, 17, 40]
+    caches = [model.new_cache(max_len=64) for _ in positions]
+    with torch.inference_mode():
+        for cache, n in zip(caches, positions):
+            model.forward_cached(torch.randint(0, 64, (1, n)), cache, 0)
+        x = torch.randn(3, 1, 64)
+        # one call per layer norm + linear layer, and per row's attention (each writes its new key and value)
+        expected = block.mlp.decode(block.attn.decode(x.clone(), block.ln_1, caches, 0, positions), block.ln_2)
+        keys, values = [c.k[0] for c in caches], [c.v[0] for c in caches]
+        written = [k[0, :, p].clone() for k, p in zip(keys, positions)]
+        got = x.clone()
+        with kernels.disabled():  # refused, untouched: the caller then goes one call at a time
+            assert not kernels.block(got, block._parameters_in_order(), block.ln_1.eps, 4, keys, values, positions)
+        assert torch.equal(got, x)
+        assert kernels.block(got, block._parameters_in_order(), block.ln_1.eps, 4, keys, values, positions)
+        assert torch.equal(got, expected)  # the same sums, bit for bit
+        assert all(torch.equal(k[0, :, p], w) for k, p, w in zip(keys, positions, written))
+        # what the kernel cannot take, it refuses rather than misreads
+        assert not kernels.block(torch.randn(3, 1, 128)[..., ::2], block._parameters_in_order(), block.ln_1.eps, 4,
+                                 keys, values, positions)
+        assert not kernels.block(got, block._parameters_in_order(), block.ln_1.eps, 4, keys, values, [5, 17, 64])

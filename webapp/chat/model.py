@@ -214,10 +214,26 @@ class Block(nn.Module):
         """cache/start_pos: None (no cache); one KVCache and an int (one sequence, T tokens); or one
         KVCache and one position per row (several sequences, one token each: decoding)."""
         if isinstance(cache, list):
+            if self.ln_1.eps == self.ln_2.eps and kernels.block(
+                    x, self._parameters_in_order(), self.ln_1.eps, self.attn.n_head, [c.k[layer] for c in cache],
+                    [c.v[layer] for c in cache], start_pos):
+                return x  # the whole block in one kernel call, in place
             return self.mlp.decode(self.attn.decode(x, self.ln_1, cache, layer, start_pos), self.ln_2)
         x = x + self.attn(self.ln_1(x), cache, layer, start_pos)
         x = x + self.mlp(self.ln_2(x))
         return x
+
+
+    def _parameters_in_order(self) -> list:
+        """The tensors kernels.block takes, in nanoGPT's order (a linear layer: weight, scale, bias)."""
+        attn, mlp = self.attn, self.mlp
+        tensors = [self.ln_1.weight, self.ln_1.bias]
+        for linear in (attn.c_attn, attn.c_proj):
+            tensors += [linear.weight, linear.scale, linear.bias]
+        tensors += [self.ln_2.weight, self.ln_2.bias]
+        for linear in (mlp.c_fc, mlp.c_proj):
+            tensors += [linear.weight, linear.scale, linear.bias]
+        return tensors
 
 
 class GPT(nn.Module):

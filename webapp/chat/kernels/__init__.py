@@ -107,6 +107,10 @@ def _load() -> ctypes.CDLL:
                                     ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                     ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,
                                     ctypes.c_int, ctypes.c_void_p]
+    lib.glassbox_block.restype = ctypes.c_int
+    lib.glassbox_block.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
     lib.glassbox_attend.restype = ctypes.c_int
     lib.glassbox_attend.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                     ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
@@ -168,6 +172,40 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out.view(*x.shape[:-1], N)
 
 
+def block(x: torch.Tensor, params: list, eps: float, n_head: int, keys: list, values: list, positions: list[int]) -> bool:
+    """One transformer block's decode step in place on x (B, 1, C), float32, each row a sequence of its own:
+    x += attention(ln_1(x)); x += mlp(ln_2(x)), the same sums as a call per layer (linear(), attend()).
+    params: the block's tensors in nanoGPT's order (linear.c, glassbox_block; scales and biases may be
+    None); keys[r], values[r]: row r's cache of this layer, (1, nh, max_len, hs); positions[r]: row r's new
+    position. -> False, having done nothing, when the kernel cannot take these (then call per layer)."""
+    weights = params[2], params[5], params[10], params[13]
+    kind = KINDS.get(weights[0].dtype)
+    B, C = x.shape[0], x.shape[-1]
+    if (_disabled or kind is None or library() is None or x.dtype != torch.float32 or x.device.type != "cpu"
+            or not x.is_contiguous() or x.numel() != B * C or C % n_head):
+        return False
+    shapes = (3 * C, C), (C, C), (4 * C, C), (C, 4 * C)
+    if any(w.dtype != weights[0].dtype or w.device.type != "cpu" or not w.is_contiguous() or tuple(w.shape) != shape
+           for w, shape in zip(weights, shapes)):
+        return False
+    vectors = [t for i, t in enumerate(params) if i not in (2, 5, 10, 13) and t is not None]
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in vectors):
+        return False
+    cache = keys[0]
+    if (cache.dtype not in (torch.float32, torch.bfloat16) or cache.device.type != "cpu"
+            or any(t.shape != cache.shape or t.dtype != cache.dtype or not t.is_contiguous() for t in (*keys, *values))
+            or not 0 <= min(positions) <= max(positions) < cache.shape[-2] or cache.shape[-3] * cache.shape[-1] != C):
+        return False
+    pointers = (ctypes.c_void_p * 16)(*(None if t is None else t.data_ptr() for t in params))
+    status = _library.glassbox_block(
+        kind, KINDS[cache.dtype], x.data_ptr(), B, C, n_head, pointers, eps,
+        (ctypes.c_void_p * B)(*(t.data_ptr() for t in keys)), (ctypes.c_void_p * B)(*(t.data_ptr() for t in values)),
+        (ctypes.c_int64 * B)(*positions), cache.shape[-2], torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"decode block kernel failed ({status})")
+    return True
+
+
 def attends(q: torch.Tensor, out: torch.Tensor, keys: torch.Tensor) -> bool:
     """Whether attend() can take these: contiguous float32 queries and outputs, and a contiguous float32
     or bfloat16 cache, on the CPU."""
@@ -192,4 +230,4 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor
         raise RuntimeError(f"decode attention kernel failed ({status})")
 
 
-__all__ = ["attend", "attends", "cache_dir", "disabled", "library", "linear", "supports", "unavailable_reason"]
+__all__ = ["attend", "attends", "block", "cache_dir", "disabled", "library", "linear", "supports", "unavailable_reason"]

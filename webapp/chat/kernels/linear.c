@@ -277,3 +277,44 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
     free(normed);
     return 0;
 }
+
+/* One transformer block's decode step for M new tokens, each row a sequence of its own (its own cache and
+ * position), in place on x (M, C):  x += attention(ln_1(x));  x += mlp(ln_2(x))  -- the calls a decode step
+ * would make one by one, in one call (a step is short: the interpreter's time between calls adds up).
+ *   p: the block's parameters in nanoGPT's order -- ln_1 weight, bias; c_attn weight, scale, bias; attn
+ *      c_proj weight, scale, bias; ln_2 weight, bias; c_fc weight, scale, bias; mlp c_proj weight, scale,
+ *      bias (scales and biases may be NULL); every weight of format `kind`
+ *   K[r], V[r]: row r's cache of this layer, (nh, max_len, hs) of kv_kind; pos[r]: its new position */
+int glassbox_attend(const float *q, const float *k, const float *v, int kv_kind, void *K, void *V, int64_t nh,
+                    int64_t pos, int64_t max_len, int64_t hs, float *out, int threads);
+
+static float *floats(int64_t n) {  /* 64-byte aligned: rows read 64 bytes at a time never split a cache line */
+    return aligned_alloc(64, (size_t)(n * (int64_t)sizeof(float) + 63) / 64 * 64);
+}
+
+int glassbox_block(int kind, int kv_kind, float *x, int64_t M, int64_t C, int64_t nh, const void *const *p,
+                   float eps, void *const *K, void *const *V, const int64_t *pos, int64_t max_len, int threads) {
+    if (M < 1 || C < 1 || nh < 1 || C % nh) return -1;
+    float *qkv = floats(M * 3 * C), *heads = floats(M * C), *mid = floats(M * C), *hidden = floats(M * 4 * C);
+    int status = !qkv || !heads || !mid || !hidden ? -2 : 0;
+    if (!status)
+        status = glassbox_linear(kind, x, M, C, C, p[2], 3 * C, p[3], p[4], qkv, threads, p[0], p[1], eps, 0, 0);
+    for (int64_t r = 0; r < M && !status; r++) {
+        const float *row = qkv + r * 3 * C;  /* q, k and v side by side */
+        status = glassbox_attend(row, row + C, row + 2 * C, kv_kind, K[r], V[r], nh, pos[r], max_len, C / nh,
+                                 heads + r * C, threads);
+    }
+    if (!status)  /* mid = x + attention */
+        status = glassbox_linear(kind, heads, M, C, C, p[5], C, p[6], p[7], mid, threads, 0, 0, 0.0f, 0, x);
+    if (!status)
+        status = glassbox_linear(kind, mid, M, C, C, p[10], 4 * C, p[11], p[12], hidden, threads, p[8], p[9], eps, 1,
+                                 0);
+    if (!status)  /* x = mid + mlp */
+        status = glassbox_linear(kind, hidden, M, 4 * C, 4 * C, p[13], C, p[14], p[15], x, threads, 0, 0, 0.0f, 0,
+                                 mid);
+    free(qkv);
+    free(heads);
+    free(mid);
+    free(hidden);
+    return status;
+}
