@@ -78,18 +78,29 @@ def main(argv=None):
         ms = e.self_cpu_time_total / 1e3 / args.steps
         gbs = reads[e.key] / (ms / 1e3) / 1e9 if e.key in reads else float("nan")
         rows.append([e.key, e.count // args.steps, ms, gbs])
-    for name, nbytes in (("linear", weights), ("attend", kv_bytes)):  # the decode kernel, under cProfile
+    # the decode kernels, under cProfile: a whole block per call (its layers' weights and the KV cache), where
+    # the kernel takes the block; else a call per linear layer and per row's attention. lm_head is a linear call.
+    by_block = "block" in inside
+    kernel_ms = 0.0
+    for name, nbytes in (("linear", head_bytes if by_block else weights), ("attend", kv_bytes),
+                         ("block", layer_bytes + kv_bytes)):
         if name in inside:
             seconds, count = inside[name]
             ms = seconds * 1e3 / args.steps
+            kernel_ms += ms
             rows.insert(0, [f"kernels.{name} (webapp/chat/kernels)", count // args.steps, ms, nbytes / (ms / 1e3) / 1e9])
     body = (common.table(["operator", "calls per step", "ms per step (self)", "GB/s it read"], rows)
             + f"\n\n- {args.size} in {args.dtype}, {args.context} cached positions: one step takes {step_ms:.1f} ms "
             + f"(median of {args.steps}, outside the profiler) = {1e3 / step_ms:.1f} tokens/s, {calls} operator calls. "
             + "Bytes read per step: "
             + f"layer weights {layer_bytes / 1e6:.0f} MB, lm_head {head_bytes / 1e6:.0f} MB, keys and values "
-            + f"{kv_bytes / 1e6:.0f} MB; the linear kernel's row reads the layers' matrices and lm_head, the "
-            + "attention row the KV cache. The kernels' rows are timed with cProfile (torch's profiler does not see "
+            + f"{kv_bytes / 1e6:.0f} MB; "
+            + ("the block kernel's row reads the layers' matrices and the KV cache, the linear kernel's lm_head. "
+               if by_block else "the linear kernel's row reads the layers' matrices and lm_head, the attention "
+               "row the KV cache. ")
+            + f"The kernels' calls take {kernel_ms:.1f} ms of the step under cProfile (their Python wrappers "
+            + "included), which leaves about " + f"{max(step_ms - kernel_ms, 0):.1f} ms for everything else. "
+            + "The kernels' rows are timed with cProfile (torch's profiler does not see "
             + "a ctypes call), the operators' with torch's profiler, which adds its own overhead to the small ones.\n")
     common.report(f"Decode step profile: {args.size}, {args.dtype}, {args.context} positions, "
                   f"{torch.get_num_threads()} threads", body,
