@@ -411,6 +411,15 @@ def main(argv=None):
         rs = runs.get((t, c, v))
         return common.median(x["prefill_s"] for x in rs) if rs else float("nan")
 
+    def paired(t, c, g, l):
+        """Each rep's ratio (the two ran side by side, in the same minute): median, lowest, highest. Less
+        spread than the ratio of medians when the machine's speed drifts between reps."""
+        ratios = [x["decode_s"] and y["decode_s"] / x["decode_s"] for x, y in
+                  zip(runs.get((t, c, g), []), runs.get((t, c, l), []))]
+        if not ratios:
+            return "n/a"
+        return f"{common.median(ratios):.3g} ({min(ratios):.3g}–{max(ratios):.3g})"
+
     rows = []
     for t in threads:
         for c in contexts:
@@ -418,9 +427,10 @@ def main(argv=None):
                 if g not in variants and l not in variants:
                     continue
                 rg, rl = rate(t, c, g), rate(t, c, l)
-                rows.append([t, c, f"{g} / {l}", rg, rl, rg / rl, prefill(t, c, g), prefill(t, c, l)])
+                rows.append([t, c, f"{g} / {l}", rg, rl, rg / rl, paired(t, c, g, l), prefill(t, c, g),
+                             prefill(t, c, l)])
     header = ["threads", "context", "precisions", "Glassbox tok/s", "llama.cpp tok/s",
-              "Glassbox ÷ llama.cpp", "Glassbox prefill s", "llama.cpp prefill s"]
+              "Glassbox ÷ llama.cpp", "per rep: median (range)", "Glassbox prefill s", "llama.cpp prefill s"]
 
     # agreement, from the first rep: logits after the prompt (fp32 vs f32), greedy streams vs gb-fp32
     agree_rows = []
@@ -461,7 +471,8 @@ def main(argv=None):
             + "greedy; torch.set_num_threads(threads); bf16 and int8 through webapp.chat.precision.apply_precision "
             + "where it exists\n"
             + f"- decode tok/s = {args.new} single-token steps / their seconds (prefill, the first token's argmax "
-            + f"included, is timed apart); {args.reps} reps, variants interleaved, medians; prompts of random "
+            + f"included, is timed apart); {args.reps} reps, variants interleaved, medians (and each rep's own ratio: "
+            + "its median and range); prompts of random "
             + "GPT-2 ids (bench.common.prompt_ids)\n"
             + "- the pairs are alike, not the same: llama.cpp's GPT-2 graph uses the tanh GELU (through an fp16 "
             + "table), Glassbox and the exported config the exact erf GELU, so the logits differ a little even "
