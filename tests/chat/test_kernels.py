@@ -223,3 +223,49 @@ def test_a_whole_block_in_one_call_is_its_calls_one_by_one(precision):
         assert not kernels.block(torch.randn(3, 1, 128)[..., ::2], block._parameters_in_order(), block.ln_1.eps, 4,
                                  keys, values, positions)
         assert not kernels.block(got, block._parameters_in_order(), block.ln_1.eps, 4, keys, values, [5, 17, 64])
+
+
+def test_a_block_the_kernel_would_misread_is_refused_and_left_to_the_calls_one_by_one():
+    from webapp.chat.model import GPT, GPTConfig
+    from webapp.chat.precision import apply_precision
+    torch.manual_seed(6)
+    model = apply_precision(GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=4, n_embd=64)), "int8")
+    block, positions = model.eval().transformer.h[0], [3, 9]
+    caches = [model.new_cache(max_len=32) for _ in positions]
+    keys, values = [c.k[0] for c in caches], [c.v[0] for c in caches]
+    params, x = block._parameters_in_order(), torch.randn(2, 1, 64)
+    with torch.inference_mode():
+        for cache, n in zip(caches, positions):
+            model.forward_cached(torch.randint(0, 64, (1, n)), cache, 0)
+        assert kernels.block(x.clone(), params, 1e-5, 4, keys, values, positions)  # the baseline: taken
+        refused = [
+            (x, params, 4, keys, values, positions[:1]),  # a position short
+            (x, params, 4, keys[:1], values, positions),  # a cache short
+            (x, params, 8, keys, values, positions),  # heads that do not match the cache's
+            (x, params[:3] + [params[3][:10]] + params[4:], 4, keys, values, positions),  # a scale too short
+            (x, params[:3] + [None] + params[4:], 4, keys, values, positions),  # int8 without its scales
+            (x, params[:1] + [params[1][:32]] + params[2:], 4, keys, values, positions),  # ln_1's bias too short
+        ]
+        for case in refused:
+            got = case[0].clone()
+            assert not kernels.block(got, case[1], 1e-5, *case[2:])
+            assert torch.equal(got, x)
+        # a row count the caches do not match is the caller's mistake, said plainly
+        with pytest.raises(ValueError, match="one each"):
+            model.decode_step(torch.tensor([[1], [2], [3]]), caches, positions)
+        # an x the block refuses (not contiguous) still decodes, one call at a time
+        wide = torch.randn(2, 1, 128)[..., ::2]
+        with kernels.disabled():
+            expected = block(wide.clone(), caches, 0, positions)
+        assert torch.allclose(block(wide, caches, 0, positions), expected, atol=0.05)
+
+
+def test_attention_refuses_a_strided_cache_and_keeps_nan_as_nan():
+    keys, values = torch.zeros(1, 2, 16, 8), torch.zeros(1, 2, 8, 16).transpose(-1, -2)  # values strided
+    q, k, v, out = torch.randn(2, 1, 8), torch.randn(2, 1, 8), torch.randn(2, 1, 8), torch.empty(2, 1, 8)
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.attend(q, k, v, keys, values, 3, out)
+    keys, values = torch.zeros(1, 2, 16, 8, dtype=torch.bfloat16), torch.zeros(1, 2, 16, 8, dtype=torch.bfloat16)
+    k[0, 0, 0] = float("nan")
+    kernels.attend(q, k, v, keys, values, 3, out)
+    assert torch.isnan(keys[0, 0, 3, 0]) and torch.equal(keys[0, :, 3].isnan(), k.to(torch.bfloat16)[:, 0].isnan())

@@ -67,3 +67,13 @@ def test_a_bad_precision_names_the_good_ones(tmp_path):
     assert parse_precision("BF16", torch.device("cpu")) == "bfloat16"
     with pytest.raises(PrecisionError):
         apply_precision(torch.nn.Linear(2, 2), "int4")
+
+
+def test_int8_prefill_takes_widths_torchs_int8_kernel_cannot():
+    torch.manual_seed(7)
+    linear = Linear(40, 24)  # torch's _weight_int8pack_mm crashes when in_features is not a multiple of 16
+    q = WeightOnlyLinear(linear, "int8")
+    x = torch.randn(5, 40)
+    with torch.inference_mode():
+        y = q(x)
+    assert torch.allclose(y, x @ (q.weight.float() * q.scale[:, None]).T + linear.bias, rtol=2e-2, atol=5e-2)

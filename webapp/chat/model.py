@@ -212,7 +212,8 @@ class Block(nn.Module):
 
     def forward(self, x, cache=None, layer: int = 0, start_pos=0):
         """cache/start_pos: None (no cache); one KVCache and an int (one sequence, T tokens); or one
-        KVCache and one position per row (several sequences, one token each: decoding)."""
+        KVCache and one position per row (several sequences, one token each: decoding, where the kernel
+        may update x in place and return it)."""
         if isinstance(cache, list):
             if self.ln_1.eps == self.ln_2.eps and kernels.block(
                     x, self._parameters_in_order(), self.ln_1.eps, self.attn.n_head, [c.k[layer] for c in cache],
@@ -321,6 +322,8 @@ class GPT(nn.Module):
 
         The weights are read once for all rows; attention runs per row over its own cache. A row's
         logits are the same, bit for bit on CPU, whatever the other rows are (see Linear)."""
+        if not idx.size(0) == len(caches) == len(positions):
+            raise ValueError(f"{idx.size(0)} rows, {len(caches)} caches and {len(positions)} positions: one each")
         for cache, pos in zip(caches, positions):
             if pos >= cache.max_len:
                 raise ValueError(f"KV cache holds {cache.max_len} positions; asked for {pos + 1}")

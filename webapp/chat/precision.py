@@ -70,6 +70,9 @@ class WeightOnlyLinear(DecodingLinear, nn.Module):
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, C_in)
         if self.scale is None:
             y = onednn_linear(rows, self.weight, None).float()
+        elif self.in_features % 16:  # torch's int8 kernel crashes on such widths: dequantize instead
+            dequantized = (self.weight.float() * self.scale[:, None]).to(torch.bfloat16)
+            y = onednn_linear(rows, dequantized, None).float()
         else:
             y = torch._weight_int8pack_mm(rows.contiguous(), self.weight, self.scale.to(torch.bfloat16)).float()
         if self.bias is not None:

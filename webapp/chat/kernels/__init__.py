@@ -155,12 +155,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             raise ValueError("scale, bias and the norm's parameters must be contiguous float32 vectors")
     if (scale is not None and scale.numel() != N) or (bias is not None and bias.numel() != N):
         raise ValueError("scale and bias must have one value per output")
+    if weight.dtype == torch.int8 and scale is None:
+        raise ValueError("int8 weights need their scales")
     if norm is not None and (norm.weight is None or norm.weight.numel() != K):
         raise ValueError("the layer norm must have a weight over the input's features")
     out = torch.empty(rows.shape[0], N)
-    if residual is not None and (residual.dtype != torch.float32 or residual.numel() != out.numel()
-                                 or not residual.is_contiguous()):
-        raise ValueError("residual must be contiguous float32, one value per output")
+    if residual is not None:
+        if residual.dtype != torch.float32 or residual.shape[-1] != N or residual.numel() != out.numel():
+            raise ValueError("residual must be float32, shaped as the result")
+        residual = residual.contiguous()
     status = _library.glassbox_linear(
         KINDS[weight.dtype], rows.data_ptr(), rows.shape[0], K, K, weight.data_ptr(), N,
         None if scale is None else scale.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
@@ -182,19 +185,26 @@ def block(x: torch.Tensor, params: list, eps: float, n_head: int, keys: list, va
     kind = KINDS.get(weights[0].dtype)
     B, C = x.shape[0], x.shape[-1]
     if (_disabled or kind is None or library() is None or x.dtype != torch.float32 or x.device.type != "cpu"
-            or not x.is_contiguous() or x.numel() != B * C or C % n_head):
+            or not x.is_contiguous() or x.numel() != B * C or C % n_head or not B == len(keys) == len(values)
+            == len(positions) or (x.requires_grad and torch.is_grad_enabled())):
         return False
     shapes = (3 * C, C), (C, C), (4 * C, C), (C, 4 * C)
     if any(w.dtype != weights[0].dtype or w.device.type != "cpu" or not w.is_contiguous() or tuple(w.shape) != shape
            for w, shape in zip(weights, shapes)):
         return False
-    vectors = [t for i, t in enumerate(params) if i not in (2, 5, 10, 13) and t is not None]
-    if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in vectors):
+    # each vector's length: ln_1 C, C; c_attn scale, bias 3C; c_proj C; ln_2 C, C; c_fc 4C; mlp c_proj C
+    sizes = dict(zip((0, 1, 3, 4, 6, 7, 8, 9, 11, 12, 14, 15), (C, C, 3 * C, 3 * C, C, C, C, C, 4 * C, 4 * C, C, C)))
+    required = (0, 8, 3, 6, 11, 14) if kind == KINDS[torch.int8] else (0, 8)  # norms' weights; int8's scales
+    if any(params[i] is None for i in required):
+        return False
+    if any(t is not None and (t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous()
+                              or t.numel() != sizes[i]) for i, t in ((i, params[i]) for i in sizes)):
         return False
     cache = keys[0]
     if (cache.dtype not in (torch.float32, torch.bfloat16) or cache.device.type != "cpu"
             or any(t.shape != cache.shape or t.dtype != cache.dtype or not t.is_contiguous() for t in (*keys, *values))
-            or not 0 <= min(positions) <= max(positions) < cache.shape[-2] or cache.shape[-3] * cache.shape[-1] != C):
+            or not 0 <= min(positions) <= max(positions) < cache.shape[-2] or cache.shape[-3] != n_head
+            or cache.shape[-1] != C // n_head or cache.numel() != n_head * cache.shape[-2] * (C // n_head)):
         return False
     pointers = (ctypes.c_void_p * 16)(*(None if t is None else t.data_ptr() for t in params))
     status = _library.glassbox_block(
@@ -223,6 +233,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor
     if not (q.numel() == k.numel() == v.numel() == out.numel() == nh * hs and values.shape == keys.shape
             and values.dtype == keys.dtype and k.dtype == v.dtype == torch.float32 and 0 <= pos < max_len):
         raise ValueError("attend: q, k, v and out hold one token of every head; keys and values share a shape")
+    if not all(t.is_contiguous() for t in (q, k, v, keys, values, out)):
+        raise ValueError("attend: every tensor must be contiguous")
     status = _library.glassbox_attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), KINDS[keys.dtype], keys.data_ptr(),
                                       values.data_ptr(), nh, pos, max_len, hs, out.data_ptr(),
                                       torch.get_num_threads())

@@ -24,7 +24,10 @@ static void store_row(int kind, void *dst, const float *src, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         uint32_t bits;
         memcpy(&bits, src + i, sizeof bits);
-        h[i] = (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);  /* round to nearest even */
+        if ((bits & 0x7FFFFFFFu) > 0x7F800000u)
+            h[i] = (uint16_t)((bits >> 16) | 0x40u);  /* NaN stays NaN (rounding would carry it to inf or 0) */
+        else
+            h[i] = (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);  /* round to nearest even */
     }
 }
 
