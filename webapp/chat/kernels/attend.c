@@ -154,7 +154,7 @@ int glassbox_attend(const float *q, const float *k, const float *v, int kv_kind,
         int64_t head = h * max_len * hs;  /* this head's first element in K and V */
         store_row(kv_kind, (char *)K + (size_t)(head + pos * hs) * item, k + h * hs, hs);
         store_row(kv_kind, (char *)V + (size_t)(head + pos * hs) * item, v + h * hs, hs);
-        float *p = aligned_alloc(64, (size_t)(n + LANES) / LANES * LANES * sizeof(float));
+        float *p = scratch((n + LANES) * (int64_t)sizeof(float));  /* room for whole vectors past n */
         if (!p) { failed = 1; continue; }
         const float *qh = q + h * hs;
         float *oh = out + h * hs;

@@ -28,13 +28,13 @@
 #include "vectors.h"
 
 enum { MR = 4, NR = 4 };  /* a tile: up to MR rows of x times NR rows of W */
+enum { I8 = 2 };          /* int8 weights (F32 and BF16: vectors.h) */
 
 /* Each weight is read once per step: ask for it AHEAD bytes early, with the hint that it will not be
  * used again soon (non-temporal), so that the stream runs ahead of the hardware's own prefetcher and
  * does not push the rest of the process (the interpreter between calls included) out of the caches. */
 enum { AHEAD = 8192 };
 #define PREFETCH(p) __builtin_prefetch((const char *)(p) + AHEAD, 0, 0)
-enum { I8 = 2 };          /* int8 weights (F32 and BF16: vectors.h) */
 
 /* dots[i][j] = x[m0 + i] . W[n0 + j] for i < mr, j < nr; mr and nr are constants where inlined */
 static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr, const float *x, int64_t ldx,
@@ -237,13 +237,13 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
     uint8_t *xu = 0;
     float *xs = 0, *normed = 0;
     if (norm_w) {
-        if (!(normed = aligned_alloc(64, (size_t)(M * K * 4 + 63) / 64 * 64 + 64))) return -2;
+        if (!(normed = scratch(M * K * (int64_t)sizeof(float)))) return -2;
         layer_norm_rows(x, M, K, ldx, norm_w, norm_b, eps, normed);
         x = normed, ldx = K;
     }
     if (kind == I8) {
-        xu = aligned_alloc(64, (size_t)(M * q.chunks * QCHUNK) + 64);  /* 64-byte rows: no split loads */
-        xs = aligned_alloc(64, (size_t)(M * q.chunks * LANES) * sizeof(float) + 64);
+        xu = scratch(M * q.chunks * QCHUNK);
+        xs = scratch(M * q.chunks * LANES * (int64_t)sizeof(float));
         if (!xu || !xs) { free(xu); free(xs); free(normed); return -2; }
         quantize_rows(x, M, K, ldx, xu, xs);
         q.xu = xu, q.xs = xs;
@@ -285,11 +285,8 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
  *      c_proj weight, scale, bias; ln_2 weight, bias; c_fc weight, scale, bias; mlp c_proj weight, scale,
  *      bias (scales and biases may be NULL); every weight of format `kind`
  *   K[r], V[r]: row r's cache of this layer, (nh, max_len, hs) of kv_kind; pos[r]: its new position */
-int glassbox_attend(const float *q, const float *k, const float *v, int kv_kind, void *K, void *V, int64_t nh,
-                    int64_t pos, int64_t max_len, int64_t hs, float *out, int threads);
-
-static float *floats(int64_t n) {  /* 64-byte aligned: rows read 64 bytes at a time never split a cache line */
-    return aligned_alloc(64, (size_t)(n * (int64_t)sizeof(float) + 63) / 64 * 64);
+static float *floats(int64_t n) {
+    return scratch(n * (int64_t)sizeof(float));
 }
 
 int glassbox_block(int kind, int kv_kind, float *x, int64_t M, int64_t C, int64_t nh, const void *const *p,

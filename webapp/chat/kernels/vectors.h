@@ -62,6 +62,16 @@ static inline float lanes_sum(f32x16 v) {
     return s[0];
 }
 
+/* Scratch memory, 64-byte aligned (a 64-byte load from it never splits a cache line), at least `bytes`
+ * rounded up to whole lines as aligned_alloc wants; free() it. */
+static inline void *scratch(int64_t bytes) {
+    return aligned_alloc(64, (size_t)(bytes / 64 + 1) * 64);
+}
+
+/* attend.c's, which glassbox_block (linear.c) calls once per row */
+int glassbox_attend(const float *q, const float *k, const float *v, int kv_kind, void *K, void *V, int64_t nh,
+                    int64_t pos, int64_t max_len, int64_t hs, float *out, int threads);
+
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 
 static inline f32x16 where(i32x16 mask, f32x16 a, f32x16 b) {  /* a where mask is set, else b */
