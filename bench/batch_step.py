@@ -18,17 +18,21 @@ step costs more than the rows it adds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 
 import torch
 
-import contextlib
-
 from bench import common
 from webapp.chat import kernels
 from webapp.chat.odds import token_odds
 from webapp.chat.precision import apply_precision
+
+
+def kernel(path: str):
+    """The decode kernels a run uses: `glassbox` (webapp/chat/kernels) or `torch` (kernels.disabled())."""
+    return contextlib.nullcontext() if path == "glassbox" else kernels.disabled()
 
 
 def caches_for(model, batch: int, context: int, device):
@@ -64,13 +68,13 @@ def main(argv=None) -> int:
     paths = ["glassbox", "torch"] if device.type == "cpu" else ["torch"]
     alone = {}
     for path in paths:
-        with torch.inference_mode(), contextlib.nullcontext() if path == "glassbox" else kernels.disabled():
+        with torch.inference_mode(), kernel(path):
             alone[path] = [model.decode_step(idx[r:r + 1], [caches[r]], [positions[r]]) for r in range(len(caches))]
     rows = []
     for batch in args.batches:
         for path in paths:
             times, odds_times = [], []
-            with torch.inference_mode(), contextlib.nullcontext() if path == "glassbox" else kernels.disabled():
+            with torch.inference_mode(), kernel(path):
                 for step in range(args.steps + 1):  # the first is a warm-up
                     common.sync(device)
                     t = time.perf_counter()

@@ -224,7 +224,6 @@ class Block(nn.Module):
         x = x + self.mlp(self.ln_2(x))
         return x
 
-
     def _parameters_in_order(self) -> list:
         """The tensors kernels.block takes, in nanoGPT's order (a linear layer: weight, scale, bias)."""
         attn, mlp = self.attn, self.mlp

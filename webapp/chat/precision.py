@@ -10,8 +10,8 @@
 
 A decode step is bound by the bytes of weights (and keys and values) it reads, so fewer bytes is speed. On
 the CPU the reduced precisions change what is stored, and int8 the inputs of its matrix products; layer
-norms, attention's sums and everything between the products stay float32. Only float32 is exact; the others change the logits in their last bits or more, and so, now and
-then, a token. docs/chat_model.md ("Precisions") gives the speed and what replies lose.
+norms, attention's sums and everything between the products stay float32. Only float32 is exact; the
+others change the logits in their last bits or more, and so, now and then, a token. docs/chat_model.md ("Precisions") gives the speed and what replies lose.
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ class WeightOnlyLinear(DecodingLinear, nn.Module):
 
     int8: W_q = round(W / scale), scale = max |W_row| / 127, so each weight is off by half a step at most.
     Decoding runs Glassbox's kernel (webapp/chat/kernels), which reads the stored bytes once per step and
-    sums each row alone; for int8 it quantizes each row of x in blocks of 32 and multiplies int8 by int8. Prefill, and decoding without that kernel, run torch's kernels in bfloat16
-    (oneDNN's inner product, torch's weight-only int8 matmul): both compute each row alone too."""
+    sums each row alone; for int8 it quantizes each row of x in blocks of 32 and multiplies int8 by int8.
+    Prefill, and decoding without that kernel, run torch's kernels in bfloat16 (oneDNN's inner product,
+    torch's weight-only int8 matmul): both compute each row alone too."""
 
     def __init__(self, linear: nn.Linear, weights: str):
         super().__init__()
