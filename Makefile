@@ -43,7 +43,7 @@ $(VENDOR): package.json package-lock.json
 
 # Debian packages, only what is missing, and only when a target that needs them is (re)built: the
 # venv needs python3-venv (and gcc, which compiles the decode kernel for this CPU on first use:
-# webapp/chat/kernels), htmx needs npm; the integration and browser tests start real nginx and drive
+# webapp/chat/model/kernels), htmx needs npm; the integration and browser tests start real nginx and drive
 # Debian's Chromium (never a browser downloaded by Playwright).
 NEED_VENV = $(strip $(shell $(PYTHON) -c 'import ensurepip' 2>/dev/null || echo python3-venv) \
 	$(shell command -v cc >/dev/null || command -v gcc >/dev/null || echo gcc))

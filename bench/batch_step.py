@@ -1,10 +1,10 @@
 """One batched decode step: time per step and tokens/s for batch sizes 1..64, each row with its own
 KV cache at its own position (as the core's batched decoder runs them), whether every row's logits
-are the same, bit for bit, as that row decoded alone, and what each token's odds (webapp/chat/odds.py,
+are the same, bit for bit, as that row decoded alone, and what each token's odds (webapp/chat/decode/odds.py,
 computed for the whole batch after sampling) add to a step.
 
     .venv/bin/python -m bench.batch_step                          # 254M, fp32, CPU, batches 1 2 4 8 16
-    .venv/bin/python -m bench.batch_step --dtype int8             # a precision of webapp/chat/precision.py
+    .venv/bin/python -m bench.batch_step --dtype int8             # a precision of webapp/chat/model/precision.py
     .venv/bin/python -m bench.batch_step --dtype bfloat16 --device cuda --batches 1 2 4 8 16 32 64
 
 On the CPU each batch size runs with Glassbox's decode kernel and with torch's (`kernels.disabled()`, the
@@ -25,13 +25,13 @@ import time
 import torch
 
 from bench import common
-from webapp.chat import kernels
-from webapp.chat.odds import token_odds
-from webapp.chat.precision import apply_precision
+from webapp.chat.decode.odds import token_odds
+from webapp.chat.model import kernels
+from webapp.chat.model.precision import apply_precision
 
 
 def kernel(path: str):
-    """The decode kernels a run uses: `glassbox` (webapp/chat/kernels) or `torch` (kernels.disabled())."""
+    """The decode kernels a run uses: `glassbox` (webapp/chat/model/kernels) or `torch` (kernels.disabled())."""
     return contextlib.nullcontext() if path == "glassbox" else kernels.disabled()
 
 
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
         for path in paths:
             times, odds_times = [], []
             with torch.inference_mode(), kernel(path):
-                for step in range(args.steps + 1):  # the first is a warm-up
+                for _ in range(args.steps + 1):  # the first is a warm-up
                     common.sync(device)
                     t = time.perf_counter()
                     logits = model.decode_step(idx[:batch], caches[:batch], positions[:batch])
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     for row in rows:
         row.insert(4, row[3] / base[row[0]])
     body = (f"{args.size}, {args.dtype} on {args.device}, {args.context}+ tokens in each row's cache, "
-            f"median of {args.steps} steps; kernel `glassbox`: webapp/chat/kernels, `torch`: torch's kernels.\n\n"
+            f"median of {args.steps} steps; kernel `glassbox`: webapp/chat/model/kernels, `torch`: torch's kernels.\n\n"
             + common.table(["kernel", "batch", "ms per step", "tokens/s", "tokens/s vs batch 1",
                             "rows equal alone, bit for bit", "odds ms", "odds / step"], rows))
     common.report(f"bench.batch_step: {args.size} {args.dtype} {args.device}", body, load_before=load_before,

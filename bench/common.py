@@ -31,7 +31,7 @@ VOCAB = 50257  # GPT-2's real tokens; prompts are drawn from these
 # -- models ------------------------------------------------------------------------------------------
 def random_gpt(preset: str, seed: int = 0, dtype=torch.float32, device="cpu"):
     """The project's GPT with GPT-2 init, fixed seed (the same weights for every variant)."""
-    from webapp.chat.model import GPT, PRESETS
+    from webapp.chat.model.gpt import GPT, PRESETS
     torch.manual_seed(seed)
     with torch.device(device):
         model = GPT(PRESETS[preset])
@@ -59,14 +59,14 @@ class NeverStops:
 
 
 def gpt2_tokenizer():
-    from webapp.chat.tokenizer import gpt2_tokenizer as make
+    from webapp.chat.model.tokenizer import gpt2_tokenizer as make
     return make(str(GPT2_RANKS))
 
 
 def loaded(model, tokenizer=None):
     """A LoadedChatModel around `model`, as the loader builds it (GPT-2 tokenizer that never stops)."""
-    from webapp.chat.loading import LoadedChatModel
-    from webapp.chat.prompt import PromptBuilder
+    from webapp.chat.model.loading import LoadedChatModel
+    from webapp.chat.model.prompt import PromptBuilder
     tok = tokenizer or NeverStops(gpt2_tokenizer())
     return LoadedChatModel(model=model, tokenizer=tok, block_size=model.config.block_size, supports_kv_cache=True,
                            checkpoint_id="random", description="random weights",
@@ -124,8 +124,8 @@ def _run(t0: float, stamps: list[float], **extra) -> Run:
 
 
 def glassbox(loaded_model, ids, new_tokens, top_k=50, seed=0, prefix_cache=None) -> Run:
-    """webapp.chat.generate.generate as the chat service drives it."""
-    from webapp.chat.generate import generate
+    """webapp.chat.decode.generate.generate as the chat service drives it."""
+    from webapp.chat.decode.generate import generate
     stamps, tokens, stats = [], [], None
     t0 = time.perf_counter()
     for piece in generate(loaded_model, ids, max_new_tokens=new_tokens, top_k=top_k, seed=seed,
@@ -211,7 +211,8 @@ def bandwidth_gbs(gib: float = 2.0, reps: int = 5, device="cpu") -> dict:
     x = torch.randn(4096, device=device)
     nbytes = a.numel() * 4
     out = {}
-    for name, fn in (("sum", lambda: a.sum()), ("mv", lambda: torch.mv(a, x))):
+    # F821 below is a false positive: the lambdas run only in this loop, before the `del a` after it
+    for name, fn in (("sum", lambda: a.sum()), ("mv", lambda: torch.mv(a, x))):  # noqa: F821
         best = float("inf")
         for _ in range(reps):
             sync(device)

@@ -42,12 +42,14 @@ def one_user(base: str, prefix: str, i: int, new_tokens: int, barrier: threading
     assert reply.status == 200, reply.text[:300]
     url = re.search(r'sse-connect="([^"]+)"', reply.text).group(1)
     stamps = [e.at for e in client.open_stream(url, timeout=1800).events() if e.name == "token"]
-    out[i] = {"sent": sent, "first": stamps[0], "last": stamps[-1], "message": int(re.search(r"/m/(\d+)/", url).group(1))}
+    out[i] = {"sent": sent, "first": stamps[0], "last": stamps[-1],
+              "message": int(re.search(r"/m/(\d+)/", url).group(1))}
 
 
 def round_of(server: Gunicorn, base: str, prefix: str, users: int, new_tokens: int) -> dict:
     barrier, out = threading.Barrier(users), {}
-    threads = [threading.Thread(target=one_user, args=(base, prefix, i, new_tokens, barrier, out)) for i in range(users)]
+    threads = [threading.Thread(target=one_user, args=(base, prefix, i, new_tokens, barrier, out))
+               for i in range(users)]
     for t in threads:
         t.start()
     for t in threads:
@@ -92,7 +94,7 @@ def main(argv=None) -> int:
             baseline = Gunicorn(tmp / "baseline", env, root=old).start(ready_timeout=600)
         nginx = None
         try:
-            for rep in range(args.reps):
+            for _ in range(args.reps):
                 for users in args.users:
                     for mode, server in servers.items():  # interleaved: each N runs both ways back to back
                         r = round_of(server, server.url, "", users, args.new)
@@ -131,8 +133,10 @@ def main(argv=None) -> int:
         body_extra = [f"N=1: batched tokens/s / revision {args.baseline} = {new_rate / old_rate:.2f}"]
     else:
         body_extra = []
+    def last_done(runs):
+        return common.median([r["last_done"] for r in runs])
     ratios = body_extra + [f"N={u}: last reply done batched / one at a time = "
-              f"{common.median([r['last_done'] for r in results[('batched', u, 'gunicorn')]]) / common.median([r['last_done'] for r in one[u]]):.2f}"
+              f"{last_done(results[('batched', u, 'gunicorn')]) / last_done(one[u]):.2f}"
               for u in args.users if one[u]]
     body = (f"{args.size}, {args.new}-token replies, {args.reps} round(s), median per cell.\n\n{table}\n\n"
             + "\n".join(f"- {line}" for line in ratios))

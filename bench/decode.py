@@ -17,12 +17,12 @@ import argparse
 import torch
 
 from bench import common
-from webapp.chat.precision import apply_precision
+from webapp.chat.model.precision import apply_precision
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="gpt2,gpt2-254m", help="presets of webapp.chat.model.PRESETS")
+    p.add_argument("--sizes", default="gpt2,gpt2-254m", help="presets of webapp.chat.model.gpt.PRESETS")
     p.add_argument("--prompts", default="300,800", help="prompt lengths in tokens")
     p.add_argument("--new", type=int, default=200, help="new tokens for glassbox and transformers")
     p.add_argument("--seed-new", type=int, default=12, help="new tokens for the seed loop (slow)")
@@ -37,7 +37,7 @@ def parse_args(argv=None):
 
 def build(size: str, args, device):
     if args.config:
-        from webapp.chat import model as gpt
+        from webapp.chat.model import gpt
         n_layer, n_head, n_embd = map(int, args.config.split(","))
         gpt.PRESETS[size] = gpt.GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd)
     return common.random_gpt(size, seed=0, device=device)
@@ -52,11 +52,12 @@ def bench_size(size: str, args, device, bandwidths: list[float]):
     hf = common.to_hf(model) if "hf" in variants else None
     check = common.check_same_logits(model, hf) if hf is not None else float("nan")
     loaded = {k: common.loaded(m) for k, m in models.items()}
+    # F821 below is a false positive: the runners are called only before the `del` at the end of this function
     runners = {
-        "seed": lambda ids, r: common.seed_loop(model, ids, args.seed_new, seed=r),
-        "glassbox": lambda ids, r: common.glassbox(loaded["fp32"], ids, args.new, seed=r),
-        "hf": lambda ids, r: common.hf_generate(hf, ids, args.new, seed=r),
-        "glassbox-bf16": lambda ids, r: common.glassbox(loaded["bf16"], ids, args.new, seed=r),
+        "seed": lambda ids, r: common.seed_loop(model, ids, args.seed_new, seed=r),  # noqa: F821
+        "glassbox": lambda ids, r: common.glassbox(loaded["fp32"], ids, args.new, seed=r),  # noqa: F821
+        "hf": lambda ids, r: common.hf_generate(hf, ids, args.new, seed=r),  # noqa: F821
+        "glassbox-bf16": lambda ids, r: common.glassbox(loaded["bf16"], ids, args.new, seed=r),  # noqa: F821
     }
     # warm every path once (allocator, lazy init, oneDNN primitive caches) before timing
     for v in variants:

@@ -61,7 +61,8 @@ def stored_by_owner(path: Path) -> list[list]:
                           " JOIN messages m ON m.conversation_id = c.id").fetchone()
     finally:
         db.close()
-    out = [[f"traces of {kind}", owners, n, (total or 0) / 2**20, (most or 0) / 2**20] for kind, owners, n, total, most in rows]
+    out = [[f"traces of {kind}", owners, n, (total or 0) / 2**20, (most or 0) / 2**20]
+           for kind, owners, n, total, most in rows]
     out.append(["chat messages (browsers)", chat[0], chat[1], (chat[2] or 0) / 2**20, float("nan")])
     return out
 
@@ -89,7 +90,8 @@ class Tally:
             self.codes[who][status] += 1
             if status >= 500 and not (status == 503 and any(b.lower() in text.lower() for b in BUSY)):
                 title = re.search(r"<title>([^<]*)</title>", text)
-                self.bad.append(f"{who} {what}: {status} " + (title.group(1) if title else " ".join(text.split())[:120]))
+                self.bad.append(f"{who} {what}: {status} "
+                                + (title.group(1) if title else " ".join(text.split())[:120]))
 
 
 class Raw:
@@ -126,11 +128,13 @@ class Raw:
         return self.request("POST", path, urllib.parse.urlencode(fields, doseq=True).encode(),
                             {"Content-Type": "application/x-www-form-urlencoded", **kw.pop("headers", {})}, **kw)
 
-    def hold(self, path: str, method: str = "GET", body: bytes | None = None, headers: dict | None = None) -> socket.socket:
+    def hold(self, path: str, method: str = "GET", body: bytes | None = None,
+             headers: dict | None = None) -> socket.socket:
         """Send a request and never read the answer: the socket is returned to be closed later."""
         sock = socket.create_connection((self.host, self.port), timeout=10, source_address=(self.source, 0))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        lines = [f"{method} {self.prefix}{path} HTTP/1.1", f"Host: {self.host}:{self.port}", "Accept: text/event-stream"]
+        lines = [f"{method} {self.prefix}{path} HTTP/1.1", f"Host: {self.host}:{self.port}",
+                 "Accept: text/event-stream"]
         if self.cookie:
             lines.append(f"Cookie: {self.cookie}")
         for k, v in (headers or {}).items():
@@ -448,13 +452,15 @@ def main() -> int:
          f"{ttft_p95:.2f} s vs {ttft_bound:.2f} s"),
         ("server ready after the attack", recovered == 200, str(recovered)),
     ]
-    rows = [["page load p50 (s)", statistics.median(calm.pages), statistics.median(good.pages) if good.pages else float("nan")],
+    rows = [["page load p50 (s)", statistics.median(calm.pages),
+             statistics.median(good.pages) if good.pages else float("nan")],
             ["page load p95 (s)", percentile(calm.pages, 0.95), percentile(good.pages, 0.95)],
             ["page loads", len(calm.pages), len(good.pages)],
             ["TTFT median (s)", statistics.median(calm.ttft) if calm.ttft else float("nan"),
              statistics.median(good.ttft) if good.ttft else float("nan")],
             ["TTFT p95 (s)", percentile(calm.ttft, 0.95), ttft_p95],
-            [f"reply of {args.tokens} tokens, median (s)", statistics.median(calm.reply_s) if calm.reply_s else float("nan"),
+            [f"reply of {args.tokens} tokens, median (s)",
+             statistics.median(calm.reply_s) if calm.reply_s else float("nan"),
              statistics.median(good.reply_s) if good.reply_s else float("nan")],
             ["streams refused (503) and retried / given up", f"{calm.retries} / {calm.refused}",
              f"{good.retries} / {good.refused}"],

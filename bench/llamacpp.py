@@ -9,7 +9,7 @@ path (forward_cached over the prompt, then decode_step with one KVCache per toke
 llama.cpp (llama-cpp-python's Llama.eval, one token per call, in a subprocess of its own venv), on the same
 random weights (bench.common.random_gpt(--size), seed 0) and the same prompt ids (bench.common.prompt_ids),
 at matching precisions: gb-fp32 / llama-f32, gb-bf16 / llama-f16, gb-int8 / llama-q8_0 (Glassbox's
-bf16 and int8 through webapp.chat.precision.apply_precision; int8 is skipped with a note where that module
+bf16 and int8 through webapp.chat.model.precision.apply_precision; int8 is skipped with a note where that module
 is missing). For each thread count (torch.set_num_threads; llama.cpp n_threads = n_threads_batch) and
 context: prefill seconds, decode tokens/s (--new single-token steps / their seconds), their medians over
 --reps with the variants interleaved, and Glassbox ÷ llama.cpp. Also how far the two agree: the largest
@@ -125,10 +125,10 @@ def setup() -> None:
 
 
 def export_and_convert(size: str, model) -> dict[str, Path]:
-    """The random model as an HF GPT-2 directory (webapp.chat.export) and its GGUF files, made by
+    """The random model as an HF GPT-2 directory (webapp.chat.model.hf) and its GGUF files, made by
     llama.cpp's own converter; cached under .bench/llamacpp/models/SIZE, made again only if missing."""
     from bench import common
-    from webapp.chat import export
+    from webapp.chat.model import hf as export
     out = HOME / "models" / size
     hf = out / "hf"
     if not (hf / "model.safetensors").exists() or not (hf / "config.json").exists():
@@ -229,20 +229,21 @@ PAIRS = [("gb-fp32", "llama-f32"), ("gb-bf16", "llama-f16"), ("gb-int8", "llama-
 
 
 def glassbox_model(size: str, precision: str):
-    """A fresh random model (seed 0) at `precision`: webapp.chat.precision.apply_precision where it
+    """A fresh random model (seed 0) at `precision`: webapp.chat.model.precision.apply_precision where it
     exists, else bfloat16 by .to() and no int8 (None)."""
     import torch
+
     from bench import common
     model = common.random_gpt(size, seed=0)
     try:
-        from webapp.chat.precision import apply_precision
+        from webapp.chat.model.precision import apply_precision
     except ImportError as error:
         if precision == "float32":
             return model
         if precision == "bfloat16":
-            print(f"note: webapp.chat.precision not importable ({error}); bfloat16 by model.to()", flush=True)
+            print(f"note: webapp.chat.model.precision not importable ({error}); bfloat16 by model.to()", flush=True)
             return model.to(torch.bfloat16)
-        print(f"note: webapp.chat.precision not importable ({error}); skipping int8", flush=True)
+        print(f"note: webapp.chat.model.precision not importable ({error}); skipping int8", flush=True)
         return None
     return apply_precision(model, precision).eval()
 
@@ -312,7 +313,7 @@ class OtherLoad:
 # -- the benchmark ---------------------------------------------------------------------------------------
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--size", default="gpt2-254m", help="a preset of webapp.chat.model.PRESETS")
+    p.add_argument("--size", default="gpt2-254m", help="a preset of webapp.chat.model.gpt.PRESETS")
     p.add_argument("--threads", default="1,2", help="thread counts (torch.set_num_threads; llama.cpp n_threads)")
     p.add_argument("--contexts", default="300,800", help="prompt lengths in tokens")
     p.add_argument("--new", type=int, default=200, help="decode steps (new tokens) per run")
@@ -334,6 +335,7 @@ def main(argv=None):
     args = parse_args(argv)
     setup()
     import torch
+
     from bench import common
     load_before = common.load_average()
     if not args.setup_only:
@@ -367,7 +369,7 @@ def main(argv=None):
             if m is not None:
                 gb[v] = m
     variants = [v for v in variants if v in gb or v in LLAMA_TYPE]
-    notes = [f"{v}: skipped (webapp.chat.precision could not make it)" for v in args.variants.split(",")
+    notes = [f"{v}: skipped (webapp.chat.model.precision could not make it)" for v in args.variants.split(",")
              if v in GB_PRECISION and v not in gb]
 
     runs = {}  # (threads, context, variant) -> list of results
@@ -411,11 +413,11 @@ def main(argv=None):
         rs = runs.get((t, c, v))
         return common.median(x["prefill_s"] for x in rs) if rs else float("nan")
 
-    def paired(t, c, g, l):
+    def paired(t, c, g, lc):
         """Each rep's ratio (the two ran side by side, in the same minute): median, lowest, highest. Less
         spread than the ratio of medians when the machine's speed drifts between reps."""
         ratios = [x["decode_s"] and y["decode_s"] / x["decode_s"] for x, y in
-                  zip(runs.get((t, c, g), []), runs.get((t, c, l), []))]
+                  zip(runs.get((t, c, g), []), runs.get((t, c, lc), []))]
         if not ratios:
             return "n/a"
         return f"{common.median(ratios):.3g} ({min(ratios):.3g}–{max(ratios):.3g})"
@@ -423,12 +425,12 @@ def main(argv=None):
     rows = []
     for t in threads:
         for c in contexts:
-            for g, l in PAIRS:
-                if g not in variants and l not in variants:
+            for g, lc in PAIRS:
+                if g not in variants and lc not in variants:
                     continue
-                rg, rl = rate(t, c, g), rate(t, c, l)
-                rows.append([t, c, f"{g} / {l}", rg, rl, rg / rl, paired(t, c, g, l), prefill(t, c, g),
-                             prefill(t, c, l)])
+                rg, rl = rate(t, c, g), rate(t, c, lc)
+                rows.append([t, c, f"{g} / {lc}", rg, rl, rg / rl, paired(t, c, g, lc), prefill(t, c, g),
+                             prefill(t, c, lc)])
     header = ["threads", "context", "precisions", "Glassbox tok/s", "llama.cpp tok/s",
               "Glassbox ÷ llama.cpp", "per rep: median (range)", "Glassbox prefill s", "llama.cpp prefill s"]
 
@@ -462,14 +464,14 @@ def main(argv=None):
     system = info.get("system_info", "n/a")
     body = (common.table(header, rows) + "\n\n" + agree + "\n\n"
             + f"- model: random `{args.size}` (seed 0, {n_params / 1e6:.1f}M parameters), exported by "
-            + "webapp.chat.export.export_hf and converted by llama.cpp's convert_hf_to_gguf.py "
+            + "webapp.chat.model.hf.export_hf and converted by llama.cpp's convert_hf_to_gguf.py "
             + f"(--outtype f32/f16/q8_0; GGUF {sizes})\n"
             + f"- llama.cpp: llama-cpp-python {info.get('version', LLAMA_CPP_PYTHON)} built from source with "
             + f"CMAKE_ARGS=`{CMAKE_ARGS}`; n_threads = n_threads_batch = threads, n_batch 512, n_ctx {n_ctx}; "
             + f"system info: `{system.strip()}`\n"
             + "- Glassbox: forward_cached over the whole prompt, then decode_step with one KVCache per token, "
-            + "greedy; torch.set_num_threads(threads); bf16 and int8 through webapp.chat.precision.apply_precision "
-            + "where it exists\n"
+            + "greedy; torch.set_num_threads(threads); bf16 and int8 through "
+            + "webapp.chat.model.precision.apply_precision where it exists\n"
             + f"- decode tok/s = {args.new} single-token steps / their seconds (prefill, the first token's argmax "
             + f"included, is timed apart); {args.reps} reps, variants interleaved, medians (and each rep's own ratio: "
             + "its median and range); prompts of random "

@@ -277,7 +277,8 @@ def check_positions(ok, browsers: list[Browser]) -> None:
             problems.append(f"#{b.index}: a position after running")
     ok("queue positions reported consistently", not problems,
        "; ".join(problems) or f"{sum('position' in [n for _, n, _ in b.events] for b in browsers)} streams saw "
-       f"positions, first ones {[int(re.search(r'[0-9]+', d).group()) for b in browsers for _, n, d in b.events[:1] if n == 'position']}")
+       "positions, first ones "
+       f"{[int(re.search(r'[0-9]+', d).group()) for b in browsers for _, n, d in b.events[:1] if n == 'position']}")
 
 
 # -- main ------------------------------------------------------------------------------------------

@@ -107,7 +107,7 @@ def main(argv=None):
     from webapp import create_app
     from webapp.config import Settings
     from webapp.core.threads import torch_threads
-    from webapp.loops.checkpoint import load_bundle
+    from webapp.loops.model.checkpoint import load_bundle
     from webapp.loops.request import DemoRequest
     load_before = common.load_average()
     bundle = load_bundle(args.model or None)

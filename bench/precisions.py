@@ -1,14 +1,15 @@
 """Decode speed by precision and kernel, and what the reduced precisions change: one stream through the
-app's generator (webapp.chat.generate), the 254M shape, random GPT-2-init weights.
+app's generator (webapp.chat.decode.generate), the 254M shape, random GPT-2-init weights.
 
     .venv/bin/python -m bench.precisions                        # 1 and 2 threads, 800-token prompt
     .venv/bin/python -m bench.precisions --threads 2 --reps 1 --new 50 --no-doc   # a quick look
 
 Variants, interleaved in every repetition: float32, bfloat16 (weights; float32 activations) and int8
-(one scale per output row; the kernel multiplies by int8 activations, torch's by bfloat16 ones), each decoded with Glassbox's kernel (webapp/chat/kernels) and
-with torch's kernels (`kernels.disabled()`, the path taken where no C compiler is found). Figures are
-medians over --reps. Greedy agreement: the greedy reply of each variant against float32 with the kernel
-(the exact reference), as the first token that differs and the share of equal positions.
+(one scale per output row; the kernel multiplies by int8 activations, torch's by bfloat16 ones), each
+decoded with Glassbox's kernel (webapp/chat/model/kernels) and with torch's kernels (`kernels.disabled()`,
+the path taken where no C compiler is found). Figures are medians over --reps. Greedy agreement: the
+greedy reply of each variant against float32 with the kernel (the exact reference), as the first token
+that differs and the share of equal positions.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import contextlib
 import torch
 
 from bench import common
-from webapp.chat import kernels
-from webapp.chat.generate import generate
-from webapp.chat.precision import apply_precision
+from webapp.chat.decode.generate import generate
+from webapp.chat.model import kernels
+from webapp.chat.model.precision import apply_precision
 
 PRECISIONS = ("float32", "bfloat16", "int8")
 
@@ -86,7 +87,8 @@ def main(argv=None):
     body = (common.table(header, rows)
             + f"\n\n- {args.size}, random GPT-2-init weights, {args.context}-token prompt, {args.new} new tokens "
             + f"(top-k 50 for speed, greedy for agreement), medians of {args.reps} interleaved repetitions; "
-            + f"kernel: `glassbox` = webapp/chat/kernels ({'compiled' if kernels.library() else 'unavailable: ' + str(kernels.unavailable_reason)}), "
+            + "kernel: `glassbox` = webapp/chat/model/kernels "
+            + f"({'compiled' if kernels.library() else 'unavailable: ' + str(kernels.unavailable_reason)}), "
             + "`torch` = torch's kernels (oneDNN, torch's weight-only int8).\n")
     common.report(f"bench.precisions: {args.size}, decode by precision and kernel", body,
                   load_before=load_before, write_doc=not args.no_doc)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 from bench import common
 
 WORDS = ("the model reads every token of the conversation again unless its keys and values were kept "
@@ -44,8 +42,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    from webapp.chat.generate import generate
-    from webapp.chat.prefix_cache import PrefixCache
+    from webapp.chat.decode.generate import generate
+    from webapp.chat.decode.prefix_cache import PrefixCache
     load_before = common.load_average()
     loaded = common.loaded(common.random_gpt(args.size))
     tok = loaded.tokenizer

@@ -4,8 +4,8 @@ bandwidth each weight-reading operator reached.
     .venv/bin/python -m bench.profile_step                       # 254M, fp32, 800 cached positions
     .venv/bin/python -m bench.profile_step --dtype int8 --context 300 --threads 1 --no-doc
 
-The step is the app's: GPT.decode_step on one row (webapp/chat/generate.py decodes with it, alone or
-batched), at a precision of webapp/chat/precision.py.
+The step is the app's: GPT.decode_step on one row (webapp/chat/decode/generate.py decodes with it, alone or
+batched), at a precision of webapp/chat/model/precision.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench import common
-from webapp.chat.precision import PRECISIONS, apply_precision
+from webapp.chat.model.precision import PRECISIONS, apply_precision
 
 
 def parse_args(argv=None):
@@ -88,7 +88,8 @@ def main(argv=None):
             seconds, count = inside[name]
             ms = seconds * 1e3 / args.steps
             kernel_ms += ms
-            rows.insert(0, [f"kernels.{name} (webapp/chat/kernels)", count // args.steps, ms, nbytes / (ms / 1e3) / 1e9])
+            rows.insert(0, [f"kernels.{name} (webapp/chat/model/kernels)", count // args.steps, ms,
+                            nbytes / (ms / 1e3) / 1e9])
     body = (common.table(["operator", "calls per step", "ms per step (self)", "GB/s it read"], rows)
             + f"\n\n- {args.size} in {args.dtype}, {args.context} cached positions: one step takes {step_ms:.1f} ms "
             + f"(median of {args.steps}, outside the profiler) = {1e3 / step_ms:.1f} tokens/s, {calls} operator calls. "

@@ -47,7 +47,7 @@ MODES = {
 def build_model(arch: str):
     """GLASSBOX_CHAT_FACTORY for this benchmark: the preset GPT (on meta: the loader assigns the weights)
     whose logits never pick a special id, so a reply always runs to max_new_tokens."""
-    from webapp.chat.model import GPT, PRESETS
+    from webapp.chat.model.gpt import GPT, PRESETS
     with torch.device("meta"):
         model = GPT(PRESETS[arch])
     model.lm_head.register_forward_hook(_no_specials)
@@ -77,10 +77,10 @@ def model_env(checkpoint: Path, size: str) -> dict:
 
 def child(mode: str, checkpoint: str, size: str, new_tokens: int, seed: int) -> None:
     """One bare reply in this fresh process; prints its decode tokens/s as the last line."""
-    from webapp.chat.generate import generate
-    from webapp.chat.service import load_model
-    from webapp.core.threads import one_torch_thread
+    from webapp.chat.boot import load_model
+    from webapp.chat.decode.generate import generate
     from webapp.config import Settings
+    from webapp.core.threads import one_torch_thread
     loaded = load_model(Settings(chat_checkpoint=checkpoint, chat_arch=size, chat_factory="bench.served:build_model"))
     ids = loaded.prompt.build([{"role": "user", "content": f"Tell me a story about round {seed}."}], new_tokens)
 

@@ -12,8 +12,8 @@ evidence behind GLASSBOX_CHAT_TORCH_THREADS' default (one thread for a small mod
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import contextlib
+import dataclasses
 import subprocess
 import sys
 import time
@@ -54,7 +54,7 @@ class NeverEnds:
 
 def model_and_prompt(size: str, prompt: int):
     if size == "bundled":
-        from webapp.chat.service import load_model
+        from webapp.chat.boot import load_model
         from webapp.config import Settings
         loaded = load_model(Settings())
         ids = list(range(97, 123)) * (prompt // 26 + 1)  # letters: any byte string is a prompt

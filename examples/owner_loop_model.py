@@ -24,9 +24,9 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from webapp.loops.model import LoopConfig, LoopTransformer
+from webapp.loops.model.looped import LoopConfig, LoopTransformer
+from webapp.loops.model.tokenizer import CharTokenizer
 from webapp.loops.task import render_prompt
-from webapp.loops.tokenizer import CharTokenizer
 
 WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "models" / "loops"
 

@@ -25,8 +25,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from chat_corpus import CATEGORIES, held_out  # noqa: E402
-from webapp.chat.generate import generate  # noqa: E402
-from webapp.chat.loading import load_chat_model  # noqa: E402
+
+from webapp.chat.decode.generate import generate  # noqa: E402
+from webapp.chat.model.loading import load_chat_model  # noqa: E402
 
 
 def answer(loaded, messages, max_new_tokens=200, stats=None) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from webapp.loops.checkpoint import load_bundle             # noqa: E402
+from webapp.loops.model.checkpoint import load_bundle  # noqa: E402
 from webapp.loops.task import SYMBOLS, execute, preset, shuffle_rules  # noqa: E402
 
 BUCKETS = ((1, 8), (9, 32), (33, 64), (65, 128), (129, 256))

@@ -1,4 +1,4 @@
-"""Writes static/pygments.css: the colours of the code blocks in rendered replies (webapp/chat/markdown.py).
+"""Writes static/pygments.css: the colours of the code blocks in rendered replies (webapp/chat/web/markdown.py).
 
     .venv/bin/python scripts/pygments_css.py
 

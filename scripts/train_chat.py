@@ -3,7 +3,7 @@
     python scripts/train_chat.py                # 80 minutes on one CPU thread, writes models/chat/
     python scripts/train_chat.py --minutes 5 --out /tmp/chat
 
-Every training sequence is formatted exactly as webapp/chat/prompt.py builds prompts:
+Every training sequence is formatted exactly as webapp/chat/model/prompt.py builds prompts:
 [bos, *fewshot, user turn, assistant turn, user turn, ...] up to block_size, with the loss on the
 answer bytes and <|assistant_end|> only. Many Q/A turns share one sequence so the fixed few-shot
 prefix (~240 bytes) is paid once per sequence, and later turns train the later positions.
@@ -29,9 +29,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from chat_corpus import sample_train  # noqa: E402
-from webapp.chat.model import GPT, GPTConfig  # noqa: E402
-from webapp.chat.prompt import PromptBuilder  # noqa: E402
-from webapp.chat.tokenizer import ByteTokenizer  # noqa: E402
+
+from webapp.chat.model.gpt import GPT, GPTConfig  # noqa: E402
+from webapp.chat.model.prompt import PromptBuilder  # noqa: E402
+from webapp.chat.model.tokenizer import ByteTokenizer  # noqa: E402
 
 
 def sinusoidal_(wpe: torch.Tensor, std: float = 0.02) -> None:

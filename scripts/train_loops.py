@@ -24,15 +24,14 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from webapp.loops.checkpoint import save_bundle                      # noqa: E402
-from webapp.loops.model import LoopConfig, LoopTransformer, loop_digits  # noqa: E402
+from webapp.loops.model.checkpoint import save_bundle  # noqa: E402
+from webapp.loops.model.looped import LoopConfig, LoopTransformer, loop_digits  # noqa: E402
+from webapp.loops.model.tokenizer import CharTokenizer  # noqa: E402
 from webapp.loops.task import SYMBOLS, preset, render_prompt, shuffle_rules  # noqa: E402
-from webapp.loops.tokenizer import CharTokenizer                     # noqa: E402
 
 LEVELS = (8, 16, 32, 64, 128, 256)
 MAX_K = 256

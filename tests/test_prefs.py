@@ -1,4 +1,4 @@
-"""The colour theme each browser chose (webapp/prefs.py): kept in its session, only ever sent back to a
+"""The colour theme each browser chose (webapp/web/prefs.py): kept in its session, only ever sent back to a
 page of this site."""
 
 import pytest

@@ -7,17 +7,26 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from flask import Flask, g, request
+from flask import Flask, current_app, g, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import IntegerConverter
 
+from webapp import instance
+from webapp.chat import boot as chat_boot
+from webapp.chat.web import bp as chat_bp
+from webapp.chat.web import markdown
 from webapp.config import ROOT, Settings
 from webapp.core import InferenceCore
-from webapp.core.metrics import LatencyHistogram
-from webapp import instance
 from webapp.core.jobs import CLIENT
+from webapp.core.metrics import LatencyHistogram
 from webapp.db import Database
-from webapp.security import GlassboxSessions, NewSessions, TrustedProxies, check_csrf, csrf_token
+from webapp.loops import boot as loops_boot
+from webapp.loops.web import api as loops_api_bp
+from webapp.loops.web import bp as loops_bp
+from webapp.v1 import bp as v1_bp
+from webapp.web import pages, prefs
+from webapp.web.ops import bp as ops_bp
+from webapp.web.security import GlassboxSessions, NewSessions, TrustedProxies, check_csrf, csrf_token
 
 log = logging.getLogger("glassbox")
 
@@ -62,41 +71,38 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
         raise
     core.on_shutdown.extend([db.close, lock.release])  # a process that stops (or a test's app) frees the folder
 
-    from webapp import pages
-    from webapp.chat.views import bp as chat_bp
-    from webapp.loops.views import api as loops_api_bp
-    from webapp.loops.views import bp as loops_bp
-    from webapp.web.ops import bp as ops_bp
-    from webapp.v1 import bp as v1_bp  # OpenAI's API; also the API-key check of /api/loops (issue 13)
+    app.extensions["glassbox.chat"] = chat_boot.service(core, db)
+    app.extensions["glassbox.loops"] = loops_boot.service(core, db)
+
+    # v1 also puts the API-key check in front of /api/loops (webapp/v1/blueprint.py)
     for blueprint in (ops_bp, pages.bp, chat_bp, loops_bp, loops_api_bp, v1_bp):
         app.register_blueprint(blueprint)
-    from webapp import prefs  # the colour theme each browser chose (issue 14)
-    prefs.init_app(app)
+    prefs.init_app(app)  # the colour theme each browser chose
 
     app.wsgi_app = TrustedProxies(app.wsgi_app, settings.forwarded_allow_ips)
     app.before_request(_before)
     app.after_request(_after)
     app.register_error_handler(HTTPException, pages.http_error)
     app.jinja_env.globals["csrf_token"] = csrf_token
-    from webapp.chat import markdown
     markdown.init_app(app)
     return app
 
 
 def _start_core(settings: Settings, models: dict[str, Any] | None) -> InferenceCore:
-    from webapp.chat import service as chat_service
-    from webapp.loops import service as loop_service
+    """Load the models (unless given), give each its executor and warm-up (webapp/chat/boot.py,
+    webapp/loops/boot.py), and start the core's worker."""
+    boots = {"chat": chat_boot, "loops": loops_boot}
     load_seconds = {}
     if models is None:
         models = {}
-        for name, load in (("chat", chat_service.load_model), ("loops", loop_service.load_model)):
+        for name, boot in boots.items():
             started = time.perf_counter()
-            models[name] = load(settings)
+            models[name] = boot.load_model(settings)
             load_seconds[name] = time.perf_counter() - started
-    warmups = {"chat": chat_service.warm_up, "loops": loop_service.warm_up}
-    executors = {"chat": chat_service.executor, "loops": loop_service.executor}
-    return InferenceCore(models, {name: executors[name](model, settings) for name, model in models.items()},
-                         warmups={k: v for k, v in warmups.items() if k in models},
+    # looked up at call time, so a test can put its own warm-up in place
+    warmups = {name: (lambda model, boot=boots[name]: boot.warm_up(model)) for name in models}
+    return InferenceCore(models, {name: boots[name].executor(model, settings) for name, model in models.items()},
+                         warmups=warmups,
                          load_seconds=load_seconds, torch_threads=settings.torch_threads,
                          max_queue=settings.max_queue, max_jobs_per_owner=settings.max_jobs_per_owner,
                          max_jobs_per_client=settings.max_jobs_per_client)
@@ -122,6 +128,5 @@ def _after(response):
     response.headers.setdefault("Referrer-Policy", "same-origin")
     response.headers.setdefault("X-Frame-Options", "DENY")
     if "started" in g and response.mimetype != "text/event-stream":
-        from flask import current_app
         current_app.extensions["glassbox.latency"].observe(time.perf_counter() - g.started)
     return response

@@ -24,7 +24,7 @@ class Settings:
     chat_tokenizer: str = ""     # "byte", "gpt2" (packaged) or "gpt2:/path/gpt2.tiktoken"; empty: from config.json
     chat_factory: str = ""       # "module:function", the owner's build_model(arch)
     loop_model: str = str(ROOT / "models/loops")  # directory, or "module:function"
-    # Remote chat (webapp/chat/remote.py, docs/scaling.md): replies from OpenAI-compatible servers
+    # Remote chat (webapp/chat/decode/remote/executor.py, docs/scaling.md): replies from OpenAI-compatible servers
     chat_backend: str = ""       # "openai:<base url>[,<base url>...]"; empty: the local chat model writes replies
     chat_backend_model: str = ""  # the "model" sent; empty: none (the server's one model)
     chat_backend_key_file: str = ""  # a file whose first line is the bearer key for the backends
@@ -53,7 +53,7 @@ class Settings:
     # Limits a script cannot shed by dropping its cookie: per client address (as the trusted proxy says)
     max_jobs_per_client: int = 8           # queued or running at once, all browsers of one address: half a batch
     max_new_sessions_per_minute: int = 30  # new session cookies handed to one address
-    # Storage, per browser (webapp/web/storage.py); 0: unlimited
+    # Storage, per browser (webapp/web/quotas.py); 0: unlimited
     max_conversations: int = 200
     max_traces: int = 100                  # saved Loop-lab traces; the oldest go to make room
     max_stored_bytes: int = 64 * 2**20     # text kept: messages, reply details, traces
@@ -64,7 +64,7 @@ class Settings:
     api_keys: str = ""           # a file of bearer keys for /v1 and /api/ (webapp/v1/auth.py); empty: open
 
     @classmethod
-    def from_env(cls, environ: dict | None = None) -> "Settings":
+    def from_env(cls, environ: dict | None = None) -> Settings:
         environ = os.environ if environ is None else environ
         values = {}
         for f in fields(cls):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from webapp.config import ConfigError
 
@@ -88,7 +88,8 @@ def _add_branch_columns(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE conversations ADD COLUMN leaf_id INTEGER")
     db.execute("UPDATE messages SET parent_id = (SELECT MAX(p.id) FROM messages p WHERE"
                " p.conversation_id = messages.conversation_id AND p.id < messages.id)")
-    db.execute("UPDATE conversations SET leaf_id = (SELECT MAX(id) FROM messages m WHERE m.conversation_id = conversations.id)")
+    db.execute("UPDATE conversations SET leaf_id = (SELECT MAX(id) FROM messages m"
+               " WHERE m.conversation_id = conversations.id)")
     db.execute("COMMIT")
 
 

@@ -39,7 +39,7 @@ CREATE TABLE IF NOT EXISTS traces (
 CREATE INDEX IF NOT EXISTS traces_by_owner ON traces (owner, created_at DESC);
 
 -- What a reply's glass-box views show: the exact prompt it was given (ids, parts, budget) and each
--- generated token's odds (webapp/chat/odds.py), compact JSON; bounded by the window and the reply length.
+-- generated token's odds (webapp/chat/decode/odds.py), compact JSON; bounded by the window and the reply length.
 CREATE TABLE IF NOT EXISTS reply_details (
     message_id  INTEGER PRIMARY KEY REFERENCES messages (id) ON DELETE CASCADE,
     prompt      TEXT,
@@ -52,4 +52,11 @@ CREATE TABLE IF NOT EXISTS conversation_shares (
     token           TEXT PRIMARY KEY,
     conversation_id TEXT NOT NULL UNIQUE REFERENCES conversations (id) ON DELETE CASCADE,
     created_at      REAL NOT NULL
+);
+
+-- Read-only links to a trace, made on purpose by its owner and revocable, as for conversations.
+CREATE TABLE IF NOT EXISTS trace_shares (
+    token       TEXT PRIMARY KEY,
+    trace_id    TEXT NOT NULL UNIQUE REFERENCES traces (id) ON DELETE CASCADE,
+    created_at  REAL NOT NULL
 );

@@ -49,7 +49,8 @@ def test_a_streaming_reply_can_show_its_tokens_live_and_stays_in_token_view(page
     pending = page.locator("li.message.assistant.pending")
     pending.get_by_role("button", name="Show tokens").click()
     page.wait_for_function("() => document.querySelector('li.message.pending.show-tokens .bubble .tok')")
-    shade = page.evaluate("() => getComputedStyle(document.querySelector('li.message.pending .bubble .tok')).borderTopStyle")
+    shade = page.evaluate("() => getComputedStyle(document.querySelector('li.message.pending .bubble .tok'))"
+                          ".borderTopStyle")
     assert shade == "solid"  # token boundaries drawn while it streams
     page.wait_for_selector("li.message.assistant.complete")
     done = page.locator("li.message.assistant.complete")

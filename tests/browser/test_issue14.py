@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from tests.browser.test_chat import set_reply_length
 from tests.browser.conftest import REPORT_CSP, screenshot
+from tests.browser.test_chat import set_reply_length
 from tests.support.servers import ROOT, Gunicorn, model_env
 
 pytestmark = pytest.mark.browser

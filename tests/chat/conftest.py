@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from webapp.chat.model import GPT, GPTConfig
-from webapp.chat.tokenizer import GPT2_RANKS  # packaged with webapp.chat: present on every clone
+from webapp.chat.model.gpt import GPT, GPTConfig
+from webapp.chat.model.tokenizer import GPT2_RANKS  # packaged with webapp.chat: present on every clone
 
 # Small, but with the owner's padded GPT-2 vocabulary. Shapes do not show n_head: loading it needs n_head=2.
 SEED_LIKE = GPTConfig(block_size=128, vocab_size=50304, n_layer=2, n_head=2, n_embd=128)
@@ -21,7 +21,7 @@ def gpt2_ranks() -> Path:
 
 @pytest.fixture(scope="session")
 def gpt2_tok(gpt2_ranks):
-    from webapp.chat.tokenizer import gpt2_tokenizer
+    from webapp.chat.model.tokenizer import gpt2_tokenizer
     return gpt2_tokenizer(str(gpt2_ranks))
 
 

@@ -13,12 +13,14 @@ import torch
 from tests.chat.test_generate import TINY, tiny
 from tests.conftest import wait_for
 from tests.support.executors import FunctionJobs
-from webapp.chat import kernels
-from webapp.chat.batch import ChatAlone, ChatBatch, ChatRequest
-from webapp.chat.generate import SamplingParams, generate, prefill_chunk
-from webapp.chat.loading import load_chat_model
-from webapp.chat.precision import apply_precision
-from webapp.chat.prefix_cache import PrefixCache
+from webapp.chat.decode.alone import ChatAlone
+from webapp.chat.decode.batched import ChatBatch
+from webapp.chat.decode.generate import generate, prefill_chunk
+from webapp.chat.decode.prefix_cache import PrefixCache
+from webapp.chat.decode.types import ChatRequest, SamplingParams
+from webapp.chat.model import kernels
+from webapp.chat.model.loading import load_chat_model
+from webapp.chat.model.precision import apply_precision
 from webapp.core import InferenceCore, Job
 from webapp.core.jobs import CANCELLED, DONE
 
@@ -59,7 +61,7 @@ def batched(loaded, reqs, max_rows=16, cancel=None):
         for job in jobs:
             core.submit(job)
         if cancel is not None:
-            assert wait_for(lambda: len(jobs[cancel].result.get("token_ids", [])) >= 3)
+            assert wait_for(lambda: len(getattr(jobs[cancel].result, "token_ids", [])) >= 3)
             jobs[cancel].cancel()
         for job in jobs:
             drain(job)
@@ -76,8 +78,8 @@ def test_a_batched_reply_is_the_reply_generated_alone():
     assert max(sizes) >= 4  # they really were stepped together
     assert all(job.state == DONE for job in jobs)
     for job, request in zip(jobs, reqs):
-        assert job.result["token_ids"] == alone(loaded, request)
-        assert len(job.result["token_ids"]) == request.params.max_new_tokens
+        assert job.result.token_ids == alone(loaded, request)
+        assert len(job.result.token_ids) == request.params.max_new_tokens
 
 
 @pytest.mark.skipif(not BUNDLED.is_file(), reason="bundled model not trained yet")
@@ -90,8 +92,8 @@ def test_the_bundled_model_replies_the_same_in_a_batch():
             for i, q in enumerate(questions)]
     jobs, sizes = batched(loaded, reqs)
     assert max(sizes) >= 3
-    assert [job.result["token_ids"] for job in jobs] == [alone(loaded, r) for r in reqs]
-    assert "".join(jobs[0].result["text"]) == "The capital of Japan is Tokyo."
+    assert [job.result.token_ids for job in jobs] == [alone(loaded, r) for r in reqs]
+    assert "".join(jobs[0].result.text) == "The capital of Japan is Tokyo."
 
 
 @torch.inference_mode()
@@ -125,10 +127,10 @@ def test_cancelling_one_row_leaves_the_others_untouched():
     loaded = tiny(config=LONG, endless=True)
     reqs = [dataclasses.replace(r, params=dataclasses.replace(r.params, max_new_tokens=60)) for r in requests(4)]
     jobs, _ = batched(loaded, reqs, cancel=1)
-    assert jobs[1].state == CANCELLED and 3 <= len(jobs[1].result["token_ids"]) < 60
-    assert jobs[1].result["token_ids"] == alone(loaded, reqs[1])[:len(jobs[1].result["token_ids"])]
+    assert jobs[1].state == CANCELLED and 3 <= len(jobs[1].result.token_ids) < 60
+    assert jobs[1].result.token_ids == alone(loaded, reqs[1])[:len(jobs[1].result.token_ids)]
     for i in (0, 2, 3):
-        assert jobs[i].state == DONE and jobs[i].result["token_ids"] == alone(loaded, reqs[i])
+        assert jobs[i].state == DONE and jobs[i].result.token_ids == alone(loaded, reqs[i])
 
 
 def test_more_replies_than_rows_wait_for_a_free_row_and_keep_their_place():
@@ -136,13 +138,13 @@ def test_more_replies_than_rows_wait_for_a_free_row_and_keep_their_place():
     reqs = requests(5)
     jobs, sizes = batched(loaded, reqs, max_rows=2)
     assert max(sizes) == 2
-    assert [job.result["token_ids"] for job in jobs] == [alone(loaded, r) for r in reqs]
+    assert [job.result.token_ids for job in jobs] == [alone(loaded, r) for r in reqs]
     assert [job.started for job in jobs] == sorted(job.started for job in jobs)  # first come, first served
 
 
 def test_a_newcomers_prefill_is_chunked_between_the_others_steps(monkeypatch):
     loaded = tiny(config=LONG, endless=True)
-    monkeypatch.setattr("webapp.chat.generate.PREFILL_FLOPS", 0.0)  # the smallest chunks
+    monkeypatch.setattr("webapp.chat.decode.generate.PREFILL_FLOPS", 0.0)  # the smallest chunks
     chunk = prefill_chunk(loaded.model)
     core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 4, 2**30)})
     order, original = [], loaded.model.forward_cached
@@ -151,7 +153,7 @@ def test_a_newcomers_prefill_is_chunked_between_the_others_steps(monkeypatch):
     loaded.model.decode_step = lambda idx, *a: order.append(("decode", idx.size(0))) or step(idx, *a)
     try:
         first = core.submit(Job("chat", "a", ChatRequest((1, 2, 3), SamplingParams(200, 0.0, 0))))
-        assert wait_for(lambda: len(first.result.get("token_ids", [])) >= 2)
+        assert wait_for(lambda: len(getattr(first.result, "token_ids", [])) >= 2)
         newcomer = core.submit(Job("chat", "b", ChatRequest(tuple(range(5 * chunk)), SamplingParams(5, 0.0, 0))))
         drain(newcomer)
         first.cancel()
@@ -170,14 +172,14 @@ def test_a_loop_lab_run_does_not_wait_for_a_whole_reply():
     core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 4, 2**30), "loops": FunctionJobs()})
     try:
         reply = core.submit(Job("chat", "a", ChatRequest((1, 2, 3), SamplingParams(150, 0.0, 0))))
-        assert wait_for(lambda: len(reply.result.get("token_ids", [])) >= 2)
-        run = core.submit(Job("loops", "b", lambda job, c: job.keep("rows", n=len(reply.result["token_ids"]))))
+        assert wait_for(lambda: len(getattr(reply.result, "token_ids", [])) >= 2)
+        run = core.submit(Job("loops", "b", lambda job, c: job.keep("rows", n=len(reply.result.token_ids))))
         drain(run)
         assert run.state == DONE and reply.state == "running"  # ran between two decoding steps
         tokens_then = run.events[0].data["n"]
         assert tokens_then < 150
         drain(reply)
-        assert reply.state == DONE and len(reply.result["token_ids"]) == 150
+        assert reply.state == DONE and len(reply.result.token_ids) == 150
     finally:
         core.shutdown()
 
@@ -214,7 +216,7 @@ def test_a_model_without_a_kv_cache_replies_one_at_a_time():
             drain(job)
     finally:
         core.shutdown()
-    assert [job.result["token_ids"] for job in jobs] == [alone(loaded, r) for r in reqs]
+    assert [job.result.token_ids for job in jobs] == [alone(loaded, r) for r in reqs]
     assert jobs[0].finished <= jobs[1].started and jobs[1].finished <= jobs[2].started
 
 
@@ -237,7 +239,7 @@ def test_running_replies_keep_stepping_during_a_long_loop_lab_run():
     (InferenceCore.interleave): a running reply keeps getting tokens, and stays the reply alone."""
     from tests.support.loop_models import bundle
     from webapp.loops.request import DemoRequest
-    from webapp.loops.service import LoopRuns
+    from webapp.loops.runs import LoopRuns
     loaded = tiny(config=LONG, endless=True)
     runs = bundle(delay=0.02)  # 20 ms a loop: a 100-loop run holds the worker 2 s
     core = InferenceCore({"chat": loaded, "loops": runs},
@@ -245,18 +247,18 @@ def test_running_replies_keep_stepping_during_a_long_loop_lab_run():
     try:
         request = ChatRequest((1, 2, 3), SamplingParams(400, 0.0, 0))
         reply = core.submit(Job("chat", "a", request))
-        assert wait_for(lambda: len(reply.result.get("token_ids", [])) >= 2)
+        assert wait_for(lambda: len(getattr(reply.result, "token_ids", [])) >= 2)
         run = core.submit(Job("loops", "b", DemoRequest.parse(
             {"mapping": [[c, c] for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"], "start": "A", "steps": 100})))
         assert wait_for(lambda: run.state == "running")
-        during = len(reply.result["token_ids"])
-        assert wait_for(lambda: len(reply.result["token_ids"]) >= during + 10, timeout=1.5)
+        during = len(reply.result.token_ids)
+        assert wait_for(lambda: len(reply.result.token_ids) >= during + 10, timeout=1.5)
         assert run.state == "running"  # the reply moved on while the run was still running
         drain(run)
         reply.cancel()
         drain(reply)
     finally:
         core.shutdown()
-    tokens = reply.result["token_ids"]
+    tokens = reply.result.token_ids
     assert tokens == alone(loaded, dataclasses.replace(request, params=dataclasses.replace(
         request.params, max_new_tokens=len(tokens))))

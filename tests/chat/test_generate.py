@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-from webapp.chat.generate import MIN_CHUNK, generate, prefill_chunk
-from webapp.chat.loading import LoadedChatModel, load_chat_model
-from webapp.chat.model import GPT, GPTConfig
-from webapp.chat.prompt import PromptBuilder
-from webapp.chat.tokenizer import ByteTokenizer
+from webapp.chat.decode.generate import MIN_CHUNK, generate, prefill_chunk
+from webapp.chat.model.gpt import GPT, GPTConfig
+from webapp.chat.model.loading import LoadedChatModel, load_chat_model
+from webapp.chat.model.prompt import PromptBuilder
+from webapp.chat.model.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 END = 260  # <|assistant_end|> of the byte tokenizer
@@ -154,7 +154,7 @@ def test_should_stop_during_decode_and_prefill(monkeypatch):
     assert seen[-1].stats.stop_reason == "cancelled" and seen[-1].stats.new_tokens == 3
 
     # a long prompt is prefilled in chunks, with a check before each: a cancel lands mid-prefill
-    monkeypatch.setattr("webapp.chat.generate.PREFILL_FLOPS", 0.0)  # every chunk the smallest
+    monkeypatch.setattr("webapp.chat.decode.generate.PREFILL_FLOPS", 0.0)  # every chunk the smallest
     calls = []
     long = tiny(config=dataclasses.replace(TINY, block_size=3 * MIN_CHUNK))
     pieces = list(generate(long, [1] * (3 * MIN_CHUNK - 5),
@@ -205,7 +205,7 @@ def test_prefill_chunks_depend_on_the_model_alone(monkeypatch):
     the same prompt is cut the same way every time, and a bigger model gets smaller chunks."""
     loaded = tiny(config=dataclasses.replace(TINY, block_size=512), endless=True)
     params = sum(p.numel() for p in loaded.model.parameters())
-    monkeypatch.setattr("webapp.chat.generate.PREFILL_FLOPS", 2 * params * 64)  # 64-token chunks
+    monkeypatch.setattr("webapp.chat.decode.generate.PREFILL_FLOPS", 2 * params * 64)  # 64-token chunks
     sizes = []
     original = loaded.model.forward_cached
     monkeypatch.setattr(loaded.model, "forward_cached",
@@ -222,7 +222,7 @@ def test_prefill_chunks_depend_on_the_model_alone(monkeypatch):
 
 @torch.inference_mode()
 def test_decode_fast_paths_match_the_plain_ones():
-    from webapp.chat.model import Linear
+    from webapp.chat.model.gpt import Linear
     torch.manual_seed(0)
     layer = Linear(16, 8)
     for x in (torch.randn(1, 1, 16), torch.randn(16), torch.randn(1, 16), torch.randn(2, 3, 16)):

@@ -5,9 +5,8 @@ from __future__ import annotations
 import html as html_lib
 import re
 
-import torch
-
 import pytest
+import torch
 
 from tests.chat.test_views import conversation_id_of, send, stream_url
 from tests.conftest import csrf_of, make_app, sse_events
@@ -43,7 +42,7 @@ def test_the_token_view_shows_every_token_with_its_odds_and_a_panel_without_java
     assert tokens_url in client.get(f"/chat/c/{cid}").get_data(as_text=True)  # linked from the reply
     page = client.get(tokens_url).get_data(as_text=True)
     spans = re.findall(r'<a class="tok s(\d)[^"]*" id="token-(\d+)"', page)
-    from webapp.chat.views import service
+    from webapp.chat.web.conversations import service
     with chat_app.app_context():
         saved = service().store.message(cid, mid)
         odds = service().store.details(mid)["odds"]
@@ -91,8 +90,8 @@ def test_glass_views_belong_to_the_browser_that_made_the_reply(chat_app):
 
 
 def test_a_branch_from_a_token_is_the_fresh_generation_from_that_prefix_and_a_new_version(chat_app):
-    from webapp.chat.generate import generate
-    from webapp.chat.views import service
+    from webapp.chat.decode.generate import generate
+    from webapp.chat.web.conversations import service
     client = chat_app.test_client()
     cid, mid, _ = reply(client, "Hello there", max_new_tokens="12", temperature="0.9", top_k="20", seed="3")
     with chat_app.app_context():
@@ -132,7 +131,7 @@ def test_a_branch_from_a_token_is_the_fresh_generation_from_that_prefix_and_a_ne
 
 
 def test_two_versions_side_by_side_show_where_they_first_differ(chat_app):
-    from webapp.chat.views import service
+    from webapp.chat.web.conversations import service
     client = chat_app.test_client()
     cid, mid, _ = reply(client, "Compare us", max_new_tokens="10", temperature="1.0", top_k="0", seed="11")
     with chat_app.app_context():

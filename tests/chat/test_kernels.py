@@ -1,4 +1,4 @@
-"""The decode kernel (webapp/chat/kernels): right results in every weight format, each row's result the
+"""The decode kernel (webapp/chat/model/kernels): right results in every weight format, each row's result the
 same whatever the other rows and the thread count, the same on CPUs with and without VNNI, compiled once
 per machine, and a clear fallback to torch's kernels where it cannot be compiled."""
 
@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from webapp.chat import kernels
+from webapp.chat.model import kernels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -142,9 +142,9 @@ def run_python(code: str, env: dict) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": ROOT, **env})
 
 
-PROBE = ("import torch; from webapp.chat import kernels; lib = kernels.library(); "
+PROBE = ("import torch; from webapp.chat.model import kernels; lib = kernels.library(); "
          "print('kernel' if lib else 'torch:', kernels.unavailable_reason); "
-         "from webapp.chat.model import GPT, GPTConfig; m = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, "
+         "from webapp.chat.model.gpt import GPT, GPTConfig; m = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, "
          "n_head=2, n_embd=32)).eval(); c = m.new_cache(); "
          "torch.inference_mode().__enter__(); m.forward_cached(torch.tensor([[1, 2]]), c, 0); "
          "print(m.decode_step(torch.tensor([[3]]), [c], [2]).shape)")
@@ -198,8 +198,8 @@ def test_attention_writes_the_new_key_and_value_then_attends_over_the_cache(nh, 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16", "int8"])
 def test_a_whole_block_in_one_call_is_its_calls_one_by_one(precision):
-    from webapp.chat.model import GPT, GPTConfig
-    from webapp.chat.precision import apply_precision
+    from webapp.chat.model.gpt import GPT, GPTConfig
+    from webapp.chat.model.precision import apply_precision
     torch.manual_seed(5)
     model = apply_precision(GPT(GPTConfig(block_size=64, vocab_size=64, n_layer=1, n_head=4, n_embd=64)), precision)
     block, positions = model.eval().transformer.h[0], [5, 17, 40]
@@ -226,8 +226,8 @@ def test_a_whole_block_in_one_call_is_its_calls_one_by_one(precision):
 
 
 def test_a_block_the_kernel_would_misread_is_refused_and_left_to_the_calls_one_by_one():
-    from webapp.chat.model import GPT, GPTConfig
-    from webapp.chat.precision import apply_precision
+    from webapp.chat.model.gpt import GPT, GPTConfig
+    from webapp.chat.model.precision import apply_precision
     torch.manual_seed(6)
     model = apply_precision(GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=4, n_embd=64)), "int8")
     block, positions = model.eval().transformer.h[0], [3, 9]

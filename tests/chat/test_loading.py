@@ -7,9 +7,9 @@ import torch
 from safetensors.torch import save_file
 
 from tests.chat.conftest import SEED_LIKE, random_gpt
-from webapp.chat.generate import generate
-from webapp.chat.loading import ModelLoadError, load_chat_model
-from webapp.chat.model import GPTConfig
+from webapp.chat.decode.generate import generate
+from webapp.chat.model.gpt import GPTConfig
+from webapp.chat.model.loading import ModelLoadError, load_chat_model
 
 EXAMPLE = "examples.owner_chat_model:build_model"  # the README's spelling; a file path works too
 HEADS = "n_head=2"  # SEED_LIKE's heads: the one field a raw state dict's shapes do not show
@@ -63,8 +63,10 @@ def test_nanogpt_checkpoint_dict(tmp_path, gpt2_ranks):
     assert torch.equal(loaded.model.transformer.h[1].mlp.c_fc.weight, model.transformer.h[1].mlp.c_fc.weight)
 
 
-def save_safetensors(directory, config=GPTConfig(block_size=64, vocab_size=264, n_layer=1, n_head=2, n_embd=32),
-                     tokenizer="byte"):
+SAFETENSORS_CONFIG = GPTConfig(block_size=64, vocab_size=264, n_layer=1, n_head=2, n_embd=32)
+
+
+def save_safetensors(directory, config=SAFETENSORS_CONFIG, tokenizer="byte"):
     directory.mkdir(parents=True, exist_ok=True)
     model = random_gpt(config)
     state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
@@ -98,7 +100,8 @@ def test_factory_model_without_cache_runs_full_recompute(seed_checkpoint, gpt2_r
         "from examples.owner_chat_model import build_model as _build\n"
         "class Plain(nn.Module):  # only the seed's contract: model(idx) -> (logits, loss), config\n"
         "    def __init__(self, inner):\n"
-        "        super().__init__(); self.transformer, self.lm_head, self.config = inner.transformer, inner.lm_head, inner.config\n"
+        "        super().__init__(); self.transformer, self.lm_head, self.config = "
+        "inner.transformer, inner.lm_head, inner.config\n"
         "        self._inner = [inner]\n"
         "    def forward(self, idx, targets=None):\n"
         "        return self._inner[0](idx, targets)\n"
@@ -296,7 +299,7 @@ def test_a_served_model_reads_its_weights_from_ordinary_memory_not_the_mapped_fi
     """safetensors maps the file; parameters left on that mapping decode slower (issue #10). The app's
     loader (meta device + assign) must give the model its own copies."""
     from tests.support.chat_models import tiny_checkpoint
-    from webapp.chat.service import load_model
+    from webapp.chat.boot import load_model
     from webapp.config import Settings
     checkpoint = tiny_checkpoint(tmp_path / "chat")
     loaded = load_model(Settings(chat_checkpoint=str(checkpoint)))  # the app's own GPT, built on meta

@@ -1,6 +1,6 @@
 """Replies as Markdown: what renders, and that model text never becomes markup that runs or fetches.
 
-The renderer (webapp/chat/markdown.py) is checked on its own, then through a chat app whose model
+The renderer (webapp/chat/web/markdown.py) is checked on its own, then through a chat app whose model
 always says the same Markdown: the final fragment and the history page show it rendered, a person's
 message stays plain."""
 
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import csrf_of, make_app, sse_events
 from tests.support.chat_models import tiny_checkpoint
-from webapp.chat.markdown import MAX_MARKDOWN_CHARS, render_markdown
+from webapp.chat.web.markdown import MAX_MARKDOWN_CHARS, render_markdown
 
 # Everything the renderer may write: anything else in its output is a bug.
 TAGS = {"p", "br", "em", "strong", "s", "code", "pre", "span", "a", "ul", "ol", "li", "blockquote", "hr",
@@ -86,7 +86,8 @@ def test_table_columns_are_aligned_by_class_not_by_inline_style():
 
 
 def test_raw_html_is_shown_as_text_never_as_markup():
-    text = ('<script>alert(1)</script>\n\n<img src=x onerror=alert(1)>\n\n<div>\n<iframe src="//evil"></iframe>\n</div>\n\n'
+    text = ('<script>alert(1)</script>\n\n<img src=x onerror=alert(1)>\n\n'
+            '<div>\n<iframe src="//evil"></iframe>\n</div>\n\n'
             'inline <b onclick="x()">b</b> <!-- c --> <a href="javascript:alert(1)">a</a> <svg onload=alert(1)>')
     html = str(render_markdown(text))
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&lt;img src=x onerror=alert(1)&gt;" in html
@@ -193,7 +194,7 @@ HX = {"HX-Request": "true"}
 @pytest.fixture
 def markdown_app(tmp_path):
     """A chat app whose model always says REPLY."""
-    from webapp.chat.loading import load_chat_model
+    from webapp.chat.model.loading import load_chat_model
     model = load_chat_model(str(tiny_checkpoint(tmp_path / "chat")), arch="script:" + REPLY.encode().hex(),
                             factory="tests.support.served_models:build_chat_model")
     app = make_app(tmp_path, {"chat": model})  # create_app registers the `markdown` filter

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from webapp.chat.model import GPT, PRESETS, GPTConfig
+from webapp.chat.model.gpt import GPT, PRESETS, GPTConfig
 
 SMALL = GPTConfig(block_size=32, vocab_size=70, n_layer=2, n_head=2, n_embd=16)
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tests.chat.test_generate import TINY, tiny
-from webapp.chat.generate import generate
-from webapp.chat.odds import TOP_ALTERNATIVES, TokenOdds, token_odds
+from webapp.chat.decode.generate import generate
+from webapp.chat.decode.odds import TOP_ALTERNATIVES, TokenOdds, token_odds
 
 LONG = dataclasses.replace(TINY, block_size=256)
 

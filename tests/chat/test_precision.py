@@ -1,4 +1,4 @@
-"""Precisions (webapp/chat/precision.py): int8 weights stay within half a step of the float32 ones, every
+"""Precisions (webapp/chat/model/precision.py): int8 weights stay within half a step of the float32 ones, every
 precision loads and replies through the app's loader, and a bad name is refused with the list of good ones."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from tests.chat.test_loading import save_safetensors
-from webapp.chat.errors import ModelLoadError
-from webapp.chat.generate import generate
-from webapp.chat.loading import load_chat_model
-from webapp.chat.model import Linear
-from webapp.chat.precision import PrecisionError, WeightOnlyLinear, apply_precision, parse_precision
+from webapp.chat.decode.generate import generate
+from webapp.chat.model.errors import ModelLoadError
+from webapp.chat.model.gpt import Linear
+from webapp.chat.model.loading import load_chat_model
+from webapp.chat.model.precision import PrecisionError, WeightOnlyLinear, apply_precision, parse_precision
 
 
 @pytest.mark.parametrize("decode", [False, True])

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tests.chat.test_generate import TINY, tiny
-from webapp.chat.generate import generate
-from webapp.chat.precision import apply_precision
-from webapp.chat.prefix_cache import PrefixCache, common_prefix, prefix_cache_for
+from webapp.chat.decode.generate import generate
+from webapp.chat.decode.prefix_cache import PrefixCache, common_prefix, prefix_cache_for
+from webapp.chat.model.precision import apply_precision
 
 BIG = dataclasses.replace(TINY, block_size=384)
 

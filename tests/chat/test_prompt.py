@@ -2,8 +2,8 @@ import pytest
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
-from webapp.chat.prompt import FEWSHOT_EXAMPLES, MIN_TURN_TOKENS, PromptBuilder, PromptTooLong
-from webapp.chat.tokenizer import ByteTokenizer
+from webapp.chat.model.prompt import FEWSHOT_EXAMPLES, MIN_TURN_TOKENS, PromptBuilder, PromptTooLong
+from webapp.chat.model.tokenizer import ByteTokenizer
 
 BOS, US, UE, AS, AE = 50257, 50258, 50259, 50260, 50261
 
@@ -17,8 +17,9 @@ def test_fewshot_is_the_owners_text():
 
 
 def test_fewshot_ids_are_tiktokens_plus_specials(gpt2_tok, gpt2_ranks):
-    # an Encoding built here independently of webapp.chat.tokenizer
-    enc = tiktoken.Encoding("gpt2-test", pat_str=r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+    # an Encoding built here independently of webapp.chat.model.tokenizer
+    enc = tiktoken.Encoding("gpt2-test",
+                            pat_str=r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
                             mergeable_ranks=load_tiktoken_bpe(str(gpt2_ranks)), special_tokens={})
     expected = []
     for q, a in FEWSHOT_EXAMPLES:

@@ -1,5 +1,5 @@
-"""The remote chat executor (webapp/chat/remote.py) against a small fake OpenAI-compatible server in this
-process: settings, back-off and round-robin, the prompt as messages, logprobs as odds, a reply streamed,
+"""The remote chat executor (webapp/chat/decode/remote/executor.py) against a small fake OpenAI-compatible server in
+this process: settings, back-off and round-robin, the prompt as messages, logprobs as odds, a reply streamed,
 a backend that dies mid-reply, Stop closing the connection. Real gunicorn: tests/integration/test_remote.py."""
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from webapp.chat.batch import ChatRequest
-from webapp.chat.generate import SamplingParams
-from webapp.chat.remote import Backends, RemoteChat, TokenMap, messages_of, odds_of, parse_backend, read_key
+from webapp.chat.decode.remote.backends import Backends, parse_backend, read_key
+from webapp.chat.decode.remote.executor import RemoteChat
+from webapp.chat.decode.remote.wire import TokenMap, messages_of, odds_of
+from webapp.chat.decode.types import ChatRequest, SamplingParams
 from webapp.core.engine import InferenceCore
+from webapp.core.executors import BatchedJobs
 from webapp.core.jobs import CANCELLED, DONE, FAILED, Job
 
 
@@ -93,7 +95,7 @@ def run_reply(loaded, urls, *, wait=5.0, cancel_after=None, max_tokens=50):
     outcome = {}
 
     def on_finish(job, result, error):
-        outcome.update(result=result, error=error, text="".join(job.result["text"]))
+        outcome.update(result=result, error=error, text="".join(job.result.text))
         finished.set()
     ids = loaded.prompt.build([{"role": "user", "content": "Hello"}], max_tokens)
     job = Job("chat", "me", ChatRequest(tuple(ids), SamplingParams(max_tokens, 0.7, 40, 3)), on_finish=on_finish)
@@ -163,14 +165,14 @@ def test_a_reply_streams_with_odds_and_the_request_is_openai_shaped(loaded):
     fake = Fake("Hi ✓")
     job, outcome = run_reply(loaded, [fake.url])
     assert outcome == {"result": DONE, "error": None, "text": "Hi ✓"}
-    assert job.result["token_ids"] == list("Hi ✓".encode())
-    first = job.result["odds"][0]
+    assert job.result.token_ids == list("Hi ✓".encode())
+    first = job.result.odds[0]
     assert first.probability == pytest.approx(0.5) and first.rank == 2 and first.sampled_probability is not None
     body = fake.bodies[0]
     assert body["messages"] == [{"role": "user", "content": "Hello"}] and body["stream"] is True
     assert (body["max_tokens"], body["temperature"], body["top_k"], body["seed"]) == (50, 0.7, 40, 3)
     assert body["logprobs"] is True and body["top_logprobs"] == 10 and "model" not in body
-    assert job.result["stats"].tokens == len("Hi ✓".encode())
+    assert job.result.stats.tokens == len("Hi ✓".encode())
     fake.shutdown()
 
 
@@ -215,19 +217,19 @@ def test_stop_closes_the_connection_and_keeps_the_text(loaded):
 
 
 def test_the_service_picks_the_remote_executor_when_configured(loaded, tmp_path):
-    from webapp.chat import service
+    from webapp.chat import boot
     from webapp.config import Settings
     settings = Settings.from_env({"GLASSBOX_CHAT_BACKEND": "openai:http://127.0.0.1:9/v1",
                                   "GLASSBOX_CHAT_BACKEND_WAIT_SECONDS": "2.5",
                                   "GLASSBOX_CHAT_BACKEND_MAX_REPLIES": "7"})
-    executor = service.executor(loaded, settings)
-    assert isinstance(executor, RemoteChat) and executor.batched
+    executor = boot.executor(loaded, settings)
+    assert isinstance(executor, RemoteChat) and isinstance(executor, BatchedJobs)
     assert (executor.max_rows, executor.wait_seconds, executor.backends.urls) == (7, 2.5, ["http://127.0.0.1:9/v1"])
-    service.warm_up(loaded)  # nothing local to warm up: returns at once
+    boot.warm_up(loaded)  # nothing local to warm up: returns at once
     loaded.remote = False
-    assert not isinstance(service.executor(loaded, Settings()), RemoteChat)
+    assert not isinstance(boot.executor(loaded, Settings()), RemoteChat)
     with pytest.raises(ValueError, match="GLASSBOX_CHAT_BACKEND"):
-        service.executor(loaded, Settings(chat_backend="http://no-scheme/v1"))
+        boot.executor(loaded, Settings(chat_backend="http://no-scheme/v1"))
 
 
 def test_a_branch_from_a_token_fails_clearly(loaded):

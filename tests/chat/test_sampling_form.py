@@ -8,7 +8,7 @@ import re
 import pytest
 
 from tests.conftest import csrf_of
-from webapp.chat.forms import FormErrors, parse_message, parse_sampling, remembered_sampling
+from webapp.chat.web.forms import FormErrors, parse_message, parse_sampling, remembered_sampling
 
 BAD = {"temperature": "5", "top_k": "-3", "max_new_tokens": "99999", "seed": "abc"}
 
@@ -74,7 +74,7 @@ def test_too_long_for_the_window_says_how_many_new_tokens_fit_and_opens_the_pane
     response = send(client, "y" * 200, max_new_tokens="100")
     html = response.get_data(as_text=True)
     assert response.status_code == 400
-    from webapp.chat.views import service
+    from webapp.chat.web.conversations import service
     with chat_app.app_context():
         most = service().prompts.budget(0) - 202  # 200 bytes + the two turn markers
     assert most > 0 and f"With this message (202 tokens) at most {most} new tokens fit." in html
@@ -84,7 +84,7 @@ def test_too_long_for_the_window_says_how_many_new_tokens_fit_and_opens_the_pane
 def test_the_reply_length_bound_is_explained_against_the_window(chat_app):
     client = chat_app.test_client()
     html = client.get("/chat/").get_data(as_text=True)
-    from webapp.chat.views import service
+    from webapp.chat.web.conversations import service
     with chat_app.app_context():
         prompts, limit = service().prompts, service().max_new_tokens_limit()
     room = prompts.budget(0)

@@ -5,11 +5,10 @@ import re
 
 import torch
 
-from tests.support.executors import FunctionJobs
-
 from tests.conftest import csrf_of, make_app, sse_events
 from tests.support.chat_models import tiny_chat_model
-from webapp.chat.service import SMALL_MODEL_BYTES, load_model, reply_threads
+from tests.support.executors import FunctionJobs
+from webapp.chat.boot import SMALL_MODEL_BYTES, load_model, reply_threads
 from webapp.config import Settings
 from webapp.core import Job
 

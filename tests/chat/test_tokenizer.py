@@ -2,9 +2,16 @@ import hashlib
 
 import pytest
 
-from webapp.chat.errors import ModelLoadError
-from webapp.chat.tokenizer import (CHAT_SPECIALS, GPT2_RANKS, GPT2_RANKS_SHA256, ByteTokenizer, ChatTokenizer,
-                                   gpt2_tokenizer, tokenizer_from_spec)
+from webapp.chat.model.errors import ModelLoadError
+from webapp.chat.model.tokenizer import (
+    CHAT_SPECIALS,
+    GPT2_RANKS,
+    GPT2_RANKS_SHA256,
+    ByteTokenizer,
+    ChatTokenizer,
+    gpt2_tokenizer,
+    tokenizer_from_spec,
+)
 
 
 def test_gpt2_ranks_file_encodes_like_gpt2(gpt2_tok):
@@ -91,7 +98,7 @@ def test_packaged_ranks_match_the_recorded_checksum():
 
 
 def test_a_changed_packaged_file_is_refused(tmp_path, monkeypatch):
-    import webapp.chat.tokenizer as tokenizer
+    import webapp.chat.model.tokenizer as tokenizer
 
     changed = tmp_path / "gpt2.tiktoken"
     changed.write_bytes(GPT2_RANKS.read_bytes().replace(b"IQ== 0\n", b"Ig== 0\n", 1))

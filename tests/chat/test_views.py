@@ -21,7 +21,7 @@ def stream_url(html):
 
 
 def store(app):
-    from webapp.chat.views import service
+    from webapp.chat.web.conversations import service
     with app.app_context():
         return service().store
 
@@ -123,13 +123,13 @@ def test_bad_input_is_refused_inline_and_the_draft_is_kept(chat_app, fields, fie
 
 def test_a_message_too_long_for_the_window_says_by_how_much(chat_app):
     client = chat_app.test_client()
-    limit_page = client.get("/chat/").get_data(as_text=True)
+    client.get("/chat/").get_data(as_text=True)
     response = send(client, "y" * 4000, max_new_tokens="50")
     html = response.get_data(as_text=True)
     assert response.status_code == 400
     excess = int(re.search(r"is (\d+) tokens? too long", html).group(1))
     # window 512 - 50 new - 2 - few-shot; the turn is 4000 bytes + 2 markers
-    from webapp.chat.views import service
+    from webapp.chat.web.conversations import service
     with chat_app.app_context():
         fewshot = len(service().prompts.fewshot_ids)
     assert excess == 4002 - (512 - 50 - 2 - fewshot)
@@ -174,7 +174,7 @@ def test_closing_the_stream_cancels_the_job_and_frees_the_model(slow_chat_app):
     cid = conversation_id_of(response)
     stream = client.get(stream_url(response.get_data(as_text=True)))
     chunks = iter(stream.response)
-    while "event: token" not in (c := next(chunks)).decode():
+    while "event: token" not in next(chunks).decode():
         pass
     stream.close()
     core = slow_chat_app.extensions["glassbox.core"]
@@ -245,7 +245,8 @@ def test_edit_adds_a_version_of_the_question_and_keeps_the_old_branch(chat_app):
     assert [m["content"] for m in after][:1] == ["edited question"] and len(after) == 2
     assert after[1]["role"] == "assistant" and after[1]["status"] == "complete"
     assert after[0]["versions"] == [first_id, after[0]["id"]]
-    assert 'aria-current="page">edited question</a>' in client.get(f"/chat/c/{cid}").get_data(as_text=True)  # its new title
+    # its new title
+    assert 'aria-current="page">edited question</a>' in client.get(f"/chat/c/{cid}").get_data(as_text=True)
     client.post(f"/chat/c/{cid}/m/{first_id}/show", data={"csrf_token": csrf})
     assert [m["id"] for m in messages(chat_app, cid)] == [m["id"] for m in old_branch]  # all four turns kept
 

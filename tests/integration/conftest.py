@@ -11,7 +11,6 @@ import pytest
 from tests.support.servers import NGINX, Gunicorn, Nginx, model_env
 
 
-
 def require_nginx() -> None:
     if not shutil.which("nginx") and not os.path.exists(NGINX):
         if os.environ.get("GLASSBOX_REQUIRE_SYSTEM_TESTS"):  # set by `make test`: never skip there

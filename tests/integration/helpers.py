@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import html
 import re
-import threading
 import sqlite3
+import threading
 
 from tests.support.servers import Client, stream_url
 

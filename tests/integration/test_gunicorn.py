@@ -113,7 +113,8 @@ def test_a_body_too_large_is_answered_and_the_kept_alive_connection_still_works(
     body before answering, so the connection stays usable."""
     body = b"content=" + b"x" * 900_000  # over the app's limit, under nginx's
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as conn, conn.makefile("rb") as reader:
-        conn.sendall(b"POST /chat/send HTTP/1.1\r\nHost: glassbox\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        conn.sendall(b"POST /chat/send HTTP/1.1\r\nHost: glassbox\r\n"
+                     b"Content-Type: application/x-www-form-urlencoded\r\n"
                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
         status, text = read_response(reader)
         assert status == 413 and b"too large" in text

@@ -8,16 +8,23 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import signal
+import sqlite3
 import threading
 from pathlib import Path
 
 import openai
 import pytest
 
-from tests.integration.helpers import (TOKEN_SPAN, as_sse_text, message_id, read_until, saved_message, start_reply,
-                                       streamed_text)
+from tests.integration.helpers import (
+    TOKEN_SPAN,
+    as_sse_text,
+    message_id,
+    read_until,
+    saved_message,
+    start_reply,
+    streamed_text,
+)
 from tests.support.servers import Client, Gunicorn, free_port, model_env, wait_until
 from tests.v1.conftest import KEY, write_keys
 

@@ -11,8 +11,7 @@ import time
 import pytest
 
 from tests.integration.conftest import require_nginx
-from tests.integration.helpers import (as_sse_text, message_id, saved_message, start_reply, start_run,
-                                       streamed_text)
+from tests.integration.helpers import as_sse_text, message_id, saved_message, start_reply, start_run, streamed_text
 from tests.support.servers import Client, Gunicorn, Nginx, model_env, wait_until
 
 pytestmark = pytest.mark.integration

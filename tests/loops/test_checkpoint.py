@@ -8,10 +8,10 @@ import types
 import pytest
 import torch
 
-from webapp.loops.checkpoint import DEFAULT_BUNDLE, LoopBundle, LoopModelError, load_bundle, save_bundle
-from webapp.loops.model import LoopConfig, LoopTransformer
+from webapp.loops.model.checkpoint import DEFAULT_BUNDLE, LoopBundle, LoopModelError, load_bundle, save_bundle
+from webapp.loops.model.looped import LoopConfig, LoopTransformer
+from webapp.loops.model.tokenizer import CharTokenizer
 from webapp.loops.task import SYMBOLS, execute, preset, shuffle_rules
-from webapp.loops.tokenizer import CharTokenizer
 
 
 @pytest.fixture(scope="module")

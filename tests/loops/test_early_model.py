@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from webapp.loops.checkpoint import load_bundle
-from webapp.loops.service import EARLY_BUNDLE, LoopRuns, extra_models
+from webapp.loops.boot import EARLY_BUNDLE, extra_models
+from webapp.loops.model.checkpoint import load_bundle
+from webapp.loops.runs import LoopRuns
 from webapp.loops.task import execute, preset
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,9 +3,9 @@ import random
 import pytest
 import torch
 
-from webapp.loops.model import LoopConfig, LoopOutput, LoopTransformer, loop_digits
+from webapp.loops.model.looped import LoopConfig, LoopOutput, LoopTransformer, loop_digits
+from webapp.loops.model.tokenizer import CharTokenizer
 from webapp.loops.task import SYMBOLS, preset, render_prompt
-from webapp.loops.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
 

@@ -38,7 +38,8 @@ def test_a_finished_run_has_a_player_and_step_links_work_without_javascript(loop
     assert 'value="3"' in re.search(r'<input type="range"[^>]+>', page).group(0)
     assert 'class="now-mark"' in page
     # out of range is clamped; no ?loop shows the whole run with the last loop current
-    assert "Loop <strong class=\"player-at\">5</strong> of 5" in client.get(f"/loops/traces/{trace_id}?loop=99").get_data(as_text=True)
+    assert ("Loop <strong class=\"player-at\">5</strong> of 5"
+            in client.get(f"/loops/traces/{trace_id}?loop=99").get_data(as_text=True))
     whole = client.get(f"/loops/traces/{trace_id}").get_data(as_text=True)
     assert "ahead" not in whole and 'aria-disabled="true">Next' in whole
 

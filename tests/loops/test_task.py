@@ -2,8 +2,7 @@ import random
 
 import pytest
 
-from webapp.loops.task import (PRESETS, PROMPT_LENGTH, SYMBOLS, execute, preset, render_prompt,
-                               shuffle_rules)
+from webapp.loops.task import PRESETS, PROMPT_LENGTH, SYMBOLS, execute, preset, render_prompt, shuffle_rules
 
 
 def cycle_length_from(table, start):

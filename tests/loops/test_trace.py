@@ -1,6 +1,5 @@
 """Score semantics on constructed traces, and the streamed run on a scripted model."""
 
-import threading
 import time
 
 import pytest

@@ -6,8 +6,8 @@ import re
 import pytest
 import torch
 
-from tests.support.executors import FunctionJobs
 from tests.conftest import csrf_of, make_app, sse_events
+from tests.support.executors import FunctionJobs
 from webapp.core import Job
 from webapp.loops.task import SYMBOLS
 
@@ -88,9 +88,11 @@ def test_run_without_javascript_redirects_to_the_saved_trace(loop_app):
 def test_editor_moves_and_presets(loop_app):
     client = loop_app.test_client()
     csrf = csrf_of(client, "/loops/")
-    html = client.post("/loops/editor", data=form(csrf, action="down:0"), headers={"HX-Request": "true"}).get_data(as_text=True)
+    html = client.post("/loops/editor", data=form(csrf, action="down:0"),
+                       headers={"HX-Request": "true"}).get_data(as_text=True)
     assert re.findall(r'name="src" value="(\w)"', html)[:3] == ["B", "A", "C"]
-    html = client.post("/loops/editor", data=form(csrf, action="preset:identity"), headers={"HX-Request": "true"}).get_data(as_text=True)
+    html = client.post("/loops/editor", data=form(csrf, action="preset:identity"),
+                       headers={"HX-Request": "true"}).get_data(as_text=True)
     sources = re.findall(r'name="src" value="(\w)"', html)
     assert sources == list(SYMBOLS)
 
@@ -118,8 +120,8 @@ def test_api_streams_snapshots_when_asked_and_rejects_bad_input(loop_app):
     assert extra.get_json() == {"error": "Supply exactly mapping, start, and steps"}
     response = client.post("/api/loops/trace?stream=snapshots", json={"mapping": CYCLE, "start": "C", "steps": 3})
     lines = [json.loads(line) for line in response.get_data(as_text=True).splitlines() if line.strip()]
-    assert [l["status"] for l in lines] == ["streaming"] * 3 + ["complete"]
-    assert [len(l["trace"]) for l in lines[:3]] == [1, 2, 3]
+    assert [row["status"] for row in lines] == ["streaming"] * 3 + ["complete"]
+    assert [len(row["trace"]) for row in lines[:3]] == [1, 2, 3]
     assert lines[-1]["summary"]["joint_success"] is True and lines[-1]["schema_version"] == 1
     assert [r["prediction"] for r in lines[-1]["trace"]] == ["D", "E", "F"]
 
@@ -165,7 +167,8 @@ def test_tampered_upload_is_rescored_from_its_request(loop_app):
     snapshot["trace"][0]["prediction"] = "Q"       # wrong, but the file still claims success
     from io import BytesIO
     up = client.post("/loops/traces/upload", content_type="multipart/form-data",
-                     data={"csrf_token": csrf_of(client, "/loops/"), "trace": (BytesIO(json.dumps(snapshot).encode()), "t.json")})
+                     data={"csrf_token": csrf_of(client, "/loops/"),
+                           "trace": (BytesIO(json.dumps(snapshot).encode()), "t.json")})
     copy = client.get(up.headers["Location"] + ".json").get_json()
     assert copy["summary"]["first_error"] == 1 and copy["trace"][0]["correct"] is False
 

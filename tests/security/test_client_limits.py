@@ -13,7 +13,7 @@ from tests.support.chat_models import tiny_chat_model
 from tests.support.executors import FunctionJobs
 from tests.support.loop_models import bundle
 from webapp.core import InferenceCore, Job
-from webapp.security import NEW_SESSIONS_FULL
+from webapp.web.security import NEW_SESSIONS_FULL
 
 LETTERS = list(string.ascii_uppercase)
 CYCLE = [[a, b] for a, b in zip(LETTERS, LETTERS[1:] + LETTERS[:1])]

@@ -26,7 +26,7 @@ def normalised(text: str) -> str:
 @pytest.fixture
 def parrot_app(tmp_path):
     """A chat model that says HOSTILE, whatever it is asked."""
-    from webapp.chat.loading import load_chat_model
+    from webapp.chat.model.loading import load_chat_model
     model = load_chat_model(str(tiny_checkpoint(tmp_path / "chat")), arch="script:" + HOSTILE.encode().hex(),
                             factory="tests.support.served_models:build_chat_model")
     app = make_app(tmp_path, {"chat": model})

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import make_app
-from webapp.chat.forms import SEED_MAX, TOP_K_MAX, FormError, Sampling, parse_content, parse_sampling
+from webapp.chat.decode.types import SamplingParams
+from webapp.chat.web.forms import SEED_MAX, TOP_K_MAX, FormError, parse_content, parse_sampling
 from webapp.loops.request import DemoRequest, RequestError
 
 LETTERS = string.ascii_uppercase
@@ -113,7 +114,7 @@ def test_the_chat_form_parsers_give_a_bounded_result_or_a_documented_message(for
             "max_new_tokens": "Max new tokens must be a whole number from 1 to 300.",
             "seed": f"Seed must be empty or a whole number from 0 to {SEED_MAX}."}[error.field]
         return
-    assert isinstance(sampling, Sampling) and math.isfinite(sampling.temperature)
+    assert isinstance(sampling, SamplingParams) and math.isfinite(sampling.temperature)
     assert 0 <= sampling.temperature <= 2 and 0 <= sampling.top_k <= TOP_K_MAX
     assert 1 <= sampling.max_new_tokens <= 300 and (sampling.seed is None or 0 <= sampling.seed <= SEED_MAX)
 
@@ -183,7 +184,8 @@ def test_chat_send_answers_a_reply_or_a_documented_message(client, form, content
         messages = error_messages(html)  # every bad field says so at once, each beside its field
         assert messages and len(messages) == len(set(messages)), messages
         for message in messages:
-            assert re.fullmatch(r"Write a message first\.|Messages cannot contain NUL characters\.|Messages are limited .*"
+            assert re.fullmatch(r"Write a message first\.|Messages cannot contain NUL characters\."
+                                r"|Messages are limited .*"
                                 r"|Temperature must .*|Top-k must .*|Max new tokens must .*|Seed must .*"
                                 r"|Your message is \d+ tokens? too long for this model.*"
                                 r"|With this message \([\d,]+ tokens\) at most [\d,]+ new tokens fit\."

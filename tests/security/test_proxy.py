@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from webapp.config import ConfigError
-from webapp.security import TrustedProxies
+from webapp.web.security import TrustedProxies
 
 FORWARDED = {"HTTP_X_FORWARDED_PREFIX": "/glassbox", "HTTP_X_FORWARDED_PROTO": "https",
              "HTTP_X_FORWARDED_FOR": "10.1.2.3"}

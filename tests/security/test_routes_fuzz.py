@@ -128,7 +128,8 @@ weird_text = st.one_of(
 def int_param(real: list[int]):
     encoded = st.one_of(huge_ints.map(str), st.integers().map(str),
                         st.sampled_from(real or [1]).map(str) if real else st.just("1"))
-    return st.one_of(st.sampled_from(real or [1]).map(str), encoded, encoded, weird_text.map(_pct_text), bad_bytes.map(lambda b: quote_from_bytes(b)))
+    return st.one_of(st.sampled_from(real or [1]).map(str), encoded, encoded, weird_text.map(_pct_text),
+                     bad_bytes.map(lambda b: quote_from_bytes(b)))
 
 
 def text_param(real: list[str]):
@@ -160,8 +161,8 @@ def json_bodies(draw) -> bytes:
     if kind == "nan":
         literal = draw(st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999", "-1e999", "1" * 5000]))
         key = draw(st.sampled_from(JSON_KEYS))
-        return ('{"%s": %s, "messages": [{"role": "user", "content": "hi"}], "model": "glassbox", "steps": %s}'
-                % (key, literal, literal)).encode()
+        return (f'{{"{key}": {literal}, "messages": [{{"role": "user", "content": "hi"}}], "model": "glassbox", '
+                f'"steps": {literal}}}').encode()
     value = draw(json_values)
     if kind == "near":  # a valid-looking request with one field wrong
         mapping = [[a, LETTERS[(i + 1) % 26]] for i, a in enumerate(LETTERS)]
@@ -215,6 +216,7 @@ queries = st.lists(st.tuples(st.sampled_from(QUERY_KEYS),
 def _rules():
     import tempfile
     from pathlib import Path
+
     from webapp import create_app
     from webapp.config import Settings
     # The URL map does not depend on the models: build it once from an app without any, for the ids.
@@ -243,7 +245,8 @@ def path_for(draw, rule: str, world) -> str:
     fuzzed = set(range(len(params))) if mode == "all" else (
         {draw(st.integers(0, len(params) - 1))} if mode == "one" and params else set())
     real = {"conversation_id": [world["conversation"]], "trace_id": [world["trace"]], "job_id": [world["job"]],
-            "token": [world["chat_share"] if rule.startswith("/chat") else world["share"]], "fmt": ["json", "md", "txt", "html"], "model": ["glassbox"],
+            "token": [world["chat_share"] if rule.startswith("/chat") else world["share"]],
+            "fmt": ["json", "md", "txt", "html"], "model": ["glassbox"],
             "rest": ["chat", "embeddings", "models/x"]}
     count = iter(range(len(params)))
 
@@ -327,7 +330,8 @@ def test_every_route_answers_bad_input_with_a_4xx_and_a_message(app, world, capl
             headers["Accept"] = data.draw(st.sampled_from(["application/json", "text/event-stream", "*/*", "\x7f"]))
         if path.startswith("/v1") and data.draw(st.booleans()):
             headers["Authorization"] = data.draw(st.sampled_from(["Bearer x", "Bearer ", "Basic Zm9v", "\u00e9"]))
-        seen.append(check(caplog, world["owner"] if session == "owner" else anonymous, method, path, query, body, headers))
+        seen.append(check(caplog, world["owner"] if session == "owner" else anonymous, method, path, query, body,
+                          headers))
 
     seen.clear()
     run()

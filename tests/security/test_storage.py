@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import csrf_of, make_app
 from tests.support.chat_models import tiny_chat_model
 from tests.support.loop_models import bundle
-from webapp.web import storage
+from webapp.web import quotas
 
 LETTERS = list(string.ascii_uppercase)
 CYCLE = [[a, b] for a, b in zip(LETTERS, LETTERS[1:] + LETTERS[:1])]
@@ -93,9 +93,9 @@ def test_api_runs_without_a_cookie_set_none_and_are_purged_after_the_retention(a
     keeper.post("/api/loops/trace", json={"mapping": CYCLE, "start": "A", "steps": 2}).get_data()
     with app.app_context():
         hours = app.config["GLASSBOX"].api_retention_hours
-        assert storage.purge_api_runs(now=time.time() + hours * 3600 - 60) == 0  # not yet
-        storage._purged["at"] = 0.0
-        assert storage.purge_api_runs(now=time.time() + hours * 3600 + 60) == 1
+        assert quotas.purge_api_runs(now=time.time() + hours * 3600 - 60) == 0  # not yet
+        quotas._purged["at"] = 0.0
+        assert quotas.purge_api_runs(now=time.time() + hours * 3600 + 60) == 1
     [(left,)] = rows(app, "SELECT owner FROM traces")
     assert not left.startswith("api:")
 

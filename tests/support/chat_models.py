@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from webapp.chat.loading import load_chat_model
-from webapp.chat.model import GPT, GPTConfig
+from webapp.chat.model.gpt import GPT, GPTConfig
+from webapp.chat.model.loading import load_chat_model
 
 
 def tiny_checkpoint(directory: Path, block_size: int = 512, seed: int = 0) -> Path:

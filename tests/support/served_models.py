@@ -16,8 +16,8 @@ import os
 import time
 
 from tests.support.loop_models import bundle
-from webapp.chat.model import GPT, GPTConfig
-from webapp.chat.tokenizer import ByteTokenizer
+from webapp.chat.model.gpt import GPT, GPTConfig
+from webapp.chat.model.tokenizer import ByteTokenizer
 
 TINY = dict(block_size=512, vocab_size=264, n_layer=2, n_head=2, n_embd=32)  # = chat_models.tiny_checkpoint
 SPECIALS = ByteTokenizer().special_ids

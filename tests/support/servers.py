@@ -70,7 +70,7 @@ class Gunicorn:
     def url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
 
-    def start(self, ready_timeout: float = 60.0) -> "Gunicorn":
+    def start(self, ready_timeout: float = 60.0) -> Gunicorn:
         self.instance.mkdir(parents=True, exist_ok=True)
         self.log_path = self.instance / f"gunicorn-{int(time.time() * 1000)}.log"
         env = {**os.environ, "GLASSBOX_BIND": f"{LOOPBACK}:{self.port}",
@@ -153,7 +153,7 @@ class Nginx:
     def url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
 
-    def start(self) -> "Nginx":
+    def start(self) -> Nginx:
         self.prefix.mkdir(parents=True, exist_ok=True)
         conf = self.prefix / "nginx.conf"
         conf.write_text(nginx_config(self.template, self.prefix, self.port, self.upstream_port))
@@ -259,7 +259,7 @@ class Client:
     def post(self, path: str, data: dict | None = None, **kw) -> Reply:
         return self.request("POST", path, data if data is not None else {}, **kw)
 
-    def open_stream(self, path: str, timeout: float = 30) -> "Stream":
+    def open_stream(self, path: str, timeout: float = 30) -> Stream:
         return Stream(self, path, timeout)
 
 

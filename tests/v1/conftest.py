@@ -52,7 +52,7 @@ SCRIPT = "The capital of France is Paris. Ünïcödé ✓ END here"
 def scripted_chat_model(directory, text: str = SCRIPT):
     """The tiny GPT forced to say `text`, then <|assistant_end|> (tests/support/served_models.py)."""
     from tests.support.chat_models import tiny_checkpoint
-    from webapp.chat.loading import load_chat_model
+    from webapp.chat.model.loading import load_chat_model
     return load_chat_model(str(tiny_checkpoint(directory)), factory="tests.support.served_models:build_chat_model",
                            arch="script:" + text.encode().hex())
 

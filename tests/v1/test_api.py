@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import make_app, sse_events
 from tests.v1.conftest import KEY, OTHER_KEY, SCRIPT, submitted_jobs, write_keys
-from webapp.chat.generate import generate
+from webapp.chat.decode.generate import generate
 from webapp.config import ConfigError
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -105,7 +105,8 @@ def test_errors_have_openais_shape_and_status(api_app):
                              (client.post("/v1/chat/completions", data="{"), 415),
                              (client.post("/v1/chat/completions", data="{", content_type="application/json"), 400),
                              (client.post("/v1/embeddings", json={}), 404), (client.get("/v1/chat/completions"), 404),
-                             (client.post("/v1/chat/completions", json={"messages": [{"content": "x" * 300_000}]}), 413)]:
+                             (client.post("/v1/chat/completions", json={"messages": [{"content": "x" * 300_000}]}),
+                              413)]:
         assert response.status_code == status, response.data
         error = response.json["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["message"]

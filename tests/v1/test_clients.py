@@ -169,7 +169,8 @@ def test_curl_hears_why_in_openais_shape(scripted):
 
 
 def test_the_loop_lab_api_takes_the_same_key(scripted):
-    request = json.dumps({"mapping": [[a, b] for a, b in zip("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "BCDEFGHIJKLMNOPQRSTUVWXYZA")],
+    request = json.dumps({"mapping": [[a, b] for a, b in zip("ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+                                                             "BCDEFGHIJKLMNOPQRSTUVWXYZA")],
                           "start": "A", "steps": 3})
     refused = curl("-w", "\n%{http_code}", "-H", "Content-Type: application/json", "-d", request,
                    scripted.url + "/api/loops/trace").stdout

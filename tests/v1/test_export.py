@@ -15,9 +15,9 @@ import torch
 from safetensors.torch import save_file
 
 from tests.conftest import ROOT
-from webapp.chat.export import ExportError, export_hf, gpt2_state
-from webapp.chat.loading import load_chat_model
-from webapp.chat.model import GPT, GPTConfig
+from webapp.chat.model.gpt import GPT, GPTConfig
+from webapp.chat.model.hf import ExportError, export_hf, gpt2_state
+from webapp.chat.model.loading import load_chat_model
 from webapp.v1.params import chat_turns
 
 transformers = pytest.importorskip("transformers")  # in the [test] extra: never skipped under `make test`

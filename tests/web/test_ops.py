@@ -14,9 +14,9 @@ from webapp.core.metrics import JobMetrics, LatencyHistogram
 
 
 def test_readiness_follows_the_warm_up_and_the_shutdown(tmp_path, monkeypatch):
-    from webapp.loops import service
+    from webapp.loops import boot
     gate = threading.Event()
-    monkeypatch.setattr(service, "warm_up", lambda bundle: gate.wait(10))
+    monkeypatch.setattr(boot, "warm_up", lambda bundle: gate.wait(10))
     settings = Settings(instance_path=str(tmp_path / "instance"), secret_key="test-secret")
     app = create_app(settings, models={"loops": bundle()}, test_config={"TESTING": True})  # does not wait
     client = app.test_client()

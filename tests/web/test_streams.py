@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import csrf_of, make_app, wait_for
 from tests.support.chat_models import tiny_chat_model
 from tests.support.loop_models import bundle
-from webapp.loops.views import REPLAY_MAX_GAP_SECONDS, REPLAY_MAX_SECONDS, replay_frames, replay_schedule
+from webapp.loops.web.traces import REPLAY_MAX_GAP_SECONDS, REPLAY_MAX_SECONDS, replay_frames, replay_schedule
 
 LETTERS = list(string.ascii_uppercase)
 CYCLE = [[a, b] for a, b in zip(LETTERS, LETTERS[1:] + LETTERS[:1])]

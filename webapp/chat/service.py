@@ -1,19 +1,18 @@
-"""Chat on the shared core: load the model, turn a conversation into a reply job, save it."""
+"""Chat on the shared core: turn a conversation into a reply job, save it. The one place a chat job is
+built (the pages and /v1 both submit through `submit_reply`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from webapp.chat.batch import ChatAlone, ChatBatch, ChatRequest, Forced
-from webapp.chat.forms import Sampling
-from webapp.chat.generate import SamplingParams
-from webapp.chat.prompt import PromptBuilder, PromptReport
-from webapp.chat.store import ROOT, ChatStore, ReplyStats
-from webapp.core.engine import InferenceCore
+from webapp.chat.decode.types import ChatRequest, ChatResult, Forced, SamplingParams
+from webapp.chat.model.loading import LoadedChatModel
+from webapp.chat.model.prompt import PromptBuilder, PromptReport
+from webapp.chat.store import ROOT, ChatStore
+from webapp.core import InferenceCore
 from webapp.core.jobs import CANCELLED, DONE, Job
-from webapp.core.threads import one_torch_thread, torch_threads
 
 STATUS_OF_OUTCOME = {DONE: "complete", CANCELLED: "stopped"}  # anything else is an error
 
@@ -32,67 +31,11 @@ class Turn:
 
     conversation: dict | None  # None: a new conversation
     prompt: PromptReport
-    sampling: Sampling
+    sampling: SamplingParams
     user_text: str | None = None  # the question it answers, when the turn adds one
-    branch_from: int | None = None  # a new version after this message (ROOT: a first message); None: after the branch shown
+    # a new version after this message (ROOT: a first message); None: after the branch shown
+    branch_from: int | None = None
     forced: Forced | None = None  # the reply's first tokens, given
-# Below this much weight a reply runs on one intra-op thread. The bundled 14 MB model decodes 410
-# tokens/s on one thread either way, 520 on two on a quiet machine, but 17 on two when another process
-# holds a core: each operator then waits a scheduler slice for its second thread (docs/benchmarks.md,
-# "intra-op threads"). Far more than anyone reads, every time, beats a little faster when quiet.
-SMALL_MODEL_BYTES = 64 * 2**20
-
-
-def reply_threads(model, setting: int) -> int:
-    """Intra-op threads for replies: the setting, else 1 for a small model, else 0 (the worker's)."""
-    if setting:
-        return setting
-    size = sum(p.numel() * p.element_size() for p in model.parameters())
-    return 1 if size < SMALL_MODEL_BYTES else 0
-
-
-def load_model(settings):
-    from webapp.chat.loading import load_chat_model
-    with one_torch_thread():  # the core's worker must stay the only thread with a thread pool
-        loaded = load_chat_model(settings.chat_checkpoint, arch=settings.chat_arch or None,
-                                 tokenizer_spec=settings.chat_tokenizer or None,
-                                 factory=settings.chat_factory or None, device=settings.device,
-                                 dtype=settings.dtype or None)
-    loaded.torch_threads = reply_threads(loaded.model, settings.chat_torch_threads)
-    if settings.device == "cpu":  # compiled here, once per machine, rather than on the first reply
-        from webapp.chat import kernels
-        if kernels.library() is not None:
-            logging.getLogger("glassbox").info("decode kernel compiled for this CPU, in %s", kernels.cache_dir())
-    # With a remote backend the local model still gives the tokenizer and the window (prompt budget,
-    # prompt view); the replies come from the backend (webapp/chat/remote.py).
-    loaded.remote = bool(getattr(settings, "chat_backend", ""))
-    return loaded
-
-
-def executor(loaded, settings):
-    """The core's executor for chat jobs: a remote OpenAI-compatible backend when configured
-    (GLASSBOX_CHAT_BACKEND), else the batched decoder, or one reply at a time without a KV cache."""
-    if getattr(settings, "chat_backend", ""):
-        from webapp.chat.remote import remote_executor
-        remote = remote_executor(loaded, settings)  # a bad GLASSBOX_CHAT_BACKEND* stops start-up here
-        loaded.remote = True
-        return remote
-    if loaded.supports_kv_cache:
-        return ChatBatch(loaded, max_rows=settings.max_batch, kv_cache_bytes=settings.kv_cache_mb * 2**20)
-    return ChatAlone(loaded)
-
-
-def warm_up(loaded) -> None:
-    """One short greedy reply, so the first visitor does not pay for lazy initialisation."""
-    if getattr(loaded, "remote", False):  # replies come from a backend: nothing local to warm up
-        return
-    from webapp.chat.generate import generate
-    ids = loaded.prompt.build([{"role": "user", "content": "Hi"}], 2)
-    with torch_threads(loaded.torch_threads):
-        for _ in generate(loaded, ids, max_new_tokens=2, temperature=0.0):
-            pass
-
-
 class ChatService:
     """What the chat views call; knows the store and the core, never the device."""
 
@@ -101,7 +44,7 @@ class ChatService:
         self.store = store
 
     @property
-    def model(self):
+    def model(self) -> LoadedChatModel:
         return self.core.models["chat"]
 
     @property
@@ -113,7 +56,7 @@ class ChatService:
     def max_new_tokens_limit(self) -> int:
         return self.prompts.max_new_tokens_limit()
 
-    def check_prompt(self, history: list[dict], sampling: Sampling) -> PromptReport:
+    def check_prompt(self, history: list[dict], sampling: SamplingParams) -> PromptReport:
         """The prompt for a reply to `history`; raises PromptTooLong (nothing saved yet)."""
         turns = [{"role": m["role"], "content": m["content"]} for m in history
                  if m["role"] == "user" or m["status"] in ("complete", "stopped")]
@@ -161,7 +104,7 @@ class ChatService:
         self.store.delete_conversation(owner, conversation_id)
 
     # -- turns: check, then save in one transaction, submit, take back if refused ----------------
-    def send_turn(self, conversation: dict | None, content: str, sampling: Sampling, max_messages: int) -> Turn:
+    def send_turn(self, conversation: dict | None, content: str, sampling: SamplingParams, max_messages: int) -> Turn:
         """A new question in a conversation (None: a new one). Raises ChatError, PromptTooLong."""
         history = self.history(conversation["id"]) if conversation else []
         if len(history) + 2 > max_messages:
@@ -170,7 +113,7 @@ class ChatService:
         prompt = self.check_prompt(history + [{"role": "user", "content": content, "status": "complete"}], sampling)
         return Turn(conversation, prompt, sampling, user_text=content)
 
-    def regenerate_turn(self, conversation: dict, sampling: Sampling) -> Turn:
+    def regenerate_turn(self, conversation: dict, sampling: SamplingParams) -> Turn:
         """A new version of the last reply, after the same question; the old one stays."""
         history = self.history(conversation["id"])
         if not history or history[-1]["role"] != "assistant" or history[-1]["status"] == "pending":
@@ -178,7 +121,7 @@ class ChatService:
         return Turn(conversation, self.check_prompt(history[:-1], sampling), sampling,
                     branch_from=history[-1]["parent_id"] or ROOT)
 
-    def edit_turn(self, conversation: dict, message: dict, content: str, sampling: Sampling) -> Turn:
+    def edit_turn(self, conversation: dict, message: dict, content: str, sampling: SamplingParams) -> Turn:
         """A new version of a question (and a reply to it); the old one stays with what followed it."""
         if message["role"] != "user":
             raise ChatError("Only your own messages can be edited.")
@@ -200,7 +143,7 @@ class ChatService:
         details = self.details(message["id"])
         if not details["odds"] or not details["prompt"]:
             raise ChatError("This reply was saved before Glassbox kept its tokens, so it cannot be branched.")
-        sampling = Sampling(**{k: v for k, v in (message["settings"] or {}).items()
+        sampling = SamplingParams(**{k: v for k, v in (message["settings"] or {}).items()
                                if k in ("max_new_tokens", "temperature", "top_k", "seed")})
         if len(forced.tokens) > sampling.max_new_tokens:
             raise ChatError(f"That continuation is longer than the reply may be ({sampling.max_new_tokens} tokens).",
@@ -215,16 +158,12 @@ class ChatService:
         ids = self.store.begin_turn(owner, conversation["id"] if conversation else None, user_text=turn.user_text,
                                     branch_from=turn.branch_from, settings=turn.sampling.as_dict(),
                                     prompt=turn.prompt.as_dict())
-        p = turn.sampling
-        forced = turn.forced or Forced(())
-        request = ChatRequest(tuple(turn.prompt.ids), SamplingParams(p.max_new_tokens, p.temperature, p.top_k, p.seed),
-                              forced=forced.tokens, forced_odds=forced.odds)
+        forced = turn.forced or Forced()
+        request = ChatRequest(tuple(turn.prompt.ids), turn.sampling, forced=forced.tokens, forced_odds=forced.odds)
         reply_id = ids.reply_id
-        job = Job("chat", owner, request, on_finish=self._saver(reply_id),
-                  on_progress=lambda job: self.store.save_progress(reply_id, "".join(job.result["text"])),
-                  ref=reply_id)
         try:
-            self.core.submit(job)
+            self.submit_reply(owner, request, ref=reply_id, on_finish=self._saver(reply_id),
+                              on_progress=lambda job: self.store.save_progress(reply_id, job.result.reply))
         except Exception:
             self.store.take_back_turn(owner, ids)
             raise
@@ -235,6 +174,13 @@ class ChatService:
         if any(m["status"] == "pending" for m in self.history(conversation_id)):
             raise ChatError("Stop the running reply before switching versions.")
         self.store.show_message(conversation_id, message_id)
+
+    def submit_reply(self, owner: str, request: ChatRequest, *, ref: object = None,
+                     on_finish: Callable[[Job, str, str | None], None] | None = None,
+                     on_progress: Callable[[Job], None] | None = None) -> Job:
+        """Queue a reply job (its result a ChatResult) -> the job; raises Refused when the core will not take it."""
+        return self.core.submit(Job("chat", owner, request, on_finish=on_finish, on_progress=on_progress, ref=ref,
+                                    result=ChatResult()))
 
     def job_for(self, message_id: int) -> Job | None:
         return self.core.find("chat", message_id)
@@ -247,12 +193,12 @@ class ChatService:
     # -- on the core's worker ----------------------------------------------------------------
     def _saver(self, message_id: int):
         def save(job: Job, outcome: str, error: str | None) -> None:
-            text = "".join(job.result.get("text", []))
+            result: ChatResult = job.result
             status = STATUS_OF_OUTCOME.get(outcome, "error")
-            odds = [o.as_row() for o in job.result.get("odds", [])]
-            stats = job.result.get("stats", ReplyStats())
+            odds = [o.as_row() for o in result.odds]
+            stats = result.stats
             if job.started is not None:  # how long it waited for a free row, shown apart from its first token
                 stats = dataclasses.replace(stats, wait_seconds=job.started - job.created)
-            self.store.finish_reply(message_id, text, status, error, stats, odds)
+            self.store.finish_reply(message_id, result.reply, status, error, stats, odds)
         return save
 

@@ -8,18 +8,11 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from webapp.chat.decode.types import ReplyStats
 from webapp.db import Database
 
 TITLE_CHARS = 60
 ROOT = 0  # begin_turn(branch_from=ROOT): a new version of the first message (it has no parent)
-
-
-@dataclass(frozen=True)
-class ReplyStats:
-    tokens: int | None = None
-    ttft_seconds: float | None = None
-    tokens_per_second: float | None = None
-    wait_seconds: float | None = None  # in line before the reply started (its first token is timed from then)
 
 
 @dataclass(frozen=True)
@@ -153,7 +146,7 @@ class ChatStore:
             db.execute("COMMIT")
 
     def begin_turn(self, owner: str, conversation_id: str | None, *, user_text: str | None,
-                   branch_from: int | None, settings: dict, prompt: dict) -> "TurnIds":
+                   branch_from: int | None, settings: dict, prompt: dict) -> TurnIds:
         """Save what a new reply needs, in one transaction: its conversation (when new), the question
         (when there is one), the pending reply and its prompt. The reply follows the branch shown, or
         is a new version after `branch_from` (ROOT: a new first message). Both are shown from now on."""
@@ -163,7 +156,8 @@ class ChatStore:
             created = conversation_id is None
             if created:
                 conversation_id = uuid.uuid4().hex[:16]
-                db.execute("INSERT INTO conversations (id, owner, title, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
+                db.execute("INSERT INTO conversations (id, owner, title, created_at, updated_at)"
+                           " VALUES (?, ?, ?, ?, ?)",
                            (conversation_id, owner, _title(user_text or ""), now, now))
             shown = db.execute("SELECT leaf_id FROM conversations WHERE id = ?", (conversation_id,)).fetchone()[0]
             title = None
@@ -182,11 +176,12 @@ class ChatStore:
                                   (conversation_id, json.dumps(settings), now, parent)).lastrowid
             db.execute("INSERT INTO reply_details (message_id, prompt) VALUES (?, ?)",
                        (reply_id, json.dumps(prompt, separators=(",", ":"))))
-            db.execute("UPDATE conversations SET updated_at = ?, leaf_id = ? WHERE id = ?", (now, reply_id, conversation_id))
+            db.execute("UPDATE conversations SET updated_at = ?, leaf_id = ? WHERE id = ?",
+                       (now, reply_id, conversation_id))
             db.execute("COMMIT")
         return TurnIds(conversation_id, created, shown, user_id, reply_id, title)
 
-    def take_back_turn(self, owner: str, turn: "TurnIds") -> None:
+    def take_back_turn(self, owner: str, turn: TurnIds) -> None:
         """Undo begin_turn, in one transaction: the branch shown is the one shown before."""
         with self.db.connect() as db:
             db.execute("BEGIN")
@@ -210,6 +205,22 @@ class ChatStore:
         if row is None:
             return {"prompt": None, "odds": None}
         return {k: json.loads(row[k]) if row[k] else None for k in ("prompt", "odds")}
+
+
+    # -- what the quotas ask (webapp/web/quotas.py) --------------------------------------------------
+    def stored_bytes(self, owner: str) -> int:
+        """Characters this owner keeps in messages and reply details."""
+        with self.db.connect() as db:
+            row = db.execute(
+                "SELECT COALESCE(SUM(LENGTH(m.content) + COALESCE(LENGTH(d.prompt), 0)"
+                " + COALESCE(LENGTH(d.odds), 0)), 0)"
+                " FROM conversations c JOIN messages m ON m.conversation_id = c.id"
+                " LEFT JOIN reply_details d ON d.message_id = m.id WHERE c.owner = ?", (owner,)).fetchone()
+        return int(row[0])
+
+    def count_conversations(self, owner: str) -> int:
+        with self.db.connect() as db:
+            return int(db.execute("SELECT COUNT(*) FROM conversations WHERE owner = ?", (owner,)).fetchone()[0])
 
 
 def _title(text: str) -> str:

@@ -20,11 +20,13 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from webapp.core.executors import BatchedJobs, Finished, StepReport, WholeJobs
+from webapp.core.executors import BatchedJobs, Executor, StepReport, WholeJobs
 from webapp.core.jobs import CANCELLED, DONE, FAILED, QUEUED, RUNNING, Job, JobCancelled
 from webapp.core.metrics import JobMetrics, StepMetrics
+from webapp.core.refusals import CoreClosed, QueueFull, TooManyFromClient, TooManyJobs
 from webapp.core.threads import torch_threads
 
 log = logging.getLogger("glassbox.core")
@@ -34,50 +36,8 @@ BATCH_SLICE_SECONDS = 0.05
 SAVE_RETRY_SECONDS = 5.0  # how often a result whose save failed (disk full) is tried again
 
 
-class Refused(Exception):
-    """The core will not take a job now. `reason` says why; the web layer maps it to an HTTP status."""
-
-    reason = "busy"
-
-
-class CoreClosed(Refused):
-    reason = "closing"
-
-    def __init__(self, message: str = "The server is shutting down; try again in a moment") -> None:
-        super().__init__(message)
-
-
-class QueueFull(Refused):
-    reason = "busy"
-
-    def __init__(self, message: str = "The server is busy; try again in a moment") -> None:
-        super().__init__(message)
-
-
-class TooManyJobs(Refused):
-    """This owner already has as many jobs queued or running as one browser may."""
-
-    reason = "too_many"
-    message = "You already have runs or replies waiting or running. Wait for one to finish or stop it."
-
-    def __init__(self) -> None:
-        super().__init__(self.message)
-
-
-class TooManyFromClient(Refused):
-    """This client address already has as many jobs queued or running as one address may, whatever
-    cookies it sends (a script that drops its cookie is a new browser, but the same address)."""
-
-    reason = "too_many"
-    message = ("Too many runs or replies are waiting or running from your address. Wait for some to finish; "
-               "scripts: keep the session cookie and send one request at a time.")
-
-    def __init__(self) -> None:
-        super().__init__(self.message)
-
-
 class InferenceCore:
-    def __init__(self, models: dict[str, Any], executors: dict[str, WholeJobs | BatchedJobs] | None = None, *,
+    def __init__(self, models: dict[str, Any], executors: dict[str, Executor] | None = None, *,
                  warmups: dict[str, Callable[[Any], None]] | None = None,
                  load_seconds: dict[str, float] | None = None, torch_threads: int = 0,
                  max_queue: int = 64, max_jobs_per_owner: int = 0, max_jobs_per_client: int = 0,
@@ -105,7 +65,8 @@ class InferenceCore:
         self._last_save_try = 0.0
         self._lock = threading.Condition()
         self._closed = False
-        self.counters = collections.Counter()  # submitted, done, cancelled, failed, tokens, rows
+        # submitted, done, cancelled, failed, tokens, rows
+        self.counters: collections.Counter[str] = collections.Counter()
         self.job_metrics = JobMetrics()  # per-kind outcomes, waits and run times; logs each job
         self.step_metrics = StepMetrics()  # rows per step, step time, prefill tokens, admitted, retired
         self.warmup_seconds: dict[str, float] = {}
@@ -183,7 +144,7 @@ class InferenceCore:
             return True
 
     def memory_bytes(self) -> int:
-        return sum(ex.memory_bytes() for ex in self.executors.values() if ex.batched)
+        return sum(ex.memory_bytes() for ex in self._batched())
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop taking jobs, cancel every queued and running one, and wait for the worker."""
@@ -232,7 +193,7 @@ class InferenceCore:
             log.exception("model warm-up failed")
 
     def _batched(self) -> list[BatchedJobs]:
-        return [ex for ex in self.executors.values() if ex.batched]
+        return [ex for ex in self.executors.values() if isinstance(ex, BatchedJobs)]
 
     def _plan(self) -> tuple[list[Job], Job | None] | None:
         """Under the lock: the jobs to admit to their batches, and the one whole job to run.
@@ -254,7 +215,7 @@ class InferenceCore:
         for job in [j for j in self._queue if j.cancelled]:
             self._queue.remove(job)
             self._finish_unstarted(job)
-        room = {kind: ex.max_rows - ex.rows for kind, ex in self.executors.items() if ex.batched}
+        room = {kind: ex.max_rows - ex.rows for kind, ex in self.executors.items() if isinstance(ex, BatchedJobs)}
         admitted, whole = [], None
         for job in self._fair_order():
             if job.kind in room:
@@ -313,16 +274,18 @@ class InferenceCore:
 
     def _renumber(self) -> None:
         """Each waiting job's place in its lane: among the jobs it really waits behind (in fair order)."""
-        places: collections.Counter = collections.Counter()
+        places: collections.Counter[str] = collections.Counter()
         for job in self._fair_order():
-            lane = job.kind if job.kind in self.executors and self.executors[job.kind].batched else "whole"
+            lane = job.kind if isinstance(self.executors.get(job.kind), BatchedJobs) else "whole"
             places[lane] += 1
             job.set_position(places[lane])
 
     def _admit(self, job: Job) -> None:
         job.set_state(RUNNING)
         try:
-            self.executors[job.kind].admit(job)
+            executor = self.executors[job.kind]
+            assert isinstance(executor, BatchedJobs)
+            executor.admit(job)
             self.step_metrics.admitted += 1
         except Exception as exc:  # e.g. out of memory for its cache: this job fails, the batch goes on
             log.exception("admitting job %s (%s) failed", job.id, job.kind)
@@ -344,7 +307,9 @@ class InferenceCore:
         outcome, error = DONE, None
         try:
             job.raise_if_cancelled()
-            self.executors[job.kind].run(job, self)
+            executor = self.executors[job.kind]
+            assert isinstance(executor, WholeJobs)
+            executor.run(job, self)
         except JobCancelled:
             outcome = CANCELLED
         except Exception as exc:  # reported to the user, never hidden
@@ -402,7 +367,8 @@ class InferenceCore:
             unsaved = list(self._unsaved.values())
         for job in unsaved:
             try:
-                job.on_finish(job, FAILED, job.save_error)
+                if job.on_finish is not None:
+                    job.on_finish(job, FAILED, job.save_error)
             except Exception as exc:
                 log.warning("saving job %s (%s) failed again: %s", job.id, job.kind, exc)
                 return  # the disk is still full: try them all again later
@@ -418,5 +384,4 @@ class InferenceCore:
             del self._jobs[old.id]
 
 
-__all__ = ["CoreClosed", "Finished", "InferenceCore", "QueueFull", "Refused", "StepReport", "TooManyFromClient",
-           "TooManyJobs"]
+__all__ = ["InferenceCore"]

@@ -1,7 +1,7 @@
 """What the core's worker executes: one executor per kind of job, given by the app at start-up.
 
 The core decides what runs at each step; an executor knows how to run one kind of request on the
-device. Two shapes:
+device. Two kinds, told apart by type:
 
 - `WholeJobs`: a job runs from start to end in one call (a Loop-lab run; a chat reply on a model
   without a KV cache). One at a time, between the batched steps.
@@ -15,16 +15,26 @@ Executors run on the worker thread only; they never see Flask, and they publish 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from webapp.core.jobs import Job
 
 
-class WholeJobs(Protocol):
-    batched = False
+class Worker(Protocol):
+    """The core as an executor sees it, on the worker thread."""
 
-    def run(self, job: Job, core) -> None:
+    def count(self, name: str, n: int = 1, job: Job | None = None) -> None:
+        """Add to a production counter (tokens, loop rows) and to the job's own counts."""
+
+    def interleave(self) -> None:
+        """Between a whole job's units of work: let the batch take a step when it is due."""
+
+
+class WholeJobs(ABC):
+    @abstractmethod
+    def run(self, job: Job, core: Worker) -> None:
         """Run the job to its end; raise JobCancelled once it is cancelled, anything else to fail it."""
 
 
@@ -42,19 +52,25 @@ class StepReport:
     prefill_tokens: int = 0  # prompt tokens prefilled in this step
 
 
-class BatchedJobs(Protocol):
-    batched = True
+class BatchedJobs(ABC):
     max_rows: int
 
     @property
+    @abstractmethod
     def rows(self) -> int:
         """Jobs admitted and not finished yet."""
 
+    @abstractmethod
     def admit(self, job: Job) -> None:
         """Take a job into the batch (its work starts at the next step)."""
 
-    def step(self, core) -> StepReport:
+    @abstractmethod
+    def step(self, core: Worker) -> StepReport:
         """Do one bounded step of work for the rows; report the ones that finished."""
 
     def memory_bytes(self) -> int:
         """Device memory the executor holds for rows and kept caches (for /metrics)."""
+        return 0
+
+
+Executor = WholeJobs | BatchedJobs

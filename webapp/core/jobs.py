@@ -1,7 +1,8 @@
 """A job: one unit of device work, its event log, and its subscribers.
 
 A job is created by a service with its request (plain data: what to run), waits in the core's
-queue, is run by the core's worker through the executor of its kind, and publishes events.  Any number of streams may subscribe; each one first replays what was
+queue, is run by the core's worker through the executor of its kind, and publishes events.  Any number
+of streams may subscribe; each one first replays what was
 published so far, so a late or reconnecting subscriber misses nothing and nothing is ever
 generated twice.  When the last subscriber leaves an unfinished job, the job is cancelled.
 """
@@ -13,8 +14,9 @@ import itertools
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 QUEUED, RUNNING, DONE, CANCELLED, FAILED = "queued", "running", "done", "cancelled", "failed"
 FINISHED = frozenset({DONE, CANCELLED, FAILED})
@@ -39,7 +41,7 @@ class Event:
     """One published event: a name the stream uses as its SSE event name, and its data."""
 
     name: str
-    data: dict
+    data: dict[str, Any]
 
 
 @dataclass
@@ -49,9 +51,9 @@ class Job:
     request: Any = None  # what to run: the demo's own typed request, plain data
     # Called once with (job, outcome, error) before the end is announced: saves results,
     # whatever the outcome (done, cancelled, failed).
-    on_finish: Callable[["Job", str, str | None], None] | None = None
+    on_finish: Callable[[Job, str, str | None], None] | None = None
     # Called now and then while it runs (Job.progress) with the job: saves the partial result.
-    on_progress: Callable[["Job"], None] | None = None
+    on_progress: Callable[[Job], None] | None = None
     # A job nobody ever subscribed to is abandoned after this many seconds.
     orphan_seconds: float = 30.0
     client: str = field(default_factory=CLIENT.get)  # who asked (an address), for per-client limits
@@ -62,8 +64,9 @@ class Job:
     error: str | None = None
     started: float | None = None
     finished: float | None = None
-    result: dict = field(default_factory=dict)  # the executor's own summary (text, timings, counts)
-    counts: dict = field(default_factory=dict)  # what it produced (tokens, rows), for the job log
+    # what it produced, of its kind's own type (a chat reply's ChatResult, a Loop-lab run's LoopResult)
+    result: Any = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)  # what it produced (tokens, rows), for the job log
     seq: int = 0  # its place in the order of submission (1, 2, ...), for the job log
     ref: Any = None  # what the job is found by besides its id (a chat reply: its message id)
 

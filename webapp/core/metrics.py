@@ -9,6 +9,9 @@ import logging
 import threading
 import time
 
+from webapp.core.executors import StepReport
+from webapp.core.jobs import Job
+
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 JOB_BUCKETS = (0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 OUTCOMES = ("submitted", "done", "cancelled", "failed")
@@ -36,7 +39,7 @@ class LatencyHistogram:
         with self._lock:
             counts, total = list(self._counts), self._sum
         sep = "," if labels else ""
-        out, running = _head(name, "histogram", help), 0
+        out, running = head(name, "histogram", help), 0
         for bound, count in zip(self.buckets, counts):
             running += count
             out.append(f'{name}_bucket{{{labels}{sep}le="{bound}"}} {running}')
@@ -56,7 +59,7 @@ class JobMetrics:
         self.wait = LatencyHistogram(JOB_BUCKETS)
         self.run = LatencyHistogram(JOB_BUCKETS)
 
-    def job_finished(self, job) -> None:
+    def job_finished(self, job: Job) -> None:
         end = job.finished or time.monotonic()
         started = job.started or end  # never started: it waited until it was cancelled
         wait, run = started - job.created, end - started
@@ -75,7 +78,7 @@ class JobMetrics:
     def lines(self) -> list[str]:
         with self._lock:
             finished = sorted(self.finished.items())
-        out = _head("glassbox_jobs_finished_total", "counter", "Finished jobs by kind and outcome")
+        out = head("glassbox_jobs_finished_total", "counter", "Finished jobs by kind and outcome")
         out += [f'glassbox_jobs_finished_total{{kind="{kind}",outcome="{outcome}"}} {n}'
                 for (kind, outcome), n in finished]
         out += self.wait.lines("glassbox_job_queue_seconds", help="Time from submission to start (or cancel)")
@@ -97,7 +100,7 @@ class StepMetrics:
         self.admitted = 0
         self.retired = 0
 
-    def observe(self, report, seconds: float) -> None:
+    def observe(self, report: StepReport, seconds: float) -> None:
         self.seconds.observe(seconds)
         if report.rows:
             self.rows.observe(report.rows)
@@ -110,49 +113,15 @@ class StepMetrics:
                 + self.seconds.lines("glassbox_step_seconds", help="Time of one batched step")
                 + self.prefill_tokens.lines("glassbox_step_prefill_tokens",
                                             help="Prompt tokens prefilled in a step that prefilled")
-                + _head("glassbox_batch_admitted_total", "counter", "Replies admitted into the batch")
+                + head("glassbox_batch_admitted_total", "counter", "Replies admitted into the batch")
                 + [f"glassbox_batch_admitted_total {self.admitted}"]
-                + _head("glassbox_batch_retired_total", "counter", "Replies retired from the batch")
+                + head("glassbox_batch_retired_total", "counter", "Replies retired from the batch")
                 + [f"glassbox_batch_retired_total {self.retired}"])
 
 
-def _head(name: str, kind: str, help: str = "") -> list[str]:
+def head(name: str, kind: str, help: str = "") -> list[str]:
     return ([f"# HELP {name} {help}"] if help else []) + [f"# TYPE {name} {kind}"]
 
 
-def _gauge(name: str, value, help: str) -> list[str]:
-    return _head(name, "gauge", help) + [f"{name} {value}"]
-
-
-def thread_counts() -> dict[str, int]:
-    """Python threads: gunicorn's request pool (bounded by its `threads`) and all others."""
-    pool = sum(1 for t in threading.enumerate() if t.name.startswith("ThreadPoolExecutor"))
-    return {"request_pool": pool, "other": threading.active_count() - pool}
-
-
-def exposition(core, latency: LatencyHistogram) -> str:
-    counters = dict(core.counters)
-    lines = (_gauge("glassbox_queue_length", core.queue_length(), "Jobs waiting for the device")
-             + _gauge("glassbox_running_jobs", len(core.running_jobs()), "Jobs running (batched replies, whole runs)")
-             + _gauge("glassbox_kv_cache_bytes", core.memory_bytes(), "KV-cache memory: running replies and kept prefixes")
-             + _gauge("glassbox_open_streams", core.open_streams, "Open SSE streams, each holding a thread")
-             + _gauge("glassbox_ready", int(core.ready.is_set()), "1 once the models are loaded and warmed up")
-             + _gauge("glassbox_accepting_jobs", int(core.accepting), "0 once shutdown has begun")
-             + _head("glassbox_threads", "gauge", "Python threads of the process"))
-    lines += [f'glassbox_threads{{kind="{kind}"}} {n}' for kind, n in thread_counts().items()]
-    lines += _head("glassbox_jobs_total", "counter", "Jobs submitted, and finished by outcome")
-    lines += [f'glassbox_jobs_total{{outcome="{o}"}} {counters.get(o, 0)}' for o in OUTCOMES]
-    lines += core.job_metrics.lines()
-    lines += core.step_metrics.lines()
-    lines += (_head("glassbox_tokens_total", "counter", "Chat tokens generated")
-              + [f"glassbox_tokens_total {counters.get('tokens', 0)}"]
-              + _head("glassbox_loop_rows_total", "counter", "Loop-lab rows produced")
-              + [f"glassbox_loop_rows_total {counters.get('rows', 0)}"]
-              + _head("glassbox_model_load_seconds", "gauge", "Time to load each model at start-up"))
-    lines += [f'glassbox_model_load_seconds{{model="{name}"}} {seconds:.3f}'
-              for name, seconds in core.load_seconds.items()]
-    lines += _head("glassbox_model_warmup_seconds", "gauge", "Time of each model's warm-up pass")
-    lines += [f'glassbox_model_warmup_seconds{{model="{name}"}} {seconds:.3f}'
-              for name, seconds in core.warmup_seconds.items()]
-    lines += latency.lines("glassbox_request_seconds", help="Request latency, streams excluded")
-    return "\n".join(lines) + "\n"
+def gauge(name: str, value: float, help: str) -> list[str]:
+    return head(name, "gauge", help) + [f"{name} {value}"]

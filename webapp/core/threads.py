@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 
 @contextmanager
-def torch_threads(count: int):
+def torch_threads(count: int) -> Iterator[None]:
     """Run this thread's torch work on `count` intra-op threads (0: leave as is), then restore."""
     import torch
     if count <= 0:
@@ -20,7 +21,7 @@ def torch_threads(count: int):
         torch.set_num_threads(before)
 
 
-def one_torch_thread():
+def one_torch_thread() -> AbstractContextManager[None]:
     """Run this thread's torch work single-threaded, so that it never starts an OpenMP thread pool.
 
     libgomp gives each thread that runs parallel work its own pool; once a process has more pool

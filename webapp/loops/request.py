@@ -33,7 +33,7 @@ class DemoRequest:
     model: str = "main"  # which of the Loop lab's models runs it (webapp/loops/service.py); not in payload()
 
     @classmethod
-    def parse(cls, value: Any, *, max_steps: int = MAX_STEPS) -> "DemoRequest":
+    def parse(cls, value: Any, *, max_steps: int = MAX_STEPS) -> DemoRequest:
         if not isinstance(value, dict) or set(value) != {"mapping", "start", "steps"}:
             raise RequestError("Supply exactly mapping, start, and steps", "request")
         rules = value["mapping"]

@@ -10,20 +10,9 @@ import uuid
 from webapp.db import Database
 
 
-# Read-only links to a trace (Share): an unguessable token anyone may open, until its owner revokes it.
-# Kept here rather than in schema.sql so the Loop lab's tables stay with the Loop lab.
-SHARES = """CREATE TABLE IF NOT EXISTS trace_shares (
-    token       TEXT PRIMARY KEY,
-    trace_id    TEXT NOT NULL UNIQUE REFERENCES traces (id) ON DELETE CASCADE,
-    created_at  REAL NOT NULL
-)"""
-
-
 class TraceStore:
     def __init__(self, db: Database) -> None:
         self.db = db
-        with self.db.connect() as conn:
-            conn.execute(SHARES)
 
     def save(self, owner: str, snapshot: dict) -> str:
         trace_id = uuid.uuid4().hex[:16]
@@ -74,3 +63,23 @@ class TraceStore:
             row = db.execute("SELECT t.snapshot FROM trace_shares s JOIN traces t ON t.id = s.trace_id"
                              " WHERE s.token = ?", (token,)).fetchone()
         return json.loads(row["snapshot"]) if row else None
+
+    # -- what the quotas ask (webapp/web/quotas.py) --------------------------------------------------
+    def stored_bytes(self, owner: str) -> int:
+        """Characters of saved snapshots this owner keeps."""
+        with self.db.connect() as db:
+            row = db.execute("SELECT COALESCE(SUM(LENGTH(snapshot)), 0) FROM traces WHERE owner = ?",
+                             (owner,)).fetchone()
+        return int(row[0])
+
+    def keep_newest(self, owner: str, keep: int) -> None:
+        """Delete this owner's traces but the `keep` newest."""
+        with self.db.connect() as db:
+            db.execute("DELETE FROM traces WHERE id IN (SELECT id FROM traces WHERE owner = ?"
+                       " ORDER BY created_at DESC LIMIT -1 OFFSET ?)", (owner, keep))
+
+    def delete_older(self, owner_prefix: str, before: float) -> int:
+        """Delete the traces of owners whose name starts with `owner_prefix`, saved before `before` -> how many."""
+        with self.db.connect() as db:
+            return db.execute("DELETE FROM traces WHERE substr(owner, 1, ?) = ? AND created_at < ?",
+                              (len(owner_prefix), owner_prefix, before)).rowcount

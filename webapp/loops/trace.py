@@ -73,7 +73,7 @@ class Observer:
     One `rows` event per FLUSH_SECONDS (and for the first loop at once), instead of one per loop:
     every event wakes the stream threads, which then take the GIL from the worker."""
 
-    def __init__(self, job: Job, builder: "TraceBuilder", on_rows=None, between=None) -> None:
+    def __init__(self, job: Job, builder: TraceBuilder, on_rows=None, between=None) -> None:
         self.job, self.builder, self.on_rows, self.between = job, builder, on_rows, between
         self.started = self.flushed = time.perf_counter()
         self.pending: list[tuple] = []

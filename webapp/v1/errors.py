@@ -30,7 +30,7 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     @classmethod
-    def refused(cls, error: Refused) -> "ApiError":
+    def refused(cls, error: Refused) -> ApiError:
         """The core's refusal (queue full, too many jobs of this client, shutting down), as the app maps it."""
         status = refusal_status(error)
         code = "rate_limit_exceeded" if status == 429 else error.reason

@@ -12,14 +12,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from webapp.chat.forms import Sampling
-from webapp.chat.generate import SamplingParams
-from webapp.chat.odds import TOP_ALTERNATIVES
-from webapp.chat.prompt import PromptTooLong
+from webapp.chat.decode.odds import TOP_ALTERNATIVES
+from webapp.chat.decode.types import SamplingParams
+from webapp.chat.model.prompt import PromptTooLong
 from webapp.v1.errors import ApiError
 
 MODEL_ID = "glassbox"  # the one model this server has: its chat model, whatever checkpoint is loaded
-DEFAULT_TOP_K = Sampling().top_k  # the chat page's default, so a request without top_k is answered alike
+DEFAULT_TOP_K = SamplingParams().top_k  # the chat page's default, so a request without top_k is answered alike
 MAX_STOPS = 4  # as OpenAI
 MAX_TOP_LOGPROBS = 20  # accepted as OpenAI does; at most TOP_ALTERNATIVES (10) are returned
 MAX_TEXT_LOGPROBS = 5  # /v1/completions' `logprobs`, as OpenAI
@@ -215,7 +214,7 @@ def _content(value, where: str, role: str) -> str:
 def chat_turns(messages: list[tuple[str, str]]) -> list[dict]:
     """The seed's template has user and assistant turns only. A system (or developer) message's text
     goes before the next user message's, a blank line between; with no user message after it, it
-    becomes a user turn of its own. webapp/chat/export.py's chat template does the same."""
+    becomes a user turn of its own. webapp/chat/model/hf.py's chat template does the same."""
     turns, pending = [], []
     for role, content in messages:
         if role in SYSTEM_ROLES:

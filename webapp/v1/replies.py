@@ -13,12 +13,13 @@ import json
 import select
 import socket
 import time
+from collections.abc import Callable, Iterator
 from contextlib import closing
-from typing import Callable, Iterator
 
 from flask import Response, current_app, jsonify, request
 
-from webapp.chat.batch import ChatRequest
+from webapp.chat.decode.types import ChatRequest
+from webapp.chat.web.blueprint import service as chat_service
 from webapp.core import Refused
 from webapp.core.jobs import DONE, FAILED, Job
 from webapp.v1 import shapes
@@ -27,7 +28,7 @@ from webapp.v1.errors import ApiError
 from webapp.v1.params import MODEL_ID, Ask
 from webapp.web import get_core
 from webapp.web.sse import comment
-from webapp.web.streams import StreamSlot, long_response, take_slot
+from webapp.web.streams import StreamSlot, held_slot, long_response
 
 CLIENT_GONE_STATUS = 499  # nginx's code for "the client closed the request"; nobody reads this answer
 
@@ -134,18 +135,13 @@ class Follow:
 
 def respond(ask: Ask) -> Response:
     """Queue the reply (refusals as OpenAI errors, nothing left queued) and answer it."""
-    core = get_core()
-    loaded = core.models["chat"]
-    slot = take_slot()  # before the job: a refusal leaves nothing queued
+    chat = chat_service()
     try:
-        job = core.submit(Job("chat", api_owner(), ChatRequest(ask.prompt_ids, ask.params,
-                                                               odds=ask.logprobs is not None)))
+        with held_slot() as slot:  # before the job: a refusal leaves nothing queued
+            job = chat.submit_reply(api_owner(), ChatRequest(ask.prompt_ids, ask.params, odds=ask.logprobs is not None))
     except Refused as error:
-        slot.release()
         raise ApiError.refused(error) from None
-    except BaseException:
-        slot.release()
-        raise
+    loaded = chat.model
     meta = shapes.Meta.new("chatcmpl" if ask.kind == "chat" else "cmpl", job.id, MODEL_ID, loaded)
     follow = Follow(job, ask, current_app.config["GLASSBOX"].heartbeat_seconds)
     if ask.stream:

@@ -1,6 +1,6 @@
 """The JSON objects of OpenAI's API, built from what a reply's job published.
 
-Logprobs come from the odds the batched step computed for each token (webapp/chat/odds.py), the same
+Logprobs come from the odds the batched step computed for each token (webapp/chat/decode/odds.py), the same
 numbers the chat page shows: `logprob` is the log of the token's probability under the model (at
 temperature 1, as OpenAI and llama.cpp report it), `top_logprobs` the model's most likely tokens, at
 most TOP_ALTERNATIVES. Each chat entry also carries Glassbox's extras: `rank`, `sampled_probability`
@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from webapp.chat.odds import TokenOdds
+from webapp.chat.decode.odds import TokenOdds
 
 FLOOR_LOGPROB = -9999.0  # what OpenAI reports for a token of probability 0 (JSON has no -Infinity)
 
@@ -28,7 +28,7 @@ class Meta:
     system_fingerprint: str
 
     @classmethod
-    def new(cls, prefix: str, job_id: str, model: str, loaded) -> "Meta":
+    def new(cls, prefix: str, job_id: str, model: str, loaded) -> Meta:
         return cls(f"{prefix}-{job_id}", int(time.time()), model, fingerprint(loaded))
 
 

@@ -7,10 +7,11 @@ import time
 
 from flask import current_app, jsonify, request
 
-from webapp.security import csrf_exempt
-from webapp.v1 import bp, params, replies, shapes
+from webapp.v1 import params, replies, shapes
+from webapp.v1.blueprint import bp
 from webapp.v1.errors import ApiError, not_found_url
 from webapp.web import get_core
+from webapp.web.security import csrf_exempt
 
 STARTED = int(time.time())  # a model's `created`: when this server loaded it
 

@@ -5,7 +5,7 @@ the same way."""
 
 from __future__ import annotations
 
-from flask import current_app
+from flask import current_app, request
 
 from webapp.core import InferenceCore, Refused
 
@@ -25,3 +25,8 @@ def refusal_status(error: Refused) -> int:
 
 def refusal_headers(error: Refused) -> dict[str, str]:
     return {"Retry-After": str(RETRY_AFTER_SECONDS)} if refusal_status(error) == 503 else {}
+
+
+def is_htmx() -> bool:
+    """Whether htmx sent the request (it takes a fragment); otherwise a plain form or link (a page)."""
+    return request.headers.get("HX-Request") == "true"

@@ -9,7 +9,8 @@ without a slot, the 8 left over always answer page loads, however many streams a
 from __future__ import annotations
 
 import threading
-from typing import Iterator
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from flask import Response, abort, current_app, request, stream_with_context
 
@@ -60,7 +61,7 @@ class StreamSlot:
             if self._clients is not None:
                 self._clients.give_back(self._client)
 
-    def __enter__(self) -> "StreamSlot":
+    def __enter__(self) -> StreamSlot:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -79,6 +80,20 @@ def take_slot() -> StreamSlot:
         clients.give_back(client)
         abort(503, STREAMS_FULL)
     return StreamSlot(core, clients, client)
+
+
+@contextmanager
+def held_slot(wanted: bool = True) -> Iterator[StreamSlot | None]:
+    """A slot (None when not `wanted`), taken before anything is queued so that a refusal leaves nothing
+    behind, and given back if the block raises. After the block the caller holds it: `with slot:` around a
+    wait in this request, or long_response(..., slot) for a stream."""
+    slot = take_slot() if wanted else None
+    try:
+        yield slot
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
 
 
 def long_response(body: Iterator[str], mimetype: str, slot: StreamSlot | None = None) -> Response:

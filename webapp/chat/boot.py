@@ -1,0 +1,73 @@
+"""Chat at start-up, called by the app factory: load the model, choose the executor the core runs its
+replies with, warm it up, and build the service the views call."""
+
+from __future__ import annotations
+
+import logging
+
+from webapp.chat.decode.alone import ChatAlone
+from webapp.chat.decode.batched import ChatBatch
+from webapp.chat.decode.generate import generate
+from webapp.chat.decode.remote.executor import remote_executor
+from webapp.chat.model import kernels
+from webapp.chat.model.loading import load_chat_model
+from webapp.chat.service import ChatService
+from webapp.chat.store import ChatStore
+from webapp.core import InferenceCore
+from webapp.core.threads import one_torch_thread, torch_threads
+from webapp.db import Database
+
+# Below this much weight a reply runs on one intra-op thread: a small model is about as fast on one as
+# on two on a quiet machine, but many times slower on two when another process holds a core (each operator
+# then waits a scheduler slice for its second thread; docs/benchmarks.md, "intra-op threads").
+SMALL_MODEL_BYTES = 64 * 2**20
+
+
+def reply_threads(model, setting: int) -> int:
+    """Intra-op threads for replies: the setting, else 1 for a small model, else 0 (the worker's)."""
+    if setting:
+        return setting
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    return 1 if size < SMALL_MODEL_BYTES else 0
+
+
+def load_model(settings):
+    with one_torch_thread():  # the core's worker must stay the only thread with a thread pool
+        loaded = load_chat_model(settings.chat_checkpoint, arch=settings.chat_arch or None,
+                                 tokenizer_spec=settings.chat_tokenizer or None,
+                                 factory=settings.chat_factory or None, device=settings.device,
+                                 dtype=settings.dtype or None)
+    loaded.torch_threads = reply_threads(loaded.model, settings.chat_torch_threads)
+    if settings.device == "cpu":  # compiled here, once per machine, rather than on the first reply
+        if kernels.library() is not None:
+            logging.getLogger("glassbox").info("decode kernel compiled for this CPU, in %s", kernels.cache_dir())
+    # With a remote backend the local model still gives the tokenizer and the window (prompt budget,
+    # prompt view); the replies come from the backend (webapp/chat/decode/remote/executor.py).
+    loaded.remote = bool(getattr(settings, "chat_backend", ""))
+    return loaded
+
+
+def executor(loaded, settings):
+    """The core's executor for chat jobs: a remote OpenAI-compatible backend when configured
+    (GLASSBOX_CHAT_BACKEND), else the batched decoder, or one reply at a time without a KV cache."""
+    if getattr(settings, "chat_backend", ""):
+        remote = remote_executor(loaded, settings)  # a bad GLASSBOX_CHAT_BACKEND* stops start-up here
+        loaded.remote = True
+        return remote
+    if loaded.supports_kv_cache:
+        return ChatBatch(loaded, max_rows=settings.max_batch, kv_cache_bytes=settings.kv_cache_mb * 2**20)
+    return ChatAlone(loaded)
+
+
+def warm_up(loaded) -> None:
+    """One short greedy reply, so the first visitor does not pay for lazy initialisation."""
+    if getattr(loaded, "remote", False):  # replies come from a backend: nothing local to warm up
+        return
+    ids = loaded.prompt.build([{"role": "user", "content": "Hi"}], 2)
+    with torch_threads(loaded.torch_threads):
+        for _ in generate(loaded, ids, max_new_tokens=2, temperature=0.0):
+            pass
+
+
+def service(core: InferenceCore, db: Database) -> ChatService:
+    return ChatService(core, ChatStore(db))

@@ -1,0 +1,84 @@
+"""Chat replies on the core's worker, batched: the executor for a model with a KV cache.
+
+`ChatBatch` is the core's executor for chat on a model with a KV cache (webapp/core/executors.py):
+every running reply is a row (a `Sequence`). Each step it retires cancelled rows, runs one prefill
+chunk for the oldest newcomer, and one decoding step for every row that is decoding, reading the
+weights once for all of them. Each row keeps its own sampling settings, generator, KV cache and text
+decoder, so a reply is the same, token for token, as the same reply generated alone.
+"""
+
+from __future__ import annotations
+
+from webapp.chat.decode.generate import Sequence, decode_step
+from webapp.chat.decode.prefix_cache import prefix_cache_for
+from webapp.chat.decode.publish import chat_result, publish
+from webapp.chat.decode.types import ChatRequest
+from webapp.chat.model.loading import LoadedChatModel
+from webapp.core.executors import BatchedJobs, Finished, StepReport, Worker
+from webapp.core.jobs import CANCELLED, DONE, FAILED, Job
+from webapp.core.threads import torch_threads
+
+
+class ChatBatch(BatchedJobs):
+    """The batched executor: running replies are rows, stepped together."""
+
+    def __init__(self, loaded: LoadedChatModel, max_rows: int, kv_cache_bytes: int) -> None:
+        self.loaded, self.max_rows = loaded, max_rows
+        # Finished replies' caches, kept for their conversations' next turns under a budget.
+        self.prefix = prefix_cache_for(loaded.model)
+        self.prefix.budget_bytes = kv_cache_bytes
+        self._rows: dict[str, tuple[Job, Sequence]] = {}  # in order of admission
+
+    @property
+    def rows(self) -> int:
+        return len(self._rows)
+
+    def memory_bytes(self) -> int:
+        return sum(seq.cache_bytes for _, seq in self._rows.values()) + self.prefix.nbytes
+
+    def admit(self, job: Job) -> None:
+        request: ChatRequest = job.request
+        chat_result(job)
+        self._rows[job.id] = (job, Sequence(self.loaded, request.prompt_ids, request.params, self.prefix,
+                                            odds=request.odds, forced=request.forced,
+                                            forced_odds=request.forced_odds))
+
+    def step(self, core: Worker) -> StepReport:
+        report, errors = StepReport(), {}
+        rows = list(self._rows.values())
+        for job, seq in rows:
+            if job.cancelled:
+                seq.cancel()
+        with torch_threads(self.loaded.torch_threads):
+            newcomer = next(((job, seq) for job, seq in rows if seq.prefilling), None)
+            if newcomer is not None:
+                try:
+                    report.prefill_tokens = newcomer[1].prefill_chunk()
+                except Exception as exc:  # this prompt failed; the others go on
+                    errors[newcomer[0].id] = _message(exc)
+                for piece in newcomer[1].drain():  # its first token now, not after the decode step
+                    publish(newcomer[0], piece, core)
+            decoding = [(job, seq) for job, seq in rows if seq.decoding and job.id not in errors]
+            if decoding:
+                try:
+                    decode_step(self.loaded.model, [seq for _, seq in decoding])
+                    report.rows = len(decoding)
+                except Exception as exc:  # the step failed for every row in it
+                    errors.update({job.id: _message(exc) for job, _ in decoding})
+        for job, seq in rows:
+            for piece in seq.drain():
+                publish(job, piece, core)
+            if seq.finished or job.id in errors:
+                report.finished.append(self._retire(job, seq, errors.get(job.id), core))
+        return report
+
+    def _retire(self, job: Job, seq: Sequence, error: str | None, core: Worker) -> Finished:
+        del self._rows[job.id]
+        publish(job, seq.close(keep=error is None), core)
+        if error is not None:
+            return Finished(job, FAILED, error)
+        return Finished(job, CANCELLED if seq.stop_reason == "cancelled" else DONE)
+
+
+def _message(exc: Exception) -> str:
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,390 @@
+"""The token generator: sample a reply token by token and yield its text as it becomes printable.
+
+    for piece in generate(loaded, prompt_ids, max_new_tokens=200, top_k=50, should_stop=cancelled):
+        send(piece.text)          # may be "" (a token inside a multi-byte character)
+    piece.stats                   # set on the last piece only
+
+Sampling follows the owner's server: softmax over the last position's logits (divided by the
+temperature), top-k, multinomial; stop at the first special id without emitting it. Text is decoded
+incrementally as UTF-8: a character split across tokens comes out once complete, invalid bytes are
+dropped (the same text as the owner's buffer-and-flush, but never held back behind a bad byte); a
+trailing \r waits for the next token, so a split \r\n streams as one line break.
+
+A reply on a model with a KV cache is a `Sequence`: its prompt is prefilled in chunks, then it is fed
+one token per step. The core's batched decoder (webapp/chat/decode/batched.py) steps many Sequences together
+with `decode_step`; `generate()` runs one alone, through exactly the same calls, so a reply does not
+depend on who else is asking. Models without a KV cache run the owner's full-recompute loop over the
+last block_size tokens. Cancellation (`should_stop`) is polled between prefill chunks and before
+every step.
+
+With a PrefixCache (webapp/chat/decode/prefix_cache.py), a kept KV cache is reused for the longest prefix its
+token ids share with this prompt, and only the rest is prefilled. Sampling draws from the reply's
+private generator only after the prefill, so a seed gives the same tokens either way.
+
+Per token there is one host/device sync (`.item()`, to decide whether to stop); the sampled id stays
+on the device as the next step's input, and nothing already tokenized is tokenized again.
+"""
+
+from __future__ import annotations
+
+import codecs
+import math
+import time
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from webapp.chat.decode.odds import TokenOdds, token_odds
+from webapp.chat.decode.prefix_cache import PrefixCache, common_prefix
+from webapp.chat.decode.types import SamplingParams, decode_rate
+
+# Prefill runs in chunks, so a cancel lands quickly and, in the batched decoder, so the other replies'
+# streams never wait long for their next token. How a prompt is cut into chunks changes its keys and
+# values in the last bits, so the cut depends on the model alone, never on timing: a seeded reply is
+# then the same every time, alone or batched. A chunk is about PREFILL_FLOPS of work: about a quarter
+# of a second on a 2-core CPU, what the other rows' streams may stall for (docs/architecture.md).
+PREFILL_FLOPS = 6e10
+MIN_CHUNK, MAX_CHUNK = 16, 1024
+
+
+def prefill_chunk(model) -> int:
+    """Tokens per prefill chunk for this model: a power of two, about PREFILL_FLOPS of work."""
+    params = sum(p.numel() for p in model.parameters())
+    tokens = PREFILL_FLOPS / (2 * max(params, 1))
+    return max(MIN_CHUNK, min(MAX_CHUNK, 2 ** max(0, round(math.log2(max(tokens, 1))))))
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int
+    new_tokens: int  # tokens kept in the reply (the stopping special token is not counted)
+    time_to_first_token_s: float | None  # from the start to the first sampled token (prefill included)
+    total_s: float
+    decode_tokens_per_s: float | None  # tokens after the first / time after the first
+    stop_reason: str  # "end" (a special token), "length" (max_new_tokens), "cancelled"
+    kv_cache: bool
+    reused_tokens: int = 0  # prompt positions whose keys/values came from the prefix cache
+
+
+@dataclass
+class Piece:
+    text: str  # newly printable text; "" while a multi-byte character is incomplete
+    tokens: int  # reply tokens so far
+    elapsed_s: float  # since the reply started
+    stats: GenerationStats | None = None  # only on the last piece
+    token: int | None = None  # the sampled id (None on the last piece)
+    odds: TokenOdds | None = None  # what the model thought of it (when asked for: `odds=True`)
+
+
+class _TextDecoder:
+    """Token bytes in, printable text out: UTF-8 decoded incrementally, and a trailing \r held back
+    until the next piece, so a \r\n split across two tokens streams as one line break (the page
+    and SSE both read a lone \r as a break of its own)."""
+
+    def __init__(self) -> None:
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="ignore")
+        self._cr = ""
+
+    def decode(self, data: bytes, final: bool = False) -> str:
+        text = self._cr + self._utf8.decode(data, final=final)
+        self._cr = "\r" if text.endswith("\r") and not final else ""
+        return text[:-1] if self._cr else text
+
+
+def _sample(logits: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator) -> torch.Tensor:
+    """logits (1, V) -> next token id (1, 1)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)  # greedy
+    logits = logits.float() / temperature
+    if 0 < top_k < logits.size(-1):
+        top_logits, top_ids = torch.topk(logits, top_k, dim=-1)  # (1, k)
+        choice = torch.multinomial(F.softmax(top_logits, dim=-1), 1, generator=gen)  # (1, 1) into top_ids
+        return torch.gather(top_ids, -1, choice)
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=gen)
+
+
+def _generator(device, seed: int | None) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()  # fresh entropy, global RNG untouched
+    else:
+        gen.manual_seed(seed)
+    return gen
+
+
+class Sequence:
+    """One reply on a KV-cached model: a row of the batched decoder, or alone (a batch of one).
+
+    prefill_chunk() runs the prompt a chunk at a time and samples the first token after the last
+    chunk; then decode_step() feeds one token per step. New text collects in `pieces` until the
+    consumer takes it; close() ends the reply, hands its cache to the prefix holder and returns the
+    last Piece with the stats."""
+
+    def __init__(self, loaded, prompt_ids: Seq[int], params: SamplingParams,
+                 prefix: PrefixCache | None = None, odds: bool = False, forced: Seq[int] = (),
+                 forced_odds: Seq[TokenOdds | None] = ()) -> None:
+        params.check()
+        if len(prompt_ids) == 0:
+            raise ValueError("prompt_ids is empty")
+        self.t0 = time.perf_counter()
+        self.model, self.tok, self.block_size = loaded.model, loaded.tokenizer, loaded.block_size
+        weight = next(self.model.parameters())
+        self.device = weight.device
+        self.dtype = getattr(self.model, "kv_dtype", None) or weight.dtype  # its KV cache's (prefix reuse)
+        self.params, self.prefix, self.want_odds = params, prefix, odds
+        self.gen = _generator(self.device, params.seed)
+        self.decoder = _TextDecoder()
+        self.ids = list(prompt_ids)  # the prompt, then the reply
+        self.prompt_tokens = len(self.ids)
+        self.cache = None
+        self.cached: list[int] = []  # ids whose keys/values are in the cache, by position
+        self.todo: list[int] = []  # ids of the window still to prefill
+        self.chunk = prefill_chunk(self.model)
+        self.next_token: torch.Tensor | None = None  # (1, 1): the sampled id, fed at the next step
+        self.pieces: list[Piece] = []
+        self.new_tokens, self.t_first, self.stop_reason, self.reused = 0, None, None, 0
+        self._force(forced, forced_odds)
+        if not self.finished:
+            self._open_window()
+
+    # -- state -----------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.stop_reason is not None
+
+    @property
+    def prefilling(self) -> bool:
+        return not self.finished and bool(self.todo)
+
+    @property
+    def decoding(self) -> bool:
+        return not self.finished and not self.todo
+
+    @property
+    def position(self) -> int:
+        return len(self.cached)
+
+    # -- work ------------------------------------------------------------------------------
+    def _force(self, forced: Seq[int], odds: Seq[TokenOdds | None]) -> None:
+        """The reply's first tokens are given (a branch from a token of another version): they become
+        its first pieces, as if sampled, and the model goes on from them."""
+        for i, token in enumerate(forced):
+            if self.tok.is_special(token):  # forcing the end: the reply ends there
+                self.stop_reason = "end"
+                return
+            self.new_tokens += 1
+            self.ids.append(token)
+            self.pieces.append(Piece(self.decoder.decode(self.tok.decode_single_token_bytes(token)),
+                                     self.new_tokens, 0.0, token=token, odds=odds[i] if i < len(odds) else None))
+            if self.new_tokens >= self.params.max_new_tokens:
+                self.stop_reason = "length"
+                return
+
+    def _open_window(self) -> None:
+        """Start (or, once the window is full, restart) the prefill of the last block_size ids."""
+        window = self.ids[-self.block_size:]
+        start = 0
+        if self.cache is None:
+            entry = self.prefix.take(window, self.device, self.dtype) if self.prefix is not None else None
+            if entry is not None and entry.cache.max_len >= self.block_size:
+                self.cache = entry.cache
+                # at least the last prompt token is run again: its logits give the first reply token
+                start = self.reused = min(common_prefix(entry.ids, window), len(window) - 1)
+            else:
+                self.cache = self.model.new_cache(batch=1, max_len=self.block_size)
+        # else: the window slides as the owner's loop crops to the last block_size tokens; positions
+        # shift, so nothing is reusable (a full prefill per token: PromptBuilder's prompts never get here)
+        self.cached, self.todo = window[:start], window[start:]
+
+    def prefill_chunk(self) -> int:
+        """Run the next chunk of the prompt; after the last one, sample the first token. -> tokens run."""
+        piece = self.todo[:self.chunk]
+        last = len(piece) == len(self.todo)
+        idx = torch.tensor([piece], dtype=torch.long, device=self.device)  # (1, T)
+        with torch.inference_mode():
+            # chunks before the last skip lm_head: only the prompt's last position needs logits
+            logits = self.model.forward_cached(idx, self.cache, self.position, logits=last)
+        self.cached += piece
+        self.todo = self.todo[len(piece):]
+        if last:
+            next_id = self.sample(logits)
+            self.accept(next_id, _odds([self], logits, [next_id])[0])
+        return len(piece)
+
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        """The next token from this reply's logits (1, V), with its own settings and generator -> (1, 1)."""
+        p = self.params
+        with torch.inference_mode():
+            return _sample(logits, p.temperature, p.top_k, self.gen)  # stays on the device
+
+    def accept(self, next_id: torch.Tensor, odds: TokenOdds | None = None) -> None:
+        """Take a sampled token: stop on a special, else publish its text and get ready for the next."""
+        p = self.params
+        token = next_id.item()  # the one host sync per token: we must know whether to stop
+        now = time.perf_counter() - self.t0
+        if self.t_first is None:
+            self.t_first = now
+        if self.tok.is_special(token):
+            self.stop_reason = "end"
+            return
+        self.new_tokens += 1
+        self.ids.append(token)
+        self.pieces.append(Piece(self.decoder.decode(self.tok.decode_single_token_bytes(token)),
+                                 self.new_tokens, now, token=token, odds=odds))
+        if self.new_tokens == p.max_new_tokens:
+            self.stop_reason = "length"
+        elif self.position >= self.block_size:
+            self._open_window()
+        else:
+            self.next_token = next_id
+
+    def cancel(self) -> None:
+        if not self.finished:
+            self.stop_reason = "cancelled"
+
+    def drain(self) -> list[Piece]:
+        pieces, self.pieces = self.pieces, []
+        return pieces
+
+    def close(self, keep: bool = True) -> Piece:
+        """End the reply: keep its cache for the next turn (not after a failure) -> the last Piece."""
+        if self.prefix is not None and self.cache is not None:
+            if keep:
+                self.prefix.put(self.cache, self.cached)
+            self.prefix.record(self.reused)
+        self.cache = None
+        self.cancel()
+        total = time.perf_counter() - self.t0
+        n, first = self.new_tokens, self.t_first
+        stats = GenerationStats(self.prompt_tokens, n, first, total, decode_rate(n, first, total), self.stop_reason,
+                                True, self.reused)
+        return Piece(self.decoder.decode(b"", final=True), n, total, stats)
+
+    @property
+    def cache_bytes(self) -> int:
+        return getattr(self.cache, "nbytes", 0)
+
+
+def decode_step(model, seqs: list[Sequence]) -> None:
+    """One token for every decoding Sequence at once: the weights are read once for all rows."""
+    idx = torch.cat([s.next_token for s in seqs])  # (B, 1)
+    with torch.inference_mode():
+        logits = model.decode_step(idx, [s.cache for s in seqs], [s.position for s in seqs])  # (B, V)
+    picks = [s.sample(logits[row:row + 1]) for row, s in enumerate(seqs)]
+    for s, next_id, odds in zip(seqs, picks, _odds(seqs, logits, picks)):
+        s.cached.append(s.ids[-1])
+        s.accept(next_id, odds)
+
+
+def _odds(seqs: list[Sequence], logits: torch.Tensor, picks: list[torch.Tensor]) -> list[TokenOdds | None]:
+    """The odds of the picks of the rows that want them, computed for those rows at once."""
+    rows = [r for r, s in enumerate(seqs) if s.want_odds]
+    out: list[TokenOdds | None] = [None] * len(seqs)
+    if rows:
+        with torch.inference_mode():
+            found = token_odds(logits[rows], torch.cat([picks[r] for r in rows]).view(-1),
+                               [seqs[r].params.temperature for r in rows], [seqs[r].params.top_k for r in rows])
+        for r, odds in zip(rows, found):
+            out[r] = odds
+    return out
+
+
+def generate(
+    loaded,
+    prompt_ids: Seq[int],
+    *,
+    max_new_tokens: int = 200,
+    temperature: float = 1.0,
+    top_k: int = 50,
+    seed: int | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    prefix_cache: PrefixCache | None = None,
+    odds: bool = False,
+    forced: Seq[int] = (),
+    forced_odds: Seq[TokenOdds | None] = (),
+) -> Iterator[Piece]:
+    """Yield a Piece per sampled token, then a last Piece carrying GenerationStats.
+
+    loaded: a LoadedChatModel. temperature 0 is greedy; top_k 0 samples the whole vocabulary.
+    seed makes sampling reproducible with a private generator (the global RNG is untouched).
+    prefix_cache: reuse (and afterwards keep) the KV cache of an unchanged prompt prefix; only the
+    core's worker may pass one, since the cache lives on the device.
+    odds: give each Piece the model's odds for its token (webapp/chat/decode/odds.py).
+    forced: the reply's first tokens, given rather than sampled (with their odds, where known).
+    Raises ValueError for arguments out of range, before any work.
+    """
+    params = SamplingParams(max_new_tokens, temperature, top_k, seed)
+    params.check()
+    if len(prompt_ids) == 0:
+        raise ValueError("prompt_ids is empty")
+    should_stop = should_stop or (lambda: False)
+    if loaded.supports_kv_cache:
+        return _generate_cached(Sequence(loaded, prompt_ids, params, prefix_cache, odds, forced, forced_odds),
+                                should_stop)
+    return _generate_recompute(loaded, list(prompt_ids), params, should_stop, odds, forced, forced_odds)
+
+
+def _generate_cached(seq: Sequence, should_stop) -> Iterator[Piece]:
+    failed = True  # a cache left by an exception mid-forward is dropped, not reused
+    try:
+        while not seq.finished:
+            if should_stop():
+                seq.cancel()
+            elif seq.prefilling:
+                seq.prefill_chunk()
+            else:
+                decode_step(seq.model, [seq])
+            yield from seq.drain()
+        failed = False
+    except GeneratorExit:  # the consumer closed us at a yield: the cache is consistent
+        failed = False
+        raise
+    finally:
+        last = seq.close(keep=not failed)
+    yield last
+
+
+def _generate_recompute(loaded, ids: list[int], params: SamplingParams, should_stop,
+                        odds: bool = False, forced: Seq[int] = (), forced_odds: Seq = ()) -> Iterator[Piece]:
+    """The owner's loop, for models without a KV cache: the whole (cropped) window every step."""
+    t0 = time.perf_counter()
+    model, tok, block = loaded.model, loaded.tokenizer, loaded.block_size
+    device = next(model.parameters()).device
+    gen, decoder = _generator(device, params.seed), _TextDecoder()
+    prompt_tokens, n, t_first, reason = len(ids), 0, None, "length"
+    for i, token in enumerate(forced):  # given first tokens, as in Sequence._force
+        if tok.is_special(token):
+            reason = "end"
+            break
+        n += 1
+        ids.append(token)
+        yield Piece(decoder.decode(tok.decode_single_token_bytes(token)), n, 0.0, token=token,
+                    odds=forced_odds[i] if i < len(forced_odds) else None)
+    while n < params.max_new_tokens and reason != "end":
+        if should_stop():
+            reason = "cancelled"
+            break
+        window = torch.tensor([ids[-block:]], dtype=torch.long, device=device)
+        with torch.inference_mode():
+            logits, _ = model(window)
+            next_id = _sample(logits[:, -1, :], params.temperature, params.top_k, gen)
+            seen = token_odds(logits[:, -1, :], next_id.view(1), [params.temperature],
+                              [params.top_k])[0] if odds else None
+        token = next_id.item()
+        if t_first is None:
+            t_first = time.perf_counter() - t0
+        if tok.is_special(token):
+            reason = "end"
+            break
+        n += 1
+        ids.append(token)
+        yield Piece(decoder.decode(tok.decode_single_token_bytes(token)), n, time.perf_counter() - t0,
+                    token=token, odds=seen)
+        if n == params.max_new_tokens:
+            break
+    total = time.perf_counter() - t0
+    stats = GenerationStats(prompt_tokens, n, t_first, total, decode_rate(n, t_first, total), reason, False, 0)
+    yield Piece(decoder.decode(b"", final=True), n, total, stats)

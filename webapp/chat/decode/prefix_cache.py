@@ -1,0 +1,121 @@
+"""Reuse the keys/values of an unchanged prompt prefix across chat turns.
+
+A follow-up turn re-sends the whole conversation: [bos, *fewshot, *earlier turns, *new turn,
+assistant_start]. Everything up to the new turn was already run through the model by the previous
+reply, so its keys and values sit in that reply's KV cache. Keeping that cache (and the token ids
+at its positions) lets the next prompt prefill only what differs after the longest common prefix.
+
+Several conversations are served at once, so the holder keeps several caches — one per finished
+reply — under a byte budget (GLASSBOX_KV_CACHE_MB), the least recently used evicted first.
+
+Ownership: one PrefixCache per loaded model, used only on the core's worker (the device owner).
+`take()` hands a cache to one generation and removes it from the holder until `put()` returns it,
+so two generations can never write the same cache; a generation that fails simply never puts it
+back. The keys/values of a token prefix depend only on the weights, so any reply may reuse any
+entry; none can corrupt it.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from webapp.chat.model.gpt import KVCache
+
+DEFAULT_BUDGET_BYTES = 1024 * 2**20
+
+
+@dataclass
+class CachedPrefix:
+    cache: KVCache
+    ids: list[int]  # token ids at positions 0..len(ids)-1 of `cache`; positions past it are garbage
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two id sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _nbytes(cache: KVCache) -> int:
+    return int(getattr(cache, "nbytes", 0))
+
+
+class PrefixCache:
+    """Finished replies' KV caches and the ids they hold, for one model, least recently used first."""
+
+    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
+        self.budget_bytes = budget_bytes
+        self._entries: collections.deque[CachedPrefix] = collections.deque()  # oldest first
+        self._lock = threading.Lock()
+        self.hits = 0  # generations that reused at least one position
+        self.reused_tokens = 0  # positions not prefilled again, all generations together
+        self.evictions = 0
+
+    def take(self, ids: Sequence[int], device: torch.device, dtype: torch.dtype) -> CachedPrefix | None:
+        """The kept entry sharing the longest prefix with `ids`, now owned by the caller (removed from
+        the holder); None when no entry shares a first token (a new cache is cheaper than evicting)."""
+        with self._lock:
+            best, shared = None, 0
+            for entry in self._entries:
+                n = common_prefix(entry.ids, ids)
+                if n > shared:
+                    best, shared = entry, n
+            if best is None:
+                return None
+            self._entries.remove(best)
+        layer0 = best.cache.k[0]
+        if layer0.device != device or layer0.dtype != dtype:
+            return None  # the model moved or changed dtype since: start cold
+        return best
+
+    def put(self, cache: KVCache, ids: Sequence[int]) -> None:
+        """Keep a cache as the most recent entry; evict the least recent ones beyond the budget."""
+        with self._lock:
+            self._entries.append(CachedPrefix(cache, list(ids)))
+            while self._entries and self._bytes() > self.budget_bytes:
+                self._entries.popleft()
+                self.evictions += 1
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def record(self, reused: int) -> None:
+        if reused:
+            self.hits += 1
+            self.reused_tokens += reused
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by kept entries (running replies' caches are not counted here)."""
+        with self._lock:
+            return self._bytes()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def _bytes(self) -> int:
+        return sum(_nbytes(e.cache) for e in self._entries)
+
+
+_HOLDERS: weakref.WeakKeyDictionary[torch.nn.Module, PrefixCache] = weakref.WeakKeyDictionary()
+_HOLDERS_LOCK = threading.Lock()
+
+
+def prefix_cache_for(model: torch.nn.Module) -> PrefixCache:
+    """The PrefixCache of one model object (created on first use; dropped with the model)."""
+    with _HOLDERS_LOCK:
+        holder = _HOLDERS.get(model)
+        if holder is None:
+            holder = _HOLDERS[model] = PrefixCache()
+        return holder

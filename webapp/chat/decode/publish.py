@@ -1,0 +1,45 @@
+"""A generated piece of a reply, handed to its job: the event every stream renders, and the growing
+result (webapp/chat/decode/types.py ChatResult) the service saves."""
+
+from __future__ import annotations
+
+from webapp.chat.decode.generate import Piece
+from webapp.chat.decode.odds import TokenOdds
+from webapp.chat.decode.types import ChatResult, ReplyStats, decode_rate
+from webapp.core.executors import Worker
+from webapp.core.jobs import Job
+
+
+def chat_result(job: Job) -> ChatResult:
+    """The job's ChatResult (the service gives every chat job one; a bare job gets one here)."""
+    if not isinstance(job.result, ChatResult):
+        job.result = ChatResult()
+    return job.result
+
+
+def publish(job: Job, piece: Piece, core: Worker) -> None:
+    """One generated piece to its job: text for the stream and the saved reply, and the stats so far."""
+    result = chat_result(job)
+    if piece.token is not None:
+        result.token_ids.append(piece.token)
+        result.odds.append(piece.odds or TokenOdds.given(piece.token))  # one row per token
+        # every token is an event, text or not (a byte inside a character): the page shows tokens too
+        job.keep("token", text=piece.text, index=piece.tokens - 1, token=piece.token, odds=piece.odds)
+    elif piece.text:  # the text the decoder held back, flushed at the end
+        job.keep("token", text=piece.text, index=None, token=None, odds=None)
+    if piece.text:
+        result.text.append(piece.text)
+    s = piece.stats
+    if s is not None:  # the last piece: the generator's own figures
+        result.stats = ReplyStats(s.new_tokens, s.time_to_first_token_s, s.decode_tokens_per_s)
+    elif piece.tokens:
+        core.count("tokens", 1, job)
+        if result.first_s is None:
+            result.first_s = piece.elapsed_s
+        result.stats = stats_so_far(result.first_s, piece.elapsed_s, piece.tokens)
+        job.progress()  # saves the reply so far now and then (Job.on_progress): kill -9 keeps what was seen
+
+
+def stats_so_far(first_s: float | None, elapsed_s: float, tokens: int) -> ReplyStats:
+    """Figures kept for a reply that ends before the generator's own stats (stopped, failed, remote)."""
+    return ReplyStats(tokens=tokens, ttft_seconds=first_s, tokens_per_second=decode_rate(tokens, first_s, elapsed_s))

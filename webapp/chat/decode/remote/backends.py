@@ -1,0 +1,263 @@
+"""The remote backends and the HTTP of one reply: which base URL takes the next reply, the health checks
+of one that failed, and a reader thread per reply that streams its chunks (webapp/chat/decode/remote/)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import queue
+import socket
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+from webapp.chat.decode.remote.wire import token_bytes
+
+log = logging.getLogger("glassbox.remote")
+
+SCHEME = "openai:"
+
+
+class BackendError(Exception):
+    """A backend could not take or finish a reply; the message is shown to the user."""
+
+
+class Refusal(BackendError):
+    """The backend answered with a 4xx: the request itself is wrong (bad key, bad model); no retry."""
+
+
+def parse_backend(spec: str) -> list[str]:
+    """'openai:http://a:8000/v1,http://b:8000/v1' -> the base URLs (as the openai client's base_url)."""
+    spec = spec.strip()
+    if not spec:
+        return []
+    if not spec.startswith(SCHEME):
+        raise ValueError(f"GLASSBOX_CHAT_BACKEND={spec!r}: expected openai:<base url>[,<base url>...]")
+    urls = [u.strip().rstrip("/") for u in spec[len(SCHEME):].split(",") if u.strip()]
+    if not urls:
+        raise ValueError("GLASSBOX_CHAT_BACKEND names no base URL")
+    for url in urls:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"GLASSBOX_CHAT_BACKEND: {url!r} is not an http(s) URL")
+    return urls
+
+
+def read_key(path: str) -> str:
+    """The bearer key for the backends: the first non-blank, non-comment line of the file."""
+    if not path:
+        return ""
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            return line.split()[0]
+    raise ValueError(f"GLASSBOX_CHAT_BACKEND_KEY_FILE={path}: no key in the file")
+
+
+class Backends:
+    """The base URLs, used in turn; one that failed is skipped for `retry_seconds`, then health-checked."""
+
+    def __init__(self, urls: list[str], key: str = "", retry_seconds: float = 10.0, check_timeout: float = 2.0,
+                 clock=time.monotonic) -> None:
+        self.urls, self.key = list(urls), key
+        self.retry_seconds, self.check_timeout, self.clock = retry_seconds, check_timeout, clock
+        self._next = 0
+        self._down_until: dict[str, float] = {}
+        self._suspect: set[str] = set()  # failed once: checked with GET /models before the next reply
+        self._lock = threading.Lock()
+
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.key}"} if self.key else {}
+
+    def turn(self) -> list[tuple[str, bool]]:
+        """The backends to try for one reply, in turn: (url, needs a health check first). Those in
+        their back-off are left out."""
+        with self._lock:
+            start, self._next = self._next, (self._next + 1) % len(self.urls)
+            now = self.clock()
+            order = self.urls[start:] + self.urls[:start]
+            return [(u, u in self._suspect) for u in order if self._down_until.get(u, 0) <= now]
+
+    def failed(self, url: str) -> None:
+        with self._lock:
+            self._down_until[url] = self.clock() + self.retry_seconds
+            self._suspect.add(url)
+
+    def ok(self, url: str) -> None:
+        with self._lock:
+            self._down_until.pop(url, None)
+            self._suspect.discard(url)
+
+    def wait_hint(self) -> float:
+        """Seconds until the first backend's back-off ends (0: one is usable now)."""
+        with self._lock:
+            now = self.clock()
+            return max(0.0, min(self._down_until.get(u, 0) for u in self.urls) - now)
+
+    def healthy(self, url: str) -> bool:
+        """GET <url>/models answers 200."""
+        try:
+            conn = connection(url, self.check_timeout)
+            try:
+                conn.request("GET", path_of(url, "/models"), headers=self.headers())
+                response = conn.getresponse()
+                response.read()
+                return response.status == 200
+            finally:
+                conn.close()
+        except (OSError, http.client.HTTPException):
+            return False
+
+
+def connection(url: str, timeout: float) -> http.client.HTTPConnection:
+    parts = urllib.parse.urlsplit(url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    return cls(parts.hostname, parts.port, timeout=timeout)
+
+
+def path_of(url: str, suffix: str) -> str:
+    return urllib.parse.urlsplit(url).path.rstrip("/") + suffix
+
+
+# -- the conversation and the odds --------------------------------------------------------------
+# -- one reply's HTTP, on its own thread ------------------------------------------------------------
+@dataclass
+class Event:
+    kind: str  # "tokens" (data: list of (bytes, logprobs entry or None)), "end" (finish reason), "error"
+    data: object = None
+
+
+class Reader(threading.Thread):
+    """Streams one reply from a backend into `events`; `close()` hangs up."""
+
+    def __init__(self, backends: Backends, body: dict, news: threading.Event, *, timeout: float,
+                 wait_seconds: float) -> None:
+        super().__init__(name="glassbox-remote-reply", daemon=True)
+        self.backends, self.body, self.news = backends, body, news
+        self.timeout, self.wait_seconds = timeout, wait_seconds
+        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self.closed = threading.Event()
+        self.url: str | None = None
+        self._conn: http.client.HTTPConnection | None = None
+
+    def close(self) -> None:
+        self.closed.set()
+        conn = self._conn
+        if conn is not None and conn.sock is not None:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def put(self, event: Event) -> None:
+        self.events.put(event)
+        self.news.set()
+
+    def run(self) -> None:
+        try:
+            self.put(Event("end", self._run()))
+        except BackendError as error:
+            self.put(Event("error", str(error)))
+        except Exception as error:  # never a silent end
+            log.exception("remote reply failed")
+            self.put(Event("error", f"The chat backend failed: {type(error).__name__}: {error}"))
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+
+    def _run(self) -> str:
+        deadline = time.monotonic() + self.wait_seconds
+        errors: dict[str, str] = {}
+        while not self.closed.is_set():
+            for url, check in self.backends.turn():
+                if self.closed.is_set():
+                    return "cancelled"
+                if check and not self.backends.healthy(url):
+                    self.backends.failed(url)
+                    errors[url] = "GET /models did not answer 200"
+                    continue
+                try:
+                    response = self._open(url)
+                except Refusal:
+                    raise
+                except (BackendError, OSError, http.client.HTTPException) as error:
+                    self.backends.failed(url)
+                    errors[url] = str(error) or type(error).__name__
+                    continue
+                self.backends.ok(url)
+                self.url = url
+                return self._read(response)
+            if time.monotonic() >= deadline:
+                said = "; ".join(f"{u}: {e}" for u, e in errors.items()) or "all in back-off after failing"
+                raise BackendError(f"No chat backend answered within {self.wait_seconds:g} s ({said}).")
+            self.closed.wait(min(0.5, max(0.05, self.backends.wait_hint())))
+        return "cancelled"
+
+    def _open(self, url: str) -> http.client.HTTPResponse:
+        self._conn = conn = connection(url, self.timeout)
+        conn.request("POST", path_of(url, "/chat/completions"), body=json.dumps(self.body).encode(),
+                     headers={"Content-Type": "application/json", "Accept": "text/event-stream",
+                              **self.backends.headers()})
+        response = conn.getresponse()
+        if response.status != 200:
+            detail = _error_text(response.read())
+            conn.close()
+            if 400 <= response.status < 500 and response.status not in (408, 429):
+                raise Refusal(f"The chat backend {url} refused the reply ({response.status}): {detail}")
+            raise BackendError(f"HTTP {response.status}: {detail}")
+        return response
+
+    def _read(self, response: http.client.HTTPResponse) -> str:
+        finish = None
+        try:
+            while not self.closed.is_set():
+                raw = response.readline()
+                if not raw:
+                    break
+                line = raw.decode("utf-8", errors="replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return finish or "stop"
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise BackendError(f"The chat backend {self.url} failed mid-reply: {_error_text(chunk)}")
+                for choice in chunk.get("choices") or []:
+                    self._tokens(choice)
+                    finish = choice.get("finish_reason") or finish
+        except (OSError, http.client.HTTPException, ValueError) as error:
+            if self.closed.is_set():
+                return "cancelled"
+            self.backends.failed(self.url)
+            raise BackendError(f"The chat backend {self.url} stopped mid-reply "
+                               f"({type(error).__name__}: {error or 'connection lost'}).") from None
+        if self.closed.is_set():
+            return "cancelled"
+        if finish is not None:  # a server that ends the stream without [DONE]
+            return finish
+        self.backends.failed(self.url)
+        raise BackendError(f"The chat backend {self.url} stopped mid-reply (the stream ended without a finish).")
+
+    def _tokens(self, choice: dict) -> None:
+        entries = ((choice.get("logprobs") or {}).get("content")) or []
+        if entries:
+            self.put(Event("tokens", [(token_bytes(e), e) for e in entries]))
+        else:
+            text = (choice.get("delta") or {}).get("content") or ""
+            if text:
+                self.put(Event("tokens", [(text.encode(), None)]))
+
+
+def _error_text(raw) -> str:
+    try:
+        data = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
+        error = data.get("error", data)
+        return str(error.get("message", error)) if isinstance(error, dict) else str(error)
+    except (ValueError, AttributeError):
+        return (raw[:300].decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)[:300]) or "-"
+
+

@@ -1,0 +1,139 @@
+"""OpenAI's wire format in and out: the conversation as `messages`, the request body, and each streamed
+token's bytes and logprobs mapped onto the local tokenizer's ids and odds."""
+
+from __future__ import annotations
+
+import math
+
+from webapp.chat.decode.odds import TOP_ALTERNATIVES, TokenOdds
+from webapp.chat.decode.types import ChatRequest
+
+
+def messages_of(prompt, ids) -> list[dict]:
+    """The turns of a prompt built by PromptBuilder (bos, few-shot, turns, assistant start), as OpenAI
+    messages; the local few-shot examples are left out (the remote applies its own template)."""
+    body = list(ids)[1 + len(prompt.fewshot_ids):]
+    if body and body[-1] == prompt.assistant_start:
+        body = body[:-1]
+    ends = {prompt.user_start: ("user", prompt.user_end), prompt.assistant_start: ("assistant", prompt.assistant_end)}
+    messages, i = [], 0
+    while i < len(body):
+        role, end = ends.get(body[i], (None, None))
+        if role is None:
+            raise ValueError(f"unexpected token {body[i]} in a chat prompt")
+        j = body.index(end, i + 1)
+        data = b"".join(prompt.tokenizer.decode_single_token_bytes(t) for t in body[i + 1:j])
+        messages.append({"role": role, "content": data.decode("utf-8", errors="replace")})
+        i = j + 1
+    return messages
+
+
+def request_body(prompt, request: ChatRequest, model: str = "") -> dict:
+    """The streamed /chat/completions request for a reply (`model`: empty for the server's own)."""
+    p = request.params
+    body = {"messages": messages_of(prompt, request.prompt_ids),
+            "max_tokens": p.max_new_tokens, "temperature": p.temperature, "stream": True}
+    if model:  # empty: the server's own (Glassbox, llama.cpp and vLLM serving one model take none)
+        body["model"] = model
+    if p.top_k:
+        body["top_k"] = p.top_k  # vLLM, llama.cpp and Glassbox take it; others ignore it
+    if p.seed is not None:
+        body["seed"] = p.seed
+    if request.odds:
+        body.update(logprobs=True, top_logprobs=TOP_ALTERNATIVES)
+    return body
+
+
+def token_bytes(entry: dict) -> bytes:
+    """A logprobs entry's bytes (`bytes` when given, else its text)."""
+    data = entry.get("bytes")
+    return bytes(data) if data is not None else str(entry.get("token", "")).encode()
+
+
+class TokenMap:
+    """Remote tokens -> the local tokenizer's ids, by their bytes."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._ids: dict[bytes, int] | None = None
+
+    def _table(self) -> dict[bytes, int]:
+        if self._ids is None:
+            ids, t = {}, self.tokenizer
+            for i in range(getattr(t, "n_vocab", 0) or 0):
+                if t.is_special(i):
+                    continue
+                try:
+                    ids.setdefault(t.decode_single_token_bytes(i), i)
+                except (KeyError, ValueError):
+                    continue
+            self._ids = ids
+        return self._ids
+
+    def one(self, data: bytes) -> int | None:
+        return self._table().get(data)
+
+    def ids(self, data: bytes) -> list[int]:
+        single = self.one(data)
+        if single is not None:
+            return [single]
+        return self.tokenizer.encode_ordinary(data.decode("utf-8", errors="replace")) if data else []
+
+
+def odds_of(entry: dict, token: int, tokens: TokenMap, temperature: float = 1.0, top_k: int = 0) -> TokenOdds:
+    """An OpenAI logprobs entry -> TokenOdds. probability = exp(logprob), exact. Glassbox's own /v1 also
+    sends the token's `sampled_probability`, `rank` and `entropy_bits`; other servers do not, and they
+    are worked out from the alternatives sent (see `sampled_estimates`, `entropy_estimate`)."""
+    chosen = token_bytes(entry)
+    top = [(token_bytes(alt), _p(alt.get("logprob"))) for alt in entry.get("top_logprobs") or []]
+    rank = entry.get("rank")
+    if rank is None:
+        rank = next((i + 1 for i, (data, _) in enumerate(top) if data == chosen), None)
+    p = _p(entry.get("logprob"))
+    q = sampled_estimates([*top, (chosen, p)], temperature, top_k)
+    alternatives = []
+    for data, alt_p in top:
+        alt_id = tokens.one(data)
+        if alt_id is not None and len(alternatives) < TOP_ALTERNATIVES:
+            alternatives.append((alt_id, alt_p, q.get(data, 0.0)))
+    sampled = entry.get("sampled_probability")
+    entropy = entry.get("entropy_bits")
+    return TokenOdds(token, p, q.get(chosen) if sampled is None else sampled, rank,
+                     entropy_estimate([x for _, x in top] or [p]) if entropy is None else entropy,
+                     tuple(alternatives))
+
+
+def sampled_estimates(known: list[tuple[bytes, float | None]], temperature: float, top_k: int) -> dict[bytes, float]:
+    """Each known token's probability under the distribution sampled from (temperature, then top-k),
+    from the tokens the server reported. Exact for greedy replies and when 0 < top_k <= the tokens
+    sent (the cut then falls inside them); otherwise the tail not sent is missing, and the figures are
+    a little high."""
+    probs: dict[bytes, float] = {}
+    for data, p in known:
+        if p is not None:
+            probs[data] = max(probs.get(data, 0.0), p)
+    ranked = sorted(probs.items(), key=lambda kv: -kv[1])
+    if not ranked:
+        return {}
+    if temperature <= 0:
+        return {data: 1.0 if i == 0 else 0.0 for i, (data, _) in enumerate(ranked)}
+    kept = ranked[:top_k] if top_k > 0 else ranked
+    weights = {data: math.exp(math.log(max(p, 1e-300)) / temperature) for data, p in kept}
+    total = sum(weights.values())
+    return {data: weights.get(data, 0.0) / total for data, _ in ranked}
+
+
+def entropy_estimate(top: list[float | None]) -> float:
+    """Bits, from the most likely tokens sent and the rest of the mass as one lump: a lower bound of the
+    model's entropy (the rest is spread over many tokens)."""
+    ps = [p for p in top if p]
+    rest = max(0.0, 1.0 - sum(ps))
+    return -sum(p * math.log2(p) for p in [*ps, rest] if p > 0)
+
+
+def _p(logprob) -> float | None:
+    if logprob is None:
+        return None
+    return math.exp(max(float(logprob), -1e4))
+
+

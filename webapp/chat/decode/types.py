@@ -1,0 +1,83 @@
+"""What the chat's decode layer takes and gives: the one sampling type (forms and /v1 parse into it), a
+reply's request, and its result as the executors fill it and the service saves it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from webapp.chat.decode.odds import TokenOdds
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a reply is sampled: what the chat forms, a branch and /v1 all parse into."""
+
+    max_new_tokens: int = 200
+    temperature: float = 1.0  # 0: greedy
+    top_k: int = 50  # 0: the whole vocabulary
+    seed: int | None = None  # a private generator; the global RNG is never touched
+
+    def check(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = whole vocabulary), got {self.top_k}")
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        """As saved with a reply and kept in the session, in the order the chat page shows them."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "max_new_tokens": self.max_new_tokens,
+                "seed": self.seed}
+
+
+@dataclass(frozen=True)
+class Forced:
+    """The first tokens of a reply branched from another version's token: kept tokens, then the pick,
+    with their odds where known (None for a token typed by hand)."""
+
+    tokens: tuple[int, ...] = ()
+    odds: tuple[TokenOdds | None, ...] = ()
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A reply to generate: the prompt's token ids and the reply's sampling settings."""
+
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    odds: bool = True  # record each token's odds (webapp/chat/decode/odds.py)
+    forced: tuple[int, ...] = ()  # the reply's first tokens, given (a branch from a token: Forced.tokens)
+    forced_odds: tuple[TokenOdds | None, ...] = ()  # their odds where known (Forced.odds)
+
+
+@dataclass(frozen=True)
+class ReplyStats:
+    tokens: int | None = None
+    ttft_seconds: float | None = None
+    tokens_per_second: float | None = None
+    wait_seconds: float | None = None  # in line before the reply started (its first token is timed from then)
+
+
+def decode_rate(tokens: int, first_s: float | None, last_s: float) -> float | None:
+    """Tokens per second after the first token: (tokens - 1) over the time since the first. The one
+    definition every reply's figure uses (local, batched or remote)."""
+    if tokens > 1 and first_s is not None and last_s > first_s:
+        return (tokens - 1) / (last_s - first_s)
+    return None
+
+
+@dataclass
+class ChatResult:
+    """A reply as it grows: filled by the executor on the worker, read by the service when it saves."""
+
+    text: list[str] = field(default_factory=list)  # printable pieces, in order
+    token_ids: list[int] = field(default_factory=list)
+    odds: list[TokenOdds] = field(default_factory=list)  # one per token
+    stats: ReplyStats = ReplyStats()
+    first_s: float | None = None  # seconds from the start to the first token
+
+    @property
+    def reply(self) -> str:
+        return "".join(self.text)

@@ -1,0 +1,317 @@
+/* Glassbox's decode kernel for the linear layers: y = (x @ Wᵀ) * scale + b for a few rows of x, the
+ * weights read once (glassbox_linear). Attention over the KV cache is attend.c's.
+ *
+ * A decode step reads every weight once per token and does two flops with it per row: its speed is
+ * the speed at which the weights stream from memory. This kernel streams them as fast as memory allows
+ * for a single row (library kernels are built for many rows) and keeps every row's result the same
+ * whatever the other rows are, bit for bit.
+ *
+ *   x      (M, K) float32, rows ldx apart
+ *   W      (N, K) float32, bfloat16 (raw bits) or int8 -- one row per output, K contiguous
+ *   scale  (N,)   float32 or NULL (int8: one scale per output row)
+ *   b      (N,)   float32 or NULL
+ *   y      (M, N) float32
+ *
+ * Row invariance: every output y[m, n] is summed in one fixed order -- 16 lanes over K in steps of 16,
+ * the lanes added in a fixed tree, then the tail of K -- whichever tile of rows it is computed in and
+ * whichever thread computes it. float32 and bfloat16 weights are widened to float32 exactly (bfloat16
+ * by a shift); products and sums are float32. int8 weights are multiplied by int8-quantized activations
+ * instead (tile_q8, below).
+ *
+ * Around the product, what a transformer block does next to it, so that a decode step makes one call where
+ * it would make four: a layer norm of x before, GELU and a residual add after (glassbox_linear's last
+ * arguments).
+ *
+ * Written with GCC's vector extensions (AVX-512 intrinsics to widen weights and for VNNI): one source for
+ * AVX-512, AVX2 or SSE, compiled for the machine it runs on (webapp/chat/model/kernels/__init__.py).
+ */
+#include "vectors.h"
+
+enum { MR = 4, NR = 4 };  /* a tile: up to MR rows of x times NR rows of W */
+enum { I8 = 2 };          /* int8 weights (F32 and BF16: vectors.h) */
+
+/* Each weight is read once per step: ask for it AHEAD bytes early, with the hint that it will not be
+ * used again soon (non-temporal), so that the stream runs ahead of the hardware's own prefetcher and
+ * does not push the rest of the process (the interpreter between calls included) out of the caches. */
+enum { AHEAD = 8192 };
+#define PREFETCH(p) __builtin_prefetch((const char *)(p) + AHEAD, 0, 0)
+
+/* dots[i][j] = x[m0 + i] . W[n0 + j] for i < mr, j < nr; mr and nr are constants where inlined */
+static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr, const float *x, int64_t ldx,
+                                                       const void *w, int64_t K, int64_t n0, float dots[MR][NR]) {
+    f32x16 acc[MR][NR];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) acc[i][j] = (f32x16){0};
+    int64_t k = 0;
+    for (; k + LANES <= K; k += LANES) {
+        f32x16 wv[NR];
+        for (int j = 0; j < nr; j++) {
+            wv[j] = load_w(kind, w, (n0 + j) * K + k);
+            PREFETCH((const char *)w + ((n0 + j) * K + k) * (kind == F32 ? 4 : 2));
+        }
+        for (int i = 0; i < mr; i++) {
+            f32x16 xv = load_x(x + i * ldx + k);
+            for (int j = 0; j < nr; j++) acc[i][j] += xv * wv[j];
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            float s = lanes_sum(acc[i][j]);
+            for (int64_t t = k; t < K; t++) s += x[i * ldx + t] * w_at(kind, w, (n0 + j) * K + t);
+            dots[i][j] = s;
+        }
+}
+
+/* float32 and bfloat16 weights, widened as they are read */
+#define TILES(KIND)                                                                                  \
+    static void tiles_##KIND(int mr, int nr, const float *x, int64_t ldx, const void *w, int64_t K,  \
+                             int64_t n0, float dots[MR][NR]) {                                       \
+        if (nr == NR && mr > 1) {                                                                    \
+            switch (mr) {                                                                            \
+                case 2: tile(KIND, 2, NR, x, ldx, w, K, n0, dots); return;                           \
+                case 3: tile(KIND, 3, NR, x, ldx, w, K, n0, dots); return;                           \
+                default: tile(KIND, 4, NR, x, ldx, w, K, n0, dots); return;                          \
+            }                                                                                        \
+        }                                                                                            \
+        /* One row of x (a lone reply streams faster through one row of W at a time), or the last   \
+         * rows of W: one dot at a time, the same sums. */                                           \
+        float one[MR][NR];                                                                           \
+        for (int j = 0; j < nr; j++)                                                                 \
+            for (int i = 0; i < mr; i++) {                                                           \
+                tile(KIND, 1, 1, x + i * ldx, ldx, w, K, n0 + j, one);                               \
+                dots[i][j] = one[0][0];                                                              \
+            }                                                                                        \
+    }
+TILES(F32)
+TILES(BF16)
+
+/* int8 weights meet int8 activations, as llama.cpp's q8_0 does: each row of x is quantized in blocks of
+ * QBLOCK values (one float32 scale each, absmax / 127, rounded to nearest even), and each output is then a
+ * sum over chunks of QCHUNK = 2 blocks of
+ *     float(lane dots) * (the block's x scale),   lane j's dot = sum of 4 products x_q[4j..4j+3] * w[4j..4j+3]
+ * in 16 float32 lanes, exact in integers within a chunk; times the weight row's scale at the end. AVX-512
+ * VNNI computes a chunk's 16 lane dots in one instruction (64 int8 weights, no widening); elsewhere a
+ * loop computes the same integers. A row's result depends only on that row: row invariance holds. */
+enum { QBLOCK = 32, QCHUNK = 64 };
+
+typedef struct {        /* x quantized: per row, chunks * QCHUNK bytes and chunks * LANES scales */
+    const uint8_t *xu;  /* x_q + 128 (unsigned, as VNNI multiplies), zero-padded to whole chunks */
+    const float *xs;    /* each chunk's lane scales: 8 lanes per block */
+    int64_t chunks;
+} q8rows;
+
+static void quantize_rows(const float *x, int64_t M, int64_t K, int64_t ldx, uint8_t *xu, float *xs) {
+    int64_t chunks = (K + QCHUNK - 1) / QCHUNK;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t blk = 0; blk < 2 * chunks; blk++) {
+            const float *xb = x + m * ldx;
+            int64_t lo = blk * QBLOCK, hi = lo + QBLOCK < K ? lo + QBLOCK : K;
+            float amax = 0.0f;
+            for (int64_t k = lo; k < hi; k++) amax = fabsf(xb[k]) > amax ? fabsf(xb[k]) : amax;
+            float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            uint8_t *qb = xu + m * chunks * QCHUNK;
+            for (int64_t k = lo; k < lo + QBLOCK; k++) {
+                int q = k < hi ? (int)nearbyintf(xb[k] * inv) : 0;
+                qb[k] = (uint8_t)((q > 127 ? 127 : q < -127 ? -127 : q) + 128);
+            }
+            float *sb = xs + m * chunks * LANES + (blk / 2) * LANES + (blk % 2) * (LANES / 2);
+            for (int j = 0; j < LANES / 2; j++) sb[j] = d;
+        }
+}
+
+#if !(defined(__AVX512VNNI__) && defined(__AVX512BW__))
+/* Without VNNI: acc += float(lane dots of a chunk of x and 64 weights at w, the first `valid` of them) * x's
+ * lane scales, the same integers as VNNI's (tile_q8) */
+static inline f32x16 q8_chunk(f32x16 acc, const uint8_t *xu, const float *xs, const int8_t *w, int64_t valid) {
+    float a[LANES];
+    memcpy(a, &acc, sizeof a);
+    for (int j = 0; j < LANES; j++) {
+        int32_t dot = 0;
+        for (int e = 4 * j; e < 4 * j + 4 && e < valid; e++) dot += ((int32_t)xu[e] - 128) * w[e];
+        a[j] = fmaf((float)dot, xs[j], a[j]);
+    }
+    memcpy(&acc, a, sizeof acc);
+    return acc;
+}
+#endif
+
+static inline __attribute__((always_inline)) void tile_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K,
+                                                          int64_t n0, float dots[MR][NR]) {
+    f32x16 acc[MR][NR];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) acc[i][j] = (f32x16){0};
+    for (int64_t c = 0; c < x.chunks; c++) {
+        int64_t k = c * QCHUNK;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+        /* VNNI multiplies unsigned by signed: x_q + 128 by w, less 128 * (sum of w), is exactly x_q . w.
+         * Each weight vector and its sum once for all rows; one weight row at a time (sixteen sums, the
+         * rows' x and its scales would not all fit in registers). */
+        __m512i zero = _mm512_setzero_si512();
+        for (int j = 0; j < nr; j++) {
+            const int8_t *wj = w + (n0 + j) * K + k;
+            PREFETCH(wj);
+            __m512i wv = K - k >= QCHUNK ? _mm512_loadu_si512(wj) : _mm512_maskz_loadu_epi8((1ULL << (K - k)) - 1, wj);
+            __m512i neg = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8((char)128), wv));
+            for (int i = 0; i < mr; i++) {
+                __m512i dots = _mm512_dpbusd_epi32(neg, _mm512_loadu_si512(x.xu + i * x.chunks * QCHUNK + k), wv);
+                acc[i][j] = (f32x16)_mm512_fmadd_ps(_mm512_cvtepi32_ps(dots),
+                                                    _mm512_loadu_ps(x.xs + (i * x.chunks + c) * LANES),
+                                                    (__m512)acc[i][j]);
+            }
+        }
+#else
+        for (int j = 0; j < nr; j++)
+            for (int i = 0; i < mr; i++)
+                acc[i][j] = q8_chunk(acc[i][j], x.xu + i * x.chunks * QCHUNK + k, x.xs + (i * x.chunks + c) * LANES,
+                                     w + (n0 + j) * K + k, K - k);
+#endif
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) dots[i][j] = lanes_sum(acc[i][j]);
+}
+
+static void tiles_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K, int64_t n0, float dots[MR][NR]) {
+    if (nr == NR && mr > 1) {
+        switch (mr) {
+            case 2: tile_q8(2, NR, x, w, K, n0, dots); return;
+            case 3: tile_q8(3, NR, x, w, K, n0, dots); return;
+            default: tile_q8(4, NR, x, w, K, n0, dots); return;
+        }
+    }
+    float one[MR][NR];  /* a lone row streams one row of W at a time, as above */
+    for (int j = 0; j < nr; j++)
+        for (int i = 0; i < mr; i++) {
+            q8rows xi = {x.xu + i * x.chunks * QCHUNK, x.xs + i * x.chunks * LANES, x.chunks};
+            tile_q8(1, 1, xi, w, K, n0 + j, one);
+            dots[i][j] = one[0][0];
+        }
+}
+
+/* What surrounds a linear layer in a transformer block, done here rather than by a library call each: a
+ * layer norm of the input rows (over K, float32 sums), and GELU and a residual add on the outputs. */
+static void layer_norm_rows(const float *x, int64_t M, int64_t K, int64_t ldx, const float *g, const float *beta,
+                            float eps, float *out) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *row = x + m * ldx;
+        float sum = 0.0f, sq = 0.0f;
+        for (int64_t k = 0; k < K; k++) sum += row[k];
+        float mean = sum / (float)K;
+        for (int64_t k = 0; k < K; k++) sq += (row[k] - mean) * (row[k] - mean);
+        float rstd = 1.0f / sqrtf(sq / (float)K + eps);
+        for (int64_t k = 0; k < K; k++) out[m * K + k] = (row[k] - mean) * rstd * g[k] + (beta ? beta[k] : 0.0f);
+    }
+}
+
+/* GELU with erf (as torch's default), 16 at a time: erf by Abramowitz and Stegun's 7.1.26, within 1.5e-7
+ * of it, its e^(-z^2) by exp16. */
+static inline f32x16 gelu16(f32x16 v) {
+    f32x16 z = v * 0.70710678118654752f;
+    f32x16 a = where(z < 0.0f, -z, z);
+    f32x16 t = 1.0f / (1.0f + 0.3275911f * a);
+    f32x16 poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+    f32x16 erf_a = 1.0f - poly * exp16(-(a * a));
+    return 0.5f * v * (1.0f + where(z < 0.0f, -erf_a, erf_a));
+}
+
+/* y = gelu(y) (when asked) + residual (when given), over M * N outputs, 16 at a time */
+static void finish_outputs(float *y, int64_t count, int gelu, const float *residual) {
+    for (int64_t i = 0; i < count; i += LANES) {
+        int64_t n = count - i < LANES ? count - i : LANES;
+        float part[LANES] = {0}, add[LANES] = {0};
+        memcpy(part, y + i, (size_t)n * sizeof(float));
+        if (residual) memcpy(add, residual + i, (size_t)n * sizeof(float));
+        f32x16 v = load_x(part);
+        if (gelu) v = gelu16(v);
+        v += load_x(add);
+        memcpy(y + i, &v, (size_t)n * sizeof(float));
+    }
+}
+
+/* y = act(layer_norm(x) @ Wᵀ * scale + b) + residual; norm_w NULL: no layer norm (norm_b NULL: none of its
+ * bias), gelu 0: no activation, residual NULL: nothing added ((M, N) contiguous otherwise). */
+int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx, const void *w, int64_t N,
+                    const float *scale, const float *b, float *y, int threads, const float *norm_w,
+                    const float *norm_b, float eps, int gelu, const float *residual) {
+    if ((kind != F32 && kind != BF16 && kind != I8) || M < 0 || K < 0 || N < 0) return -1;
+    q8rows q = {0, 0, (K + QCHUNK - 1) / QCHUNK};
+    uint8_t *xu = 0;
+    float *xs = 0, *normed = 0;
+    if (norm_w) {
+        if (!(normed = scratch(M * K * (int64_t)sizeof(float)))) return -2;
+        layer_norm_rows(x, M, K, ldx, norm_w, norm_b, eps, normed);
+        x = normed, ldx = K;
+    }
+    if (kind == I8) {
+        xu = scratch(M * q.chunks * QCHUNK);
+        xs = scratch(M * q.chunks * LANES * (int64_t)sizeof(float));
+        if (!xu || !xs) { free(xu); free(xs); free(normed); return -2; }
+        quantize_rows(x, M, K, ldx, xu, xs);
+        q.xu = xu, q.xs = xs;
+    }
+    int64_t tiles = (N + NR - 1) / NR;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        int64_t n0 = t * NR;
+        int nr = N - n0 < NR ? (int)(N - n0) : NR;
+        for (int64_t m0 = 0; m0 < M; m0 += MR) {
+            int mr = M - m0 < MR ? (int)(M - m0) : MR;
+            float dots[MR][NR];
+            if (kind == I8) {
+                q8rows xm = {q.xu + m0 * q.chunks * QCHUNK, q.xs + m0 * q.chunks * LANES, q.chunks};
+                tiles_q8(mr, nr, xm, w, K, n0, dots);
+            } else {
+                (kind == F32 ? tiles_F32 : tiles_BF16)(mr, nr, x + m0 * ldx, ldx, w, K, n0, dots);
+            }
+            for (int i = 0; i < mr; i++)
+                for (int j = 0; j < nr; j++) {
+                    float v = dots[i][j];
+                    if (scale) v *= scale[n0 + j];
+                    if (b) v += b[n0 + j];
+                    y[(m0 + i) * N + n0 + j] = v;
+                }
+        }
+    }
+    if (gelu || residual) finish_outputs(y, M * N, gelu, residual);
+    free(xu);
+    free(xs);
+    free(normed);
+    return 0;
+}
+
+/* One transformer block's decode step for M new tokens, each row a sequence of its own (its own cache and
+ * position), in place on x (M, C):  x += attention(ln_1(x));  x += mlp(ln_2(x))  -- the calls a decode step
+ * would make one by one, in one call (a step is short: the interpreter's time between calls adds up).
+ *   p: the block's parameters in nanoGPT's order -- ln_1 weight, bias; c_attn weight, scale, bias; attn
+ *      c_proj weight, scale, bias; ln_2 weight, bias; c_fc weight, scale, bias; mlp c_proj weight, scale,
+ *      bias (scales and biases may be NULL); every weight of format `kind`
+ *   K[r], V[r]: row r's cache of this layer, (nh, max_len, hs) of kv_kind; pos[r]: its new position */
+static float *floats(int64_t n) {
+    return scratch(n * (int64_t)sizeof(float));
+}
+
+int glassbox_block(int kind, int kv_kind, float *x, int64_t M, int64_t C, int64_t nh, const void *const *p,
+                   float eps, void *const *K, void *const *V, const int64_t *pos, int64_t max_len, int threads) {
+    if (M < 1 || C < 1 || nh < 1 || C % nh) return -1;
+    float *qkv = floats(M * 3 * C), *heads = floats(M * C), *mid = floats(M * C), *hidden = floats(M * 4 * C);
+    int status = !qkv || !heads || !mid || !hidden ? -2 : 0;
+    if (!status)
+        status = glassbox_linear(kind, x, M, C, C, p[2], 3 * C, p[3], p[4], qkv, threads, p[0], p[1], eps, 0, 0);
+    for (int64_t r = 0; r < M && !status; r++) {
+        const float *row = qkv + r * 3 * C;  /* q, k and v side by side */
+        status = glassbox_attend(row, row + C, row + 2 * C, kv_kind, K[r], V[r], nh, pos[r], max_len, C / nh,
+                                 heads + r * C, threads);
+    }
+    if (!status)  /* mid = x + attention */
+        status = glassbox_linear(kind, heads, M, C, C, p[5], C, p[6], p[7], mid, threads, 0, 0, 0.0f, 0, x);
+    if (!status)
+        status = glassbox_linear(kind, mid, M, C, C, p[10], 4 * C, p[11], p[12], hidden, threads, p[8], p[9], eps, 1,
+                                 0);
+    if (!status)  /* x = mid + mlp */
+        status = glassbox_linear(kind, hidden, M, 4 * C, 4 * C, p[13], C, p[14], p[15], x, threads, 0, 0, 0.0f, 0,
+                                 mid);
+    free(qkv);
+    free(heads);
+    free(mid);
+    free(hidden);
+    return status;
+}

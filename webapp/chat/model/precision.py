@@ -1,0 +1,111 @@
+"""The chat model's precision (GLASSBOX_DTYPE): how its weights are stored and what its activations are.
+
+    float32   exact: replies are the seed's, bit for bit, alone or batched (the default on CPU)
+    bfloat16  on the CPU: bfloat16 weights and KV cache, float32 activations (half the bytes a token
+              reads); on a GPU: bfloat16 throughout (the default there)
+    float16   16-bit throughout, for GPUs (CPU kernels for float16 are slow)
+    int8      CPU only: every Linear's weights as int8 with one float32 scale per output row
+              (symmetric, absmax / 127), a bfloat16 KV cache; a decode step multiplies them by its
+              activations quantized to int8 too, in blocks of 32 (as llama.cpp's q8_0 does)
+
+A decode step is bound by the bytes of weights (and keys and values) it reads, so fewer bytes is speed. On
+the CPU the reduced precisions change what is stored, and int8 the inputs of its matrix products; layer
+norms, attention's sums and everything between the products stay float32. Only float32 is exact; the
+others change the logits in their last bits or more, and so, now and then, a token. docs/chat_model.md
+("Precisions") gives the speed and what replies lose.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from webapp.chat.model.gpt import DecodingLinear, onednn_linear
+
+PRECISIONS = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+              "float16": "float16", "fp16": "float16", "int8": "int8"}
+
+
+class PrecisionError(ValueError):
+    """An unknown precision, or one this device cannot run; the message says which are known."""
+
+
+def parse_precision(name: str | torch.dtype | None, device: torch.device) -> str:
+    """A precision's canonical name; None or "" = bfloat16 on GPU, float32 on CPU."""
+    if isinstance(name, torch.dtype):
+        name = str(name).removeprefix("torch.")
+    if not name:
+        return "bfloat16" if device.type == "cuda" else "float32"
+    try:
+        precision = PRECISIONS[str(name).lower()]
+    except KeyError:
+        raise PrecisionError(f"unknown dtype {name!r}: use one of {', '.join(PRECISIONS)}") from None
+    if precision == "int8" and device.type != "cpu":
+        raise PrecisionError("dtype 'int8' (weight-only int8) runs on the CPU only: use bfloat16 on a GPU")
+    return precision
+
+
+class WeightOnlyLinear(DecodingLinear, nn.Module):
+    """A Linear whose weights are stored in fewer bytes (bfloat16, or int8 with one scale per output row)
+    and widened to float32 as they are used: y = (x @ W_qᵀ) * scale + b, float32 in and out.
+
+    int8: W_q = round(W / scale), scale = max |W_row| / 127, so each weight is off by half a step at most.
+    Decoding runs Glassbox's kernel (webapp/chat/model/kernels), which reads the stored bytes once per step and
+    sums each row alone; for int8 it quantizes each row of x in blocks of 32 and multiplies int8 by int8.
+    Prefill, and decoding without that kernel, run torch's kernels in bfloat16 (oneDNN's inner product,
+    torch's weight-only int8 matmul): both compute each row alone too."""
+
+    def __init__(self, linear: nn.Linear, weights: str):
+        super().__init__()
+        w = linear.weight.detach().float()  # (N, K)
+        if weights == "int8":
+            scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127  # (N,)
+            self.register_buffer("weight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+            self.register_buffer("scale", scale.contiguous())
+        else:
+            self.register_buffer("weight", w.to(torch.bfloat16).contiguous())
+            self.scale = None
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def matmul(self, x):
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, C_in)
+        if self.scale is None:
+            y = onednn_linear(rows, self.weight, None).float()
+        elif self.in_features % 16:  # torch's int8 kernel crashes on such widths: dequantize instead
+            dequantized = (self.weight.float() * self.scale[:, None]).to(torch.bfloat16)
+            y = onednn_linear(rows, dequantized, None).float()
+        else:
+            y = torch._weight_int8pack_mm(rows.contiguous(), self.weight, self.scale.to(torch.bfloat16)).float()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, weights={self.weight.dtype}"
+
+
+def apply_precision(model: nn.Module, precision: str) -> nn.Module:
+    """Convert a model in place to a precision (a canonical name, see parse_precision) -> the model.
+    On the CPU, bfloat16 and int8 replace every nn.Linear (lm_head included, untied from the embedding,
+    which stays float32 for lookups) by a WeightOnlyLinear; on other devices bfloat16 and float16 cast
+    the whole model."""
+    precision = PRECISIONS.get(precision, precision)
+    if precision not in ("float32", "bfloat16", "float16", "int8"):
+        raise PrecisionError(f"unknown dtype {precision!r}: use one of {', '.join(PRECISIONS)}")
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    if precision == "float32" or precision == "float16" or (precision == "bfloat16" and not on_cpu):
+        return model.to(getattr(torch, precision))
+    if not on_cpu:
+        raise PrecisionError("dtype 'int8' (weight-only int8) runs on the CPU only: use bfloat16 on a GPU")
+    model.float()
+    linears = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    for name, linear in linears:
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, WeightOnlyLinear(linear, precision))
+    if hasattr(model, "kv_dtype"):  # keys and values in 16 bits too: half the bytes attention reads
+        model.kv_dtype = torch.bfloat16
+    return model
+
+
+__all__ = ["PRECISIONS", "PrecisionError", "WeightOnlyLinear", "apply_precision", "parse_precision"]

@@ -1,0 +1,36 @@
+"""The chat blueprint and what every chat route needs: the service, the settings, and the browser's own
+conversations and messages (404 for anyone else's)."""
+
+from __future__ import annotations
+
+from flask import Blueprint, abort, current_app
+
+from webapp.chat.service import ChatService
+from webapp.config import Settings
+from webapp.web.security import owner_id
+
+bp = Blueprint("chat", __name__, url_prefix="/chat")
+
+
+def service() -> ChatService:
+    """The chat service create_app built (webapp/chat/boot.py)."""
+    return current_app.extensions["glassbox.chat"]
+
+
+def settings() -> Settings:
+    return current_app.config["GLASSBOX"]
+
+
+def owned_conversation(conversation_id: str) -> dict:
+    conversation = service().conversation(owner_id(), conversation_id)
+    if conversation is None:
+        abort(404, "No such conversation.")
+    return conversation
+
+
+def owned_message(conversation_id: str, message_id: int) -> dict:
+    owned_conversation(conversation_id)
+    message = service().message(conversation_id, message_id)
+    if message is None:
+        abort(404, "No such message.")
+    return message

@@ -1,0 +1,98 @@
+"""The glass-box views of a reply: its tokens with their odds, a token's alternatives, branching from a
+token, two versions side by side, the exact prompt, and switching versions."""
+
+from __future__ import annotations
+
+from flask import abort, redirect, render_template, request, url_for
+
+from webapp.chat.service import ChatError
+from webapp.chat.web import token_views as glass
+from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service, settings
+from webapp.chat.web.composer import default_sampling, reply_fragment, start_reply
+from webapp.web import is_htmx
+
+
+def reply_details(conversation_id: str, message_id: int) -> tuple[dict, dict]:
+    message = owned_message(conversation_id, message_id)
+    if message["role"] != "assistant":
+        abort(404, "Only replies have tokens and a prompt.")
+    return message, service().details(message_id)
+
+
+@bp.get("/c/<conversation_id>/m/<int:message_id>/tokens")
+def tokens(conversation_id: str, message_id: int):
+    """Every token of a reply shaded by its probability; ?t=N shows token N's alternatives (no JS needed)."""
+    message, details = reply_details(conversation_id, message_id)
+    views = glass.token_views(service().model.tokenizer, details["odds"] or [])
+    selected = request.args.get("t", type=int)
+    selected = selected if selected is not None and 0 <= selected < len(views) else None
+    return render_template("chat/tokens.html", conversation=owned_conversation(conversation_id), message=message,
+                           tokens=views, selected=selected, settings=message["settings"] or {})
+
+
+@bp.get("/c/<conversation_id>/m/<int:message_id>/tokens/<int:index>")
+def token_panel(conversation_id: str, message_id: int, index: int):
+    """One token's alternatives, as the fragment htmx puts in the token view's panel."""
+    message, details = reply_details(conversation_id, message_id)
+    views = glass.token_views(service().model.tokenizer, details["odds"] or [])
+    if not 0 <= index < len(views):
+        abort(404, "No such token in this reply.")
+    return render_template("chat/_token_panel.html", token=views[index], message=message)
+
+
+@bp.post("/c/<conversation_id>/m/<int:message_id>/branch")
+def branch(conversation_id: str, message_id: int):
+    """Continue a reply from one of its tokens with another token (an alternative, or text typed): the
+    tokens before it are kept, the new one is forced, the model goes on with the reply's settings. The
+    result is a new version of the reply; the old one stays."""
+    conversation = owned_conversation(conversation_id)
+    message, details = reply_details(conversation_id, message_id)
+    svc = service()
+    try:
+        forced = glass.branch_tokens(svc.model.tokenizer, details["odds"] or [], request.form,
+                                     settings().max_message_chars)
+        turn = svc.branch_turn(conversation, message, forced)
+    except ValueError as error:  # the form asked for no token the reply has
+        abort(400, str(error))
+    except ChatError as error:
+        abort(error.status, str(error))
+    return start_reply(turn)
+
+
+@bp.get("/c/<conversation_id>/m/<int:message_id>/compare/<int:other_id>")
+def compare(conversation_id: str, message_id: int, other_id: int):
+    """Two versions of a reply side by side: where their tokens first differ, and the odds there."""
+    message, details = reply_details(conversation_id, message_id)
+    other, other_details = reply_details(conversation_id, other_id)
+    if message["parent_id"] != other["parent_id"]:
+        abort(404, "These replies answer different messages.")
+    tokenizer = service().model.tokenizer
+    a, b = (glass.token_views(tokenizer, d["odds"] or []) for d in (details, other_details))
+    first = glass.first_difference(a, b)
+    return render_template("chat/compare.html", conversation=owned_conversation(conversation_id),
+                           sides=[(message, a), (other, b)], first=first)
+
+
+@bp.get("/c/<conversation_id>/m/<int:message_id>/prompt")
+def prompt(conversation_id: str, message_id: int):
+    """The exact token ids the model was given for a reply, part by part, with the budget arithmetic."""
+    message, details = reply_details(conversation_id, message_id)
+    if details["prompt"] is None:
+        abort(404, "This reply was saved before Glassbox kept prompts.")
+    report, parts = glass.prompt_view(service().model.tokenizer, details["prompt"])
+    return render_template("chat/prompt.html", conversation=owned_conversation(conversation_id), message=message,
+                           report=report, parts=parts)
+
+
+@bp.post("/c/<conversation_id>/m/<int:message_id>/show")
+def show(conversation_id: str, message_id: int):
+    """Show another version of a message (‹ 2/3 ›), and the branch that follows it."""
+    conversation = owned_conversation(conversation_id)
+    owned_message(conversation_id, message_id)
+    try:
+        service().show_version(conversation_id, message_id)
+    except ChatError as error:
+        abort(error.status, str(error))
+    if is_htmx():
+        return reply_fragment(conversation, False, default_sampling())
+    return redirect(url_for("chat.conversation", conversation_id=conversation_id) + f"#message-{message_id}", 303)

@@ -1,0 +1,129 @@
+"""The glass-box views of a reply, as plain data for the templates: its tokens with their odds, and the
+exact prompt it was given. Token text is shown honestly: a token that is not whole UTF-8 (a byte
+inside a character) is shown as its bytes, e.g. ⟨e6 9d⟩."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from webapp.chat.decode.odds import TokenOdds
+from webapp.chat.decode.types import Forced
+from webapp.chat.model.prompt import PromptReport
+
+SHADES = 10  # probability buckets, each a CSS class (the CSP allows no inline styles)
+
+
+def token_text(tokenizer, token: int) -> tuple[str, bool]:
+    """-> (what to show, whether it is whole text). Specials show as their names."""
+    if tokenizer.is_special(token):
+        names = {i: name for name, i in tokenizer.special_ids.items()}
+        return names.get(token, f"<|special {token}|>"), True
+    data = tokenizer.decode_single_token_bytes(token)
+    try:
+        return data.decode("utf-8"), True
+    except UnicodeDecodeError:
+        return "⟨" + " ".join(f"{b:02x}" for b in data) + "⟩", False
+
+
+def shade(probability: float) -> int:
+    """0 (unlikely) .. SHADES - 1 (certain): the class a token's probability gives it."""
+    return min(SHADES - 1, max(0, int(probability * SHADES)))
+
+
+@dataclass
+class Alternative:
+    token: int
+    text: str
+    probability: float
+    sampled_probability: float
+    chosen: bool
+
+
+@dataclass
+class TokenView:
+    index: int
+    token: int
+    text: str
+    whole: bool  # False: a byte of a character, shown as bytes
+    probability: float | None  # None: typed into a branch, not sampled
+    sampled_probability: float | None
+    rank: int | None
+    entropy_bits: float | None
+    shade: int | str  # 0..SHADES-1, or "typed"
+    alternatives: list[Alternative]
+
+
+def token_views(tokenizer, rows: list) -> list[TokenView]:
+    """Stored odds rows (TokenOdds.as_row) -> what the token view and its panel show."""
+    views = []
+    for index, row in enumerate(rows):
+        odds = TokenOdds.from_row(row)
+        text, whole = token_text(tokenizer, odds.token)
+        alternatives = [Alternative(t, token_text(tokenizer, t)[0], p, q, t == odds.token)
+                        for t, p, q in odds.alternatives]
+        views.append(TokenView(index, odds.token, text, whole, odds.probability, odds.sampled_probability,
+                               odds.rank, odds.entropy_bits, "typed" if odds.typed else shade(odds.probability),
+                               alternatives))
+    return views
+
+
+def first_difference(a: list[TokenView], b: list[TokenView]) -> int | None:
+    """The index of the first token where two replies differ (None: one is the other's start, or equal)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x.token != y.token:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@dataclass
+class PromptPartView:
+    kind: str
+    role: str | None
+    text: str | None
+    tokens: list[tuple[int, str]]  # (id, shown text), empty for a dropped turn
+    count: int
+
+
+def prompt_view(tokenizer, data: dict) -> tuple[PromptReport, list[PromptPartView]]:
+    report = PromptReport.from_dict(data)
+    parts = [PromptPartView(p.kind, p.role, p.text,
+                            [(t, token_text(tokenizer, t)[0]) for t in report.ids[p.start:p.end]], p.tokens)
+             for p in report.parts]
+    return report, parts
+
+
+def branch_tokens(tokenizer, rows: list, form, max_chars: int) -> Forced:
+    """A branch's first tokens from the form: the reply's tokens before `index`, then `token` (one of the
+    alternatives shown there) or the tokens of `text` (a continuation typed by hand). Raises ValueError
+    with a message for the person."""
+    try:
+        index = int(form.get("index", ""))
+    except ValueError:
+        raise ValueError("Choose a token of the reply to branch from.") from None
+    if not 0 <= index < len(rows):
+        raise ValueError(f"The reply has tokens 1 to {len(rows)}; there is no token {index + 1}.")
+    kept = [TokenOdds.from_row(row) for row in rows[:index]]
+    at = TokenOdds.from_row(rows[index])
+    text = form.get("text", "")
+    if form.get("token", "") != "" and at.typed:
+        raise ValueError("That token was typed, not sampled: it has no alternatives. Type a continuation.")
+    if form.get("token", "") != "":
+        try:
+            token = int(form["token"])
+        except ValueError:
+            raise ValueError("Choose one of the alternatives shown.") from None
+        place = next((i for i, (t, _, _) in enumerate(at.alternatives) if t == token), None)
+        if place is None:
+            raise ValueError("Choose one of the alternatives shown, or type a continuation.")
+        _, p, q = at.alternatives[place]
+        picked = [TokenOdds(token, p, q, place + 1, at.entropy_bits, at.alternatives)]
+        tokens = [token]
+    elif text.strip():
+        if len(text) > max_chars:
+            raise ValueError(f"A continuation may be at most {max_chars} characters.")
+        tokens = tokenizer.encode_ordinary(text)
+        picked = [None] * len(tokens)  # typed, not sampled: no odds of its own
+    else:
+        raise ValueError("Choose an alternative, or type how the reply should go on.")
+    return Forced(tuple([o.token for o in kept] + tokens),
+                  tuple(None if o.typed else o for o in kept) + tuple(picked))

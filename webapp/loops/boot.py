@@ -1,0 +1,62 @@
+"""The Loop lab at start-up, called by the app factory: load the model (and the others offered beside it),
+give the core its executor, warm it up, and build the service the views call."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from webapp.config import ROOT, Settings
+from webapp.core import InferenceCore
+from webapp.db import Database
+from webapp.loops.model.checkpoint import load_bundle
+from webapp.loops.request import DemoRequest
+from webapp.loops.runs import MAIN, LoopRuns
+from webapp.loops.service import LoopService
+from webapp.loops.store import TraceStore
+from webapp.loops.trace import check_model
+
+EARLY_BUNDLE = ROOT / "models" / "loops-early"
+
+
+def load_model(settings: Settings):
+    bundle = load_bundle(settings.loop_model)
+    check_model(bundle.model)  # refuse at start-up, not on the first visitor's run
+    return bundle
+
+
+def extra_models(bundle) -> dict:
+    """Models offered beside the main one: GLASSBOX_LOOP_EXTRA_MODELS=name=bundle-or-factory,… ; by
+    default the bundled early checkpoint (models/loops-early), beside the bundled model only."""
+    spec = os.environ.get("GLASSBOX_LOOP_EXTRA_MODELS")
+    if spec is None:
+        bundled = str(getattr(bundle, "checkpoint_id", "")).startswith("bundled:loops@")
+        spec = f"early={EARLY_BUNDLE}" if bundled and EARLY_BUNDLE.is_dir() else ""
+    extra = {}
+    for entry in filter(None, (e.strip() for e in spec.split(","))):
+        name, _, where = entry.partition("=")
+        if not name.strip() or not where.strip() or name.strip() == MAIN:
+            raise ValueError(f"GLASSBOX_LOOP_EXTRA_MODELS: {entry!r} is not name=bundle (and not {MAIN!r})")
+        extra[name.strip()] = load_bundle(where.strip())
+        check_model(extra[name.strip()].model)
+    return extra
+
+
+def executor(bundle, settings: Settings) -> LoopRuns:
+    return LoopRuns(bundle, settings.loop_torch_threads, extra_models(bundle))
+
+
+def warm_up(bundle) -> None:
+    request = DemoRequest.parse({"mapping": [[s, s] for s in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"],
+                                 "start": "A", "steps": 2})
+    encoded = bundle.tokenizer(bundle.render_prompt(list(request.pairs), "A", 2),
+                               add_special_tokens=False, return_tensors="pt")
+    with torch.inference_mode():
+        bundle.model(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"], num_loops=2,
+                     completion_threshold=0.5, readout_token_ids=list(bundle.readout_token_ids),
+                     loop_callback=lambda *args: None)
+
+
+def service(core: InferenceCore, db: Database) -> LoopService:
+    return LoopService(core, TraceStore(db))

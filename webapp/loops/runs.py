@@ -1,0 +1,43 @@
+"""Loop-lab runs on the core's worker: the executor, and a run's result as the service saves it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from webapp.core.executors import WholeJobs, Worker
+from webapp.core.jobs import Job
+from webapp.core.threads import torch_threads
+from webapp.loops.trace import run_trace
+
+MAIN = "main"
+# What the model picker calls each model; one not named here is shown by its name.
+MODEL_LABELS = {MAIN: "Fully trained (bundled)", "early": "Early checkpoint (100 steps: makes mistakes)"}
+
+
+@dataclass
+class LoopResult:
+    snapshot: dict | None = None  # the final snapshot, once the run completed
+    trace_id: str | None = None  # where it was saved
+
+
+class LoopRuns(WholeJobs):
+    """The core's executor for Loop-lab runs: a run is one model call, run whole between chat steps."""
+
+    def __init__(self, bundle, torch_threads: int = 1, extra: dict | None = None) -> None:
+        # The bundled model's loop is hundreds of tiny operators: one intra-op thread runs it faster than
+        # two on a 2-core machine (docs/benchmarks.md, Loop lab).
+        self.bundle, self.torch_threads = bundle, torch_threads
+        self.bundles = {MAIN: bundle, **(extra or {})}  # what the page's model picker offers
+
+    def run(self, job: Job, core: Worker) -> None:
+        bundle = self.bundles.get(getattr(job.request, "model", MAIN), self.bundle)
+        if not isinstance(job.result, LoopResult):
+            job.result = LoopResult()
+        with torch_threads(self.torch_threads):
+            job.result.snapshot = run_trace(job, bundle, job.request,
+                                               on_rows=lambda rows: core.count("rows", len(rows), job),
+                                               between=core.interleave)
+
+    def choices(self) -> list[dict]:
+        return [{"name": name, "label": MODEL_LABELS.get(name, name), "checkpoint": b.checkpoint_id}
+                for name, b in self.bundles.items()]

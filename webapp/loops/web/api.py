@@ -1,0 +1,72 @@
+"""The Loop lab's JSON API: POST /api/loops/trace streams a run as JSON lines."""
+
+from __future__ import annotations
+
+import json
+
+from flask import request
+
+from webapp.core import Refused
+from webapp.loops.request import DemoRequest, RequestError
+from webapp.loops.trace import metadata
+from webapp.loops.web.blueprint import api, service, settings
+from webapp.web import get_core, quotas, refusal_headers, refusal_status
+from webapp.web.security import csrf_exempt
+from webapp.web.streams import held_slot, long_response
+
+API_STREAMS = ("rows", "snapshots")
+
+
+@api.post("/trace")
+@csrf_exempt
+def api_trace():
+    """Takes the owner's request JSON; streams JSON lines. By default (?stream=rows) one line per loop
+    with that loop's row, then one line with the summary and metadata (no rows: the client has them).
+    ?stream=snapshots gives the owner's cumulative snapshots (streaming…, then complete), which grow
+    with the square of the loops: ~12 MB for 256 steps, so only when asked for."""
+    mode = request.args.get("stream", "rows")
+    if mode not in API_STREAMS:
+        return {"error": "stream must be rows or snapshots"}, 400
+    try:
+        value = request.get_json(silent=True)
+    except RecursionError:  # silent=True catches ValueError only; nesting thousands deep is a client's error
+        value = None
+    if value is None:
+        return {"error": "Send the request as JSON (Content-Type: application/json)"}, 400
+    try:
+        demo_request = DemoRequest.parse(value)
+    except RequestError as error:
+        return {"error": error.message}, 400
+    # A script without a cookie gets a throwaway owner, not a session: its traces are purged after
+    # GLASSBOX_API_RETENTION_HOURS (webapp/web/quotas.py), and no cookie is minted per request.
+    owner = quotas.api_owner()
+    try:
+        with held_slot() as slot:  # before the job: a refusal leaves nothing queued
+            quotas.check_traces(owner)
+            job = service().start(owner, demo_request)
+    except Refused as error:
+        return {"error": str(error)}, refusal_status(error), refusal_headers(error)
+
+    def body():
+        head, rows = None, []
+        for event in job.subscribe(settings().heartbeat_seconds):
+            if event is None:
+                yield "\n"  # keep-alive; also how a vanished client is noticed
+            elif event.name == "rows" and mode == "rows":
+                for row in event.data["rows"]:
+                    yield json.dumps(row) + "\n"
+            elif event.name == "rows":
+                head = head or metadata(demo_request, get_core().models["loops"].checkpoint_id)
+                for row in event.data["rows"]:  # one snapshot per loop, as the owner's API gives
+                    rows.append(row)
+                    yield json.dumps({**head, "status": "streaming", "trace": rows}) + "\n"
+        if job.result.snapshot is not None:
+            final = {**job.result.snapshot, "trace_id": job.result.trace_id}
+            if mode == "rows":
+                final.pop("trace")
+            yield json.dumps(final) + "\n"
+        else:
+            status = "error" if job.error else "cancelled"
+            yield json.dumps({"status": status, "error": job.error}) + "\n"
+
+    return long_response(body(), "application/x-ndjson", slot)

@@ -1,0 +1,71 @@
+"""The mapping editor's form: its state, the edits it offers, and turning it into a request.
+
+The editor posts every rule in its current order as parallel `src`/`dst` fields; the
+buttons (move up/down, shuffle, presets) are plain submit buttons, so the editor works as
+an ordinary HTML form and htmx only saves the page reload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+from dataclasses import dataclass, field
+
+from webapp.loops.request import DemoRequest, RequestError
+from webapp.loops.task import PRESETS, SYMBOLS, preset, shuffle_rules
+
+PRESET_LABELS = {"cycle": "One 26-cycle", "identity": "Identity", "permutation": "Random permutation",
+                 "function": "Random function", "cycle_tail": "Short cycle + tail"}
+
+
+@dataclass
+class EditorState:
+    pairs: list[list[str]]
+    start: str = "A"
+    steps: str = "8"
+    errors: dict = field(default_factory=dict)
+    model: str = "main"
+
+    @classmethod
+    def default(cls, rng: random.Random | None = None) -> EditorState:
+        return cls(preset("cycle", rng or random.Random()), "A", "8")
+
+    @classmethod
+    def from_form(cls, form) -> EditorState:
+        sources, destinations = form.getlist("src"), form.getlist("dst")
+        pairs = [[s, d] for s, d in zip(sources, destinations)]
+        return cls(pairs, form.get("start", ""), form.get("steps", ""), model=form.get("model", "main"))
+
+    @classmethod
+    def from_request(cls, request: dict, model: str = "main") -> EditorState:
+        return cls([list(p) for p in request["mapping"]], request["start"], str(request["steps"]), model=model)
+
+    def as_request_value(self) -> dict:
+        """The seed's request JSON; steps stays a string unless it is a plain whole number."""
+        steps = self.steps.strip()
+        return {"mapping": [list(p) for p in self.pairs], "start": self.start,
+                "steps": int(steps) if re.fullmatch(r"[0-9]{1,4}", steps) else steps}
+
+    def apply(self, action: str, rng: random.Random) -> None:
+        """One editor action: `up:N`, `down:N`, `shuffle`, or `preset:NAME`."""
+        verb, _, arg = action.partition(":")
+        if verb in ("up", "down") and arg.isdigit():
+            i = int(arg)
+            j = i - 1 if verb == "up" else i + 1
+            if 0 <= i < len(self.pairs) and 0 <= j < len(self.pairs):
+                self.pairs[i], self.pairs[j] = self.pairs[j], self.pairs[i]
+        elif verb == "shuffle":
+            self.pairs = shuffle_rules(self.pairs, rng)
+        elif verb == "preset" and arg in PRESETS:
+            self.pairs = preset(arg, rng)
+        elif verb == "start" and arg in SYMBOLS:
+            self.start = arg
+
+
+def parse_request(state: EditorState, models=("main",)) -> DemoRequest:
+    """Raises RequestError with the owner's message and the field it concerns; `models`: the names offered."""
+    request = DemoRequest.parse(state.as_request_value())
+    if state.model not in models:
+        raise RequestError("Choose one of the models offered", "model")
+    return dataclasses.replace(request, model=state.model)

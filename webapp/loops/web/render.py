@@ -1,0 +1,54 @@
+"""The Loop lab's page and its results section, rendered from a request's state or a trace's snapshot."""
+
+from __future__ import annotations
+
+from flask import render_template, request, url_for
+
+from webapp.loops.task import SYMBOLS
+from webapp.loops.web import pictures
+from webapp.loops.web.blueprint import model_choices, service
+from webapp.loops.web.forms import PRESET_LABELS, EditorState
+from webapp.web.security import owner_id
+
+
+def editor_context(state: EditorState) -> dict:
+    return {"state": state, "symbols": SYMBOLS, "presets": PRESET_LABELS, "models": model_choices()}
+
+
+def render_lab(state: EditorState, *, results: str = "", status: int = 200, upload_error: str | None = None):
+    recent = service().store.recent(owner_id())
+    return render_template("loops/page.html", results=results, recent=recent, upload_error=upload_error,
+                           **editor_context(state)), status
+
+
+def current_loop(rows: list) -> int | None:
+    """?loop=N: the player's position, as a link gives it (no JavaScript needed); None: the whole run."""
+    loop = request.args.get("loop", type=int)
+    return None if loop is None or not rows else min(max(loop, 1), len(rows))
+
+
+def render_results(snapshot: dict, *, job=None, trace_id: str | None = None, error: str | None = None,
+                   recent: list | None = None, current: int | None = None, player_url: str | None = None,
+                   shared: bool = False, share_token: str | None = None) -> str:
+    """The results section; with `recent`, also an out-of-band refresh of the saved-traces list.
+
+    A finished trace gets the player: step links to `player_url` (its own page) with ?loop=N, and
+    with `current` the rows after loop N held back and loop N's letter ringed on the graph."""
+    summary = snapshot.get("summary")
+    rows = snapshot.get("trace", [])
+    req = snapshot["request"]
+    if player_url is None and trace_id:
+        player_url = url_for("loops.trace", trace_id=trace_id)
+    context = {"snapshot": snapshot, "rows": rows, "summary": summary, "job": job, "trace_id": trace_id,
+               "error": error, "steps": req["steps"], "recent": recent, "current": current,
+               "player_url": player_url, "shared": shared, "share_token": share_token,
+               "model_label": next((m["label"] for m in model_choices()
+                                    if m["checkpoint"] == snapshot.get("checkpoint") and m["label"]), None)}
+    if summary is not None:
+        context["graph"] = pictures.graph(req, rows, summary["first_error"])
+        context["chart"] = pictures.stop_chart(rows, req["steps"], snapshot["threshold"])
+        if rows:
+            at = current or len(rows)
+            context["current_symbol"] = rows[at - 1]["prediction"]
+            context["current_x"] = context["chart"]["x_of"](at)
+    return render_template("loops/_results.html", **context)

@@ -1,0 +1,128 @@
+"""Saved traces: a trace's page and player, sharing, download, paced replay, upload."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from flask import Response, abort, redirect, render_template, request, url_for
+
+from webapp.loops.recorded import TraceFileError, parse_trace_file, rescore
+from webapp.loops.trace import FLUSH_SECONDS
+from webapp.loops.web.blueprint import bp, model_name, owned_trace, service
+from webapp.loops.web.forms import EditorState
+from webapp.loops.web.render import current_loop, render_lab, render_results
+from webapp.web import quotas
+from webapp.web.security import owner_id
+from webapp.web.sse import comment, event_stream, frame
+
+
+@bp.get("/traces/<trace_id>")
+def trace(trace_id: str):
+    snapshot = owned_trace(trace_id)
+    if request.args.get("replay") == "paced":
+        results = render_template("loops/_replay.html", trace_id=trace_id, request=snapshot["request"])
+    else:
+        results = render_results(snapshot, trace_id=trace_id, current=current_loop(snapshot.get("trace", [])),
+                                 share_token=service().store.share_token(owner_id(), trace_id))
+    state = EditorState.from_request(snapshot["request"], model_name(snapshot.get("checkpoint", "")))
+    return render_lab(state, results=results)
+
+
+# -- sharing on purpose: a read-only link anyone can open, until it is revoked --------------------
+@bp.post("/traces/<trace_id>/share")
+def share(trace_id: str):
+    if service().store.share(owner_id(), trace_id) is None:
+        abort(404, "No such trace.")
+    return redirect(url_for("loops.trace", trace_id=trace_id, _anchor="share"), 303)
+
+
+@bp.post("/traces/<trace_id>/unshare")
+def unshare(trace_id: str):
+    owned_trace(trace_id)
+    service().store.unshare(owner_id(), trace_id)
+    return redirect(url_for("loops.trace", trace_id=trace_id, _anchor="share"), 303)
+
+
+@bp.get("/shared/<token>")
+def shared(token: str):
+    snapshot = service().store.shared(token)
+    if snapshot is None:
+        abort(404, "This shared trace does not exist or its owner stopped sharing it.")
+    results = render_results(snapshot, current=current_loop(snapshot.get("trace", [])), shared=True,
+                             player_url=url_for("loops.shared", token=token))
+    return render_template("loops/shared.html", results=results, snapshot=snapshot)
+
+
+@bp.get("/traces/<trace_id>.json")
+def download(trace_id: str):
+    snapshot = owned_trace(trace_id)
+    return Response(json.dumps(snapshot, indent=1), mimetype="application/json",
+                    headers={"Content-Disposition": f'attachment; filename="glassbox-trace-{trace_id}.json"'})
+
+
+# A paced replay holds a stream slot and a thread for its whole length, and an uploaded trace may
+# claim any pace (arrival_seconds of 1e300): recorded gaps are honoured up to REPLAY_MAX_GAP_SECONDS
+# each, and whatever is still due after REPLAY_MAX_SECONDS arrives at once (templates/loops/_replay.html).
+REPLAY_MAX_GAP_SECONDS = 1.0
+REPLAY_MAX_SECONDS = 20.0
+
+
+def replay_schedule(rows: list[dict]) -> list[float]:
+    """When each row is due, in seconds from the replay's start: the recorded arrival times with each
+    gap capped, and the whole capped."""
+    due, at, previous = [], 0.0, 0.0
+    for row in rows:
+        arrival = float(row.get("arrival_seconds") or 0.0)
+        at += min(max(arrival - previous, 0.0), REPLAY_MAX_GAP_SECONDS)
+        previous = max(previous, arrival)
+        due.append(min(at, REPLAY_MAX_SECONDS))
+    return due
+
+
+def replay_frames(rows: list[dict]) -> list[tuple[float, list[dict]]]:
+    """(when, rows) per frame: rows due within FLUSH_SECONDS of a frame's first row share it, as live.
+    Grouped by the recorded times, not by how long rendering took, so a busy host replays the same frames."""
+    frames: list[tuple[float, list[dict]]] = []
+    start = None
+    for row, at in zip(rows, replay_schedule(rows)):
+        if frames and at - start < FLUSH_SECONDS:
+            frames[-1] = (at, frames[-1][1] + [row])
+        else:
+            start = at
+            frames.append((at, [row]))
+    return frames
+
+
+@bp.get("/traces/<trace_id>/replay")
+def replay_stream(trace_id: str):
+    """A saved trace, re-streamed at its recorded pace (bounded): no model, no job, just the rows."""
+    snapshot = {**owned_trace(trace_id), "source": "recorded"}
+
+    def rows_frame(rows):
+        return frame("rows", render_template("loops/_rows.html", rows=rows, steps=snapshot["request"]["steps"]))
+
+    def body():
+        yield comment("open")
+        started = time.monotonic()
+        for at, rows in replay_frames(snapshot["trace"]):
+            delay = at - (time.monotonic() - started)
+            if delay > 0:
+                time.sleep(delay)
+            yield rows_frame(rows)
+        yield frame("done", render_results(snapshot, trace_id=trace_id))
+
+    return event_stream(body())
+
+
+@bp.post("/traces/upload")
+def upload():
+    file = request.files.get("trace")
+    try:
+        snapshot = parse_trace_file(file.read() if file else b"")
+    except TraceFileError as error:  # said beside the upload field, on the lab's own page
+        return render_lab(EditorState.default(), upload_error=str(error), status=400)
+    rescored = rescore(snapshot)
+    quotas.check_traces(owner_id(), len(json.dumps(rescored)))
+    trace_id = service().store.save(owner_id(), rescored)
+    return redirect(url_for("loops.trace", trace_id=trace_id), 303)

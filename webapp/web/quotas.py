@@ -1,0 +1,81 @@
+"""How much one browser may keep, and how long anonymous API runs are kept.
+
+Every row belongs to an owner (a browser's cookie). Without bounds a script could fill the disk one
+upload or one conversation at a time, so each owner has quotas (GLASSBOX_MAX_CONVERSATIONS,
+GLASSBOX_MAX_TRACES, GLASSBOX_MAX_STORED_BYTES). A full quota answers 403 with what to do; saved
+traces, which have no delete button, roll instead: the oldest is removed to make room.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+
+from flask import abort, current_app, session
+
+API_OWNER_PREFIX = "api:"  # owners of JSON-API runs made without a session cookie
+_purged = {"at": 0.0}
+_purge_lock = threading.Lock()
+PURGE_EVERY_SECONDS = 60.0
+
+
+def _settings():
+    return current_app.config["GLASSBOX"]
+
+
+def _chat_store():
+    return current_app.extensions["glassbox.chat"].store
+
+
+def _trace_store():
+    return current_app.extensions["glassbox.loops"].store
+
+
+def stored_bytes(owner: str) -> int:
+    """What an owner keeps, in characters of stored text: traces, messages, reply details."""
+    return _trace_store().stored_bytes(owner) + _chat_store().stored_bytes(owner)
+
+
+def _check_bytes(owner: str, adding: int) -> None:
+    limit = _settings().max_stored_bytes
+    if limit and stored_bytes(owner) + adding > limit:
+        abort(403, f"You have used this browser's storage ({limit // 2**20:,} MiB). "
+                   "Delete some conversations to make room.")
+
+
+def check_chat(owner: str, *, new_conversation: bool) -> None:
+    """Before a reply is saved: the conversation quota (for a new one) and the bytes quota."""
+    limit = _settings().max_conversations
+    if new_conversation and limit:
+        count = _chat_store().count_conversations(owner)
+        if count >= limit:
+            abort(403, f"You have {count:,} conversations, the most one browser may keep. "
+                       "Delete one to start another.")
+    _check_bytes(owner, 0)
+
+
+def check_traces(owner: str, adding: int = 0) -> None:
+    """Before a trace is saved: make room under GLASSBOX_MAX_TRACES (the oldest go), then the bytes quota."""
+    limit = _settings().max_traces
+    if limit:
+        _trace_store().keep_newest(owner, limit - 1)
+    _check_bytes(owner, adding)
+
+
+def api_owner() -> str:
+    """The owner of a JSON-API run: the session's browser when the script keeps its cookie; else a
+    throwaway owner whose traces are deleted after GLASSBOX_API_RETENTION_HOURS (no cookie is set)."""
+    purge_api_runs()
+    owner = session.get("owner")
+    return owner if isinstance(owner, str) and owner else API_OWNER_PREFIX + secrets.token_urlsafe(12)
+
+
+def purge_api_runs(now: float | None = None) -> int:
+    """Delete anonymous API runs older than the retention; at most once a minute. -> rows deleted."""
+    now = time.time() if now is None else now
+    with _purge_lock:
+        if now - _purged["at"] < PURGE_EVERY_SECONDS:
+            return 0
+        _purged["at"] = now
+    return _trace_store().delete_older(API_OWNER_PREFIX, now - _settings().api_retention_hours * 3600)
