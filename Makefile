@@ -7,15 +7,20 @@ BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 VENDOR := static/vendor/htmx.min.js static/vendor/sse.js
 
-.PHONY: run test install install-test system-packages-test clean
+.PHONY: run test lint install install-test system-packages-test clean
 
 run: install
 	$(BIN)/gunicorn -c gunicorn.conf.py wsgi:app
 
 # GLASSBOX_REQUIRE_SYSTEM_TESTS: a missing nginx or chromium fails the integration and browser
 # tests here instead of skipping them (a bare `pytest` on a developer's machine skips them).
-test: install-test
+test: install-test lint
 	GLASSBOX_REQUIRE_SYSTEM_TESTS=1 $(BIN)/python -m pytest
+
+# ruff and mypy, configured in pyproject.toml; `make test` runs them before the tests
+lint: install-test
+	$(BIN)/ruff check webapp tests bench scripts examples
+	$(BIN)/mypy
 
 install: $(VENV)/.installed $(VENDOR)
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from types import ModuleType
 from typing import Any
 
 from flask import Flask, current_app, g, request
@@ -79,7 +81,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
         app.register_blueprint(blueprint)
     prefs.init_app(app)  # the colour theme each browser chose
 
-    app.wsgi_app = TrustedProxies(app.wsgi_app, settings.forwarded_allow_ips)
+    app.wsgi_app = TrustedProxies(app.wsgi_app, settings.forwarded_allow_ips)  # type: ignore[method-assign]
     app.before_request(_before)
     app.after_request(_after)
     app.register_error_handler(HTTPException, pages.http_error)
@@ -99,13 +101,17 @@ def _start_core(settings: Settings, models: dict[str, Any] | None) -> InferenceC
             started = time.perf_counter()
             models[name] = boot.load_model(settings)
             load_seconds[name] = time.perf_counter() - started
-    # looked up at call time, so a test can put its own warm-up in place
-    warmups = {name: (lambda model, boot=boots[name]: boot.warm_up(model)) for name in models}
+    warmups = {name: _warm_up(boots[name]) for name in models}
     return InferenceCore(models, {name: boots[name].executor(model, settings) for name, model in models.items()},
                          warmups=warmups,
                          load_seconds=load_seconds, torch_threads=settings.torch_threads,
                          max_queue=settings.max_queue, max_jobs_per_owner=settings.max_jobs_per_owner,
                          max_jobs_per_client=settings.max_jobs_per_client)
+
+
+def _warm_up(boot: ModuleType) -> Callable[[Any], None]:
+    # looked up at call time, so a test can put its own warm-up in place
+    return lambda model: boot.warm_up(model)
 
 
 class SqliteInteger(IntegerConverter):

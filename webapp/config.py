@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,14 +66,14 @@ class Settings:
     api_keys: str = ""           # a file of bearer keys for /v1 and /api/ (webapp/v1/auth.py); empty: open
 
     @classmethod
-    def from_env(cls, environ: dict | None = None) -> Settings:
-        environ = os.environ if environ is None else environ
-        values = {}
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env: Mapping[str, str] = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
         for f in fields(cls):
-            raw = environ.get(f"GLASSBOX_{f.name.upper()}")
+            raw = env.get(f"GLASSBOX_{f.name.upper()}")
             if raw is None:
                 continue
-            kind = type(f.default)
+            kind: Any = type(f.default)
             try:
                 values[f.name] = _flag(raw) if kind is bool else kind(raw)
             except ValueError:

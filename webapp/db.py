@@ -46,7 +46,7 @@ class Database:
         # Held open for the app's life: SQLite deletes the -wal and -shm files when the last connection
         # closes and makes them again on the next open, which a full disk refuses ("disk I/O error")
         # even for reads. With them kept, a full disk fails the writes only, and pages still show.
-        self._keeper = sqlite3.connect(self.path, check_same_thread=False)
+        self._keeper: sqlite3.Connection | None = sqlite3.connect(self.path, check_same_thread=False)
         self._keeper.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
 
     def close(self) -> None:

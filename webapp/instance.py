@@ -34,7 +34,7 @@ class InstanceLock:
 
     def __init__(self, folder: Path) -> None:
         self.path = folder / LOCK_NAME
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

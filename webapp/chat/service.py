@@ -167,7 +167,9 @@ class ChatService:
         except Exception:
             self.store.take_back_turn(owner, ids)
             raise
-        return self.store.conversation(owner, ids.conversation_id), reply_id, ids.created
+        conversation = self.store.conversation(owner, ids.conversation_id)
+        assert conversation is not None  # saved above, by this owner
+        return conversation, reply_id, ids.created
 
     def show_version(self, conversation_id: str, message_id: int) -> None:
         """Show another version of a message, and the branch below it."""

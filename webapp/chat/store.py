@@ -179,6 +179,7 @@ class ChatStore:
             db.execute("UPDATE conversations SET updated_at = ?, leaf_id = ? WHERE id = ?",
                        (now, reply_id, conversation_id))
             db.execute("COMMIT")
+        assert conversation_id is not None and reply_id is not None  # made above when not given
         return TurnIds(conversation_id, created, shown, user_id, reply_id, title)
 
     def take_back_turn(self, owner: str, turn: TurnIds) -> None:

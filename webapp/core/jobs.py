@@ -14,7 +14,7 @@ import itertools
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,7 +162,7 @@ class Job:
         with self._cond:
             return list(self._events)
 
-    def subscribe(self, heartbeat: float = 1.0) -> Iterator[Event | None]:
+    def subscribe(self, heartbeat: float = 1.0) -> Generator[Event | None, None, None]:
         """Replay the log, then follow it live until the job finishes.
 
         Yields Event objects, synthetic ``position`` events while queued and one ``running``

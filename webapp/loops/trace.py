@@ -40,27 +40,28 @@ def observations(batch: list[tuple]) -> tuple[list[dict], bool]:
     """What the model itself says at each loop of a batch (no targets yet).
 
     batch: (loop, scores [B, 26], stop_logits, state_logits or None, seconds) per loop.  The
-    tensor work runs once per batch, not once per loop: on the bundled model a loop costs about
-    half a millisecond, and a dozen small operations and host reads per loop showed up whole.
+    tensor work runs once per batch, not once per loop: a loop of the bundled model is so short that a
+    dozen small operations and host reads per loop showed up whole (docs/benchmarks.md, Loop lab).
     -> (rows up to the first nonfinite loop, whether there was one)."""
-    loops, scores, stops, states, seconds = zip(*batch)
+    loops, loop_scores, loop_stops, states, seconds = zip(*batch)
     n = len(batch)
-    scores = torch.stack(scores)[:, 0].float()                                      # [n, 26]
-    stops = torch.stack(stops).reshape(n, -1)[:, -1].float().sigmoid()              # [n]
+    scores = torch.stack(loop_scores)[:, 0].float()                                 # [n, 26]
+    stops = torch.stack(loop_stops).reshape(n, -1)[:, -1].float().sigmoid()         # [n]
     finite = (torch.isfinite(scores).all(-1) & torch.isfinite(stops)).tolist()
     probabilities = stops.tolist()
     top = scores.softmax(-1).topk(3)
     predictions = scores.argmax(-1).tolist()
+    direct: list[int | None]
     if any(s is None for s in states):  # a model without a direct readout, on some loops or all
         direct = [None if s is None else int(s[0].argmax()) for s in states]
     else:
         direct = torch.stack(states)[:, 0].argmax(-1).tolist()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for i, (p3, i3) in enumerate(zip(top.values.tolist(), top.indices.tolist())):
         if not finite[i]:
             return rows, True
         rows.append({"loop": loops[i], "prediction": SYMBOLS[predictions[i]],
-                     "direct_prediction": None if direct[i] is None else SYMBOLS[direct[i]],
+                     "direct_prediction": _symbol(direct[i]),
                      "stop_probability": probabilities[i],
                      "top3": [{"symbol": SYMBOLS[k], "probability": p} for p, k in zip(p3, i3)],
                      "arrival_seconds": seconds[i]})
@@ -174,3 +175,7 @@ def run_trace(job: Job, bundle: Any, request: DemoRequest, on_rows=None, between
     return {**metadata(request, bundle.checkpoint_id), "status": "complete", "trace": builder.rows,
             "summary": score_trace(request, builder.rows, reason),
             "inference_seconds": time.perf_counter() - started}
+
+
+def _symbol(index: int | None) -> str | None:
+    return None if index is None else SYMBOLS[index]

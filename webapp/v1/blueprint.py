@@ -35,7 +35,7 @@ def _authenticate():
     headers = {"WWW-Authenticate": 'Bearer realm="glassbox"'}
     if request.blueprint == "v1":
         code = "invalid_api_key" if auth.bearer_token() is not None else None
-        return error_response(ApiError(401, refusal, code=code, headers=headers))
+        return error_response(ApiError(401, refusal or "Unauthorized", code=code, headers=headers))
     return jsonify({"error": refusal}), 401, headers  # the Loop-lab API's own error shape
 
 
@@ -43,7 +43,7 @@ def _without_session() -> None:
     """/v1 reads no cookie and sets none: a browser's session (its conversations, its owner) is not there
     to be seen, and an app calling the API is never handed a cookie. Flask keeps the opened session on
     the request context (`_session` since Flask 3.1, `session` before); a null session is never saved."""
-    ctx = request_ctx._get_current_object()
+    ctx = request_ctx._get_current_object()  # type: ignore[attr-defined]  # werkzeug's LocalProxy
     null = current_app.session_interface.make_null_session(current_app)
     if isinstance(getattr(type(ctx), "session", None), property):
         ctx._session = null

@@ -52,7 +52,7 @@ def from_http(error: HTTPException) -> ApiError:
     status = error.code or 500
     message = error.description or error.name
     if isinstance(error, RequestEntityTooLarge):
-        message = f"The request body is too large: the limit is {request.max_content_length // 1024:,} KiB."
+        message = f"The request body is too large: the limit is {(request.max_content_length or 0) // 1024:,} KiB."
     elif status >= 500 and status != 503:
         message = "The server had an error while processing your request."  # the details are in the log
     # 503 is always the server's passing state here (no stream free, shutting down): say when to retry

@@ -13,7 +13,7 @@ import json
 import select
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import closing
 
 from flask import Response, current_app, jsonify, request
@@ -88,7 +88,7 @@ class Follow:
         self.scan = StopText(ask.stops)
         self.generated = 0  # tokens generated, up to a stop sequence: the usage's completion_tokens
 
-    def updates(self) -> Iterator[None | int | tuple[str, list]]:
+    def updates(self) -> Generator[None | int | tuple[str, list], None, None]:
         """None for a heartbeat, an int for the queue position, (text, tokens) to send."""
         with closing(self.job.subscribe(self.heartbeat)) as events:
             for event in events:
@@ -146,6 +146,7 @@ def respond(ask: Ask) -> Response:
     follow = Follow(job, ask, current_app.config["GLASSBOX"].heartbeat_seconds)
     if ask.stream:
         return long_response(_stream(follow, meta), "text/event-stream", slot)
+    assert slot is not None  # held_slot() takes one unless told not to
     return _whole(follow, meta, slot, client_gone(request.environ))
 
 

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from webapp.chat.decode.odds import TokenOdds
+from webapp.chat.model.tokenizer import special_name, token_bytes
 
 FLOOR_LOGPROB = -9999.0  # what OpenAI reports for a token of probability 0 (JSON has no -Infinity)
 
@@ -50,28 +51,23 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 # -- tokens ------------------------------------------------------------------------------------------
-def token_bytes(tokenizer, token: int) -> bytes | None:
-    """A token's bytes; None for a special or an embedding row with no token (nothing to print)."""
-    if tokenizer.is_special(token):
-        return None
-    return tokenizer.decode_single_token_bytes(token)
-
-
 def token_text(tokenizer, token: int) -> str:
     """How a token is written in logprobs: its text, a byte of a split character as \\xNN (as OpenAI
     writes one), a special by its name."""
     data = token_bytes(tokenizer, token)
     if data is None:
-        names = {i: name for name, i in tokenizer.special_ids.items()}
-        return names.get(token, f"<|unused_{token}|>")
+        return special_name(tokenizer, token) or f"<|unused_{token}|>"
     return data.decode("utf-8", errors="backslashreplace")
 
 
-def logprob(p: float) -> float:
+def logprob(p: float | None) -> float | None:
+    """None where the probability is not known (a token typed into a branch, or a remote token's later piece)."""
+    if p is None:
+        return None
     return math.log(p) if p > 0 else FLOOR_LOGPROB
 
 
-def _entry(tokenizer, token: int, p: float) -> dict:
+def _entry(tokenizer, token: int, p: float | None) -> dict:
     data = token_bytes(tokenizer, token)
     return {"token": token_text(tokenizer, token), "logprob": logprob(p),
             "bytes": None if data is None else list(data)}

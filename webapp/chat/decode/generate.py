@@ -30,31 +30,35 @@ from __future__ import annotations
 import codecs
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from torch.nn import functional as F
+from torch import nn
 
+from webapp.chat.decode import sampling
 from webapp.chat.decode.odds import TokenOdds, token_odds
 from webapp.chat.decode.prefix_cache import PrefixCache, common_prefix
 from webapp.chat.decode.types import SamplingParams, decode_rate
+from webapp.chat.model.gpt import KVCache
+from webapp.chat.model.loading import LoadedChatModel
 
 # Prefill runs in chunks, so a cancel lands quickly and, in the batched decoder, so the other replies'
 # streams never wait long for their next token. How a prompt is cut into chunks changes its keys and
 # values in the last bits, so the cut depends on the model alone, never on timing: a seeded reply is
-# then the same every time, alone or batched. A chunk is about PREFILL_FLOPS of work: about a quarter
-# of a second on a 2-core CPU, what the other rows' streams may stall for (docs/architecture.md).
+# then the same every time, alone or batched. A chunk is about PREFILL_FLOPS of work: what the other rows'
+# streams may stall for (docs/architecture.md; its time on this machine: docs/benchmarks.md).
 PREFILL_FLOPS = 6e10
 MIN_CHUNK, MAX_CHUNK = 16, 1024
 
 
-def prefill_chunk(model) -> int:
+def prefill_chunk(model: nn.Module) -> int:
     """Tokens per prefill chunk for this model: a power of two, about PREFILL_FLOPS of work."""
     params = sum(p.numel() for p in model.parameters())
     tokens = PREFILL_FLOPS / (2 * max(params, 1))
-    return max(MIN_CHUNK, min(MAX_CHUNK, 2 ** max(0, round(math.log2(max(tokens, 1))))))
+    return int(max(MIN_CHUNK, min(MAX_CHUNK, 2 ** max(0, round(math.log2(max(tokens, 1)))))))
 
 
 @dataclass
@@ -79,6 +83,9 @@ class Piece:
     odds: TokenOdds | None = None  # what the model thought of it (when asked for: `odds=True`)
 
 
+Pieces = Generator[Piece, None, None]  # closing it stops the reply (and frees its cache)
+
+
 class _TextDecoder:
     """Token bytes in, printable text out: UTF-8 decoded incrementally, and a trailing \r held back
     until the next piece, so a \r\n split across two tokens streams as one line break (the page
@@ -94,27 +101,6 @@ class _TextDecoder:
         return text[:-1] if self._cr else text
 
 
-def _sample(logits: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator) -> torch.Tensor:
-    """logits (1, V) -> next token id (1, 1)."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)  # greedy
-    logits = logits.float() / temperature
-    if 0 < top_k < logits.size(-1):
-        top_logits, top_ids = torch.topk(logits, top_k, dim=-1)  # (1, k)
-        choice = torch.multinomial(F.softmax(top_logits, dim=-1), 1, generator=gen)  # (1, 1) into top_ids
-        return torch.gather(top_ids, -1, choice)
-    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=gen)
-
-
-def _generator(device, seed: int | None) -> torch.Generator:
-    gen = torch.Generator(device=device)
-    if seed is None:
-        gen.seed()  # fresh entropy, global RNG untouched
-    else:
-        gen.manual_seed(seed)
-    return gen
-
-
 class Sequence:
     """One reply on a KV-cached model: a row of the batched decoder, or alone (a batch of one).
 
@@ -123,29 +109,32 @@ class Sequence:
     consumer takes it; close() ends the reply, hands its cache to the prefix holder and returns the
     last Piece with the stats."""
 
-    def __init__(self, loaded, prompt_ids: Seq[int], params: SamplingParams,
+    def __init__(self, loaded: LoadedChatModel, prompt_ids: Seq[int], params: SamplingParams,
                  prefix: PrefixCache | None = None, odds: bool = False, forced: Seq[int] = (),
                  forced_odds: Seq[TokenOdds | None] = ()) -> None:
         params.check()
         if len(prompt_ids) == 0:
             raise ValueError("prompt_ids is empty")
         self.t0 = time.perf_counter()
-        self.model, self.tok, self.block_size = loaded.model, loaded.tokenizer, loaded.block_size
+        self.model: Any = loaded.model  # a GPT with a KV cache (new_cache, forward_cached, decode_step)
+        self.tok, self.block_size = loaded.tokenizer, loaded.block_size
         weight = next(self.model.parameters())
         self.device = weight.device
         self.dtype = getattr(self.model, "kv_dtype", None) or weight.dtype  # its KV cache's (prefix reuse)
         self.params, self.prefix, self.want_odds = params, prefix, odds
-        self.gen = _generator(self.device, params.seed)
+        self.gen = sampling.generator(self.device, params.seed)
         self.decoder = _TextDecoder()
         self.ids = list(prompt_ids)  # the prompt, then the reply
         self.prompt_tokens = len(self.ids)
-        self.cache = None
+        self.cache: KVCache | None = None
         self.cached: list[int] = []  # ids whose keys/values are in the cache, by position
         self.todo: list[int] = []  # ids of the window still to prefill
         self.chunk = prefill_chunk(self.model)
         self.next_token: torch.Tensor | None = None  # (1, 1): the sampled id, fed at the next step
         self.pieces: list[Piece] = []
-        self.new_tokens, self.t_first, self.stop_reason, self.reused = 0, None, None, 0
+        self.new_tokens, self.reused = 0, 0
+        self.t_first: float | None = None
+        self.stop_reason: str | None = None  # "end", "length", "cancelled" once finished
         self._force(forced, forced_odds)
         if not self.finished:
             self._open_window()
@@ -218,12 +207,12 @@ class Sequence:
         """The next token from this reply's logits (1, V), with its own settings and generator -> (1, 1)."""
         p = self.params
         with torch.inference_mode():
-            return _sample(logits, p.temperature, p.top_k, self.gen)  # stays on the device
+            return sampling.sample(logits, p.temperature, p.top_k, self.gen)  # stays on the device
 
     def accept(self, next_id: torch.Tensor, odds: TokenOdds | None = None) -> None:
         """Take a sampled token: stop on a special, else publish its text and get ready for the next."""
         p = self.params
-        token = next_id.item()  # the one host sync per token: we must know whether to stop
+        token = int(next_id.item())  # the one host sync per token: we must know whether to stop
         now = time.perf_counter() - self.t0
         if self.t_first is None:
             self.t_first = now
@@ -259,18 +248,18 @@ class Sequence:
         self.cancel()
         total = time.perf_counter() - self.t0
         n, first = self.new_tokens, self.t_first
-        stats = GenerationStats(self.prompt_tokens, n, first, total, decode_rate(n, first, total), self.stop_reason,
-                                True, self.reused)
+        stats = GenerationStats(self.prompt_tokens, n, first, total, decode_rate(n, first, total),
+                                self.stop_reason or "cancelled", True, self.reused)
         return Piece(self.decoder.decode(b"", final=True), n, total, stats)
 
     @property
     def cache_bytes(self) -> int:
-        return getattr(self.cache, "nbytes", 0)
+        return int(getattr(self.cache, "nbytes", 0))
 
 
-def decode_step(model, seqs: list[Sequence]) -> None:
+def decode_step(model: Any, seqs: list[Sequence]) -> None:
     """One token for every decoding Sequence at once: the weights are read once for all rows."""
-    idx = torch.cat([s.next_token for s in seqs])  # (B, 1)
+    idx = torch.cat([s.next_token for s in seqs if s.next_token is not None])  # (B, 1)
     with torch.inference_mode():
         logits = model.decode_step(idx, [s.cache for s in seqs], [s.position for s in seqs])  # (B, V)
     picks = [s.sample(logits[row:row + 1]) for row, s in enumerate(seqs)]
@@ -293,7 +282,7 @@ def _odds(seqs: list[Sequence], logits: torch.Tensor, picks: list[torch.Tensor])
 
 
 def generate(
-    loaded,
+    loaded: LoadedChatModel,
     prompt_ids: Seq[int],
     *,
     max_new_tokens: int = 200,
@@ -305,7 +294,7 @@ def generate(
     odds: bool = False,
     forced: Seq[int] = (),
     forced_odds: Seq[TokenOdds | None] = (),
-) -> Iterator[Piece]:
+) -> Pieces:
     """Yield a Piece per sampled token, then a last Piece carrying GenerationStats.
 
     loaded: a LoadedChatModel. temperature 0 is greedy; top_k 0 samples the whole vocabulary.
@@ -327,7 +316,7 @@ def generate(
     return _generate_recompute(loaded, list(prompt_ids), params, should_stop, odds, forced, forced_odds)
 
 
-def _generate_cached(seq: Sequence, should_stop) -> Iterator[Piece]:
+def _generate_cached(seq: Sequence, should_stop: Callable[[], bool]) -> Pieces:
     failed = True  # a cache left by an exception mid-forward is dropped, not reused
     try:
         while not seq.finished:
@@ -347,13 +336,14 @@ def _generate_cached(seq: Sequence, should_stop) -> Iterator[Piece]:
     yield last
 
 
-def _generate_recompute(loaded, ids: list[int], params: SamplingParams, should_stop,
-                        odds: bool = False, forced: Seq[int] = (), forced_odds: Seq = ()) -> Iterator[Piece]:
+def _generate_recompute(loaded: LoadedChatModel, ids: list[int], params: SamplingParams,
+                        should_stop: Callable[[], bool], odds: bool = False, forced: Seq[int] = (),
+                        forced_odds: Seq[TokenOdds | None] = ()) -> Pieces:
     """The owner's loop, for models without a KV cache: the whole (cropped) window every step."""
     t0 = time.perf_counter()
     model, tok, block = loaded.model, loaded.tokenizer, loaded.block_size
     device = next(model.parameters()).device
-    gen, decoder = _generator(device, params.seed), _TextDecoder()
+    gen, decoder = sampling.generator(device, params.seed), _TextDecoder()
     prompt_tokens, n, t_first, reason = len(ids), 0, None, "length"
     for i, token in enumerate(forced):  # given first tokens, as in Sequence._force
         if tok.is_special(token):
@@ -370,10 +360,10 @@ def _generate_recompute(loaded, ids: list[int], params: SamplingParams, should_s
         window = torch.tensor([ids[-block:]], dtype=torch.long, device=device)
         with torch.inference_mode():
             logits, _ = model(window)
-            next_id = _sample(logits[:, -1, :], params.temperature, params.top_k, gen)
+            next_id = sampling.sample(logits[:, -1, :], params.temperature, params.top_k, gen)
             seen = token_odds(logits[:, -1, :], next_id.view(1), [params.temperature],
                               [params.top_k])[0] if odds else None
-        token = next_id.item()
+        token = int(next_id.item())
         if t_first is None:
             t_first = time.perf_counter() - t0
         if tok.is_special(token):

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from webapp.chat.model.errors import ModelLoadError
 from webapp.chat.model.gpt import PRESETS, GPTConfig
@@ -86,7 +87,7 @@ def parse_arch(spec: str) -> tuple[dict, str]:
 
 def shape_fields(state: dict) -> dict:
     """Every field the tensors show exactly: all but n_head."""
-    found = {"bias": "transformer.h.0.attn.c_attn.bias" in state}
+    found: dict[str, int | bool] = {"bias": "transformer.h.0.attn.c_attn.bias" in state}
     layers = {int(m.group(1)) for k in state if (m := re.match(r"transformer\.h\.(\d+)\.", k))}
     if layers:
         found["n_layer"] = len(layers)
@@ -110,7 +111,8 @@ def _no_heads(path: Path, found: dict, state: dict) -> ModelLoadError:
 
 def resolve_config(state: dict, sources: list[tuple[dict, str]], path: Path) -> tuple[GPTConfig, str]:
     """Merge (fields, where) sources, first wins, then the tensor shapes. -> (config, description)."""
-    merged, used = {}, []
+    merged: dict[str, Any] = {}
+    used: list[str] = []
     for fields, where in [*sources, (shape_fields(state), "tensor shapes")]:
         new = {k: fields[k] for k in FIELDS if k in fields and k not in merged}
         if new:

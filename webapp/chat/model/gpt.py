@@ -15,7 +15,9 @@ Shapes: B batch, T time (tokens), C n_embd, nh n_head, hs head size (C // nh), V
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -71,6 +73,11 @@ class DecodingLinear:
     Glassbox's kernel does a decode step's layer in one call (webapp/chat/model/kernels; a step is short: a
     call per small operator would cost as much as the layer norms themselves); without the kernel,
     torch's operators compute the same thing one by one."""
+
+    weight: torch.Tensor  # (out, in)
+    bias: Any  # (out,) or None
+    scale: torch.Tensor | None  # one per output row, for int8 weights
+    matmul: Callable[[torch.Tensor], torch.Tensor]
 
     def forward(self, x, decode: bool = False, norm=None, gelu: bool = False, residual=None):
         if not decode:
@@ -224,10 +231,10 @@ class Block(nn.Module):
         x = x + self.mlp(self.ln_2(x))
         return x
 
-    def _parameters_in_order(self) -> list:
+    def _parameters_in_order(self) -> list[torch.Tensor | None]:
         """The tensors kernels.block takes, in nanoGPT's order (a linear layer: weight, scale, bias)."""
         attn, mlp = self.attn, self.mlp
-        tensors = [self.ln_1.weight, self.ln_1.bias]
+        tensors: list[torch.Tensor | None] = [self.ln_1.weight, self.ln_1.bias]
         for linear in (attn.c_attn, attn.c_proj):
             tensors += [linear.weight, linear.scale, linear.bias]
         tensors += [self.ln_2.weight, self.ln_2.bias]
@@ -237,6 +244,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    transformer: Any  # nanoGPT's ModuleDict: wte, wpe, h (the blocks), ln_f
+
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
@@ -326,8 +335,8 @@ class GPT(nn.Module):
         for cache, pos in zip(caches, positions):
             if pos >= cache.max_len:
                 raise ValueError(f"KV cache holds {cache.max_len} positions; asked for {pos + 1}")
-        pos = torch.tensor(positions, dtype=torch.long, device=idx.device).view(-1, 1)  # (B, 1)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, 1, C)
+        rows = torch.tensor(positions, dtype=torch.long, device=idx.device).view(-1, 1)  # (B, 1)
+        x = self.transformer.wte(idx) + self.transformer.wpe(rows)  # (B, 1, C)
         for layer, block in enumerate(self.transformer.h):
             x = block(x, caches, layer, positions)
         return self.lm_head(x[:, -1, :], decode=True, norm=self.transformer.ln_f)  # (B, V)

@@ -166,7 +166,9 @@ def tokenizer_files(tokenizer, block_size: int) -> dict[str, str]:
     """vocab.json, merges.txt and tokenizer_config.json for GPT2Tokenizer."""
     if isinstance(tokenizer, ByteTokenizer):
         chars = bytes_to_unicode()
-        vocab, merges, own = {chars[b]: b for b in range(256)}, [], {}
+        merges: list[str] = []
+        own: dict[int, str] = {}
+        vocab = {chars[b]: b for b in range(256)}
     elif hasattr(tokenizer, "_enc"):
         vocab, merges, own = bpe_vocab_and_merges(tokenizer)
     else:

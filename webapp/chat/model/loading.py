@@ -90,6 +90,8 @@ def _load_factory(spec: str):
             if not Path(target).is_file():
                 raise ModelLoadError(f"factory {spec!r}: file {target} not found")
             mod_spec = importlib.util.spec_from_file_location(Path(target).stem, target)
+            if mod_spec is None or mod_spec.loader is None:
+                raise ModelLoadError(f"factory {spec!r}: {target} cannot be imported as a module")
             module = importlib.util.module_from_spec(mod_spec)
             mod_spec.loader.exec_module(module)
         else:
@@ -150,7 +152,7 @@ def _load_strict(model: nn.Module, state: dict, path: Path, hint: str):
         state = {k: v.clone() for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=on_meta)
     if tied and on_meta:  # assign gives each key its own Parameter: tie them again
-        model.transformer.wte.weight = model.lm_head.weight
+        model.get_submodule("transformer.wte").weight = model.get_submodule("lm_head").weight
 
 
 def _embedding_rows(model: nn.Module) -> int | None:

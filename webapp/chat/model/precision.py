@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from webapp.chat.model.gpt import DecodingLinear, onednn_linear
+from webapp.chat.model.gpt import GPT, DecodingLinear, onednn_linear
 
 PRECISIONS = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
               "float16": "float16", "fp16": "float16", "int8": "int8"}
@@ -103,7 +103,7 @@ def apply_precision(model: nn.Module, precision: str) -> nn.Module:
     for name, linear in linears:
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, WeightOnlyLinear(linear, precision))
-    if hasattr(model, "kv_dtype"):  # keys and values in 16 bits too: half the bytes attention reads
+    if isinstance(model, GPT):  # keys and values in 16 bits too: half the bytes attention reads
         model.kv_dtype = torch.bfloat16
     return model
 

@@ -97,21 +97,21 @@ def gpt2_tokenizer(path: str | None = None, specials: dict[str, int] | None = No
 
     specials = specials or {s: GPT2_ENDOFTEXT + 1 + i for i, s in enumerate(CHAT_SPECIALS)}
     packaged = path is None
-    path = GPT2_RANKS if packaged else Path(path)
-    if not path.is_file():
-        raise ModelLoadError(f"{path}: tokenizer ranks file not found")
+    ranks_path = GPT2_RANKS if path is None else Path(path)
+    if not ranks_path.is_file():
+        raise ModelLoadError(f"{ranks_path}: tokenizer ranks file not found")
     try:
         # the packaged file is checked against its recorded sha256 (about a millisecond)
-        ranks = load_tiktoken_bpe(str(path), expected_hash=GPT2_RANKS_SHA256 if packaged else None)
+        ranks = load_tiktoken_bpe(str(ranks_path), expected_hash=GPT2_RANKS_SHA256 if packaged else None)
     except Exception as e:
-        raise ModelLoadError(f"{path}: not a readable .tiktoken ranks file ({type(e).__name__}: {e})") from None
+        raise ModelLoadError(f"{ranks_path}: not a readable .tiktoken ranks file ({type(e).__name__}: {e})") from None
     enc = tiktoken.Encoding(
-        name=f"gpt2:{path.name}",
+        name=f"gpt2:{ranks_path.name}",
         pat_str=r50k_pat_str,
         mergeable_ranks=ranks,
         special_tokens={"<|endoftext|>": len(ranks)},  # 50256, decoded as text like the seed's encoding
     )
-    return TiktokenChatTokenizer(enc, specials, "gpt2" if packaged else f"gpt2:{path}")
+    return TiktokenChatTokenizer(enc, specials, "gpt2" if packaged else f"gpt2:{ranks_path}")
 
 
 def tokenizer_from_spec(spec: str) -> ChatTokenizer:
@@ -122,3 +122,16 @@ def tokenizer_from_spec(spec: str) -> ChatTokenizer:
     if kind == "gpt2":
         return gpt2_tokenizer(arg or None)
     raise ModelLoadError(f"unknown tokenizer {spec!r}: use 'byte', 'gpt2' or 'gpt2:/path/to/gpt2.tiktoken'")
+
+
+def token_bytes(tokenizer: ChatTokenizer, token: int) -> bytes | None:
+    """A token's bytes; None for a special (nothing to print). How the pages and /v1 show a token differ
+    (webapp/chat/web/token_views.py, webapp/v1/shapes.py); what a token is comes from here."""
+    if tokenizer.is_special(token):
+        return None
+    return tokenizer.decode_single_token_bytes(token)
+
+
+def special_name(tokenizer: ChatTokenizer, token: int) -> str | None:
+    """A chat special's name (`<|user_start|>`), or None for a special the tokenizer does not name."""
+    return next((name for name, i in tokenizer.special_ids.items() if i == token), None)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from flask import current_app, redirect, render_template, request, session, url_for
 
+from webapp.chat.decode.publish import chat_result
 from webapp.chat.decode.types import SamplingParams
 from webapp.chat.model.prompt import PromptTooLong
 from webapp.chat.service import Turn
 from webapp.chat.web import token_views
 from webapp.chat.web.blueprint import bp, service, settings
 from webapp.chat.web.forms import FormError, FormErrors, remembered_sampling, submitted_sampling
-from webapp.core import Refused
+from webapp.core import Job, Refused
 from webapp.web import is_htmx, quotas, refusal_headers, refusal_status
 from webapp.web.security import owner_id
 from webapp.web.streams import held_slot
@@ -131,7 +132,7 @@ def wait_for_reply(message_id: int) -> None:
             pass
 
 
-def render_message(conversation_id: str, message_id: int, job=None) -> str:
+def render_message(conversation_id: str, message_id: int, job: Job | None = None) -> str:
     messages = service().history(conversation_id)
     message = next((m for m in messages if m["id"] == message_id), None)
     if message is None:
@@ -139,7 +140,7 @@ def render_message(conversation_id: str, message_id: int, job=None) -> str:
     if message["status"] == "pending" and job is not None and job.finished_state:
         # Its job ended but the reply could not be saved (disk full, read-only database): show the
         # job's own outcome, never a pending reply whose stream the browser would reopen for ever.
-        message = {**message, "status": "error", "content": "".join(job.result.get("text", [])),
+        message = {**message, "status": "error", "content": chat_result(job).reply,
                    "error": job.error or "The reply could not be saved."}
     return render_template("chat/_message_final.html", message_row=with_token_views([message])[0],
                            conversation_id=conversation_id, is_last=messages[-1]["id"] == message_id)

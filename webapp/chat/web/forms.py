@@ -84,7 +84,7 @@ def parse_message(form, max_chars: int, *, default_max_new_tokens: int,
                                   max_new_tokens_limit=max_new_tokens_limit)
     except FormError as error:
         errors.update(error.errors)
-    if errors:
+    if errors or content is None or sampling is None:
         raise FormErrors(errors)
     return content, sampling
 

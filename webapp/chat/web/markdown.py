@@ -62,7 +62,7 @@ def _parser() -> MarkdownIt:
     # breaks: a single line break in a reply stays one, as it did when replies were plain text.
     md = MarkdownIt("commonmark", {"html": False, "breaks": True, "highlight": _highlight})
     md.enable(["table", "strikethrough"]).disable("image")
-    md.validateLink = _safe_link
+    md.validateLink = _safe_link  # type: ignore[method-assign]  # markdown-it-py's documented hook
     return md
 
 

@@ -9,16 +9,16 @@ from dataclasses import dataclass
 from webapp.chat.decode.odds import TokenOdds
 from webapp.chat.decode.types import Forced
 from webapp.chat.model.prompt import PromptReport
+from webapp.chat.model.tokenizer import special_name, token_bytes
 
 SHADES = 10  # probability buckets, each a CSS class (the CSP allows no inline styles)
 
 
 def token_text(tokenizer, token: int) -> tuple[str, bool]:
     """-> (what to show, whether it is whole text). Specials show as their names."""
-    if tokenizer.is_special(token):
-        names = {i: name for name, i in tokenizer.special_ids.items()}
-        return names.get(token, f"<|special {token}|>"), True
-    data = tokenizer.decode_single_token_bytes(token)
+    data = token_bytes(tokenizer, token)
+    if data is None:
+        return special_name(tokenizer, token) or f"<|special {token}|>", True
     try:
         return data.decode("utf-8"), True
     except UnicodeDecodeError:
@@ -61,9 +61,9 @@ def token_views(tokenizer, rows: list) -> list[TokenView]:
         text, whole = token_text(tokenizer, odds.token)
         alternatives = [Alternative(t, token_text(tokenizer, t)[0], p, q, t == odds.token)
                         for t, p, q in odds.alternatives]
+        look = "typed" if odds.probability is None else shade(odds.probability)
         views.append(TokenView(index, odds.token, text, whole, odds.probability, odds.sampled_probability,
-                               odds.rank, odds.entropy_bits, "typed" if odds.typed else shade(odds.probability),
-                               alternatives))
+                               odds.rank, odds.entropy_bits, look, alternatives))
     return views
 
 
@@ -116,7 +116,7 @@ def branch_tokens(tokenizer, rows: list, form, max_chars: int) -> Forced:
         if place is None:
             raise ValueError("Choose one of the alternatives shown, or type a continuation.")
         _, p, q = at.alternatives[place]
-        picked = [TokenOdds(token, p, q, place + 1, at.entropy_bits, at.alternatives)]
+        picked: list[TokenOdds | None] = [TokenOdds(token, p, q, place + 1, at.entropy_bits, at.alternatives)]
         tokens = [token]
     elif text.strip():
         if len(text) > max_chars:

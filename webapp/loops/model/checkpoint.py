@@ -128,7 +128,8 @@ def _from_factory(spec: str) -> LoopBundle:
     missing = [key for key in keys if get(key) is None]
     if missing:
         raise LoopModelError(f"Loop model factory {spec!r} returned no {', '.join(missing)}")
-    bundle = LoopBundle(**{key: get(key) for key in keys})
+    values: dict[str, Any] = {key: get(key) for key in keys}
+    bundle = LoopBundle(**values)
     ids = bundle.readout_token_ids
     if isinstance(ids, torch.Tensor):
         ids = ids.tolist()

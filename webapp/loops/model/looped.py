@@ -169,7 +169,9 @@ class CompletionHead(nn.Module):
                                     for _ in range(config.n_places))
         self.mlp = nn.Sequential(nn.Linear(config.n_places, config.stop_hidden), nn.GELU(),
                                  nn.Linear(config.stop_hidden, 1))
-        nn.init.constant_(self.mlp[-1].bias, -3.0)  # stopping is rare: start "don't stop"
+        last = self.mlp[-1]
+        assert isinstance(last, nn.Linear)
+        nn.init.constant_(last.bias, -3.0)  # stopping is rare: start "don't stop"
 
     def project_k(self, k_slots):
         """k's digit slots [B, P, C] -> comparison vectors [B, P, S], once per prompt."""
@@ -268,7 +270,9 @@ class LoopTransformer(nn.Module):
             score = self._readout(h, w)[:, 0]                           # [B, 26]
             state = self._readout(a, w)[:, 0]                           # [B, 26]
             stop = self.completion_head(counters[loop - 1:loop], k_vectors)[:, 0]  # [B]
-            scores.append(score), stops.append(stop), states.append(state)
+            scores.append(score)
+            stops.append(stop)
+            states.append(state)
             if loop_callback is not None:
                 loop_callback(loop, score, stop, state)               # exceptions propagate
             fired = (stop.sigmoid() >= completion_threshold) & (halted_at == 0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from flask import Blueprint, abort, current_app
 
 from webapp.config import Settings
+from webapp.loops.runs import LoopRuns
 from webapp.loops.service import LoopService
 from webapp.web import get_core
 from webapp.web.security import owner_id
@@ -27,7 +28,7 @@ def settings() -> Settings:
 def model_choices() -> list[dict]:
     """The models the page offers (webapp/loops/service.py LoopRuns): the main one first."""
     runs = get_core().executors.get("loops")
-    return runs.choices() if hasattr(runs, "choices") else [{"name": "main", "label": "", "checkpoint": ""}]
+    return runs.choices() if isinstance(runs, LoopRuns) else [{"name": "main", "label": "", "checkpoint": ""}]
 
 
 def model_name(checkpoint: str) -> str:

@@ -84,7 +84,7 @@ def replay_frames(rows: list[dict]) -> list[tuple[float, list[dict]]]:
     """(when, rows) per frame: rows due within FLUSH_SECONDS of a frame's first row share it, as live.
     Grouped by the recorded times, not by how long rendering took, so a busy host replays the same frames."""
     frames: list[tuple[float, list[dict]]] = []
-    start = None
+    start = 0.0
     for row, at in zip(rows, replay_schedule(rows)):
         if frames and at - start < FLUSH_SECONDS:
             frames[-1] = (at, frames[-1][1] + [row])

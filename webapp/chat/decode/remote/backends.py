@@ -11,10 +11,12 @@ import socket
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from webapp.chat.decode.remote.wire import token_bytes
+from webapp.chat.decode.remote.wire import entry_bytes
 
 log = logging.getLogger("glassbox.remote")
 
@@ -61,7 +63,7 @@ class Backends:
     """The base URLs, used in turn; one that failed is skipped for `retry_seconds`, then health-checked."""
 
     def __init__(self, urls: list[str], key: str = "", retry_seconds: float = 10.0, check_timeout: float = 2.0,
-                 clock=time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.urls, self.key = list(urls), key
         self.retry_seconds, self.check_timeout, self.clock = retry_seconds, check_timeout, clock
         self._next = 0
@@ -69,7 +71,7 @@ class Backends:
         self._suspect: set[str] = set()  # failed once: checked with GET /models before the next reply
         self._lock = threading.Lock()
 
-    def headers(self) -> dict:
+    def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}"} if self.key else {}
 
     def turn(self) -> list[tuple[str, bool]]:
@@ -95,7 +97,7 @@ class Backends:
         """Seconds until the first backend's back-off ends (0: one is usable now)."""
         with self._lock:
             now = self.clock()
-            return max(0.0, min(self._down_until.get(u, 0) for u in self.urls) - now)
+            return max(0.0, min(self._down_until.get(u, 0.0) for u in self.urls) - now)
 
     def healthy(self, url: str) -> bool:
         """GET <url>/models answers 200."""
@@ -115,7 +117,7 @@ class Backends:
 def connection(url: str, timeout: float) -> http.client.HTTPConnection:
     parts = urllib.parse.urlsplit(url)
     cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    return cls(parts.hostname, parts.port, timeout=timeout)
+    return cls(parts.hostname or "", parts.port, timeout=timeout)
 
 
 def path_of(url: str, suffix: str) -> str:
@@ -127,13 +129,13 @@ def path_of(url: str, suffix: str) -> str:
 @dataclass
 class Event:
     kind: str  # "tokens" (data: list of (bytes, logprobs entry or None)), "end" (finish reason), "error"
-    data: object = None
+    data: Any = None
 
 
 class Reader(threading.Thread):
     """Streams one reply from a backend into `events`; `close()` hangs up."""
 
-    def __init__(self, backends: Backends, body: dict, news: threading.Event, *, timeout: float,
+    def __init__(self, backends: Backends, body: dict[str, Any], news: threading.Event, *, timeout: float,
                  wait_seconds: float) -> None:
         super().__init__(name="glassbox-remote-reply", daemon=True)
         self.backends, self.body, self.news = backends, body, news
@@ -211,7 +213,8 @@ class Reader(threading.Thread):
         return response
 
     def _read(self, response: http.client.HTTPResponse) -> str:
-        finish = None
+        url = self.url or ""  # set by _run before it reads
+        finish: str | None = None
         try:
             while not self.closed.is_set():
                 raw = response.readline()
@@ -225,36 +228,36 @@ class Reader(threading.Thread):
                     return finish or "stop"
                 chunk = json.loads(data)
                 if "error" in chunk:
-                    raise BackendError(f"The chat backend {self.url} failed mid-reply: {_error_text(chunk)}")
+                    raise BackendError(f"The chat backend {url} failed mid-reply: {_error_text(chunk)}")
                 for choice in chunk.get("choices") or []:
                     self._tokens(choice)
                     finish = choice.get("finish_reason") or finish
         except (OSError, http.client.HTTPException, ValueError) as error:
             if self.closed.is_set():
                 return "cancelled"
-            self.backends.failed(self.url)
-            raise BackendError(f"The chat backend {self.url} stopped mid-reply "
+            self.backends.failed(url)
+            raise BackendError(f"The chat backend {url} stopped mid-reply "
                                f"({type(error).__name__}: {error or 'connection lost'}).") from None
         if self.closed.is_set():
             return "cancelled"
         if finish is not None:  # a server that ends the stream without [DONE]
             return finish
-        self.backends.failed(self.url)
-        raise BackendError(f"The chat backend {self.url} stopped mid-reply (the stream ended without a finish).")
+        self.backends.failed(url)
+        raise BackendError(f"The chat backend {url} stopped mid-reply (the stream ended without a finish).")
 
-    def _tokens(self, choice: dict) -> None:
+    def _tokens(self, choice: dict[str, Any]) -> None:
         entries = ((choice.get("logprobs") or {}).get("content")) or []
         if entries:
-            self.put(Event("tokens", [(token_bytes(e), e) for e in entries]))
+            self.put(Event("tokens", [(entry_bytes(e), e) for e in entries]))
         else:
             text = (choice.get("delta") or {}).get("content") or ""
             if text:
                 self.put(Event("tokens", [(text.encode(), None)]))
 
 
-def _error_text(raw) -> str:
+def _error_text(raw: object) -> str:
     try:
-        data = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
+        data: Any = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
         error = data.get("error", data)
         return str(error.get("message", error)) if isinstance(error, dict) else str(error)
     except (ValueError, AttributeError):

@@ -37,6 +37,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from webapp.chat.decode.generate import GenerationStats, Piece
 from webapp.chat.decode.odds import TokenOdds
@@ -44,6 +45,7 @@ from webapp.chat.decode.publish import chat_result, publish
 from webapp.chat.decode.remote.backends import Backends, Reader, parse_backend, read_key
 from webapp.chat.decode.remote.wire import TokenMap, odds_of, request_body
 from webapp.chat.decode.types import ChatRequest, decode_rate
+from webapp.chat.model.loading import LoadedChatModel
 from webapp.config import Settings
 from webapp.core.executors import BatchedJobs, Finished, StepReport, Worker
 from webapp.core.jobs import CANCELLED, DONE, FAILED, Job
@@ -65,8 +67,8 @@ class RemoteChat(BatchedJobs):
     """The core's executor for chat when the replies are written by remote servers (batched: every
     running reply is a row; a step publishes what arrived and never waits on one reply)."""
 
-    def __init__(self, loaded, backends: Backends, *, model: str = "", max_rows: int = 64, timeout: float = 60.0,
-                 wait_seconds: float = 30.0, idle_wait: float = 0.02) -> None:
+    def __init__(self, loaded: LoadedChatModel, backends: Backends, *, model: str = "", max_rows: int = 64,
+                 timeout: float = 60.0, wait_seconds: float = 30.0, idle_wait: float = 0.02) -> None:
         self.loaded, self.backends, self.model, self.max_rows = loaded, backends, model, max_rows
         self.timeout, self.wait_seconds, self.idle_wait = timeout, wait_seconds, idle_wait
         self.tokens = TokenMap(loaded.tokenizer)
@@ -80,7 +82,7 @@ class RemoteChat(BatchedJobs):
     def memory_bytes(self) -> int:
         return 0
 
-    def body(self, request: ChatRequest) -> dict:
+    def body(self, request: ChatRequest) -> dict[str, Any]:
         return request_body(self.loaded.prompt, request, self.model)
 
     def admit(self, job: Job) -> None:
@@ -104,7 +106,7 @@ class RemoteChat(BatchedJobs):
                 row.reader.close()
                 report.finished.append(self._retire(row, CANCELLED, None, core))
                 continue
-            ended = None
+            ended: tuple[str, str | None] | None = None
             while ended is None:
                 try:
                     event = row.reader.events.get_nowait()
@@ -122,7 +124,7 @@ class RemoteChat(BatchedJobs):
                 report.finished.append(self._retire(row, *ended, core))
         return report
 
-    def _publish(self, row: Row, data: bytes, entry: dict | None, core: Worker) -> None:
+    def _publish(self, row: Row, data: bytes, entry: dict[str, Any] | None, core: Worker) -> None:
         ids = self.tokens.ids(data) or []
         text = row.decoder.decode(data)
         for n, token in enumerate(ids):
@@ -152,7 +154,7 @@ class RemoteChat(BatchedJobs):
             row.reader.close()
 
 
-def remote_executor(loaded, settings: Settings) -> RemoteChat:
+def remote_executor(loaded: LoadedChatModel, settings: Settings) -> RemoteChat:
     backends = Backends(parse_backend(settings.chat_backend), read_key(settings.chat_backend_key_file),
                         retry_seconds=settings.chat_backend_retry_seconds)
     return RemoteChat(loaded, backends, model=settings.chat_backend_model, max_rows=settings.chat_backend_max_replies,

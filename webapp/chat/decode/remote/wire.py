@@ -4,22 +4,29 @@ token's bytes and logprobs mapped onto the local tokenizer's ids and odds."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 from webapp.chat.decode.odds import TOP_ALTERNATIVES, TokenOdds
 from webapp.chat.decode.types import ChatRequest
+from webapp.chat.model.prompt import PromptBuilder
+from webapp.chat.model.tokenizer import ChatTokenizer
+
+JSON = dict[str, Any]  # a decoded JSON object
 
 
-def messages_of(prompt, ids) -> list[dict]:
+def messages_of(prompt: PromptBuilder, ids: Sequence[int]) -> list[JSON]:
     """The turns of a prompt built by PromptBuilder (bos, few-shot, turns, assistant start), as OpenAI
     messages; the local few-shot examples are left out (the remote applies its own template)."""
     body = list(ids)[1 + len(prompt.fewshot_ids):]
     if body and body[-1] == prompt.assistant_start:
         body = body[:-1]
     ends = {prompt.user_start: ("user", prompt.user_end), prompt.assistant_start: ("assistant", prompt.assistant_end)}
-    messages, i = [], 0
+    messages: list[JSON] = []
+    i = 0
     while i < len(body):
         role, end = ends.get(body[i], (None, None))
-        if role is None:
+        if role is None or end is None:
             raise ValueError(f"unexpected token {body[i]} in a chat prompt")
         j = body.index(end, i + 1)
         data = b"".join(prompt.tokenizer.decode_single_token_bytes(t) for t in body[i + 1:j])
@@ -28,10 +35,10 @@ def messages_of(prompt, ids) -> list[dict]:
     return messages
 
 
-def request_body(prompt, request: ChatRequest, model: str = "") -> dict:
+def request_body(prompt: PromptBuilder, request: ChatRequest, model: str = "") -> JSON:
     """The streamed /chat/completions request for a reply (`model`: empty for the server's own)."""
     p = request.params
-    body = {"messages": messages_of(prompt, request.prompt_ids),
+    body: JSON = {"messages": messages_of(prompt, request.prompt_ids),
             "max_tokens": p.max_new_tokens, "temperature": p.temperature, "stream": True}
     if model:  # empty: the server's own (Glassbox, llama.cpp and vLLM serving one model take none)
         body["model"] = model
@@ -44,7 +51,7 @@ def request_body(prompt, request: ChatRequest, model: str = "") -> dict:
     return body
 
 
-def token_bytes(entry: dict) -> bytes:
+def entry_bytes(entry: JSON) -> bytes:
     """A logprobs entry's bytes (`bytes` when given, else its text)."""
     data = entry.get("bytes")
     return bytes(data) if data is not None else str(entry.get("token", "")).encode()
@@ -53,13 +60,14 @@ def token_bytes(entry: dict) -> bytes:
 class TokenMap:
     """Remote tokens -> the local tokenizer's ids, by their bytes."""
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer: ChatTokenizer) -> None:
         self.tokenizer = tokenizer
         self._ids: dict[bytes, int] | None = None
 
     def _table(self) -> dict[bytes, int]:
         if self._ids is None:
-            ids, t = {}, self.tokenizer
+            ids: dict[bytes, int] = {}
+            t = self.tokenizer
             for i in range(getattr(t, "n_vocab", 0) or 0):
                 if t.is_special(i):
                     continue
@@ -80,21 +88,21 @@ class TokenMap:
         return self.tokenizer.encode_ordinary(data.decode("utf-8", errors="replace")) if data else []
 
 
-def odds_of(entry: dict, token: int, tokens: TokenMap, temperature: float = 1.0, top_k: int = 0) -> TokenOdds:
+def odds_of(entry: JSON, token: int, tokens: TokenMap, temperature: float = 1.0, top_k: int = 0) -> TokenOdds:
     """An OpenAI logprobs entry -> TokenOdds. probability = exp(logprob), exact. Glassbox's own /v1 also
     sends the token's `sampled_probability`, `rank` and `entropy_bits`; other servers do not, and they
     are worked out from the alternatives sent (see `sampled_estimates`, `entropy_estimate`)."""
-    chosen = token_bytes(entry)
-    top = [(token_bytes(alt), _p(alt.get("logprob"))) for alt in entry.get("top_logprobs") or []]
+    chosen = entry_bytes(entry)
+    top = [(entry_bytes(alt), _p(alt.get("logprob"))) for alt in entry.get("top_logprobs") or []]
     rank = entry.get("rank")
     if rank is None:
         rank = next((i + 1 for i, (data, _) in enumerate(top) if data == chosen), None)
     p = _p(entry.get("logprob"))
     q = sampled_estimates([*top, (chosen, p)], temperature, top_k)
-    alternatives = []
-    for data, alt_p in top:
+    alternatives: list[tuple[int, float, float]] = []
+    for data, alt_p in top:  # an alternative whose probability was not sent has nothing to show
         alt_id = tokens.one(data)
-        if alt_id is not None and len(alternatives) < TOP_ALTERNATIVES:
+        if alt_id is not None and alt_p is not None and len(alternatives) < TOP_ALTERNATIVES:
             alternatives.append((alt_id, alt_p, q.get(data, 0.0)))
     sampled = entry.get("sampled_probability")
     entropy = entry.get("entropy_bits")
@@ -131,7 +139,7 @@ def entropy_estimate(top: list[float | None]) -> float:
     return -sum(p * math.log2(p) for p in [*ps, rest] if p > 0)
 
 
-def _p(logprob) -> float | None:
+def _p(logprob: float | str | None) -> float | None:
     if logprob is None:
         return None
     return math.exp(max(float(logprob), -1e4))

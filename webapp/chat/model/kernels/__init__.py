@@ -165,6 +165,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if residual.dtype != torch.float32 or residual.shape[-1] != N or residual.numel() != out.numel():
             raise ValueError("residual must be float32, shaped as the result")
         residual = residual.contiguous()
+    assert _library is not None  # the callers asked supports() first
     status = _library.glassbox_linear(
         KINDS[weight.dtype], rows.data_ptr(), rows.shape[0], K, K, weight.data_ptr(), N,
         None if scale is None else scale.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
@@ -209,6 +210,7 @@ def block(x: torch.Tensor, params: list, eps: float, n_head: int, keys: list, va
             or cache.shape[-1] != C // n_head or cache.numel() != n_head * cache.shape[-2] * (C // n_head)):
         return False
     pointers = (ctypes.c_void_p * 16)(*(None if t is None else t.data_ptr() for t in params))
+    assert _library is not None  # the callers asked supports() first
     status = _library.glassbox_block(
         kind, KINDS[cache.dtype], x.data_ptr(), B, C, n_head, pointers, eps,
         (ctypes.c_void_p * B)(*(t.data_ptr() for t in keys)), (ctypes.c_void_p * B)(*(t.data_ptr() for t in values)),
@@ -237,6 +239,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor
         raise ValueError("attend: q, k, v and out hold one token of every head; keys and values share a shape")
     if not all(t.is_contiguous() for t in (q, k, v, keys, values, out)):
         raise ValueError("attend: every tensor must be contiguous")
+    assert _library is not None  # the callers asked supports() first
     status = _library.glassbox_attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), KINDS[keys.dtype], keys.data_ptr(),
                                       values.data_ptr(), nh, pos, max_len, hs, out.data_ptr(),
                                       torch.get_num_threads())
