@@ -15,7 +15,7 @@ from webapp.chat.model.loading import LoadedChatModel, load_chat_model
 from webapp.chat.model.prompt import PromptBuilder
 from webapp.chat.model.tokenizer import ByteTokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 END = 260  # <|assistant_end|> of the byte tokenizer
 
 

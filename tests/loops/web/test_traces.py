@@ -8,7 +8,7 @@ import re
 import pytest
 
 from tests.conftest import csrf_of, make_app
-from tests.loops.test_views import form, run_live
+from tests.loops.web.test_lab import form, run_live
 
 
 def saved_trace(client, csrf, **kw) -> str:

@@ -15,7 +15,7 @@ import torch
 
 from webapp.chat.model import kernels
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def weights(fmt: str, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.chat.test_loading import save_safetensors
+from tests.chat.model.test_loading import save_safetensors
 from webapp.chat.decode.generate import generate
 from webapp.chat.model.errors import ModelLoadError
 from webapp.chat.model.gpt import Linear

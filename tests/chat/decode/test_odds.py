@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from tests.chat.test_generate import TINY, tiny
+from tests.chat.decode.test_generate import TINY, tiny
 from webapp.chat.decode.generate import generate
 from webapp.chat.decode.odds import TOP_ALTERNATIVES, TokenOdds, token_odds
 

@@ -177,7 +177,7 @@ def test_any_text_renders_safely(text):
 
 
 def test_the_code_colours_are_a_light_and_a_dark_theme_in_a_static_css_file():
-    css = (Path(__file__).resolve().parents[2] / "static" / "pygments.css").read_text()
+    css = (Path(__file__).resolve().parents[3] / "static" / "pygments.css").read_text()
     light, dark = css.split("@media (prefers-color-scheme: dark)")
     assert "@media not all and (prefers-color-scheme: dark)" in light
     assert ".highlight .k {" in light and ".highlight .k {" in dark

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from tests.chat.test_generate import TINY, tiny
+from tests.chat.decode.test_generate import TINY, tiny
 from webapp.chat.decode.generate import generate
 from webapp.chat.decode.prefix_cache import PrefixCache, common_prefix, prefix_cache_for
 from webapp.chat.model.precision import apply_precision
@@ -126,7 +126,7 @@ def test_one_holder_per_model():
 
 
 def test_a_follow_up_message_in_the_app_reuses_the_first_turn(chat_app):
-    from tests.chat.test_views import csrf_of, send
+    from tests.chat.web.test_conversations import csrf_of, send
     loaded = chat_app.extensions["glassbox.core"].models["chat"]
     holder = prefix_cache_for(loaded.model)
     client = chat_app.test_client()

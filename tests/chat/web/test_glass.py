@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from tests.chat.test_views import conversation_id_of, send, stream_url
+from tests.chat.web.test_conversations import conversation_id_of, send, stream_url
 from tests.conftest import csrf_of, make_app, sse_events
 
 

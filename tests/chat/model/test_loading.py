@@ -80,7 +80,7 @@ def test_safetensors_with_config(tmp_path):
     loaded = load_chat_model(str(path))
     assert loaded.tokenizer.name == "byte" and loaded.block_size == 64
     assert loaded.model.lm_head.weight is loaded.model.transformer.wte.weight  # stored once, tied again
-    assert loaded.model.lm_head.weight.dtype == torch.float32  # other precisions: tests/chat/test_precision.py
+    assert loaded.model.lm_head.weight.dtype == torch.float32  # other precisions: tests/chat/model/test_precision.py
     assert "".join(p.text for p in generate(loaded, [256, 65, 66], max_new_tokens=5, temperature=0)) is not None
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.chat.test_generate import TINY, tiny
+from tests.chat.decode.test_generate import TINY, tiny
 from tests.conftest import wait_for
 from tests.support.executors import FunctionJobs
 from webapp.chat.decode.alone import ChatAlone
@@ -24,7 +24,7 @@ from webapp.chat.model.precision import apply_precision
 from webapp.core import InferenceCore, Job
 from webapp.core.jobs import CANCELLED, DONE
 
-BUNDLED = Path(__file__).resolve().parents[2] / "models/chat/model.safetensors"
+BUNDLED = Path(__file__).resolve().parents[3] / "models/chat/model.safetensors"
 LONG = dataclasses.replace(TINY, block_size=512)
 
 
