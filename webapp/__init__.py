@@ -19,6 +19,7 @@ from webapp.chat.web import bp as chat_bp
 from webapp.chat.web import markdown
 from webapp.config import ROOT, Settings
 from webapp.core import InferenceCore
+from webapp.core.executors import Executor
 from webapp.core.jobs import CLIENT
 from webapp.core.metrics import LatencyHistogram
 from webapp.db import Database
@@ -74,6 +75,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     core.on_shutdown.extend([db.close, lock.release])  # a process that stops (or a test's app) frees the folder
 
     app.extensions["glassbox.chat"] = chat_boot.service(core, db)
+    app.extensions["glassbox.inside"] = chat_boot.inside_service(core, settings)
     app.extensions["glassbox.loops"] = loops_boot.service(core, db)
 
     # v1 also puts the API-key check in front of /api/loops (webapp/v1/blueprint.py)
@@ -102,8 +104,10 @@ def _start_core(settings: Settings, models: dict[str, Any] | None) -> InferenceC
             models[name] = boot.load_model(settings)
             load_seconds[name] = time.perf_counter() - started
     warmups = {name: _warm_up(boots[name]) for name in models}
-    return InferenceCore(models, {name: boots[name].executor(model, settings) for name, model in models.items()},
-                         warmups=warmups,
+    executors: dict[str, Executor] = {name: boots[name].executor(model, settings) for name, model in models.items()}
+    if "chat" in models:  # "Inside this token": whole jobs on the chat model (webapp/chat/decode/inside.py)
+        executors["inside"] = chat_boot.inside_executor(models["chat"])
+    return InferenceCore(models, executors, warmups=warmups,
                          load_seconds=load_seconds, torch_threads=settings.torch_threads,
                          max_queue=settings.max_queue, max_jobs_per_owner=settings.max_jobs_per_owner,
                          max_jobs_per_client=settings.max_jobs_per_client)

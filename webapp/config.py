@@ -51,6 +51,8 @@ class Settings:
     max_new_tokens: int = 200    # default for a reply; the form may ask for more, up to the window
     max_message_chars: int = 8000
     max_messages: int = 200      # per conversation
+    inside_cache_entries: int = 32  # "Inside this token" reports kept in memory, least recently used forgotten
+    inside_wait_seconds: float = 120.0  # how long an Inside page or JSON request waits for its job
     max_jobs_per_owner: int = 4  # queued or running at once
     # Limits a script cannot shed by dropping its cookie: per client address (as the trusted proxy says)
     max_jobs_per_client: int = 8           # queued or running at once, all browsers of one address: half a batch

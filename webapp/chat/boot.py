@@ -8,7 +8,9 @@ import logging
 from webapp.chat.decode.alone import ChatAlone
 from webapp.chat.decode.batched import ChatBatch
 from webapp.chat.decode.generate import generate
+from webapp.chat.decode.inside import InsideJobs
 from webapp.chat.decode.remote.executor import remote_executor
+from webapp.chat.inside import InsideService
 from webapp.chat.model import kernels
 from webapp.chat.model.loading import load_chat_model
 from webapp.chat.service import ChatService
@@ -71,3 +73,12 @@ def warm_up(loaded) -> None:
 
 def service(core: InferenceCore, db: Database) -> ChatService:
     return ChatService(core, ChatStore(db))
+
+
+def inside_executor(loaded) -> InsideJobs:
+    """The core's executor for "Inside this token" jobs: whole jobs on the local chat model."""
+    return InsideJobs(loaded)
+
+
+def inside_service(core: InferenceCore, settings) -> InsideService:
+    return InsideService(core, keep=settings.inside_cache_entries)

@@ -77,6 +77,17 @@ class PrefixCache:
             return None  # the model moved or changed dtype since: start cold
         return best
 
+    def peek(self, ids: Sequence[int]) -> tuple[CachedPrefix | None, int]:
+        """The kept entry sharing the longest prefix with `ids`, and that length, left in the holder:
+        for reading on the worker (Inside) before anything else can take it."""
+        with self._lock:
+            best, shared = None, 0
+            for entry in self._entries:
+                n = common_prefix(entry.ids, ids)
+                if n > shared:
+                    best, shared = entry, n
+            return best, shared
+
     def put(self, cache: KVCache, ids: Sequence[int]) -> None:
         """Keep a cache as the most recent entry; evict the least recent ones beyond the budget."""
         with self._lock:

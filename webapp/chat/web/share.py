@@ -36,4 +36,4 @@ def shared(token: str):
     if found is None:
         abort(404, "This shared conversation does not exist, or its owner stopped sharing it.")
     conversation, messages = found
-    return render_template("chat/shared.html", conversation=conversation, messages=messages)
+    return render_template("chat/shared.html", conversation=conversation, messages=messages, share_token=token)

@@ -1,0 +1,131 @@
+"""Inside one generated token, on the core's worker: the logit lens and every head's attention at the
+position that produced it (webapp/chat/model/inside.py does the torch work).
+
+An Inside job is a whole job (`InsideJobs`), run between two batched steps like a Loop-lab run, and it
+lets running replies step between its blocks (core.interleave). It reads the model and, when one is
+kept, a finished reply's KV cache, and writes neither: running replies stay bit for bit the same.
+
+Where the conversation's kept KV cache (webapp/chat/decode/prefix_cache.py) already holds the context's
+first positions, their keys and values are copied from it and only the rest is run; otherwise the whole
+context is run through the model's plain forward, block by block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from webapp.chat.decode.prefix_cache import prefix_cache_for
+from webapp.chat.model.inside import lens_logits, look_inside
+from webapp.chat.model.loading import LoadedChatModel
+from webapp.core.executors import WholeJobs, Worker
+from webapp.core.jobs import Job
+from webapp.core.threads import torch_threads
+
+LENS_TOP = 5  # tokens shown per layer
+
+
+@dataclass(frozen=True)
+class InsideRequest:
+    """Token `index` of a reply: the ids at positions 0..p (prompt, then the reply's tokens before it),
+    and the token the output at p produced."""
+
+    context_ids: tuple[int, ...]
+    token: int
+    index: int
+
+
+@dataclass(frozen=True)
+class LensRow:
+    layer: int  # 0: the embeddings; l: after block l
+    top: tuple[tuple[int, float], ...]  # (id, probability), most likely first
+    chosen_probability: float
+    chosen_rank: int  # 1: the layer's most likely token
+
+
+@dataclass
+class InsideReport:
+    """What the Inside view and its JSON show; attention stays a tensor (a 254M model's is 256 rows of p+1)."""
+
+    request: InsideRequest
+    lens: list[LensRow]
+    attention: torch.Tensor  # (n_layer, nh, p + 1) float32 on the CPU; each row sums to 1
+    reused_positions: int = 0  # positions whose keys and values came from a kept KV cache
+
+    @property
+    def settled_layer(self) -> int | None:
+        """The first layer from which the chosen token is the most likely one and stays so (None: never)."""
+        settled = None
+        for row in self.lens:
+            if row.chosen_rank == 1:
+                settled = row.layer if settled is None else settled
+            else:
+                settled = None
+        return settled
+
+
+@dataclass
+class InsideResult:
+    report: InsideReport | None = None
+
+
+def lens_rows(logits: torch.Tensor, chosen: int, top: int = LENS_TOP) -> list[LensRow]:
+    """logits (L, V) -> one row per layer: softmax at temperature 1 over the whole vocabulary (as the token
+    panel's odds: webapp/chat/decode/odds.py), the top tokens, the chosen token's probability and rank."""
+    logits = logits.float()
+    probs = torch.softmax(logits, dim=-1)  # (L, V)
+    top_p, top_ids = probs.topk(min(top, logits.size(-1)), dim=-1)  # (L, top)
+    chosen_logit = logits[:, chosen:chosen + 1]  # (L, 1)
+    ranks = ((logits > chosen_logit).sum(-1) + 1).tolist()  # ranked as odds.py ranks: strictly greater logits
+    chosen_p = probs[:, chosen].tolist()
+    return [LensRow(layer, tuple(zip(ids, ps)), cp, rank)
+            for layer, (ids, ps, cp, rank) in enumerate(zip(top_ids.tolist(), top_p.tolist(), chosen_p, ranks))]
+
+
+def inside_report(loaded: LoadedChatModel, request: InsideRequest, between=None) -> InsideReport:
+    """Run the model over the request's context (reusing a kept KV cache's first positions) -> the report."""
+    model = loaded.model
+    ids = list(request.context_ids)
+    device = next(model.parameters()).device
+    start, past = _kept_prefix(model, ids)
+    with torch.inference_mode():
+        run = torch.tensor([ids[start:]], dtype=torch.long, device=device)  # (1, T)
+        inside = look_inside(model, run, start, past, between)
+        logits = lens_logits(model, inside.residuals)  # (n_layer + 1, V)
+        rows = lens_rows(logits, request.token)
+        attention = inside.attention.float().cpu()
+    return InsideReport(request, rows, attention, start)
+
+
+def _kept_prefix(model, ids: list[int]):
+    """(start, past): the context's first positions whose keys and values a kept reply's cache holds,
+    copied (a batched step may take that cache and overwrite it while this job lets replies step); at
+    least the last position is run. (0, None) when nothing is kept for this context."""
+    if not hasattr(model, "new_cache"):
+        return 0, None
+    entry, shared = prefix_cache_for(model).peek(ids)
+    start = min(shared, len(ids) - 1)
+    if entry is None or start < 1:
+        return 0, None
+    cache = entry.cache
+    past = [(k[:, :, :start].clone(), v[:, :, :start].clone()) for k, v in zip(cache.k, cache.v)]
+    return start, past
+
+
+class InsideJobs(WholeJobs):
+    """The core's executor for Inside jobs: one at a time, between batched steps."""
+
+    def __init__(self, loaded: LoadedChatModel) -> None:
+        self.loaded = loaded
+
+    def run(self, job: Job, core: Worker) -> None:
+        job.raise_if_cancelled()
+
+        def between() -> None:
+            core.interleave()
+            job.raise_if_cancelled()
+
+        with torch_threads(self.loaded.torch_threads):
+            report = inside_report(self.loaded, job.request, between)
+        job.result = InsideResult(report)

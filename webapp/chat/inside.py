@@ -1,0 +1,90 @@
+"""Inside a reply's token, on the shared core: check that it can be looked into, build the job's request
+from what the reply saved (its exact prompt and its tokens), submit it (or join the one already running),
+and keep finished reports, a bounded number, least recently used forgotten first. A report is kept under
+its request (the context's ids and the token), not under a message id: what it shows depends on nothing
+else, and a deleted message's id cannot lead to another's report."""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+from webapp.chat.decode.inside import InsideReport, InsideRequest, InsideResult
+from webapp.chat.model.inside import layout_problem
+from webapp.chat.model.loading import LoadedChatModel
+from webapp.chat.service import ChatError
+from webapp.core import InferenceCore
+from webapp.core.jobs import DONE, FINISHED, Job
+
+REMOTE = ("Replies here come from a remote server (GLASSBOX_CHAT_BACKEND), not from a model running in "
+          "Glassbox, so there is nothing inside to show.")
+
+
+class InsideService:
+    """What the Inside views call; knows the core and the chat service's store, never the device."""
+
+    def __init__(self, core: InferenceCore, keep: int = 32) -> None:
+        self.core = core
+        self.keep = keep  # reports kept (GLASSBOX_INSIDE_CACHE_ENTRIES)
+        self._reports: collections.OrderedDict[InsideRequest, InsideReport] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._layout: dict[int, str | None] = {}  # id(model) -> why it cannot be looked into
+
+    @property
+    def model(self) -> LoadedChatModel:
+        return self.core.models["chat"]
+
+    def unavailable(self) -> str | None:
+        """Why Inside cannot run here (None: it can): a remote backend, or a model without nanoGPT's layout."""
+        loaded = self.model
+        if getattr(loaded, "remote", False):
+            return REMOTE
+        key = id(loaded.model)
+        if key not in self._layout:
+            problem = layout_problem(loaded.model)
+            self._layout[key] = None if problem is None else f"Inside cannot look into this model: {problem}."
+        return self._layout[key]
+
+    def request_for(self, message: dict, details: dict, index: int) -> InsideRequest:
+        """The ids the model had when it produced token `index` of a reply. Raises ChatError (404, 409)."""
+        if message["role"] != "assistant":
+            raise ChatError("Only replies have tokens to look into.", 404)
+        if message["status"] == "pending":
+            raise ChatError("This reply is still being written; look inside it once it has finished.", 409)
+        odds, prompt = details.get("odds"), details.get("prompt")
+        if not odds or not prompt:
+            raise ChatError("This reply was saved before Glassbox kept its tokens and prompt.", 404)
+        if not 0 <= index < len(odds):
+            raise ChatError(f"No such token in this reply: it has tokens 0 to {len(odds) - 1}.", 404)
+        reply = [row[0] for row in odds]
+        # past the window the generator goes on from the last block_size ids (generate.Sequence._open_window)
+        context = (list(prompt["ids"]) + reply[:index])[-self.model.block_size:]
+        return InsideRequest(tuple(context), reply[index], index)
+
+    def report(self, request: InsideRequest) -> InsideReport | None:
+        """The kept report for this request, if it was worked out before."""
+        with self._lock:
+            found = self._reports.get(request)
+            if found is not None:
+                self._reports.move_to_end(request)
+            return found
+
+    def start(self, owner: str, request: InsideRequest) -> Job:
+        """The job working this request out: the one already queued or running, else a new one.
+        Raises Refused (queue full, too many jobs for this browser or address)."""
+        running = self.core.find("inside", request)
+        if running is not None and running.state not in FINISHED:
+            return running
+
+        def keep(job: Job, outcome: str, error: str | None) -> None:
+            if outcome == DONE and isinstance(job.result, InsideResult) and job.result.report is not None:
+                self._remember(request, job.result.report)
+
+        return self.core.submit(Job("inside", owner, request, on_finish=keep, ref=request, result=InsideResult()))
+
+    def _remember(self, request: InsideRequest, report: InsideReport) -> None:
+        with self._lock:
+            self._reports[request] = report
+            self._reports.move_to_end(request)
+            while len(self._reports) > self.keep:
+                self._reports.popitem(last=False)

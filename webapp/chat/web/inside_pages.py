@@ -1,0 +1,139 @@
+"""Inside this token: the logit lens and every head's attention at the position that produced a token of a
+reply, as a page (no JavaScript needed: the request waits for its job, holding a stream slot) and as JSON
+(docs/api.md). The owner's, and read-only through a share link."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from contextlib import closing
+from typing import cast
+
+from flask import Response, abort, current_app, jsonify, render_template, request
+
+from webapp.chat.decode.inside import InsideReport
+from webapp.chat.decode.odds import TokenOdds
+from webapp.chat.inside import InsideService
+from webapp.chat.service import ChatError
+from webapp.chat.web import inside_view
+from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service, settings
+from webapp.chat.web.token_views import token_text
+from webapp.core import Refused
+from webapp.core.jobs import CANCELLED, DONE
+from webapp.web import refusal_headers, refusal_status
+from webapp.web.security import owner_id
+from webapp.web.streams import held_slot
+
+STILL_WORKING = "Still working this token out; reload the page in a moment."
+
+
+class InsideError(Exception):
+    def __init__(self, message: str, status: int, headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.status, self.headers = status, headers or {}
+
+
+def inside_service() -> InsideService:
+    return current_app.extensions["glassbox.inside"]
+
+
+@bp.get("/c/<conversation_id>/m/<int:message_id>/inside/<int:index>")
+def inside(conversation_id: str, message_id: int, index: int):
+    """The Inside page of token `index` (0-based) of a reply; ?head=L.H picks a head to list."""
+    conversation = owned_conversation(conversation_id)
+    return inside_page(conversation, owned_message(conversation_id, message_id), index)
+
+
+@bp.get("/c/<conversation_id>/m/<int:message_id>/inside/<int:index>.json")
+def inside_json(conversation_id: str, message_id: int, index: int):
+    owned_conversation(conversation_id)
+    return inside_answer(owned_message(conversation_id, message_id), index)
+
+
+@bp.get("/shared/<token>/m/<int:message_id>/inside/<int:index>")
+def shared_inside(token: str, message_id: int, index: int):
+    conversation, message = shared_message(token, message_id)
+    return inside_page(conversation, message, index, shared=token)
+
+
+@bp.get("/shared/<token>/m/<int:message_id>/inside/<int:index>.json")
+def shared_inside_json(token: str, message_id: int, index: int):
+    _, message = shared_message(token, message_id)
+    return inside_answer(message, index)
+
+
+def shared_message(token: str, message_id: int) -> tuple[dict, dict]:
+    """A message of the branch a shared link shows (404 for anything else)."""
+    found = service().shared(token)
+    if found is None:
+        abort(404, "This shared conversation does not exist, or its owner stopped sharing it.")
+    conversation, messages = found
+    message = next((m for m in messages if m["id"] == message_id), None)
+    if message is None:
+        abort(404, "No such message in this shared conversation.")
+    return conversation, message
+
+
+def inside_answer(message: dict, index: int) -> Response | tuple:
+    try:
+        report = resolve(message, index)
+    except InsideError as error:
+        return jsonify({"error": str(error)}), error.status, error.headers
+    return jsonify(inside_view.as_json(service().model.tokenizer, report))
+
+
+def inside_page(conversation: dict, message: dict, index: int, shared: str | None = None):
+    details = service().details(message["id"])
+    odds = details["odds"] or []
+    common = {"conversation": conversation, "message": message, "index": index, "count": len(odds),
+              "shared": shared}
+    try:
+        report = resolve(message, index)
+    except InsideError as error:
+        if error.status != 409:
+            abort(error.status, str(error))
+        return render_template("chat/inside.html", problem=str(error), **common), 409
+    tokenizer = service().model.tokenizer
+    n_layer, n_head, positions = report.attention.shape
+    chosen_head = inside_view.parse_head(request.args.get("head"), n_layer, n_head)
+    prompt_length = positions - min(index, positions)
+    panel = TokenOdds.from_row(odds[index])
+    return render_template(
+        "chat/inside.html", problem=None, report=report, token_text=token_text(tokenizer, report.request.token)[0],
+        lens=inside_view.lens_view(tokenizer, report), settled=report.settled_layer,
+        heads=inside_view.head_views(report), chosen_head=chosen_head, panel=panel,
+        attended=(inside_view.attended(tokenizer, report, *chosen_head, prompt_length) if chosen_head else []),
+        positions=positions, n_layer=n_layer, n_head=n_head, **common)
+
+
+def resolve(message: dict, index: int) -> InsideReport:
+    """The report for token `index` of a reply: kept, or worked out now by a job this request waits for.
+    Raises InsideError: 404 (no such token), 409 (cannot run here, or the reply is not finished),
+    429/503 (refused: limits, a full queue, no stream slot free), 500 (the job failed)."""
+    inside = inside_service()
+    problem = inside.unavailable()
+    if problem is not None:
+        raise InsideError(problem, 409)
+    try:
+        inside_request = inside.request_for(message, service().details(message["id"]), index)
+    except ChatError as error:
+        raise InsideError(str(error), error.status) from None
+    report = inside.report(inside_request)
+    if report is not None:
+        return report
+    try:
+        with held_slot() as slot:  # before the job: a refusal leaves nothing queued
+            job = inside.start(owner_id(), inside_request)
+    except Refused as error:
+        raise InsideError(str(error), refusal_status(error), refusal_headers(error)) from None
+    assert slot is not None
+    deadline = time.monotonic() + settings().inside_wait_seconds
+    with slot, closing(cast(Generator, job.subscribe(settings().heartbeat_seconds))) as events:
+        for _ in events:
+            if time.monotonic() > deadline:  # leaving cancels the job unless another page waits for it
+                raise InsideError(STILL_WORKING, 503)
+    if job.state == DONE and job.result.report is not None:
+        return job.result.report
+    if job.state == CANCELLED:
+        raise InsideError("Stopped before it was worked out (the server is shutting down?); try again.", 503)
+    raise InsideError(f"Could not look inside this token: {job.error or 'the job failed'}.", 500)

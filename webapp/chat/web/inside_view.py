@@ -1,0 +1,125 @@
+"""An Inside report (webapp/chat/decode/inside.py) as the page and the JSON show it: token texts, shades
+(CSS classes: the CSP allows no inline styles), heat strips, a chosen head's top positions."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from webapp.chat.decode.inside import InsideReport
+from webapp.chat.web.token_views import SHADES, shade, token_text
+
+STRIP_CELLS = 48  # a head's strip sums the weights of neighbouring positions beyond this many
+TOP_POSITIONS = 5
+
+
+@dataclass
+class LensCell:
+    token: int
+    text: str
+    probability: float
+    shade: int
+    chosen: bool
+
+
+@dataclass
+class LensRowView:
+    layer: int
+    label: str
+    top: list[LensCell]
+    chosen_probability: float
+    chosen_rank: int
+    shade: int
+
+
+@dataclass
+class StripCell:
+    first: int  # positions first..last, summed
+    last: int
+    weight: float
+    shade: int
+
+
+@dataclass
+class HeadView:
+    layer: int  # 1-based, as the lens counts blocks
+    head: int  # 0-based
+    key: str  # "L.H", the ?head= value
+    strip: list[StripCell]
+    top: tuple[int, float]  # the position it attends to most, and its weight
+
+
+@dataclass
+class AttendedPosition:
+    position: int
+    token: int
+    text: str
+    weight: float
+    part: str  # "prompt" or "reply"
+
+
+def attention_shade(weight: float) -> int:
+    """A strip cell's class: square-root scaled, so a head that spreads its attention still shows."""
+    return min(SHADES - 1, max(0, int(math.sqrt(max(weight, 0.0)) * SHADES)))
+
+
+def lens_view(tokenizer, report: InsideReport) -> list[LensRowView]:
+    chosen = report.request.token
+    return [LensRowView(row.layer, "embeddings" if row.layer == 0 else f"block {row.layer}",
+                        [LensCell(t, token_text(tokenizer, t)[0], p, shade(p), t == chosen) for t, p in row.top],
+                        row.chosen_probability, row.chosen_rank, shade(row.chosen_probability))
+            for row in report.lens]
+
+
+def head_views(report: InsideReport) -> list[list[HeadView]]:
+    """One strip per head, layers down: each cell the weight of a run of positions (at most STRIP_CELLS)."""
+    weights = report.attention  # (n_layer, nh, S)
+    n_layer, nh, positions = weights.shape
+    cells = min(positions, STRIP_CELLS)
+    bounds = [(c * positions // cells, (c + 1) * positions // cells) for c in range(cells)]
+    ends = torch.cumsum(weights.double(), dim=-1)[..., [b - 1 for _, b in bounds]]  # (n_layer, nh, cells)
+    sums = torch.diff(ends, dim=-1, prepend=torch.zeros_like(ends[..., :1])).tolist()
+    best_weight, best = weights.max(dim=-1)
+    best_weights, bests = best_weight.tolist(), best.tolist()
+    return [[HeadView(layer + 1, head, f"{layer + 1}.{head}",
+                      [StripCell(a, b - 1, s, attention_shade(s)) for (a, b), s in zip(bounds, sums[layer][head])],
+                      (bests[layer][head], best_weights[layer][head]))
+             for head in range(nh)] for layer in range(n_layer)]
+
+
+def parse_head(value: str | None, n_layer: int, n_head: int) -> tuple[int, int] | None:
+    """?head=L.H (L 1-based block, H 0-based head) -> (L, H); None when absent or not one of the model's."""
+    if not value:
+        return None
+    layer, _, head = value.partition(".")
+    try:
+        found = int(layer), int(head)
+    except ValueError:
+        return None
+    return found if 1 <= found[0] <= n_layer and 0 <= found[1] < n_head else None
+
+
+def attended(tokenizer, report: InsideReport, layer: int, head: int, prompt_length: int) -> list[AttendedPosition]:
+    """The TOP_POSITIONS positions one head (block `layer`, 1-based) gave most weight, heaviest first."""
+    w = report.attention[layer - 1, head]
+    values, positions = w.topk(min(TOP_POSITIONS, w.numel()))
+    ids = report.request.context_ids
+    return [AttendedPosition(p, ids[p], token_text(tokenizer, ids[p])[0], v, "prompt" if p < prompt_length else "reply")
+            for p, v in zip(positions.tolist(), values.tolist())]
+
+
+def as_json(tokenizer, report: InsideReport) -> dict:
+    """The documented contract (docs/api.md, "Inside a token")."""
+    request = report.request
+    n_layer, n_head, _ = report.attention.shape
+    return {
+        "token": {"index": request.index, "id": request.token, "text": token_text(tokenizer, request.token)[0]},
+        "context_ids": list(request.context_ids),
+        "lens": [{"layer": row.layer,
+                  "top": [{"id": t, "text": token_text(tokenizer, t)[0], "p": p} for t, p in row.top],
+                  "chosen": {"p": row.chosen_probability, "rank": row.chosen_rank}} for row in report.lens],
+        "settled_layer": report.settled_layer,
+        "attention": {"n_layer": n_layer, "n_head": n_head, "weights": report.attention.tolist()},
+    }
