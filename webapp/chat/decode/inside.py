@@ -12,12 +12,13 @@ context is run through the model's plain forward, block by block.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from webapp.chat.decode.prefix_cache import prefix_cache_for
-from webapp.chat.model.inside import lens_logits, look_inside
+from webapp.chat.model.inside import KeysValues, lens_logits, look_inside
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.core.executors import WholeJobs, Worker
 from webapp.core.jobs import Job
@@ -83,7 +84,8 @@ def lens_rows(logits: torch.Tensor, chosen: int, top: int = LENS_TOP) -> list[Le
             for layer, (ids, ps, cp, rank) in enumerate(zip(top_ids.tolist(), top_p.tolist(), chosen_p, ranks))]
 
 
-def inside_report(loaded: LoadedChatModel, request: InsideRequest, between=None) -> InsideReport:
+def inside_report(loaded: LoadedChatModel, request: InsideRequest,
+                  between: Callable[[], None] | None = None) -> InsideReport:
     """Run the model over the request's context (reusing a kept KV cache's first positions) -> the report."""
     model = loaded.model
     ids = list(request.context_ids)
@@ -98,7 +100,7 @@ def inside_report(loaded: LoadedChatModel, request: InsideRequest, between=None)
     return InsideReport(request, rows, attention, start)
 
 
-def _kept_prefix(model, ids: list[int]):
+def _kept_prefix(model: torch.nn.Module, ids: list[int]) -> tuple[int, KeysValues | None]:
     """(start, past): the context's first positions whose keys and values a kept reply's cache holds,
     copied (a batched step may take that cache and overwrite it while this job lets replies step); at
     least the last position is run. (0, None) when nothing is kept for this context."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -40,7 +41,7 @@ class Inside:
     attention: torch.Tensor  # (n_layer, nh, S) float32: position p's attention weights over positions 0..p
 
 
-def layout_problem(model: nn.Module) -> str | None:
+def layout_problem(model: Any) -> str | None:
     """Why this model cannot be looked into (None: it can): it must have nanoGPT's modules and n_head."""
     missing = [name for name in MODEL_MODULES if not _has(model, name)]
     if not missing:
@@ -68,7 +69,7 @@ KeysValues = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values 
 
 
 @torch.inference_mode()
-def look_inside(model: nn.Module, ids: torch.Tensor, start: int = 0, past: KeysValues | None = None,
+def look_inside(model: Any, ids: torch.Tensor, start: int = 0, past: KeysValues | None = None,
                 between: Callable[[], None] | None = None) -> Inside:
     """Run ids (1, T) at positions start..start+T-1 and return what happened at the last one, p.
 
@@ -77,12 +78,12 @@ def look_inside(model: nn.Module, ids: torch.Tensor, start: int = 0, past: KeysV
     replies take a step there)."""
     if (start > 0) != (past is not None):
         raise ValueError("positions before `start` need their keys and values (past), and only they")
-    config = model.config  # type: ignore[union-attr]
+    config = model.config  # the owner's models: any object with n_embd and n_head
     C, nh = config.n_embd, config.n_head
     hs = C // nh
     T = ids.size(1)
     kv_dtype = getattr(model, "kv_dtype", None)  # the reply's KV cache kept keys and values in this dtype
-    transformer = model.transformer  # type: ignore[union-attr]
+    transformer = model.transformer
     positions = torch.arange(start, start + T, dtype=torch.long, device=ids.device)  # (T,)
     x = transformer.wte(ids) + transformer.wpe(positions)  # (1, T, C)
     residuals, attention = [x[0, -1]], []
@@ -119,6 +120,6 @@ def look_inside(model: nn.Module, ids: torch.Tensor, start: int = 0, past: KeysV
 
 
 @torch.inference_mode()
-def lens_logits(model: nn.Module, residuals: torch.Tensor) -> torch.Tensor:
+def lens_logits(model: Any, residuals: torch.Tensor) -> torch.Tensor:
     """The logit lens: each residual (L, C) through the final layer norm and lm_head -> logits (L, V)."""
-    return model.lm_head(model.transformer.ln_f(residuals))  # type: ignore[union-attr, operator]
+    return model.lm_head(model.transformer.ln_f(residuals))
