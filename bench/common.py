@@ -24,7 +24,7 @@ from torch.nn import functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
-GPT2_RANKS = ROOT / "webapp" / "chat" / "data" / "gpt2.tiktoken"  # packaged GPT-2 ranks
+GPT2_RANKS = ROOT / "webapp" / "chat" / "model" / "data" / "gpt2.tiktoken"  # packaged GPT-2 ranks
 VOCAB = 50257  # GPT-2's real tokens; prompts are drawn from these
 
 
