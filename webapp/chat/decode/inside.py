@@ -25,6 +25,7 @@ from webapp.core.jobs import Job
 from webapp.core.threads import torch_threads
 
 LENS_TOP = 5  # tokens shown per layer
+STRIP_CELLS = 48  # a head's heat strip sums the weights of neighbouring positions beyond this many
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class InsideReport:
     request: InsideRequest
     lens: list[LensRow]
     attention: torch.Tensor  # (n_layer, nh, p + 1) float32 on the CPU; each row sums to 1
+    strips: list[list[list[float]]]  # [layer][head][cell]: the weight of each run of positions (STRIP_CELLS)
+    strongest: list[list[tuple[int, float]]]  # [layer][head]: the position given most weight, and that weight
     reused_positions: int = 0  # positions whose keys and values came from a kept KV cache
 
     @property
@@ -97,7 +100,20 @@ def inside_report(loaded: LoadedChatModel, request: InsideRequest,
         logits = lens_logits(model, inside.residuals)  # (n_layer + 1, V)
         rows = lens_rows(logits, request.token)
         attention = inside.attention.float().cpu()
-    return InsideReport(request, rows, attention, start)
+        # summed here, on the worker: torch work on a request thread would give it a thread pool of its own
+        strips = strip_weights(attention, STRIP_CELLS)
+        top_weight, top = attention.max(dim=-1)  # (n_layer, nh)
+        strongest = [list(zip(p, w)) for p, w in zip(top.tolist(), top_weight.tolist())]
+    return InsideReport(request, rows, attention, strips, strongest, start)
+
+
+def strip_weights(attention: torch.Tensor, cells: int) -> list[list[list[float]]]:
+    """(n_layer, nh, S) -> [layer][head][cell]: the weights of min(S, cells) runs of neighbouring positions."""
+    positions = attention.size(-1)
+    cells = min(positions, cells)
+    ends = [(c + 1) * positions // cells - 1 for c in range(cells)]  # each run's last position
+    summed = torch.cumsum(attention.double(), dim=-1)[..., ends]  # weight up to each run's end
+    return torch.diff(summed, dim=-1, prepend=torch.zeros_like(summed[..., :1])).tolist()
 
 
 def _kept_prefix(model: torch.nn.Module, ids: list[int]) -> tuple[int, KeysValues | None]:

@@ -6,12 +6,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
 from webapp.chat.decode.inside import InsideReport
 from webapp.chat.web.token_views import SHADES, shade, token_text
 
-STRIP_CELLS = 48  # a head's strip sums the weights of neighbouring positions beyond this many
 TOP_POSITIONS = 5
 
 
@@ -35,19 +32,11 @@ class LensRowView:
 
 
 @dataclass
-class StripCell:
-    first: int  # positions first..last, summed
-    last: int
-    weight: float
-    shade: int
-
-
-@dataclass
 class HeadView:
     layer: int  # 1-based, as the lens counts blocks
     head: int  # 0-based
     key: str  # "L.H", the ?head= value
-    strip: list[StripCell]
+    strip: list[int]  # each cell's shade: the weight of a run of neighbouring positions (attention_shade)
     top: tuple[int, float]  # the position it attends to most, and its weight
 
 
@@ -74,19 +63,10 @@ def lens_view(tokenizer, report: InsideReport) -> list[LensRowView]:
 
 
 def head_views(report: InsideReport) -> list[list[HeadView]]:
-    """One strip per head, layers down: each cell the weight of a run of positions (at most STRIP_CELLS)."""
-    weights = report.attention  # (n_layer, nh, S)
-    n_layer, nh, positions = weights.shape
-    cells = min(positions, STRIP_CELLS)
-    bounds = [(c * positions // cells, (c + 1) * positions // cells) for c in range(cells)]
-    ends = torch.cumsum(weights.double(), dim=-1)[..., [b - 1 for _, b in bounds]]  # (n_layer, nh, cells)
-    sums = torch.diff(ends, dim=-1, prepend=torch.zeros_like(ends[..., :1])).tolist()
-    best_weight, best = weights.max(dim=-1)
-    best_weights, bests = best_weight.tolist(), best.tolist()
-    return [[HeadView(layer + 1, head, f"{layer + 1}.{head}",
-                      [StripCell(a, b - 1, s, attention_shade(s)) for (a, b), s in zip(bounds, sums[layer][head])],
-                      (bests[layer][head], best_weights[layer][head]))
-             for head in range(nh)] for layer in range(n_layer)]
+    """One strip per head, layers down, each cell shaded by the weight of its run of positions."""
+    return [[HeadView(layer + 1, head, f"{layer + 1}.{head}", [attention_shade(w) for w in cells], strongest)
+             for head, (cells, strongest) in enumerate(zip(strips, tops))]
+            for layer, (strips, tops) in enumerate(zip(report.strips, report.strongest))]
 
 
 def parse_head(value: str | None, n_layer: int, n_head: int) -> tuple[int, int] | None:
