@@ -93,22 +93,23 @@ def test_the_lens_and_the_attention_are_nanogpts_math_on_a_tiny_random_gpt():
         assert row.chosen_rank == int((probs > probs[ids[5]]).sum()) + 1
 
 
-def test_a_kept_kv_cache_gives_the_same_lens_and_attention_as_running_the_whole_context():
+@pytest.mark.parametrize("kept", [25, 10])  # the last 5 positions run in place; the last 20 after a copy
+def test_a_kept_kv_cache_gives_the_same_lens_and_attention_as_running_the_whole_context(kept):
     model = small_gpt(1)
     loaded = tiny_loaded(model)
     ids = [int(i) for i in torch.randint(0, CONFIG.vocab_size, (30,))]
     cold = inside_report(loaded, InsideRequest(tuple(ids), ids[0], 0))
     cache = model.new_cache()
     with torch.inference_mode():
-        model.forward_cached(torch.tensor([ids[:25]]), cache, 0, logits=False)
-    prefix_cache_for(model).put(cache, ids[:25])
+        model.forward_cached(torch.tensor([ids[:kept]]), cache, 0, logits=False)
+    prefix_cache_for(model).put(cache, ids[:kept])
     warm = inside_report(loaded, InsideRequest(tuple(ids), ids[0], 0))
-    assert (cold.reused_positions, warm.reused_positions) == (0, 25)
+    assert (cold.reused_positions, warm.reused_positions) == (0, kept)
     torch.testing.assert_close(warm.attention, cold.attention, atol=1e-6, rtol=1e-5)
     for a, b in zip(warm.lens, cold.lens):
         assert [t for t, _ in a.top] == [t for t, _ in b.top]
         assert a.chosen_probability == pytest.approx(b.chosen_probability, rel=1e-4)
-    assert prefix_cache_for(model).peek(ids)[1] == 25  # read, not taken
+    assert prefix_cache_for(model).peek(ids)[1] == kept  # read, not taken
 
 
 def tiny_loaded(model) -> LoadedChatModel:
@@ -216,6 +217,7 @@ def test_bad_indices_and_other_browsers_get_404_and_share_links_read_only(chat_a
     for path in (f"{base}/0", f"{base}/0.json"):
         assert mine.get(path).status_code == 200
         assert theirs.get(path).status_code == 404
+    assert "No such conversation" in theirs.get(f"{base}/0.json").get_json()["error"]  # JSON, for a script
     assert "No such token" in mine.get(f"{base}/3.json").get_json()["error"]
     assert mine.get(f"{base}/3").status_code == 404 and mine.get(f"{base}/-1.json").status_code == 404
     assert mine.get(f"/chat/c/{cid}/m/{mid - 1}/inside/0.json").status_code == 404  # a question has no tokens

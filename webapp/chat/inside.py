@@ -52,8 +52,10 @@ class InsideService:
         if message["status"] == "pending":
             raise ChatError("This reply is still being written; look inside it once it has finished.", 409)
         odds, prompt = details.get("odds"), details.get("prompt")
-        if not odds or not prompt:
+        if odds is None or prompt is None:
             raise ChatError("This reply was saved before Glassbox kept its tokens and prompt.", 404)
+        if not odds:
+            raise ChatError("This reply has no tokens to look into.", 404)
         if not 0 <= index < len(odds):
             raise ChatError(f"No such token in this reply: it has tokens 0 to {len(odds) - 1}.", 404)
         reply = [row[0] for row in odds]

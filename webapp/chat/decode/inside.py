@@ -25,6 +25,9 @@ from webapp.core.jobs import Job
 from webapp.core.threads import torch_threads
 
 LENS_TOP = 5  # tokens shown per layer
+# Up to this many positions left to run after a kept cache's (the latest reply's tokens: one), the job
+# reads that cache in place and runs whole, about as long as a decoding step; more, and it copies them.
+IN_PLACE_RUN = 8
 STRIP_CELLS = 48  # a head's heat strip sums the weights of neighbouring positions beyond this many
 
 
@@ -93,10 +96,11 @@ def inside_report(loaded: LoadedChatModel, request: InsideRequest,
     model = loaded.model
     ids = list(request.context_ids)
     device = next(model.parameters()).device
-    start, past = _kept_prefix(model, ids)
+    start, past, copied = _kept_prefix(model, ids)
     with torch.inference_mode():
         run = torch.tensor([ids[start:]], dtype=torch.long, device=device)  # (1, T)
-        inside = look_inside(model, run, start, past, between)
+        # reading a kept cache in place, nothing may step in between (a reply could take that cache)
+        inside = look_inside(model, run, start, past, between if past is None or copied else None)
         logits = lens_logits(model, inside.residuals)  # (n_layer + 1, V)
         rows = lens_rows(logits, request.token)
         attention = inside.attention.float().cpu()
@@ -116,19 +120,23 @@ def strip_weights(attention: torch.Tensor, cells: int) -> list[list[list[float]]
     return torch.diff(summed, dim=-1, prepend=torch.zeros_like(summed[..., :1])).tolist()
 
 
-def _kept_prefix(model: torch.nn.Module, ids: list[int]) -> tuple[int, KeysValues | None]:
-    """(start, past): the context's first positions whose keys and values a kept reply's cache holds,
-    copied (a batched step may take that cache and overwrite it while this job lets replies step); at
-    least the last position is run. (0, None) when nothing is kept for this context."""
+def _kept_prefix(model: torch.nn.Module, ids: list[int]) -> tuple[int, KeysValues | None, bool]:
+    """(start, past, copied): the context's first positions whose keys and values a kept reply's cache
+    holds; at least the last position is run. When more than IN_PLACE_RUN positions are left to run, the
+    job lets replies step between its blocks, and a reply may take that cache and overwrite it: they are
+    copied. (0, None, False) when nothing is kept for this context."""
     if not hasattr(model, "new_cache"):
-        return 0, None
+        return 0, None, False
     entry, shared = prefix_cache_for(model).peek(ids)
     start = min(shared, len(ids) - 1)
     if entry is None or start < 1:
-        return 0, None
+        return 0, None, False
     cache = entry.cache
-    past = [(k[:, :, :start].clone(), v[:, :, :start].clone()) for k, v in zip(cache.k, cache.v)]
-    return start, past
+    copied = len(ids) - start > IN_PLACE_RUN
+    past = [(k[:, :, :start], v[:, :, :start]) for k, v in zip(cache.k, cache.v)]
+    if copied:
+        past = [(k.clone(), v.clone()) for k, v in past]
+    return start, past, copied
 
 
 class InsideJobs(WholeJobs):

@@ -10,6 +10,7 @@ from contextlib import closing
 from typing import cast
 
 from flask import Response, abort, current_app, jsonify, render_template, request
+from werkzeug.exceptions import HTTPException
 
 from webapp.chat.decode.inside import InsideReport
 from webapp.chat.decode.odds import TokenOdds
@@ -46,8 +47,11 @@ def inside(conversation_id: str, message_id: int, index: int):
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/inside/<int:index>.json")
 def inside_json(conversation_id: str, message_id: int, index: int):
-    owned_conversation(conversation_id)
-    return inside_answer(owned_message(conversation_id, message_id), index)
+    try:
+        message = owned_message(conversation_id, message_id)
+    except HTTPException as error:  # JSON for a script, whatever it sent as Accept
+        return jsonify({"error": error.description}), error.code
+    return inside_answer(message, index)
 
 
 @bp.get("/shared/<token>/m/<int:message_id>/inside/<int:index>")
@@ -58,7 +62,10 @@ def shared_inside(token: str, message_id: int, index: int):
 
 @bp.get("/shared/<token>/m/<int:message_id>/inside/<int:index>.json")
 def shared_inside_json(token: str, message_id: int, index: int):
-    _, message = shared_message(token, message_id)
+    try:
+        _, message = shared_message(token, message_id)
+    except HTTPException as error:
+        return jsonify({"error": error.description}), error.code
     return inside_answer(message, index)
 
 
