@@ -8,7 +8,7 @@ import pytest
 
 from tests.browser.conftest import REPORT_CSP, screenshot
 from tests.browser.test_chat import send
-from tests.browser.test_issue14 import SIZES, axe, no_horizontal_scroll
+from tests.browser.test_usability import SIZES, axe, no_horizontal_scroll
 
 pytestmark = pytest.mark.browser
 

@@ -1,152 +1,21 @@
-"""Inside this token: the logit lens and every head's attention at the position that produced a reply's
-token, checked against nanoGPT's math written out here, against the token panel's odds, and through the
-pages and JSON (ownership, share links, bad indices, models it cannot look into, the job limits)."""
+"""Inside this token through the app: the JSON contract (its last lens row is the token panel's odds), the
+page without JavaScript, who may see it (the owner, share links read-only), bad indices, models it cannot
+look into (remote, another layout) and the job limits."""
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import re
 
 import pytest
 import torch
 import torch.nn as nn
-from torch.nn import functional as F
 
-from tests.chat.test_batch import LONG, alone, drain, requests
-from tests.chat.test_generate import tiny
-from tests.chat.test_glass import reply
-from tests.chat.test_views import send, stream_url
-from tests.conftest import csrf_of, make_app, wait_for
-from webapp.chat.decode.batched import ChatBatch
-from webapp.chat.decode.inside import InsideJobs, InsideRequest, inside_report
-from webapp.chat.decode.prefix_cache import prefix_cache_for
-from webapp.chat.model.gpt import GPT, GPTConfig
-from webapp.chat.model.inside import look_inside
+from tests.chat.web.test_conversations import send, stream_url
+from tests.chat.web.test_glass import reply
+from tests.conftest import csrf_of, make_app
+from webapp.chat.model.gpt import GPTConfig
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.tokenizer import ByteTokenizer
-from webapp.core import InferenceCore, Job
-from webapp.core.jobs import DONE
-
-
-# -- nanoGPT's forward, written out: every row of every attention matrix, nothing of webapp's -----------
-def reference(model: GPT, ids: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
-    """-> (residual at the last position after embeddings and each block, per layer the last row of the
-    (nh, T, T) attention matrix, lens probabilities (L, V))."""
-    sd = {k: v.float() for k, v in model.state_dict().items()}
-    c = model.config
-    hs = c.n_embd // c.n_head
-    T = len(ids)
-
-    def ln(x, name):
-        return F.layer_norm(x, (c.n_embd,), sd[f"{name}.weight"], sd.get(f"{name}.bias"), 1e-5)
-
-    def linear(x, name):
-        return x @ sd[f"{name}.weight"].T + (sd[f"{name}.bias"] if f"{name}.bias" in sd else 0)
-
-    x = sd["transformer.wte.weight"][ids] + sd["transformer.wpe.weight"][:T]  # (T, C)
-    residuals, rows = [x[-1]], []
-    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
-    for layer in range(c.n_layer):
-        p = f"transformer.h.{layer}"
-        q, k, v = linear(ln(x, f"{p}.ln_1"), f"{p}.attn.c_attn").split(c.n_embd, dim=1)
-        q, k, v = (t.view(T, c.n_head, hs).transpose(0, 1) for t in (q, k, v))  # (nh, T, hs)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        att = att.masked_fill(~causal, float("-inf")).softmax(dim=-1)  # (nh, T, T)
-        rows.append(att[:, -1, :])
-        y = (att @ v).transpose(0, 1).reshape(T, c.n_embd)
-        x = x + linear(y, f"{p}.attn.c_proj")
-        x = x + linear(F.gelu(linear(ln(x, f"{p}.ln_2"), f"{p}.mlp.c_fc")), f"{p}.mlp.c_proj")
-        residuals.append(x[-1])
-    logits = ln(torch.stack(residuals), "transformer.ln_f") @ sd["transformer.wte.weight"].T
-    return residuals, rows, logits.softmax(dim=-1)
-
-
-CONFIG = GPTConfig(block_size=64, vocab_size=300, n_layer=3, n_head=4, n_embd=32)
-
-
-def small_gpt(seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    model = GPT(CONFIG).eval()
-    with torch.no_grad():
-        for p in model.parameters():  # biases and norms off their init, so every term shows
-            p.add_(torch.randn_like(p) * 0.05)
-    return model
-
-
-def test_the_lens_and_the_attention_are_nanogpts_math_on_a_tiny_random_gpt():
-    model = small_gpt()
-    ids = [int(i) for i in torch.randint(0, CONFIG.vocab_size, (37,))]
-    want_residuals, want_rows, want_probs = reference(model, ids)
-    loaded = tiny_loaded(model)
-    report = inside_report(loaded, InsideRequest(tuple(ids), ids[5], 0))
-    inside = look_inside(model, torch.tensor([ids]))
-    torch.testing.assert_close(inside.residuals, torch.stack(want_residuals), atol=2e-5, rtol=1e-4)
-    torch.testing.assert_close(report.attention, torch.stack(want_rows), atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(report.attention.sum(-1), torch.ones(CONFIG.n_layer, CONFIG.n_head))
-    assert len(report.lens) == CONFIG.n_layer + 1
-    for row, probs in zip(report.lens, want_probs):
-        top = probs.topk(5)
-        assert [t for t, _ in row.top] == top.indices.tolist()
-        assert [p for _, p in row.top] == pytest.approx(top.values.tolist(), rel=1e-4)
-        assert row.chosen_probability == pytest.approx(float(probs[ids[5]]), rel=1e-4)
-        assert row.chosen_rank == int((probs > probs[ids[5]]).sum()) + 1
-
-
-@pytest.mark.parametrize("kept", [25, 10])  # the last 5 positions run in place; the last 20 after a copy
-def test_a_kept_kv_cache_gives_the_same_lens_and_attention_as_running_the_whole_context(kept):
-    model = small_gpt(1)
-    loaded = tiny_loaded(model)
-    ids = [int(i) for i in torch.randint(0, CONFIG.vocab_size, (30,))]
-    cold = inside_report(loaded, InsideRequest(tuple(ids), ids[0], 0))
-    cache = model.new_cache()
-    with torch.inference_mode():
-        model.forward_cached(torch.tensor([ids[:kept]]), cache, 0, logits=False)
-    prefix_cache_for(model).put(cache, ids[:kept])
-    warm = inside_report(loaded, InsideRequest(tuple(ids), ids[0], 0))
-    assert (cold.reused_positions, warm.reused_positions) == (0, kept)
-    torch.testing.assert_close(warm.attention, cold.attention, atol=1e-6, rtol=1e-5)
-    for a, b in zip(warm.lens, cold.lens):
-        assert [t for t, _ in a.top] == [t for t, _ in b.top]
-        assert a.chosen_probability == pytest.approx(b.chosen_probability, rel=1e-4)
-    assert prefix_cache_for(model).peek(ids)[1] == kept  # read, not taken
-
-
-def tiny_loaded(model) -> LoadedChatModel:
-    return LoadedChatModel(model=model, tokenizer=ByteTokenizer(), block_size=model.config.block_size,
-                           supports_kv_cache=True, checkpoint_id="t", description="t", prompt=None)  # type: ignore[arg-type]
-
-
-# -- a running reply is unchanged by Inside jobs interleaved with it ------------------------------------
-def test_running_replies_stay_bit_for_bit_the_same_with_inside_jobs_between_their_steps():
-    loaded = tiny(config=LONG, endless=True)
-    blocks = list(loaded.model.transformer.h)
-    # an Inside job's block takes 20 ms: long enough for the core to let the batch step inside it
-    # (a reply's decode step runs the block in one call, never ln_2's module: it is not slowed)
-    for block in blocks:
-        block.ln_2.register_forward_hook(lambda *a: __import__("time").sleep(0.02))
-    reqs = [dataclasses.replace(r, params=dataclasses.replace(r.params, max_new_tokens=60)) for r in requests(4)]
-    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 8, 2**30), "inside": InsideJobs(loaded)})
-    try:
-        replies = [core.submit(Job("chat", f"user{i}", r)) for i, r in enumerate(reqs)]
-        assert wait_for(lambda: all(len(getattr(j.result, "token_ids", [])) >= 2 for j in replies), timeout=30)
-        insides, during = [], []
-        for n in range(3):
-            context = tuple((11 * j + n) % 256 for j in range(300))
-            job = core.submit(Job("inside", "viewer", InsideRequest(context, 5, 0)))
-            assert wait_for(lambda job=job: job.state == "running", timeout=30)
-            before = sum(len(j.result.token_ids) for j in replies)
-            drain(job)
-            during.append(sum(len(j.result.token_ids) for j in replies) - before)
-            insides.append(job)
-        for job in replies:
-            drain(job)
-    finally:
-        core.shutdown()
-    assert all(j.state == DONE for j in insides + replies)
-    assert max(during) > 0  # the replies really stepped while an Inside job ran
-    for job, request in zip(replies, reqs):
-        assert job.result.token_ids == alone(loaded, request)
 
 
 # -- through the app: the JSON contract, the page, who may see it ---------------------------------------
