@@ -1,7 +1,8 @@
 """Geometry for the two server-rendered SVG pictures; the templates only draw what this computes.
 
 1. The table as a graph: the 26 letters on a circle, every rule as a faint arrow, the true
-   path and the predicted path drawn over it, the first error marked.
+   path and the hops the model took drawn over it (wrong ones red), the first wrong hop and
+   the letter it stopped on marked.
 2. The stop probability per loop, with the threshold and k marked.
 """
 
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 import math
 
-from webapp.loops.task import SYMBOLS
+from webapp.loops.task import SYMBOLS, execute
+from webapp.loops.verdict import Verdict
 
 SIZE, RADIUS, NODE = 360, 150, 12
 
@@ -33,21 +35,47 @@ def _edge(src: str, dst: str, kind: str) -> dict:
             "x2": round(x2 - ux * (NODE + 2), 1), "y2": round(y2 - uy * (NODE + 2), 1)}
 
 
-def graph(request: dict, rows: list[dict], first_error: int | None) -> dict:
+# How each hop the model took is drawn, over the table's faint rules and the true path (green):
+#   wrong   breaks the table (red, solid): the first one is where the run first goes wrong
+#   astray  follows the table, but from a wrong letter: the predicted path after a wrong hop (red, dashed)
+#   extra   a right hop after loop k, where it should already have stopped (grey, dashed)
+# A right hop up to k is the true path itself. An edge taken in several ways is drawn once, in the
+# first kind of: true, wrong, astray, extra.
+EDGE_ORDER = ("true", "wrong", "astray", "extra")
+
+
+def hop_kinds(request: dict, rows: list[dict]) -> list[str]:
+    """Per loop run: 'right' (up to k, on the true path) or one of wrong / astray / extra."""
+    mapping = dict(tuple(p) for p in request["mapping"])
+    steps, previous, kinds = request["steps"], request["start"], []
+    for row in rows:
+        if mapping[previous] != row["prediction"]:
+            kinds.append("wrong")
+        elif not row["correct"]:
+            kinds.append("astray")
+        else:
+            kinds.append("right" if row["loop"] <= steps else "extra")
+        previous = row["prediction"]
+    return kinds
+
+
+def graph(request: dict, rows: list[dict], found: Verdict) -> dict:
+    """found: the run's verdict (webapp.loops.verdict) — where it first went wrong and where it stopped."""
     mapping = dict(tuple(p) for p in request["mapping"])
     start, steps = request["start"], request["steps"]
-    true_path, current = [start], start
-    for _ in range(steps):
-        current = mapping[current]
-        true_path.append(current)
+    true_path = [start] + execute(mapping, start, steps)
+    taken: dict[tuple[str, str], str] = {edge: "true" for edge in zip(true_path, true_path[1:])}
     predicted = [start] + [row["prediction"] for row in rows]
-    true_edges = set(zip(true_path, true_path[1:]))
-    predicted_edges = set(zip(predicted, predicted[1:]))
-    error_symbol = rows[first_error - 1]["prediction"] if first_error else None
-    edges = [_edge(src, dst, "rule") for src, dst in mapping.items()
-             if (src, dst) not in true_edges | predicted_edges]
-    edges += [_edge(src, dst, "true") for src, dst in sorted(true_edges)]
-    edges += [_edge(src, dst, "predicted") for src, dst in sorted(predicted_edges - true_edges)]
+    for edge, kind in zip(zip(predicted, predicted[1:]), hop_kinds(request, rows)):
+        if kind == "right":  # already there: a right hop up to k is an edge of the true path
+            continue
+        if edge not in taken or EDGE_ORDER.index(kind) < EDGE_ORDER.index(taken[edge]):
+            taken[edge] = kind
+    edges = [_edge(src, dst, "rule") for src, dst in mapping.items() if (src, dst) not in taken]
+    for kind in EDGE_ORDER:  # later kinds are drawn over earlier ones
+        edges += [_edge(src, dst, kind) for (src, dst), k in sorted(taken.items()) if k == kind]
+    error_symbol = found.wrong_hop.predicted if found.wrong_hop else None
+    stopped_symbol = predicted[-1] if rows else None
     nodes = []
     for symbol in SYMBOLS:
         x, y = _position(symbol)
@@ -60,9 +88,13 @@ def graph(request: dict, rows: list[dict], first_error: int | None) -> dict:
             classes.append("answer")
         if symbol == error_symbol:
             classes.append("error")
+        if symbol == stopped_symbol and not found.solved:
+            classes.append("stopped")
         nodes.append({"symbol": symbol, "x": round(x, 1), "y": round(y, 1), "classes": " ".join(classes)})
     return {"size": SIZE, "node_radius": NODE, "nodes": nodes, "edges": edges,
-            "error_symbol": error_symbol, "first_error": first_error}
+            "kinds": [kind for kind in EDGE_ORDER if kind in taken.values()],
+            "answer_symbol": true_path[-1], "stopped_symbol": stopped_symbol, "error_symbol": error_symbol,
+            "first_error": found.wrong_hop.loop if found.wrong_hop else None}
 
 
 def stop_chart(rows: list[dict], steps: int, threshold: float, width: int = 480, height: int = 200) -> dict:

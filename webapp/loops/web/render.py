@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import render_template, request, url_for
 
 from webapp.loops.task import SYMBOLS
+from webapp.loops.verdict import of_trace
 from webapp.loops.web import pictures
 from webapp.loops.web.blueprint import model_choices, service
 from webapp.loops.web.forms import PRESET_LABELS, EditorState
@@ -45,7 +46,8 @@ def render_results(snapshot: dict, *, job=None, trace_id: str | None = None, err
                "model_label": next((m["label"] for m in model_choices()
                                     if m["checkpoint"] == snapshot.get("checkpoint") and m["label"]), None)}
     if summary is not None:
-        context["graph"] = pictures.graph(req, rows, summary["first_error"])
+        context["verdict"] = of_trace(req, rows, summary["stop_reason"])
+        context["graph"] = pictures.graph(req, rows, context["verdict"])
         context["chart"] = pictures.stop_chart(rows, req["steps"], snapshot["threshold"])
         if rows:
             at = current or len(rows)
