@@ -11,6 +11,10 @@ page scores one trace:
   complete_trajectory at least k loops ran and the first k predictions == x1..xk
   exact_stop          halted by the head (final stop prob >= 0.5) and loops == k
   joint_success       answer_correct and exact_stop
+Then how the runs failed (webapp/loops/verdict.py; a run can fail both ways):
+  wrong_hop           some loop <= k breaks the table (its first wrong letter)
+  stopped_early / stopped_late   the head stopped it before / after loop k
+  never_stopped       it ran to the 272-loop cap
 Examples run batched; the batch is checked against batch-1 calls on a sample.
 """
 
@@ -25,10 +29,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from webapp.loops.model.checkpoint import load_bundle  # noqa: E402
 from webapp.loops.task import SYMBOLS, execute, preset, shuffle_rules  # noqa: E402
+from webapp.loops.verdict import verdict  # noqa: E402
 
 BUCKETS = ((1, 8), (9, 32), (33, 64), (65, 128), (129, 256))
 CAP, THRESHOLD = 272, 0.5
 METRICS = ("answer_correct", "complete_trajectory", "exact_stop", "joint_success")
+FAILURES = ("wrong_hop", "stopped_early", "stopped_late", "never_stopped")
+FAILURE_OF_STOP = {"early": "stopped_early", "late": "stopped_late", "never": "never_stopped"}
+
+
+def failures_of(pairs, start, k, predictions, halted_by_head) -> set[str]:
+    """Which of FAILURES one run shows (none: solved, or right by luck only in answer_correct)."""
+    found = verdict(start, dict(pairs), k, predictions, halted_by_head)
+    kinds = {FAILURE_OF_STOP[found.stop]} if found.stop in FAILURE_OF_STOP else set()
+    return kinds | ({"wrong_hop"} if found.wrong_hop else set())
 
 
 def score(predictions: list[str], halted_by_head: bool, expected: list[str]) -> dict:
@@ -100,7 +114,7 @@ def main():
     print("| k | " + " | ".join(METRICS) + " |")
     print("|---" * (len(METRICS) + 1) + "|")
     began, mismatches, checked, single_loops, single_seconds = time.time(), 0, 0, 0, 0.0
-    failures = []
+    failures, failure_rows = [], []
     with torch.inference_mode():
         for low, high in BUCKETS:
             cases = make_cases(low, high, args.per_bucket, rng, args.shuffled, args.preset)
@@ -111,15 +125,25 @@ def main():
                 single_seconds += time.perf_counter() - tick
                 single_loops += len(single[0])
                 mismatches += single != result
-            totals = dict.fromkeys(METRICS, 0)
+            totals = dict.fromkeys(METRICS + FAILURES + ("both",), 0)
             for (pairs, start, k), (preds, head) in zip(cases, results):
                 row = score(preds, head, execute(dict(pairs), start, k))
                 for key in METRICS:
                     totals[key] += row[key]
+                kinds = failures_of(pairs, start, k, preds, head)
+                for key in kinds:
+                    totals[key] += 1
+                totals["both"] += "wrong_hop" in kinds and len(kinds) > 1
                 if not row["joint_success"] and len(failures) < 10:
                     failures.append(f"k={k} start={start} loops={len(preds)} head={head} "
                                     f"answer={row['answer_correct']}")
             print(f"| {low}–{high} | " + " | ".join(f"{totals[m] / len(cases):.3f}" for m in METRICS) + " |")
+            failure_rows.append(f"| {low}–{high} | {totals['joint_success'] / len(cases):.3f} | "
+                                + " | ".join(f"{totals[m] / len(cases):.3f}" for m in FAILURES + ("both",)) + " |")
+        print("\nHow runs failed (fractions of all runs; wrong_hop and a stop failure can both happen: 'both')")
+        print("| k | joint_success | " + " | ".join(FAILURES) + " | both |")
+        print("|---" * (len(FAILURES) + 3) + "|")
+        print("\n".join(failure_rows))
         if args.stop_sweep:
             sweep = [case for k in range(1, 257)
                      for case in make_cases(k, k, args.stop_sweep, rng, args.shuffled, args.preset)]

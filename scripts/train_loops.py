@@ -138,6 +138,22 @@ def quick_eval(model, tok, seed: int, per_bucket: int = 64) -> dict:
     return result
 
 
+def training_record(args, step: int, wall: float, level: int, history: list, **as_if) -> dict:
+    """What config.json records: the command that reproduces these weights (as_if: a --save-at
+    snapshot is recorded as the --stop-at run that writes the same weights), seed, steps, args."""
+    argv = sys.argv[1:]
+    if as_if:
+        argv = [a for i, a in enumerate(argv) if not a.startswith("--save-at")
+                and not (i and argv[i - 1] == "--save-at")]
+        argv = [a for i, a in enumerate(argv) if not a.startswith(("--stop-at", "--out"))
+                and not (i and argv[i - 1] in ("--stop-at", "--out"))]
+        argv += ["--stop-at", str(as_if["stop_at"]), "--out", as_if["out"]]
+    recorded = {**vars(args), "save_at": "", **as_if} if as_if else vars(args)
+    return {"command": " ".join(["python", "scripts/train_loops.py"] + [shlex.quote(a) for a in argv]),
+            "seed": args.seed, "steps": step, "wall_seconds": round(wall), "final_level": level,
+            "threads": args.threads, "args": recorded, "quick_eval": history[-3:]}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=30.0, help="wall-clock training budget")
@@ -146,11 +162,17 @@ def main():
                              "with the same seed and one thread gives the same weights")
     parser.add_argument("--stop-at", type=int, default=None,
                         help="with --steps: stop after this many steps of that run (an early checkpoint)")
+    parser.add_argument("--save-at", default="", metavar="S1,S2,…",
+                        help="with --steps: also write the checkpoint after each of these steps to OUT/step-S "
+                             "(the same weights --stop-at S writes: a sweep for picking an early checkpoint)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default="models/loops", help="bundle directory to write")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--n-embd", type=int, default=64)
+    parser.add_argument("--hop-lr-scale", type=float, default=1.0,
+                        help="learning rate × this for the prompt encoder and the loop block (< 1: the hop is "
+                             "learned after the stop, for an early checkpoint that fails both ways)")
     parser.add_argument("--near-miss-weight", type=float, default=4.0)
     parser.add_argument("--stop-pos-weight", type=float, default=8.0)
     parser.add_argument("--stop-weight", type=float, default=1.0)
@@ -168,13 +190,26 @@ def main():
                         readout_token_ids=tok.readout_token_ids, digit_token_ids=tok.digit_token_ids)
     model = LoopTransformer(config)
     print(f"parameters: {model.num_params():,}", flush=True)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "wte" not in n and "wpe" not in n]
-    rest = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "wte" not in n and "wpe" not in n)]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                                   {"params": rest, "weight_decay": 0.0}],
-                                  lr=args.lr, betas=(0.9, 0.99))
+    # --hop-lr-scale puts the hop's own parts (prompt encoder, loop block) in groups of their own; the
+    # default keeps the optimizer exactly as the bundled model was trained (two groups).
+    hop_parts = ("encoder.", "loop_block.")
+    groups = []
+    for hop in ([False, True] if args.hop_lr_scale != 1 else [False]):
+        for decay in (True, False):
+            params = [p for n, p in model.named_parameters()
+                      if (args.hop_lr_scale == 1 or n.startswith(hop_parts) == hop)
+                      and (p.dim() >= 2 and "wte" not in n and "wpe" not in n) == decay]
+            groups.append({"params": params, "weight_decay": 0.01 if decay else 0.0,
+                           "scale": args.hop_lr_scale if hop else 1.0})
+    optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.99))
     if args.stop_at is not None and args.steps is None:
         parser.error("--stop-at needs --steps (the run it stops early)")
+    try:
+        save_at = {int(s) for s in args.save_at.split(",") if s.strip()}
+    except ValueError:
+        parser.error("--save-at takes step numbers separated by commas")
+    if save_at and args.steps is None:
+        parser.error("--save-at needs --steps")
     budget, began = args.minutes * 60, time.time()
     level_index, running, at_level, step = 0, 0.0, 0, 0
     history = []
@@ -190,8 +225,8 @@ def main():
         # Warmup, then cosine decay over the budget (time, or steps with --steps) to 10% of the peak.
         progress = step / args.steps if args.steps is not None else elapsed / budget
         lr = args.lr * min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        for param_group in optimizer.param_groups:
+            param_group["lr"] = lr * param_group["scale"]
         ks = sample_k(level, args.batch_size, rng)
         total, joint, stats = losses(model, make_batch(args.batch_size, ks, rng, tok), args)
         optimizer.zero_grad(set_to_none=True)
@@ -213,12 +248,18 @@ def main():
             history.append({"step": step, "seconds": round(elapsed), "joint": scores})
             print(f"step {step} quick eval joint: {json.dumps(scores)}", flush=True)
 
+        if step in save_at:
+            snapshot = Path(args.out) / f"step-{step}"
+            model.eval()
+            saved = save_bundle(model, tok, snapshot, training_record(args, step, time.time() - began,
+                                                                      LEVELS[level_index], history,
+                                                                      stop_at=step, out=str(snapshot)))
+            model.train()
+            print(f"step {step}: wrote {snapshot} ({saved})", flush=True)
+
     wall = time.time() - began
     model.eval()
-    training = {"command": " ".join(["python"] + [shlex.quote(a) for a in sys.argv]),
-                "seed": args.seed, "steps": step, "wall_seconds": round(wall),
-                "final_level": LEVELS[level_index], "threads": args.threads,
-                "args": vars(args), "quick_eval": history[-3:]}
+    training = training_record(args, step, wall, LEVELS[level_index], history)
     checkpoint_id = save_bundle(model, tok, args.out, training)
     print(f"done: {step} steps in {wall / 60:.1f} min, level {LEVELS[level_index]}, "
           f"wrote {args.out} ({checkpoint_id})", flush=True)
