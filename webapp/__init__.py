@@ -74,7 +74,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
         raise
     core.on_shutdown.extend([db.close, lock.release])  # a process that stops (or a test's app) frees the folder
 
-    app.extensions["glassbox.chat"] = chat_boot.service(core, db)
+    app.extensions["glassbox.chat"] = chat_boot.service(core, db, settings.max_messages)
     app.extensions["glassbox.inside"] = chat_boot.inside_service(core, settings)
     app.extensions["glassbox.loops"] = loops_boot.service(core, db)
 

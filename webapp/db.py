@@ -2,6 +2,11 @@
 
 Connections are opened per call rather than per request because results are also saved
 from the core's worker thread, outside any request.
+
+Writes that read first go through `transaction()` (BEGIN IMMEDIATE): a deferred transaction reads a
+snapshot, and when another writer commits before it writes, SQLite cannot upgrade it and fails at once
+("database is locked"), without waiting. IMMEDIATE takes the write lock first, waiting up to
+BUSY_TIMEOUT_SECONDS for it, so writers queue instead of failing.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from pathlib import Path
 from webapp.config import ConfigError
 
 SCHEMA = Path(__file__).with_name("schema.sql")
+BUSY_TIMEOUT_SECONDS = 10.0  # how long a writer waits for another's lock before "database is locked"
 
 
 class Database:
@@ -27,6 +33,7 @@ class Database:
             _add_branch_columns(db)  # a database made before messages formed a tree
             _add_column(db, "messages", "token_view", "INTEGER NOT NULL DEFAULT 0")
             _add_column(db, "messages", "wait_seconds", "REAL")
+            # Tables and indexes an older database lacks (messages_by_parent among them) are made here
             db.executescript(SCHEMA.read_text())
             # A reply that was being generated when the process died will never finish.
             db.execute("UPDATE messages SET status = 'stopped' WHERE status = 'pending'")
@@ -67,14 +74,31 @@ class Database:
 
     @contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=10, isolation_level=None)
+        """A connection in autocommit mode: each statement its own transaction (reads, single writes)."""
+        db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
         db.row_factory = sqlite3.Row
         db.execute("PRAGMA foreign_keys=ON")
-        db.execute("PRAGMA busy_timeout=10000")
+        # WAL's recommended durability: a commit survives the process dying (kill -9) but not a power cut
+        # before the next checkpoint; FULL would fsync every commit, and the write lock is held meanwhile.
+        db.execute("PRAGMA synchronous=NORMAL")
         try:
             yield db
         finally:
             db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction holding the write lock from its first statement: committed at the end of
+        the block, rolled back if it raises."""
+        with self.connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                if db.in_transaction:  # SQLite may have rolled back already (a full disk does)
+                    db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
 
 
 def _add_branch_columns(db: sqlite3.Connection) -> None:
@@ -83,7 +107,7 @@ def _add_branch_columns(db: sqlite3.Connection) -> None:
     columns = {row[1] for row in db.execute("PRAGMA table_info(messages)")}
     if not columns or "parent_id" in columns:
         return
-    db.execute("BEGIN")
+    db.execute("BEGIN IMMEDIATE")
     db.execute("ALTER TABLE messages ADD COLUMN parent_id INTEGER REFERENCES messages (id) ON DELETE CASCADE")
     db.execute("ALTER TABLE conversations ADD COLUMN leaf_id INTEGER")
     db.execute("UPDATE messages SET parent_id = (SELECT MAX(p.id) FROM messages p WHERE"

@@ -29,6 +29,8 @@ CREATE TABLE IF NOT EXISTS messages (
     token_view      INTEGER NOT NULL DEFAULT 0  -- 1: the owner reads this reply as its tokens, shaded by their odds
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages (conversation_id, id);
+-- a message's versions and replies; also what each deleted message's ON DELETE CASCADE looks up
+CREATE INDEX IF NOT EXISTS messages_by_parent ON messages (parent_id);
 
 CREATE TABLE IF NOT EXISTS traces (
     id          TEXT PRIMARY KEY,

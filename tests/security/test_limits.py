@@ -64,6 +64,26 @@ def test_a_conversation_is_limited_in_messages(limited):
     assert third.headers["HX-Retarget"] == "#composer"
 
 
+@pytest.mark.parametrize("limited", [{"max_messages": 4}], indirect=True)
+def test_every_version_counts_toward_the_limit_of_messages(limited):
+    """Regenerate and Branch add versions, not turns: they are bounded by the same limit."""
+    client = limited.test_client()
+    first = send(client, "one", max_new_tokens="2")
+    cid = re.search(r'name="conversation_id" value="(\w+)"', text(first)).group(1)
+    core = limited.extensions["glassbox.core"]
+    for done in (1, 2, 3):
+        assert wait_for(lambda done=done: core.counters["done"] == done)
+        if done < 3:
+            regenerated = client.post(f"/chat/c/{cid}/regenerate", data={"csrf_token": csrf_of(client, "/chat/"),
+                                                                         "max_new_tokens": "2"}, headers=HX)
+            assert regenerated.status_code == 200
+    refused = client.post(f"/chat/c/{cid}/regenerate", data={"csrf_token": csrf_of(client, "/chat/")}, headers=HX)
+    assert refused.status_code == 400 and "reached its limit of 4 messages. Start a new chat." in text(refused)
+    assert "Every version counts" in text(refused)
+    store = limited.extensions["glassbox.chat"].store
+    assert len(store.all_messages(cid)) == 4 and core.counters["done"] == 3
+
+
 @pytest.mark.parametrize("limited", [{"max_body_bytes": 4096}], indirect=True)
 def test_request_bodies_are_limited(limited):
     client = limited.test_client()

@@ -71,8 +71,10 @@ def warm_up(loaded) -> None:
             pass
 
 
-def service(core: InferenceCore, db: Database) -> ChatService:
-    return ChatService(core, ChatStore(db))
+def service(core: InferenceCore, db: Database, max_messages: int = 0) -> ChatService:
+    store = ChatStore(db)
+    store.finish_deletions()  # a conversation whose deletion the last process did not finish
+    return ChatService(core, store, max_messages)
 
 
 def inside_executor(loaded) -> InsideJobs:

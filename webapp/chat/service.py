@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from webapp.chat.decode.types import ChatRequest, ChatResult, Forced, SamplingParams
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.prompt import PromptBuilder, PromptReport
-from webapp.chat.store import ROOT, ChatStore
+from webapp.chat.store import ROOT, ChatStore, ConversationFull
 from webapp.core import InferenceCore
 from webapp.core.jobs import CANCELLED, DONE, Job
 
@@ -39,9 +39,12 @@ class Turn:
 class ChatService:
     """What the chat views call; knows the store and the core, never the device."""
 
-    def __init__(self, core: InferenceCore, store: ChatStore) -> None:
+    def __init__(self, core: InferenceCore, store: ChatStore, max_messages: int = 0) -> None:
         self.core = core
         self.store = store
+        # GLASSBOX_MAX_MESSAGES: messages one conversation keeps, every version (regenerated, edited,
+        # branched) counted, so that versions are bounded as well as the branch shown; 0: no limit
+        self.max_messages = max_messages
 
     @property
     def model(self) -> LoadedChatModel:
@@ -104,12 +107,9 @@ class ChatService:
         self.store.delete_conversation(owner, conversation_id)
 
     # -- turns: check, then save in one transaction, submit, take back if refused ----------------
-    def send_turn(self, conversation: dict | None, content: str, sampling: SamplingParams, max_messages: int) -> Turn:
-        """A new question in a conversation (None: a new one). Raises ChatError, PromptTooLong."""
+    def send_turn(self, conversation: dict | None, content: str, sampling: SamplingParams) -> Turn:
+        """A new question in a conversation (None: a new one). Raises PromptTooLong."""
         history = self.history(conversation["id"]) if conversation else []
-        if len(history) + 2 > max_messages:
-            raise ChatError(f"This conversation has reached its limit of {max_messages} messages. Start a new chat.",
-                            400)
         prompt = self.check_prompt(history + [{"role": "user", "content": content, "status": "complete"}], sampling)
         return Turn(conversation, prompt, sampling, user_text=content)
 
@@ -153,11 +153,16 @@ class ChatService:
 
     def start(self, owner: str, turn: Turn) -> tuple[dict, int, bool]:
         """Save the turn and queue the job that writes its reply -> (conversation, reply id, created).
-        A refused job (Refused) or a failure takes back everything saved for it, and re-raises."""
+        Raises ChatError (400) for a conversation at its limit of messages, nothing saved. A refused job
+        (Refused) or a failure takes back everything saved for it, and re-raises."""
         conversation = turn.conversation
-        ids = self.store.begin_turn(owner, conversation["id"] if conversation else None, user_text=turn.user_text,
-                                    branch_from=turn.branch_from, settings=turn.sampling.as_dict(),
-                                    prompt=turn.prompt.as_dict())
+        try:
+            ids = self.store.begin_turn(owner, conversation["id"] if conversation else None,
+                                        user_text=turn.user_text, branch_from=turn.branch_from,
+                                        settings=turn.sampling.as_dict(), prompt=turn.prompt.as_dict(),
+                                        max_messages=self.max_messages)
+        except ConversationFull as full:
+            raise ChatError(str(full), 400) from None
         forced = turn.forced or Forced()
         request = ChatRequest(tuple(turn.prompt.ids), turn.sampling, forced=forced.tokens, forced_odds=forced.odds)
         reply_id = ids.reply_id

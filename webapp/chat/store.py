@@ -13,6 +13,19 @@ from webapp.db import Database
 
 TITLE_CHARS = 60
 ROOT = 0  # begin_turn(branch_from=ROOT): a new version of the first message (it has no parent)
+DELETE_BATCH = 500  # messages deleted per write transaction (see delete_conversation)
+# A conversation being deleted belongs to no browser: its owner is prefixed with this (a session's
+# owner is URL-safe base64 and an API owner starts "api:", so neither ever starts with it).
+DELETING = "deleting:"
+
+
+class ConversationFull(Exception):
+    """begin_turn would take the conversation past its limit of messages (every version counts)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"This conversation has reached its limit of {limit} messages. Start a new chat. "
+                         "Every version counts: regenerated replies, edited questions and branches too.")
+        self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -45,10 +58,36 @@ class ChatStore:
         return dict(row) if row else None
 
     def delete_conversation(self, owner: str, conversation_id: str) -> bool:
+        """Delete a conversation and everything in it -> whether it was the owner's. It is gone for its
+        owner and its read-only link at once; its rows then go DELETE_BATCH at a time, each batch a
+        transaction of its own, so a large conversation never holds the write lock for long."""
+        with self.db.transaction() as db:
+            hidden = db.execute("UPDATE conversations SET owner = ? || owner WHERE id = ? AND owner = ?",
+                                (DELETING, conversation_id, owner)).rowcount
+            db.execute("DELETE FROM conversation_shares WHERE conversation_id = ?", (conversation_id,))
+        if hidden:
+            self._delete_rows(conversation_id)
+        return bool(hidden)
+
+    def finish_deletions(self) -> int:
+        """Delete what a deletion left when the process stopped halfway -> conversations deleted."""
         with self.db.connect() as db:
-            deleted = db.execute("DELETE FROM conversations WHERE id = ? AND owner = ?",
-                                 (conversation_id, owner)).rowcount
-        return bool(deleted)
+            left = [r[0] for r in db.execute("SELECT id FROM conversations WHERE substr(owner, 1, ?) = ?",
+                                             (len(DELETING), DELETING))]
+        for conversation_id in left:
+            self._delete_rows(conversation_id)
+        return len(left)
+
+    def _delete_rows(self, conversation_id: str) -> None:
+        # Newest first: a message's replies and versions are newer than it, so none is left pointing at
+        # a deleted parent, and each batch's cascade (reply_details, children by parent_id) stays small.
+        while True:
+            with self.db.transaction() as db:
+                gone = db.execute("DELETE FROM messages WHERE id IN (SELECT id FROM messages WHERE conversation_id = ?"
+                                  " ORDER BY id DESC LIMIT ?)", (conversation_id, DELETE_BATCH)).rowcount
+                if gone < DELETE_BATCH:
+                    db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+                    return
 
     # -- messages ----------------------------------------------------------------------------
     # A conversation's messages form a tree: a regenerated reply, an edited question or a branch from a
@@ -76,9 +115,11 @@ class ChatStore:
 
     def _tree(self, conversation_id: str) -> tuple[dict, int | None]:
         with self.db.connect() as db:
+            db.execute("BEGIN")  # one snapshot: the leaf is one of the rows read, whatever commits meanwhile
             rows = db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id",
                               (conversation_id,)).fetchall()
             leaf = db.execute("SELECT leaf_id FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+            db.execute("COMMIT")
         return {r["id"]: _message(r) for r in rows}, (leaf[0] if leaf else None)
 
     def message(self, conversation_id: str, message_id: int) -> dict | None:
@@ -89,7 +130,7 @@ class ChatStore:
 
     def show_message(self, conversation_id: str, message_id: int) -> None:
         """Show the branch through a message: down to its newest descendant, newest child at each step."""
-        with self.db.connect() as db:
+        with self.db.transaction() as db:
             node = message_id
             while node and (child := db.execute("SELECT MAX(id) FROM messages WHERE parent_id = ?",
                                                 (node,)).fetchone()[0]):
@@ -99,7 +140,7 @@ class ChatStore:
     # -- read-only links ------------------------------------------------------------------------
     def share_conversation(self, owner: str, conversation_id: str) -> str | None:
         """The conversation's read-only token (made once; None if it is not the owner's)."""
-        with self.db.connect() as db:
+        with self.db.transaction() as db:
             owned = db.execute("SELECT 1 FROM conversations WHERE id = ? AND owner = ?",
                                (conversation_id, owner)).fetchone()
             if owned is None:
@@ -134,8 +175,7 @@ class ChatStore:
     def finish_reply(self, message_id: int, content: str, status: str, error: str | None,
                      stats: ReplyStats, odds: list | None = None) -> None:
         """The reply's text, outcome and figures; `odds`: one compact row per token (TokenOdds.as_row)."""
-        with self.db.connect() as db:
-            db.execute("BEGIN")
+        with self.db.transaction() as db:
             db.execute("UPDATE messages SET content = ?, status = ?, error = ?, tokens = ?, ttft_seconds = ?,"
                        " tokens_per_second = ?, wait_seconds = ? WHERE id = ?",
                        (content, status, error, stats.tokens, stats.ttft_seconds, stats.tokens_per_second,
@@ -143,17 +183,22 @@ class ChatStore:
             if odds is not None:
                 db.execute("UPDATE reply_details SET odds = ? WHERE message_id = ?",
                            (json.dumps(odds, separators=(",", ":")), message_id))
-            db.execute("COMMIT")
 
     def begin_turn(self, owner: str, conversation_id: str | None, *, user_text: str | None,
-                   branch_from: int | None, settings: dict, prompt: dict) -> TurnIds:
+                   branch_from: int | None, settings: dict, prompt: dict, max_messages: int = 0) -> TurnIds:
         """Save what a new reply needs, in one transaction: its conversation (when new), the question
         (when there is one), the pending reply and its prompt. The reply follows the branch shown, or
-        is a new version after `branch_from` (ROOT: a new first message). Both are shown from now on."""
+        is a new version after `branch_from` (ROOT: a new first message). Both are shown from now on.
+        Raises ConversationFull when the conversation would keep more than `max_messages` messages,
+        every version counted (0: no limit); checked under the write lock, so no two turns pass it at once."""
         now = time.time()
-        with self.db.connect() as db:
-            db.execute("BEGIN")
+        adding = 1 if user_text is None else 2
+        with self.db.transaction() as db:
             created = conversation_id is None
+            if max_messages and (adding > max_messages or not created and db.execute(
+                    "SELECT COUNT(*) FROM messages WHERE conversation_id = ?",
+                    (conversation_id,)).fetchone()[0] + adding > max_messages):
+                raise ConversationFull(max_messages)
             if created:
                 conversation_id = uuid.uuid4().hex[:16]
                 db.execute("INSERT INTO conversations (id, owner, title, created_at, updated_at)"
@@ -178,21 +223,18 @@ class ChatStore:
                        (reply_id, json.dumps(prompt, separators=(",", ":"))))
             db.execute("UPDATE conversations SET updated_at = ?, leaf_id = ? WHERE id = ?",
                        (now, reply_id, conversation_id))
-            db.execute("COMMIT")
         assert conversation_id is not None and reply_id is not None  # made above when not given
         return TurnIds(conversation_id, created, shown, user_id, reply_id, title)
 
     def take_back_turn(self, owner: str, turn: TurnIds) -> None:
         """Undo begin_turn, in one transaction: the branch shown is the one shown before."""
-        with self.db.connect() as db:
-            db.execute("BEGIN")
+        with self.db.transaction() as db:
             if turn.created:
                 db.execute("DELETE FROM conversations WHERE id = ? AND owner = ?", (turn.conversation_id, owner))
             else:
                 db.execute("DELETE FROM messages WHERE id IN (?, ?)", (turn.reply_id, turn.user_id or -1))
                 db.execute("UPDATE conversations SET leaf_id = ?, title = COALESCE(?, title) WHERE id = ?",
                            (turn.shown, turn.title, turn.conversation_id))
-            db.execute("COMMIT")
 
     def save_progress(self, message_id: int, content: str) -> None:
         """A running reply's text so far (one UPDATE), so a crash keeps what the user saw."""

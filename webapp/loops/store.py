@@ -40,7 +40,7 @@ class TraceStore:
     # -- sharing ---------------------------------------------------------------------------------
     def share(self, owner: str, trace_id: str) -> str | None:
         """The trace's read-only token, made on first use; None when the trace is not the owner's."""
-        with self.db.connect() as db:
+        with self.db.transaction() as db:
             if db.execute("SELECT 1 FROM traces WHERE id = ? AND owner = ?", (trace_id, owner)).fetchone() is None:
                 return None
             token = secrets.token_urlsafe(18)  # 144 bits: not guessable, not derived from the id

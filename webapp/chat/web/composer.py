@@ -8,7 +8,7 @@ from flask import current_app, redirect, render_template, request, session, url_
 from webapp.chat.decode.publish import chat_result
 from webapp.chat.decode.types import SamplingParams
 from webapp.chat.model.prompt import PromptTooLong
-from webapp.chat.service import Turn
+from webapp.chat.service import ChatError, Turn
 from webapp.chat.web import token_views
 from webapp.chat.web.blueprint import bp, service, settings
 from webapp.chat.web.forms import FormError, FormErrors, remembered_sampling, submitted_sampling
@@ -105,6 +105,8 @@ def start_reply(turn: Turn, draft: str = ""):
     except Refused as error:  # the service took back what it saved for it
         return composer_error(turn.conversation, draft, str(error), turn.sampling, refusal_status(error),
                               headers=refusal_headers(error))
+    except ChatError as error:  # the conversation is at its limit of messages: nothing was saved
+        return composer_error(turn.conversation, draft, str(error), turn.sampling, error.status)
     session["sampling"] = turn.sampling.as_dict()  # this browser's settings, until it resets them
     if slot is None:
         return reply_fragment(conversation, created, turn.sampling)

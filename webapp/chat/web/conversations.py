@@ -67,7 +67,7 @@ def send():
     except FormError as error:  # every field's error at once
         return composer_error(conversation, draft, error)
     try:
-        turn = svc.send_turn(conversation, content, sampling, settings().max_messages)
+        turn = svc.send_turn(conversation, content, sampling)
     except PromptTooLong as error:
         return composer_error(conversation, draft, too_long(error), sampling)
     except ChatError as error:
