@@ -11,16 +11,19 @@ from __future__ import annotations
 import collections
 import hmac
 import ipaddress
+import logging
 import secrets
 import threading
 import time
 
 from flask import abort, current_app, request, session
 from flask.sessions import SecureCookieSessionInterface
+from itsdangerous import BadSignature
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from webapp.config import ConfigError
 
+log = logging.getLogger("glassbox")
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
@@ -70,10 +73,39 @@ class NewSessions:
             self._seen.clear()
 
 
+CLOCK_SKEW_SECONDS = 300  # a cookie dated this far ahead of the server's clock is taken without a word
+
+
 class GlassboxSessions(SecureCookieSessionInterface):
     """The session cookie: `glassbox_session` (not Flask's `session`, which other apps on the host use),
     Path = the prefix the app lives under (X-Forwarded-Prefix from a trusted proxy, or SCRIPT_NAME),
-    Secure when the request came over HTTPS (the scheme as a trusted proxy reports it)."""
+    Secure when the request came over HTTPS (the scheme as a trusted proxy reports it).
+
+    The cookie is the browser's only key to its conversations and traces, so it is refused (and a new
+    owner made) only when its signature is not ours or it is older than GLASSBOX_SESSION_DAYS. Flask
+    also refuses a cookie dated in the future, which is what a server clock stepping back produces:
+    here a cookie signed by this key is kept whatever its date says, logged when more than
+    CLOCK_SKEW_SECONDS ahead, and signed again with the clock's time on the response."""
+
+    def open_session(self, app, request):
+        serializer = self.get_signing_serializer(app)
+        value = request.cookies.get(self.get_cookie_name(app))
+        if serializer is None or not value:
+            return super().open_session(app, request)
+        try:
+            data, signed_at = serializer.loads(value, return_timestamp=True)  # the signature only
+        except BadSignature:
+            return self.session_class()
+        age = time.time() - signed_at.timestamp()
+        if age > app.permanent_session_lifetime.total_seconds():
+            log.warning("A session cookie signed %.0f days ago is past GLASSBOX_SESSION_DAYS: a new session "
+                        "is started (if the server's clock jumped ahead, its browser's data is still stored)",
+                        age / 86400)
+            return self.session_class()
+        if age < -CLOCK_SKEW_SECONDS:
+            log.warning("A session cookie is signed %.0f s ahead of this server's clock: kept (has the clock "
+                        "stepped back?)", -age)
+        return self.session_class(data)
 
     def get_cookie_path(self, app) -> str:
         return request.script_root or "/"
