@@ -3,10 +3,11 @@
 Connections are opened per call rather than per request because results are also saved
 from the core's worker thread, outside any request.
 
-Writes that read first go through `transaction()` (BEGIN IMMEDIATE): a deferred transaction reads a
-snapshot, and when another writer commits before it writes, SQLite cannot upgrade it and fails at once
-("database is locked"), without waiting. IMMEDIATE takes the write lock first, waiting up to
-BUSY_TIMEOUT_SECONDS for it, so writers queue instead of failing.
+Every write goes through `transaction()`, which begins with BEGIN IMMEDIATE: a deferred transaction
+reads a snapshot, and when another writer commits before it writes, SQLite cannot upgrade it and fails
+at once ("database is locked"), without waiting. IMMEDIATE takes the write lock first, waiting up to
+BUSY_TIMEOUT_SECONDS for it, so writers wait their turn instead. Each write transaction is kept short
+(a large delete goes in batches) so that the wait stays far below the timeout.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class Database:
     def writable(self) -> str | None:
         """None when a write goes through now; else why not (for /readyz and start-up)."""
         try:
-            with self.connect() as db:
+            with self.transaction() as db:
                 # A real write (a table of one row): BEGIN IMMEDIATE alone takes a lock but writes nothing.
                 db.execute("CREATE TABLE IF NOT EXISTS write_probe (id INTEGER PRIMARY KEY, at REAL)")
                 db.execute("INSERT OR REPLACE INTO write_probe VALUES (1, julianday('now'))")
@@ -74,7 +75,7 @@ class Database:
 
     @contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:
-        """A connection in autocommit mode: each statement its own transaction (reads, single writes)."""
+        """A connection in autocommit mode, for reads (writes: transaction())."""
         db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
         db.row_factory = sqlite3.Row
         db.execute("PRAGMA foreign_keys=ON")

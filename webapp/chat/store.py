@@ -81,11 +81,13 @@ class ChatStore:
     def _delete_rows(self, conversation_id: str) -> None:
         # Newest first: a message's replies and versions are newer than it, so none is left pointing at
         # a deleted parent, and each batch's cascade (reply_details, children by parent_id) stays small.
+        # (A cascade's rows make rowcount unreliable here: whether any are left is asked instead.)
         while True:
             with self.db.transaction() as db:
-                gone = db.execute("DELETE FROM messages WHERE id IN (SELECT id FROM messages WHERE conversation_id = ?"
-                                  " ORDER BY id DESC LIMIT ?)", (conversation_id, DELETE_BATCH)).rowcount
-                if gone < DELETE_BATCH:
+                db.execute("DELETE FROM messages WHERE id IN (SELECT id FROM messages WHERE conversation_id = ?"
+                           " ORDER BY id DESC LIMIT ?)", (conversation_id, DELETE_BATCH))
+                if db.execute("SELECT 1 FROM messages WHERE conversation_id = ? LIMIT 1",
+                              (conversation_id,)).fetchone() is None:
                     db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
                     return
 
@@ -156,7 +158,7 @@ class ChatStore:
         return found[0] if found else None
 
     def stop_sharing(self, owner: str, conversation_id: str) -> None:
-        with self.db.connect() as db:
+        with self.db.transaction() as db:
             db.execute("DELETE FROM conversation_shares WHERE conversation_id IN"
                        " (SELECT id FROM conversations WHERE id = ? AND owner = ?)", (conversation_id, owner))
 
@@ -168,7 +170,7 @@ class ChatStore:
         return dict(found) if found else None
 
     def set_token_view(self, conversation_id: str, message_id: int, on: bool) -> None:
-        with self.db.connect() as db:
+        with self.db.transaction() as db:
             db.execute("UPDATE messages SET token_view = ? WHERE id = ? AND conversation_id = ?",
                        (int(on), message_id, conversation_id))
 
@@ -238,7 +240,7 @@ class ChatStore:
 
     def save_progress(self, message_id: int, content: str) -> None:
         """A running reply's text so far (one UPDATE), so a crash keeps what the user saw."""
-        with self.db.connect() as db:
+        with self.db.transaction() as db:
             db.execute("UPDATE messages SET content = ? WHERE id = ? AND status = 'pending'", (content, message_id))
 
     def details(self, message_id: int) -> dict:

@@ -16,7 +16,7 @@ class TraceStore:
 
     def save(self, owner: str, snapshot: dict) -> str:
         trace_id = uuid.uuid4().hex[:16]
-        with self.db.connect() as db:
+        with self.db.transaction() as db:
             db.execute("INSERT INTO traces VALUES (?, ?, ?, ?)",
                        (trace_id, owner, json.dumps(snapshot), time.time()))
         return trace_id
@@ -54,7 +54,7 @@ class TraceStore:
         return row["token"] if row else None
 
     def unshare(self, owner: str, trace_id: str) -> None:
-        with self.db.connect() as db:
+        with self.db.transaction() as db:
             db.execute("DELETE FROM trace_shares WHERE trace_id IN (SELECT id FROM traces WHERE id = ? AND owner = ?)",
                        (trace_id, owner))
 
@@ -74,12 +74,12 @@ class TraceStore:
 
     def keep_newest(self, owner: str, keep: int) -> None:
         """Delete this owner's traces but the `keep` newest."""
-        with self.db.connect() as db:
+        with self.db.transaction() as db:
             db.execute("DELETE FROM traces WHERE id IN (SELECT id FROM traces WHERE owner = ?"
                        " ORDER BY created_at DESC LIMIT -1 OFFSET ?)", (owner, keep))
 
     def delete_older(self, owner_prefix: str, before: float) -> int:
         """Delete the traces of owners whose name starts with `owner_prefix`, saved before `before` -> how many."""
-        with self.db.connect() as db:
+        with self.db.transaction() as db:
             return db.execute("DELETE FROM traces WHERE substr(owner, 1, ?) = ? AND created_at < ?",
                               (len(owner_prefix), owner_prefix, before)).rowcount
