@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -27,7 +28,7 @@ from webapp.loops import boot as loops_boot
 from webapp.loops.web import api as loops_api_bp
 from webapp.loops.web import bp as loops_bp
 from webapp.v1 import bp as v1_bp
-from webapp.web import pages, prefs
+from webapp.web import pages, prefs, storage_errors
 from webapp.web.ops import bp as ops_bp
 from webapp.web.security import GlassboxSessions, NewSessions, TrustedProxies, check_csrf, csrf_token
 
@@ -87,6 +88,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     app.before_request(_before)
     app.after_request(_after)
     app.register_error_handler(HTTPException, pages.http_error)
+    app.register_error_handler(sqlite3.OperationalError, storage_errors.database_error)  # disk full: 507
     app.jinja_env.globals["csrf_token"] = csrf_token
     markdown.init_app(app)
     return app
