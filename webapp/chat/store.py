@@ -244,12 +244,24 @@ class ChatStore:
             db.execute("UPDATE messages SET content = ? WHERE id = ? AND status = 'pending'", (content, message_id))
 
     def details(self, message_id: int) -> dict:
-        """{"prompt": dict or None, "odds": list or None} of a reply (None: saved before they were kept)."""
+        """{"prompt": dict or None, "odds": list or None, "damaged": [the fields that could not be read]} of
+        a reply. None: saved before they were kept, or damaged (not JSON, or not the shape written here:
+        a disk or a hand that changed the row), which the views then say instead of failing."""
         with self.db.connect() as db:
             row = db.execute("SELECT prompt, odds FROM reply_details WHERE message_id = ?", (message_id,)).fetchone()
-        if row is None:
-            return {"prompt": None, "odds": None}
-        return {k: json.loads(row[k]) if row[k] else None for k in ("prompt", "odds")}
+        details: dict = {"prompt": None, "odds": None, "damaged": []}
+        for field, kind in (("prompt", dict), ("odds", list)):
+            if row is None or not row[field]:
+                continue
+            try:
+                value = json.loads(row[field])
+            except ValueError:
+                value = None
+            if isinstance(value, kind):
+                details[field] = value
+            else:
+                details["damaged"].append(field)
+        return details
 
 
     # -- what the quotas ask (webapp/web/quotas.py) --------------------------------------------------

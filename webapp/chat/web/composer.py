@@ -26,9 +26,9 @@ def with_token_views(messages: list[dict]) -> list[dict]:
     """The replies their owner reads as tokens get their tokens (and odds) to show."""
     for m in messages:
         if m.get("token_view") and m["role"] == "assistant" and m["status"] != "pending":
-            odds = service().details(m["id"])["odds"]
-            if odds:
-                m["token_views"] = token_views.token_views(service().model.tokenizer, odds)
+            views, _ = token_views.readable_token_views(service().model.tokenizer, service().details(m["id"]))
+            if views:
+                m["token_views"] = views
     return messages
 
 

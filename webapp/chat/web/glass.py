@@ -23,20 +23,20 @@ def reply_details(conversation_id: str, message_id: int) -> tuple[dict, dict]:
 def tokens(conversation_id: str, message_id: int):
     """Every token of a reply shaded by its probability; ?t=N shows token N's alternatives (no JS needed)."""
     message, details = reply_details(conversation_id, message_id)
-    views = glass.token_views(service().model.tokenizer, details["odds"] or [])
+    views, damaged = glass.readable_token_views(service().model.tokenizer, details)
     selected = request.args.get("t", type=int)
     selected = selected if selected is not None and 0 <= selected < len(views) else None
     return render_template("chat/tokens.html", conversation=owned_conversation(conversation_id), message=message,
-                           tokens=views, selected=selected, settings=message["settings"] or {})
+                           tokens=views, selected=selected, settings=message["settings"] or {}, damaged=damaged)
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/tokens/<int:index>")
 def token_panel(conversation_id: str, message_id: int, index: int):
     """One token's alternatives, as the fragment htmx puts in the token view's panel."""
     message, details = reply_details(conversation_id, message_id)
-    views = glass.token_views(service().model.tokenizer, details["odds"] or [])
+    views, damaged = glass.readable_token_views(service().model.tokenizer, details)
     if not 0 <= index < len(views):
-        abort(404, "No such token in this reply.")
+        abort(404, damaged or "No such token in this reply.")
     return render_template("chat/_token_panel.html", token=views[index], message=message)
 
 
@@ -48,6 +48,8 @@ def branch(conversation_id: str, message_id: int):
     conversation = owned_conversation(conversation_id)
     message, details = reply_details(conversation_id, message_id)
     svc = service()
+    if glass.readable_token_views(svc.model.tokenizer, details)[1] or "prompt" in details["damaged"]:
+        abort(409, "This reply's saved tokens or prompt are damaged, so it cannot be branched.")
     try:
         forced = glass.branch_tokens(svc.model.tokenizer, details["odds"] or [], request.form,
                                      settings().max_message_chars)
@@ -67,7 +69,7 @@ def compare(conversation_id: str, message_id: int, other_id: int):
     if message["parent_id"] != other["parent_id"]:
         abort(404, "These replies answer different messages.")
     tokenizer = service().model.tokenizer
-    a, b = (glass.token_views(tokenizer, d["odds"] or []) for d in (details, other_details))
+    a, b = (glass.readable_token_views(tokenizer, d)[0] for d in (details, other_details))
     first = glass.first_difference(a, b)
     return render_template("chat/compare.html", conversation=owned_conversation(conversation_id),
                            sides=[(message, a), (other, b)], first=first)
@@ -77,9 +79,14 @@ def compare(conversation_id: str, message_id: int, other_id: int):
 def prompt(conversation_id: str, message_id: int):
     """The exact token ids the model was given for a reply, part by part, with the budget arithmetic."""
     message, details = reply_details(conversation_id, message_id)
+    if "prompt" in details["damaged"]:
+        abort(404, glass.DAMAGED_PROMPT)
     if details["prompt"] is None:
         abort(404, "This reply was saved before Glassbox kept prompts.")
-    report, parts = glass.prompt_view(service().model.tokenizer, details["prompt"])
+    try:
+        report, parts = glass.prompt_view(service().model.tokenizer, details["prompt"])
+    except (TypeError, ValueError, IndexError, KeyError):  # JSON, but not what this code wrote
+        abort(404, glass.DAMAGED_PROMPT)
     return render_template("chat/prompt.html", conversation=owned_conversation(conversation_id), message=message,
                            report=report, parts=parts)
 

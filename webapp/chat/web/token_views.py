@@ -67,6 +67,21 @@ def token_views(tokenizer, rows: list) -> list[TokenView]:
     return views
 
 
+DAMAGED_ODDS = "The token odds saved with this reply are damaged and cannot be read, so it is shown without them."
+DAMAGED_PROMPT = "The prompt saved with this reply is damaged and cannot be read."
+
+
+def readable_token_views(tokenizer, details: dict) -> tuple[list[TokenView], str | None]:
+    """A reply's token views from its stored details (ChatStore.details), or none and why not: odds
+    whose row is damaged show the reply without them rather than fail the page."""
+    if "odds" in details["damaged"]:
+        return [], DAMAGED_ODDS
+    try:
+        return token_views(tokenizer, details["odds"] or []), None
+    except (TypeError, ValueError, IndexError, KeyError):  # JSON, but not rows this code wrote
+        return [], DAMAGED_ODDS
+
+
 def first_difference(a: list[TokenView], b: list[TokenView]) -> int | None:
     """The index of the first token where two replies differ (None: one is the other's start, or equal)."""
     for i, (x, y) in enumerate(zip(a, b)):
