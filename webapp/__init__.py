@@ -15,6 +15,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import IntegerConverter
 
 from webapp import instance
+from webapp.browsers import Browsers
 from webapp.chat import boot as chat_boot
 from webapp.chat.web import bp as chat_bp
 from webapp.chat.web import markdown
@@ -28,7 +29,7 @@ from webapp.loops import boot as loops_boot
 from webapp.loops.web import api as loops_api_bp
 from webapp.loops.web import bp as loops_bp
 from webapp.v1 import bp as v1_bp
-from webapp.web import pages, prefs, storage_errors
+from webapp.web import pages, prefs, retention, storage_errors
 from webapp.web.ops import bp as ops_bp
 from webapp.web.security import GlassboxSessions, NewSessions, TrustedProxies, check_csrf, csrf_token
 
@@ -65,6 +66,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     app.url_map.converters["int"] = SqliteInteger
 
     app.extensions["glassbox.db"] = db
+    app.extensions["glassbox.browsers"] = Browsers(db)
     app.extensions["glassbox.lock"] = lock
     app.extensions["glassbox.latency"] = LatencyHistogram()
     app.extensions["glassbox.new_sessions"] = NewSessions(settings.max_new_sessions_per_minute)
@@ -86,6 +88,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
 
     app.wsgi_app = TrustedProxies(app.wsgi_app, settings.forwarded_allow_ips)  # type: ignore[method-assign]
     app.before_request(_before)
+    app.before_request(retention.before_request)  # a browser's visit of the day; the idle browsers' rows
     app.after_request(_after)
     app.register_error_handler(HTTPException, pages.http_error)
     app.register_error_handler(sqlite3.OperationalError, storage_errors.database_error)  # disk full: 507

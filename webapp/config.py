@@ -62,6 +62,9 @@ class Settings:
     max_traces: int = 100                  # saved Loop-lab traces; the oldest go to make room
     max_stored_bytes: int = 64 * 2**20     # text kept: messages, reply details, traces
     api_retention_hours: float = 24.0      # JSON-API runs made without a cookie are deleted after this
+    # Across browsers (webapp/browsers.py, webapp/web/retention.py); 0: unlimited, kept for ever
+    max_new_browser_bytes_per_address: int = 256 * 2**20  # text kept by the browsers one address made in a day
+    retention_days: float = 90.0           # a browser not seen this long loses its rows
     session_days: int = 30                 # lifetime of the session cookie
     max_body_bytes: int = 256 * 1024
     forwarded_allow_ips: str = "127.0.0.1"  # proxies whose X-Forwarded-* (and -Prefix) are believed

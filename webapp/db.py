@@ -36,6 +36,11 @@ class Database:
             _add_column(db, "messages", "wait_seconds", "REAL")
             # Tables and indexes an older database lacks (messages_by_parent among them) are made here
             db.executescript(SCHEMA.read_text())
+            # Browsers that kept rows before browsers were recorded: idle from now on, not from their first row
+            db.execute("INSERT OR IGNORE INTO browsers (owner, address, created_at, seen_at)"
+                       " SELECT owner, '', MIN(created_at), CAST(strftime('%s', 'now') AS REAL) FROM"
+                       " (SELECT owner, created_at FROM conversations UNION ALL SELECT owner, created_at FROM traces)"
+                       " WHERE owner NOT LIKE '%:%' GROUP BY owner")
             # A reply that was being generated when the process died will never finish.
             db.execute("UPDATE messages SET status = 'stopped' WHERE status = 'pending'")
 

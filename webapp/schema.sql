@@ -62,3 +62,14 @@ CREATE TABLE IF NOT EXISTS trace_shares (
     trace_id    TEXT NOT NULL UNIQUE REFERENCES traces (id) ON DELETE CASCADE,
     created_at  REAL NOT NULL
 );
+
+-- The browsers that own rows (webapp/browsers.py): the address that made each, when, and when it was
+-- last seen (written once a day at most), for the per-address limit and the retention of idle browsers.
+CREATE TABLE IF NOT EXISTS browsers (
+    owner       TEXT PRIMARY KEY,
+    address     TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    seen_at     REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS browsers_by_address ON browsers (address, created_at);
+CREATE INDEX IF NOT EXISTS browsers_by_seen ON browsers (seen_at);

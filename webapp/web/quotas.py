@@ -2,8 +2,10 @@
 
 Every row belongs to an owner (a browser's cookie). Without bounds a script could fill the disk one
 upload or one conversation at a time, so each owner has quotas (GLASSBOX_MAX_CONVERSATIONS,
-GLASSBOX_MAX_TRACES, GLASSBOX_MAX_STORED_BYTES). A full quota answers 403 with what to do; saved
-traces, which have no delete button, roll instead: the oldest is removed to make room.
+GLASSBOX_MAX_TRACES, GLASSBOX_MAX_STORED_BYTES). A script that makes a new browser for every request
+would get a fresh quota each time, so the browsers one address made in the last day share
+GLASSBOX_MAX_NEW_BROWSER_BYTES_PER_ADDRESS. A full quota answers 403 with what to do; saved traces,
+which have no delete button, roll instead: the oldest is removed to make room.
 """
 
 from __future__ import annotations
@@ -42,6 +44,13 @@ def _check_bytes(owner: str, adding: int) -> None:
     if limit and stored_bytes(owner) + adding > limit:
         abort(403, f"You have used this browser's storage ({limit // 2**20:,} MiB). "
                    "Delete some conversations to make room.")
+    per_address = _settings().max_new_browser_bytes_per_address
+    if per_address:  # a new browser's fresh quota is shared with every browser its address made that day
+        used = current_app.extensions["glassbox.browsers"].new_browsers_bytes(owner)
+        if used is not None and used + adding > per_address:
+            abort(403, f"New browsers from your address have used the storage they may have in a day "
+                       f"({per_address // 2**20:,} MiB). Use a browser that has been here before, or come back "
+                       "tomorrow.")
 
 
 def check_chat(owner: str, *, new_conversation: bool) -> None:

@@ -22,6 +22,7 @@ from itsdangerous import BadSignature
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from webapp.config import ConfigError
+from webapp.web import retention
 
 log = logging.getLogger("glassbox")
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -32,6 +33,7 @@ def owner_id() -> str:
         current_app.extensions["glassbox.new_sessions"].take(request.remote_addr or "")
         session["owner"] = secrets.token_urlsafe(18)
         session.permanent = True
+        retention.record_made(session["owner"])
     return session["owner"]
 
 
