@@ -41,8 +41,8 @@ def count(store: ChatStore, sql: str) -> int:
 def test_a_large_conversation_is_deleted_in_batches_and_nothing_else(tmp_path, monkeypatch):
     monkeypatch.setattr(chat_store, "DELETE_BATCH", 7)
     store = a_store(tmp_path)
-    deep = grow(store, "me", turns=40, versions=1)   # a chain 80 deep
-    wide = grow(store, "me", turns=2, versions=30)   # 30 versions of each reply
+    deep = grow(store, "me", turns=20, versions=1)   # a chain 40 deep
+    wide = grow(store, "me", turns=2, versions=15)   # 15 versions of each reply
     kept = grow(store, "someone else", turns=2, versions=2)
     token = store.share_conversation("me", deep)
     assert token is not None
