@@ -29,7 +29,7 @@ from webapp.loops import boot as loops_boot
 from webapp.loops.web import api as loops_api_bp
 from webapp.loops.web import bp as loops_bp
 from webapp.v1 import bp as v1_bp
-from webapp.web import pages, prefs, retention, storage_errors
+from webapp.web import bodies, pages, prefs, retention, storage_errors
 from webapp.web.ops import bp as ops_bp
 from webapp.web.security import GlassboxSessions, NewSessions, TrustedProxies, check_csrf, csrf_token
 
@@ -86,7 +86,8 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
         app.register_blueprint(blueprint)
     prefs.init_app(app)  # the colour theme each browser chose
 
-    app.wsgi_app = TrustedProxies(app.wsgi_app, settings.forwarded_allow_ips)  # type: ignore[method-assign]
+    app.wsgi_app = TrustedProxies(  # type: ignore[method-assign]
+        bodies.ReadableBodies(app.wsgi_app), settings.forwarded_allow_ips)
     app.before_request(_before)
     app.before_request(retention.before_request)  # a browser's visit of the day; the idle browsers' rows
     app.after_request(_after)
@@ -134,10 +135,12 @@ class SqliteInteger(IntegerConverter):
 def _before() -> None:
     g.started = time.perf_counter()
     CLIENT.set(request.remote_addr or "")  # jobs created by this request count against this address
+    bodies.apply_body_limit()  # before the CSRF check reads the form
     check_csrf()
 
 
 def _after(response):
+    bodies.drain_unread()  # whatever the answer, the connection stays usable for the next request
     response.headers.setdefault("Content-Security-Policy", CSP)
     response.headers.setdefault("X-Content-Type-Options", "nosniff")
     response.headers.setdefault("Referrer-Policy", "same-origin")

@@ -15,6 +15,12 @@ from dataclasses import dataclass, field
 from webapp.loops.request import DemoRequest, RequestError
 from webapp.loops.task import PRESETS, SYMBOLS, preset, shuffle_rules
 
+# The editor's whole form (26 rules, start, steps, model, an action) is under 2 KiB: a body far over that
+# is a script's, refused before it is parsed (webapp/web/bodies.py), and no more rules than the table has
+# are ever kept, so neither parsing nor rendering costs more than a real form does.
+MAX_FORM_BYTES = 16 * 1024
+MAX_RULES = len(SYMBOLS)
+
 PRESET_LABELS = {"cycle": "One 26-cycle", "identity": "Identity", "permutation": "Random permutation",
                  "function": "Random function", "cycle_tail": "Short cycle + tail"}
 
@@ -26,6 +32,7 @@ class EditorState:
     steps: str = "8"
     errors: dict = field(default_factory=dict)
     model: str = "main"
+    extra_rules: int = 0  # rules sent beyond MAX_RULES, dropped (a request with them is refused)
 
     @classmethod
     def default(cls, rng: random.Random | None = None) -> EditorState:
@@ -34,8 +41,9 @@ class EditorState:
     @classmethod
     def from_form(cls, form) -> EditorState:
         sources, destinations = form.getlist("src"), form.getlist("dst")
-        pairs = [[s, d] for s, d in zip(sources, destinations)]
-        return cls(pairs, form.get("start", ""), form.get("steps", ""), model=form.get("model", "main"))
+        pairs = [[s, d] for s, d in zip(sources[:MAX_RULES], destinations[:MAX_RULES])]
+        return cls(pairs, form.get("start", ""), form.get("steps", ""), model=form.get("model", "main"),
+                   extra_rules=max(len(sources), len(destinations)) - len(pairs))
 
     @classmethod
     def from_request(cls, request: dict, model: str = "main") -> EditorState:
@@ -65,6 +73,8 @@ class EditorState:
 
 def parse_request(state: EditorState, models=("main",)) -> DemoRequest:
     """Raises RequestError with the owner's message and the field it concerns; `models`: the names offered."""
+    if state.extra_rules:  # the owner's message for a table that is not 26 rules
+        raise RequestError("Supply all 26 A–Z rules, with one destination per node", "mapping")
     request = DemoRequest.parse(state.as_request_value())
     if state.model not in models:
         raise RequestError("Choose one of the models offered", "model")

@@ -10,9 +10,10 @@ from webapp.core import Refused
 from webapp.loops.request import RequestError
 from webapp.loops.trace import metadata
 from webapp.loops.web.blueprint import RUN_GONE, bp, model_choices, service, settings
-from webapp.loops.web.forms import EditorState, parse_request
+from webapp.loops.web.forms import MAX_FORM_BYTES, EditorState, parse_request
 from webapp.loops.web.render import editor_context, render_lab, render_results
 from webapp.web import is_htmx, quotas, refusal_status
+from webapp.web.bodies import body_limit
 from webapp.web.security import owner_id
 from webapp.web.sse import finished_stream, stream_job
 from webapp.web.streams import held_slot
@@ -24,6 +25,7 @@ def index():
 
 
 @bp.post("/editor")
+@body_limit(MAX_FORM_BYTES)
 def editor():
     state = EditorState.from_form(request.form)
     state.apply(request.form.get("action", ""), random.Random())
@@ -33,6 +35,7 @@ def editor():
 
 
 @bp.post("/run")
+@body_limit(MAX_FORM_BYTES)
 def run():
     state = EditorState.from_form(request.form)
     try:

@@ -1,0 +1,99 @@
+"""Request bodies: what one route may be sent, a body left unread drained before the answer, and a body
+that cannot be read (a malformed chunk) answered 400 rather than 500.
+
+gunicorn itself discards at most 64 KiB of a body the app did not read, then closes the connection,
+although its answer announced keep-alive: nginx, which pools its connections to gunicorn, then sends
+the next request (anyone's) into a closed socket and answers it 502. So whatever the answer (a 413, a
+401 before the body was looked at, an error page), the body is read to its end first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from flask import current_app, request
+from werkzeug.exceptions import BadRequest, HTTPException
+
+DRAIN_BYTES = 4 * 1024 * 1024  # over nginx's client_max_body_size (deploy/nginx.conf)
+READ_BLOCK = 64 * 1024
+UNREADABLE = ("The request body could not be read: a malformed chunk, or the connection broke while it "
+              "was being sent.")
+
+
+def body_limit(max_bytes: int) -> Callable:
+    """A route's own body limit, under GLASSBOX_MAX_BODY_BYTES, applied before anything parses the body
+    (the CSRF check reads the form): a form that can only be small is refused (413) before it costs the
+    parsing and the rendering of whatever a script sent."""
+    def mark(view: Callable) -> Callable:
+        view.max_body_bytes = max_bytes  # type: ignore[attr-defined]
+        return view
+    return mark
+
+
+def apply_body_limit() -> None:
+    view = current_app.view_functions.get(request.endpoint or "")
+    limit = getattr(view, "max_body_bytes", None)
+    if limit is not None:
+        request.max_content_length = min(limit, request.max_content_length or limit)
+
+
+def drain_unread() -> None:
+    """Read and drop what is left of the request body (up to DRAIN_BYTES) before answering."""
+    environ = request.environ
+    length, chunked = request.content_length, bool(environ.get("wsgi.input_terminated"))
+    if not length and not chunked:
+        return
+    # werkzeug's stream (cached once the view or the CSRF check read the body) knows where the body ends;
+    # before it exists nothing was read, and the raw input is read up to the body's length.
+    opened = request.__dict__.get("stream")
+    source = opened if opened is not None else environ.get("wsgi.input")
+    left = DRAIN_BYTES if opened is not None or not length else min(length, DRAIN_BYTES)
+    try:
+        while source is not None and left > 0:
+            chunk = source.read(min(left, READ_BLOCK))
+            if not chunk:
+                return
+            left -= len(chunk)
+    except (HTTPException, OSError, ValueError):  # past the limit, malformed, or the client went away
+        return
+
+
+class ReadableInput:
+    """wsgi.input whose read errors are the client's to hear: gunicorn raises its own parse errors (an
+    invalid chunk size) from a read, which would otherwise be a 500. Raised as a 400 with a message."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _guarded(self, method: Callable, *args: Any) -> Any:
+        try:
+            return method(*args)
+        except HTTPException:
+            raise
+        except Exception as error:  # whatever the server's reader raises: the body is unusable
+            raise BadRequest(UNREADABLE) from error
+
+    def read(self, *args: Any) -> bytes:
+        return self._guarded(self._stream.read, *args)
+
+    def readline(self, *args: Any) -> bytes:
+        return self._guarded(self._stream.readline, *args)
+
+    def readlines(self, *args: Any) -> list[bytes]:
+        return self._guarded(self._stream.readlines, *args)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.readline, b"")
+
+
+class ReadableBodies:
+    """WSGI middleware: every request's wsgi.input is a ReadableInput."""
+
+    def __init__(self, wsgi_app: Callable) -> None:
+        self.wsgi_app = wsgi_app
+
+    def __call__(self, environ: dict, start_response: Callable) -> Any:
+        if environ.get("wsgi.input") is not None:
+            environ["wsgi.input"] = ReadableInput(environ["wsgi.input"])
+        return self.wsgi_app(environ, start_response)
