@@ -65,7 +65,7 @@ def _row_problem(row, number: int) -> str | None:
         return "the direct prediction must be an A–Z letter or null"
     for key in ("stop_probability", "arrival_seconds"):
         value = row.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        if not _finite(value) or value < 0:
             return f"{key} must be a finite number ≥ 0"
     if row["stop_probability"] > 1:
         return "stop_probability must be at most 1"
@@ -78,8 +78,17 @@ def _row_problem(row, number: int) -> str | None:
 
 
 def _probability(value) -> bool:
-    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-            and 0 <= value <= 1)
+    return _finite(value) and 0 <= value <= 1
+
+
+def _finite(value) -> bool:
+    """A JSON number a float can hold: not a bool, not NaN or infinite, not an integer of 400 digits."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # math.isfinite converts an int to a float first
+        return False
 
 
 def rescore(parsed: dict) -> dict:

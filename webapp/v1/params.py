@@ -52,11 +52,23 @@ def _type_error(name: str, expected: str, value) -> ApiError:
 
 
 def _range_error(name: str, value, low, high) -> ApiError:
+    shown = f"{str(value)[:20]}… ({len(str(abs(value)))} digits)" if isinstance(value, int) and abs(value) > 10**20 \
+        else value
     if low is not None and value < low:
         return ApiError(400, f"Invalid '{name}': below minimum value. Expected a value >= {low}, "
-                             f"but got {value} instead.", param=name)
+                             f"but got {shown} instead.", param=name)
     return ApiError(400, f"Invalid '{name}': above maximum value. Expected a value <= {high}, "
-                         f"but got {value} instead.", param=name)
+                         f"but got {shown} instead.", param=name)
+
+
+def valid_text(value: str, name: str) -> str:
+    """JSON's "\\ud800" escape decodes to a lone surrogate, which is not text: no tokenizer (and no UTF-8) takes it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, f"Invalid '{name}': it holds a lone surrogate (a \\ud800–\\udfff escape without its "
+                            "pair), which is not text.", param=name) from None
+    return value
 
 
 def integer(body: dict, name: str, default, low=None, high=None):
@@ -74,7 +86,9 @@ def number(body: dict, name: str, default: float, low: float, high: float) -> fl
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    # an int is compared as it is: float() of a 400-digit integer overflows
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not math.isfinite(value)):
         raise _type_error(name, "a decimal", value)
     if not low <= value <= high:
         raise _range_error(name, value, low, high)
@@ -134,7 +148,8 @@ def _common(body: dict) -> dict:
     return {"temperature": number(body, "temperature", 1.0, 0.0, 2.0),
             "top_k": integer(body, "top_k", DEFAULT_TOP_K, 0),
             "seed": integer(body, "seed", None, SEED_MIN, SEED_MAX),
-            "stops": tuple(s for s in stops if s),  # an empty stop sequence would end every reply at once
+            # an empty stop sequence would end every reply at once
+            "stops": tuple(valid_text(s, "stop") for s in stops if s),
             "stream": stream,
             "include_usage": boolean(options or {}, "include_usage")}
 
@@ -199,14 +214,14 @@ def _content(value, where: str, role: str) -> str:
     if value is None and role == "assistant":
         return ""
     if isinstance(value, str):
-        return value
+        return valid_text(value, f"{where}.content")
     if isinstance(value, list):  # content parts: text only (the model reads nothing else)
         texts = []
         for j, part in enumerate(value):
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                 raise ApiError(400, f"Invalid '{where}.content[{j}]': Glassbox reads text parts only "
                                     "({\"type\": \"text\", \"text\": ...}).", param=f"{where}.content")
-            texts.append(part["text"])
+            texts.append(valid_text(part["text"], f"{where}.content[{j}].text"))
         return "\n".join(texts)
     raise _type_error(f"{where}.content", "a string or an array of text parts", value)
 
@@ -253,7 +268,7 @@ def _prompt_ids(value, tokenizer) -> list[int]:
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         value = value[0]
     if isinstance(value, str):
-        ids = tokenizer.encode_ordinary(value)
+        ids = tokenizer.encode_ordinary(valid_text(value, "prompt"))
     elif isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         bad = next((t for t in value if not 0 <= t < tokenizer.n_vocab), None)
         if bad is not None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from flask import Blueprint, redirect, request, session, url_for
+from flask import Blueprint, abort, redirect, request, session, url_for
 
 bp = Blueprint("prefs", __name__, url_prefix="/prefs")
 THEMES = ("auto", "dark", "light")  # auto: the system's prefers-color-scheme
+BAD_NEXT = "The page to return to (the form's `next` field) is not an address: it holds a control character."
 
 
 def theme() -> str:
@@ -25,6 +26,8 @@ def set_theme():
     wanted = request.form.get("theme", "")
     session["theme"] = wanted if wanted in THEMES else next_theme(theme())
     back = request.form.get("next", "")
+    if any(ord(c) < 32 or ord(c) == 127 for c in back):  # CR/LF cannot go into a Location header
+        abort(400, BAD_NEXT)
     parts = urlsplit(back)
     # only a path on this site: never an address elsewhere (//evil.example, https://…)
     if not back.startswith("/") or back.startswith("//") or parts.scheme or parts.netloc or "\\" in back:
