@@ -48,6 +48,9 @@ class Settings:
     kv_cache_mb: int = 1024      # finished replies' KV caches kept for follow-up turns, least recent evicted
     max_streams: int = 24
     max_streams_per_client: int = 6  # open streams one client address may hold (0: no limit of its own)
+    # of max_streams, what replays of saved traces and non-streamed /v1 calls may hold together: the rest
+    # stay for live replies (webapp/web/streams.py)
+    max_bulk_streams: int = 8
     max_new_tokens: int = 200    # default for a reply; the form may ask for more, up to the window
     max_message_chars: int = 8000
     max_messages: int = 200      # per conversation

@@ -137,7 +137,8 @@ def respond(ask: Ask) -> Response:
     """Queue the reply (refusals as OpenAI errors, nothing left queued) and answer it."""
     chat = chat_service()
     try:
-        with held_slot() as slot:  # before the job: a refusal leaves nothing queued
+        # before the job: a refusal leaves nothing queued. A whole (non-streamed) reply takes the bulk share
+        with held_slot(bulk=not ask.stream) as slot:
             job = chat.submit_reply(api_owner(), ChatRequest(ask.prompt_ids, ask.params, odds=ask.logprobs is not None))
     except Refused as error:
         raise ApiError.refused(error) from None

@@ -33,9 +33,10 @@ def sse_response(body: Iterator[str]) -> Response:
     return Response(stream_with_context(body), mimetype="text/event-stream", headers=headers)
 
 
-def event_stream(body: Iterator[str], slot: StreamSlot | None = None) -> Response:
-    """A long-lived SSE response, counted against GLASSBOX_MAX_STREAMS (webapp/web/streams.py)."""
-    return long_response(body, "text/event-stream", slot)
+def event_stream(body: Iterator[str], slot: StreamSlot | None = None, *, bulk: bool = False) -> Response:
+    """A long-lived SSE response, counted against GLASSBOX_MAX_STREAMS (webapp/web/streams.py); `bulk`
+    (a replay) also against GLASSBOX_MAX_BULK_STREAMS."""
+    return long_response(body, "text/event-stream", slot, bulk=bulk)
 
 
 def stream_job(job: Job, render: Callable[[Event], str | None],

@@ -1,7 +1,10 @@
 """The one place a long-lived response is counted: every stream, replay, NDJSON run and no-JavaScript
 wait holds one of GLASSBOX_MAX_STREAMS slots, because each holds a gunicorn thread for its whole life.
 
-One client address holds at most GLASSBOX_MAX_STREAMS_PER_CLIENT of them (429 past that).
+One client address holds at most GLASSBOX_MAX_STREAMS_PER_CLIENT of them (429 past that). Replays of
+saved traces and non-streamed /v1 calls ("bulk": nobody watches them token by token, and each may hold its
+slot for many seconds) share at most GLASSBOX_MAX_BULK_STREAMS of them, so a flood of those always leaves
+the rest to live replies.
 gunicorn has GLASSBOX_MAX_STREAMS + 8 threads (gunicorn.conf.py): as long as nothing long-lived runs
 without a slot, the 8 left over always answer page loads, however many streams a script opens.
 """
@@ -19,6 +22,8 @@ from webapp.web import get_core
 STREAMS_FULL = "Too many open streams; reload the page in a moment."
 
 
+BULK_FULL = ("Too many replays and whole-reply API calls are running; try again in a moment "
+             "(live replies keep their own slots).")
 STREAMS_PER_CLIENT = ("This address already holds {n} open streams (GLASSBOX_MAX_STREAMS_PER_CLIENT). "
                       "Close a tab, or wait for a reply to end.")
 
@@ -47,12 +52,32 @@ class ClientStreams:
                 self._open.pop(client, None)
 
 
+class BulkShare:
+    """How many bulk slots (replays, non-streamed /v1 calls) are held: at most GLASSBOX_MAX_BULK_STREAMS."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.held = 0
+
+    def take(self, limit: int) -> bool:
+        with self._lock:
+            if limit and self.held >= limit:  # 0: no share of their own, only GLASSBOX_MAX_STREAMS
+                return False
+            self.held += 1
+            return True
+
+    def give_back(self) -> None:
+        with self._lock:
+            self.held -= 1
+
+
 class StreamSlot:
     """One slot, released exactly once whichever exit path gets there first (the body's end, the
     server closing a response whose body never ran, an exception in a no-JavaScript wait)."""
 
-    def __init__(self, core, clients: ClientStreams | None = None, client: str = "") -> None:
-        self._core, self._clients, self._client = core, clients, client
+    def __init__(self, core, clients: ClientStreams | None = None, client: str = "",
+                 bulk: BulkShare | None = None) -> None:
+        self._core, self._clients, self._client, self._bulk = core, clients, client, bulk
         self._released = threading.Lock()
 
     def release(self) -> None:
@@ -60,6 +85,8 @@ class StreamSlot:
             self._core.stream_opened(-1)
             if self._clients is not None:
                 self._clients.give_back(self._client)
+            if self._bulk is not None:
+                self._bulk.give_back()
 
     def __enter__(self) -> StreamSlot:
         return self
@@ -68,26 +95,33 @@ class StreamSlot:
         self.release()
 
 
-def take_slot() -> StreamSlot:
+def take_slot(bulk: bool = False) -> StreamSlot:
     """A slot, or a 503 with Retry-After (pages.http_error adds it to every 503) when none is free.
-    Take it before queueing anything, so a refusal leaves nothing behind."""
+    Take it before queueing anything, so a refusal leaves nothing behind. `bulk`: a replay or a
+    non-streamed API call, which also needs one of GLASSBOX_MAX_BULK_STREAMS."""
     core, settings = get_core(), current_app.config["GLASSBOX"]
     clients = current_app.extensions.setdefault("glassbox.client_streams", ClientStreams())
+    share = current_app.extensions.setdefault("glassbox.bulk_streams", BulkShare()) if bulk else None
     client = request.remote_addr or ""
     if not clients.take(client, settings.max_streams_per_client):
         abort(429, STREAMS_PER_CLIENT.format(n=settings.max_streams_per_client))
+    if share is not None and not share.take(settings.max_bulk_streams):
+        clients.give_back(client)
+        abort(503, BULK_FULL)
     if not core.take_stream_slot(settings.max_streams):
         clients.give_back(client)
+        if share is not None:
+            share.give_back()
         abort(503, STREAMS_FULL)
-    return StreamSlot(core, clients, client)
+    return StreamSlot(core, clients, client, share)
 
 
 @contextmanager
-def held_slot(wanted: bool = True) -> Iterator[StreamSlot | None]:
+def held_slot(wanted: bool = True, *, bulk: bool = False) -> Iterator[StreamSlot | None]:
     """A slot (None when not `wanted`), taken before anything is queued so that a refusal leaves nothing
     behind, and given back if the block raises. After the block the caller holds it: `with slot:` around a
     wait in this request, or long_response(..., slot) for a stream."""
-    slot = take_slot() if wanted else None
+    slot = take_slot(bulk) if wanted else None
     try:
         yield slot
     except BaseException:
@@ -96,9 +130,10 @@ def held_slot(wanted: bool = True) -> Iterator[StreamSlot | None]:
         raise
 
 
-def long_response(body: Iterator[str], mimetype: str, slot: StreamSlot | None = None) -> Response:
+def long_response(body: Iterator[str], mimetype: str, slot: StreamSlot | None = None, *,
+                  bulk: bool = False) -> Response:
     """A streamed response that holds a slot (taken here unless given) until the server closes it."""
-    slot = slot or take_slot()
+    slot = slot or take_slot(bulk)
 
     def held() -> Iterator[str]:
         try:

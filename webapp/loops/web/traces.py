@@ -112,7 +112,7 @@ def replay_stream(trace_id: str):
             yield rows_frame(rows)
         yield frame("done", render_results(snapshot, trace_id=trace_id))
 
-    return event_stream(body())
+    return event_stream(body(), bulk=True)  # nobody waits on a replay as on a live reply: the bulk share
 
 
 @bp.post("/traces/upload")
