@@ -6,10 +6,13 @@ and cancels the queued and running ones (partial replies are saved as stopped), 
 ends with its final `done` event, and the worker exits well within graceful_timeout.
 """
 
+import ipaddress
 import os
 import signal
 import threading
 
+# Loopback by default: gunicorn alone gives every connection a thread, so slow or idle clients can hold
+# them all. Beyond one machine, nginx (deploy/nginx.conf) takes the connections and gunicorn stays here.
 bind = os.environ.get("GLASSBOX_BIND", "127.0.0.1:8000")
 workers = 1                       # the models and the job queue live in this one process
 worker_class = "gthread"          # the sync worker would kill streams at `timeout`
@@ -19,7 +22,11 @@ PAGE_THREADS = 8
 threads = int(os.environ.get("GLASSBOX_THREADS") or int(os.environ.get("GLASSBOX_MAX_STREAMS", "24")) + PAGE_THREADS)
 timeout = 120                     # the worker's heartbeat; streams are not bound by it under gthread
 graceful_timeout = int(os.environ.get("GLASSBOX_GRACEFUL_TIMEOUT", "20"))
-keepalive = 5                     # nginx keeps upstream connections open (deploy/nginx.conf)
+keepalive = 5                     # nginx keeps upstream connections open (deploy/nginx.conf); idle ones close
+# What one request's head may hold (gunicorn answers 400/431 past these): a URL, a few dozen headers, a cookie.
+limit_request_line = 4094
+limit_request_fields = 50
+limit_request_field_size = 8190
 forwarded_allow_ips = os.environ.get("GLASSBOX_FORWARDED_ALLOW_IPS", "127.0.0.1")
 control_socket_disable = True     # gunicorn >= 24's control socket is one path per user: instances collide
 
@@ -45,8 +52,38 @@ logconfig_dict = {
 }
 
 
+def exposure(address: str, trusted_proxies: str) -> tuple[str, str]:
+    """-> (log level, what to say at start-up) for a bind address and GLASSBOX_FORWARDED_ALLOW_IPS."""
+    if address.startswith(("unix:", "fd://")):
+        return "info", "on a local socket: only a proxy on this host reaches it"
+    host = address.rpartition(":")[0].strip("[]") if ":" in address else address
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if loopback:
+        return "info", "on loopback only: other machines reach it through nginx (deploy/nginx.conf)"
+    proxies = [p.strip() for p in trusted_proxies.split(",") if p.strip()]
+    remote_proxy = any(p != "*" and not _is_loopback(p) for p in proxies)  # "*" names no proxy
+    if remote_proxy:
+        return "info", f"reachable from other machines; requests are expected through the proxy at {trusted_proxies}"
+    return "warning", ("REACHABLE FROM OTHER MACHINES WITHOUT A PROXY: gunicorn alone gives every connection a "
+                       "thread, so a few slow or idle clients can stall every page. Bind 127.0.0.1 "
+                       "(GLASSBOX_BIND) and serve through nginx (deploy/nginx.conf), or set "
+                       "GLASSBOX_FORWARDED_ALLOW_IPS to the proxy in front")
+
+
+def _is_loopback(network: str) -> bool:
+    try:
+        return ipaddress.ip_network(network, strict=False).is_loopback
+    except ValueError:
+        return False
+
+
 def when_ready(server):
-    server.log.info("Glassbox is listening on http://%s/", bind)
+    for address in bind.split(","):
+        level, said = exposure(address.strip(), forwarded_allow_ips)
+        getattr(server.log, level)("Glassbox is listening on http://%s/ %s", address.strip(), said)
 
 
 def _core(worker):

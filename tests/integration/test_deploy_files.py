@@ -47,3 +47,24 @@ def test_nginx_keeps_upstream_connections_shorter_than_gunicorn_and_streams_unbu
     for route in ("/chat/c/x/m/1/stream", "/loops/jobs/x/stream", "/loops/traces/x/replay", "/api/loops/trace"):
         pattern = re.search(r"location ~ (\S+) \{", site).group(1)
         assert re.match(pattern, "/glassbox" + route), route
+
+
+def test_gunicorn_binds_loopback_and_says_when_other_machines_reach_it_without_a_proxy(monkeypatch):
+    monkeypatch.delenv("GLASSBOX_BIND", raising=False)
+    conf = gunicorn_settings(monkeypatch)
+    assert conf["bind"] == "127.0.0.1:8000"
+    exposure = conf["exposure"]
+    for address in ("127.0.0.1:8000", "[::1]:8000", "localhost:8000", "unix:/run/glassbox.sock"):
+        assert exposure(address, "127.0.0.1")[0] == "info", address
+    for address in ("0.0.0.0:8000", "[::]:8000", "10.0.0.5:8000", ":8000"):
+        level, said = exposure(address, "127.0.0.1")  # nothing but loopback is trusted: no proxy in front
+        assert level == "warning" and "WITHOUT A PROXY" in said and "deploy/nginx.conf" in said, address
+        assert exposure(address, "*")[0] == "warning"  # "*" names no proxy
+        assert exposure(address, "10.0.0.2, 127.0.0.1")[0] == "info"  # the proxy in front is named
+
+
+def test_gunicorn_bounds_what_one_connection_may_hold(monkeypatch):
+    conf = gunicorn_settings(monkeypatch)
+    assert conf["keepalive"] <= 5  # idle kept-alive connections close
+    assert conf["limit_request_line"] <= 4094 and conf["limit_request_fields"] <= 50
+    assert conf["limit_request_field_size"] <= 8190
