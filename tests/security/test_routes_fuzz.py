@@ -4,7 +4,9 @@ Hypothesis over every route in the URL map (static excepted), every method it ta
 (real ids, 0, -1, 2**63, huge, lone surrogates and invalid UTF-8 percent-encoded, very long), query
 strings, bodies (forms with random keys and values, JSON nested thousands deep, NaN and Infinity
 literals, wrong types, invalid UTF-8 under various Content-Types, multipart uploads), with and without
-a valid session and CSRF token. Whatever arrives: no 500 (503 only with a documented busy answer), a
+a valid session and CSRF token. Since issue 25 also: 400-digit numbers and lone surrogates where a valid
+request has a number or text, trace files with one odd value, CR/LF in form values, thousands of editor
+fields, and Host headers werkzeug cannot read. Whatever arrives: no 500 (503 only with a documented busy answer), a
 non-empty body, and nothing logged at ERROR with a traceback.
 """
 
@@ -113,13 +115,16 @@ def _pct_text(text: str) -> str:
     return quote_from_bytes(text.encode("utf-8", "surrogatepass"), safe="")
 
 
-huge_ints = st.sampled_from([0, -1, 1, 2**31, 2**63 - 1, 2**63, -(2**63) - 1, 2**64, 10**30, 10**4000])
+FOUR_HUNDRED_DIGITS = int("9" * 400)  # float() of it overflows
+huge_ints = st.sampled_from([0, -1, 1, 2**31, 2**63 - 1, 2**63, -(2**63) - 1, 2**64, 10**30, 10**4000,
+                             FOUR_HUNDRED_DIGITS, -FOUR_HUNDRED_DIGITS])
 bad_bytes = st.sampled_from([b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\x80abc", b"\x00",
                              b"\xe2\x82", b"%", b"\xfe\xff"])
 weird_text = st.one_of(
     st.text(max_size=20),                                        # lone surrogates included (category Cs)
     st.sampled_from(["\ud800", "\udfff", "a\udc80b", "..", "../..", ".", "%", "%00", "\x00", "NaN", "Infinity",
-                     "-Infinity", "1e999", "-0", "0x10", "' OR 1=1 --", "<script>", "☃", "\u202e"]),
+                     "-Infinity", "1e999", "-0", "0x10", "' OR 1=1 --", "<script>", "☃", "\u202e",
+                     "/chat/\r\nX-Evil: 1", "/\n", "\r"]),                   # CR/LF (a `next`, a header)
     huge_ints.map(str),
     st.integers(1, 20_000).map(lambda n: "x" * n),             # very long
 )
@@ -151,9 +156,16 @@ json_values = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=4)
                            max_leaves=20)
 
 
+ODD_HOSTS = ["a" * 64 + ".example", "x" * 300, "a..b", "[::1", "é.example"]
+# What once was a 500 (issue 25): a 400-digit number, a lone surrogate where text belongs, at the place
+# a valid request has it
+ODD_JSON = [FOUR_HUNDRED_DIGITS, -FOUR_HUNDRED_DIGITS, "\ud800", "a\udfffb", ["\ud800"],
+            [{"type": "text", "text": "\udc80"}], [{"role": "user", "content": "hi \ud800"}]]
+
+
 @st.composite
 def json_bodies(draw) -> bytes:
-    kind = draw(st.sampled_from(["value", "deep", "nan", "near"]))
+    kind = draw(st.sampled_from(["value", "deep", "nan", "near", "odd"]))
     if kind == "deep":  # nesting thousands deep
         depth = draw(st.sampled_from([100, 999, 1000, 3000, 20_000]))
         opener, closer = draw(st.sampled_from([("[", "]"), ('{"a":', "}"), ('{"messages":', "}")]))
@@ -163,8 +175,8 @@ def json_bodies(draw) -> bytes:
         key = draw(st.sampled_from(JSON_KEYS))
         return (f'{{"{key}": {literal}, "messages": [{{"role": "user", "content": "hi"}}], "model": "glassbox", '
                 f'"steps": {literal}}}').encode()
-    value = draw(json_values)
-    if kind == "near":  # a valid-looking request with one field wrong
+    value = draw(st.sampled_from(ODD_JSON)) if kind == "odd" else draw(json_values)
+    if kind in ("near", "odd"):  # a valid-looking request with one field wrong
         mapping = [[a, LETTERS[(i + 1) % 26]] for i, a in enumerate(LETTERS)]
         value = {"mapping": mapping, "start": "A", "steps": 2, "model": "glassbox", "max_tokens": 2,
                  "messages": [{"role": "user", "content": "hi"}], "prompt": "hi",
@@ -176,11 +188,32 @@ def json_bodies(draw) -> bytes:
 
 
 @st.composite
+def trace_files(draw) -> bytes:
+    """A trace file as Glassbox writes one, with one row's number or text replaced by an odd value."""
+    mapping = [[a, LETTERS[(i + 1) % 26]] for i, a in enumerate(LETTERS)]
+    rows = [{"loop": n, "prediction": LETTERS[n], "direct_prediction": None, "stop_probability": 0.5,
+             "top3": [{"symbol": LETTERS[n], "probability": 0.9}], "arrival_seconds": 0.01 * n} for n in (1, 2)]
+    odd = draw(st.sampled_from([FOUR_HUNDRED_DIGITS, -FOUR_HUNDRED_DIGITS, 10**30, True, -1, "\ud800", None, 1e300]))
+    field = draw(st.sampled_from(["stop_probability", "arrival_seconds", "top3", "prediction", "loop"]))
+    if field == "top3":
+        rows[1]["top3"][0]["probability"] = odd
+    else:
+        rows[1][field] = odd
+    snapshot = {"schema_version": 1, "request": {"mapping": mapping, "start": "A", "steps": 2},
+                "trace": rows, "summary": {"stop_reason": "head"}, "checkpoint": "x"}
+    return json.dumps(snapshot).encode()
+
+
+@st.composite
 def bodies(draw):
     """-> (kwargs for the test client's open(), a description)."""
-    kind = draw(st.sampled_from(["none", "form", "form", "json", "json", "raw", "multipart"]))
+    kind = draw(st.sampled_from(["none", "form", "form", "json", "json", "raw", "multipart", "flood"]))
     if kind == "none":
         return {}, kind
+    if kind == "flood":  # the Loop-lab editor's fields, thousands of them (a real form has 26 pairs)
+        pairs = draw(st.sampled_from([27, 500, 10_000]))
+        raw = "&".join(["start=A&steps=3&action=shuffle"] + ["src=A&dst=B"] * pairs).encode()
+        return {"data": raw, "content_type": "application/x-www-form-urlencoded"}, kind
     if kind == "form":
         keys = st.sampled_from(FIELDS) | st.text(st.characters(exclude_categories=("Cs",)), max_size=8)
         fields = draw(st.lists(st.tuples(keys, form_value), max_size=8))
@@ -199,7 +232,8 @@ def bodies(draw):
         data = draw(st.one_of(st.binary(max_size=200), bad_bytes, st.lists(bad_bytes, max_size=20).map(b"".join)))
         return {"data": data, "content_type": ctype}, kind
     # multipart: an upload (the trace field, or another), file bytes of any kind
-    content = draw(st.one_of(st.binary(max_size=300), json_bodies(), st.just(b'{"schema_version": 1}')))
+    content = draw(st.one_of(st.binary(max_size=300), json_bodies(), st.just(b'{"schema_version": 1}'),
+                             trace_files()))
     name = draw(st.sampled_from(["trace", "trace", "file", "content"]))
     filename = draw(st.sampled_from(["t.json", "", "\u202e.json", "../../etc/passwd", "x" * 300]))
     import io
@@ -326,6 +360,8 @@ def test_every_route_answers_bad_input_with_a_4xx_and_a_message(app, world, capl
                 body = {"data": {"csrf_token": token}}
         if data.draw(st.booleans()):
             headers["HX-Request"] = "true"
+        if not data.draw(st.integers(0, 7)):  # a Host werkzeug cannot read (a label over 63 characters)
+            headers["Host"] = data.draw(st.sampled_from(ODD_HOSTS))
         if data.draw(st.booleans()):
             headers["Accept"] = data.draw(st.sampled_from(["application/json", "text/event-stream", "*/*", "\x7f"]))
         if path.startswith("/v1") and data.draw(st.booleans()):
