@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import TypeGuard
 
 from webapp.loops.request import DemoRequest, RequestError
 from webapp.loops.task import SYMBOLS
@@ -81,7 +82,7 @@ def _probability(value) -> bool:
     return _finite(value) and 0 <= value <= 1
 
 
-def _finite(value) -> bool:
+def _finite(value: object) -> TypeGuard[int | float]:
     """A JSON number a float can hold: not a bool, not NaN or infinite, not an integer of 400 digits."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False

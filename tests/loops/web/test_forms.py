@@ -1,6 +1,6 @@
-"""The editor's form is bounded by what the form can hold (issue 25, item 2): a body far over a real
-form's size is refused (413) before it is parsed, and no more rules than the table's 26 are ever kept
-or rendered, so a script's 10,000 src/dst pairs cost no more than a real form."""
+"""The editor's form (webapp/loops/web/forms.py) is bounded by what it can hold (issue 25, item 2): a body
+far over a real form's size is refused (413) before it is parsed, and no more rules than the table's 26
+are ever kept or rendered, so a script's 10,000 src/dst pairs cost no more than a real form."""
 
 from __future__ import annotations
 
