@@ -1,6 +1,7 @@
-"""Replays of saved traces and non-streamed /v1 calls share GLASSBOX_MAX_BULK_STREAMS of the stream slots
-(webapp/web/streams.py): a flood of them is refused (503 + Retry-After) while live replies, the browser's
-streams and streamed /v1 calls, still get a slot (issue 25, item 4)."""
+"""Replays of saved traces, non-streamed /v1 calls and Inside reports being worked out share
+GLASSBOX_MAX_BULK_STREAMS of the stream slots (webapp/web/streams.py): a flood of them is refused (503 +
+Retry-After) while live replies, the browser's streams and streamed /v1 calls, still get a slot (issue 25,
+item 4)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,24 @@ def test_replays_fill_their_share_and_a_live_reply_still_gets_a_slot(shared):
     again = open_replay(shared, "10.0.0.9")  # the share was given back
     assert again.status_code == 200
     again.close()
+
+
+def test_an_inside_report_being_worked_out_takes_the_bulk_share(shared):
+    """Inside waits for its job (up to GLASSBOX_INSIDE_WAIT_SECONDS) holding a slot: a bulk one."""
+    client = shared.test_client()
+    sent = client.post("/chat/send", headers=HX, data={"csrf_token": csrf_of(client, "/chat/"), "content": "hi",
+                                                       "max_new_tokens": "3"})
+    url = re.findall(r'sse-connect="([^"]+)"', sent.get_data(as_text=True))[-1]
+    assert "event: done" in client.get(url).get_data(as_text=True)
+    inside = re.sub(r"/stream$", "/inside/1.json", url)
+    held = [open_replay(shared, f"10.0.2.{i}") for i in range(BULK)]
+    refused = client.get(inside)
+    assert refused.status_code == 503 and "replays and whole-reply API calls" in refused.get_data(as_text=True)
+    assert live_reply(shared).status_code == 200
+    for response in reversed(held):
+        response.close()
+    assert wait_for(lambda: shared.extensions["glassbox.core"].open_streams == 0)
+    assert client.get(inside).status_code == 200
 
 
 def test_whole_v1_replies_fill_their_share_and_live_replies_still_get_slots(shared):

@@ -2,9 +2,9 @@
 wait holds one of GLASSBOX_MAX_STREAMS slots, because each holds a gunicorn thread for its whole life.
 
 One client address holds at most GLASSBOX_MAX_STREAMS_PER_CLIENT of them (429 past that). Replays of
-saved traces and non-streamed /v1 calls ("bulk": nobody watches them token by token, and each may hold its
-slot for many seconds) share at most GLASSBOX_MAX_BULK_STREAMS of them, so a flood of those always leaves
-the rest to live replies.
+saved traces, non-streamed /v1 calls and Inside reports being worked out ("bulk": nobody watches them
+token by token, and each may hold its slot for many seconds) share at most GLASSBOX_MAX_BULK_STREAMS of
+them, so a flood of those always leaves the rest to live replies.
 gunicorn has GLASSBOX_MAX_STREAMS + 8 threads (gunicorn.conf.py): as long as nothing long-lived runs
 without a slot, the 8 left over always answer page loads, however many streams a script opens.
 """

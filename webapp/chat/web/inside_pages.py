@@ -129,7 +129,9 @@ def resolve(message: dict, index: int) -> InsideReport:
     if report is not None:
         return report
     try:
-        with held_slot() as slot:  # before the job: a refusal leaves nothing queued
+        # before the job: a refusal leaves nothing queued. A wait of many seconds that nobody watches token
+        # by token: the bulk share, so a flood of cold reports leaves the other slots to live replies
+        with held_slot(bulk=True) as slot:
             job = inside.start(owner_id(), inside_request)
     except Refused as error:
         raise InsideError(str(error), refusal_status(error), refusal_headers(error)) from None
