@@ -119,11 +119,14 @@ class Follow:
                         code="closing")
 
     def finish_reason(self) -> str:
+        if self.scan.stopped:
+            return "stop"
+        said = getattr(self.job.result, "stop_reason", None)  # the decoder's (or the remote server's) own
+        if said in ("end", "length"):
+            return "stop" if said == "end" else "length"
         # A reply ends by a special token only while it is shorter than max_new_tokens (Sequence.accept),
         # so a reply of exactly that length was cut by the limit.
-        if not self.scan.stopped and self.generated >= self.ask.params.max_new_tokens:
-            return "length"
-        return "stop"
+        return "length" if self.generated >= self.ask.params.max_new_tokens else "stop"
 
     def logprobs(self, tokens: list) -> dict | None:
         tokenizer = get_core().models["chat"].tokenizer

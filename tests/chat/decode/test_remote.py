@@ -1,17 +1,18 @@
-"""The remote chat executor (webapp/chat/decode/remote/executor.py) against a small fake OpenAI-compatible server in
-this process: settings, back-off and round-robin, the prompt as messages, logprobs as odds, a reply streamed,
-a backend that dies mid-reply, Stop closing the connection. Real gunicorn: tests/integration/test_remote.py."""
+"""The remote chat executor (webapp/chat/decode/remote/executor.py) against a small fake OpenAI-compatible server
+in this process (tests/support/fake_openai.py): settings, back-off and round-robin, the prompt as messages,
+logprobs as odds, a reply streamed, a backend that dies mid-reply, Stop closing the connection. Each real
+server's wire (llama.cpp, vLLM): tests/chat/decode/test_remote_servers.py. Real gunicorn:
+tests/integration/test_remote.py."""
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tests.support.fake_openai import Fake
 from webapp.chat.decode.remote.backends import Backends, parse_backend, read_key
 from webapp.chat.decode.remote.executor import RemoteChat
 from webapp.chat.decode.remote.wire import TokenMap, messages_of, odds_of
@@ -19,67 +20,6 @@ from webapp.chat.decode.types import ChatRequest, SamplingParams
 from webapp.core.engine import InferenceCore
 from webapp.core.executors import BatchedJobs
 from webapp.core.jobs import CANCELLED, DONE, FAILED, Job
-
-
-class Fake(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, text="Hi there", die_after=None, delay=0.0, status=200):
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.text, self.die_after, self.delay, self.status = text, die_after, delay, status
-        self.bodies, self.hangups, self.models_checked = [], 0, 0
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    @property
-    def url(self):
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
-
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
-
-    def do_GET(self):
-        self.server.models_checked += 1
-        body = json.dumps({"data": [{"id": "fake"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_POST(self):
-        server = self.server
-        server.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        if server.status != 200:
-            body = json.dumps({"error": {"message": "no such model"}}).encode()
-            self.send_response(server.status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        try:
-            for i, ch in enumerate(server.text):
-                if server.die_after is not None and i == server.die_after:
-                    self.connection.close()  # the backend dies: no finish, no [DONE]
-                    return
-                entry = {"token": ch, "logprob": math.log(0.5), "bytes": list(ch.encode()),
-                         "top_logprobs": [{"token": "x", "logprob": math.log(0.3), "bytes": [120]},
-                                          {"token": ch, "logprob": math.log(0.5), "bytes": list(ch.encode())}]}
-                chunk = {"choices": [{"index": 0, "delta": {"content": ch}, "logprobs": {"content": [entry]},
-                                      "finish_reason": None}]}
-                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                self.wfile.flush()
-                time.sleep(server.delay)
-            end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
-            self.wfile.write(f"data: {json.dumps(end)}\n\ndata: [DONE]\n\n".encode())
-        except OSError:
-            server.hangups += 1
 
 
 @pytest.fixture(scope="module")

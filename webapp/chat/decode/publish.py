@@ -32,6 +32,7 @@ def publish(job: Job, piece: Piece, core: Worker) -> None:
     s = piece.stats
     if s is not None:  # the last piece: the generator's own figures
         result.stats = ReplyStats(s.new_tokens, s.time_to_first_token_s, s.decode_tokens_per_s)
+        result.stop_reason = s.stop_reason
     elif piece.tokens:
         core.count("tokens", 1, job)
         if result.first_s is None:

@@ -77,6 +77,7 @@ class ChatResult:
     odds: list[TokenOdds] = field(default_factory=list)  # one per token
     stats: ReplyStats = ReplyStats()
     first_s: float | None = None  # seconds from the start to the first token
+    stop_reason: str | None = None  # as GenerationStats: "end", "length", ...; None while it runs
 
     @property
     def reply(self) -> str:

@@ -124,11 +124,19 @@ def path_of(url: str, suffix: str) -> str:
     return urllib.parse.urlsplit(url).path.rstrip("/") + suffix
 
 
-# -- the conversation and the odds --------------------------------------------------------------
 # -- one reply's HTTP, on its own thread ------------------------------------------------------------
 @dataclass
+class Chunk:
+    """What one streamed chunk brought: the text the server wrote (its `delta.content`, the reply as any
+    OpenAI client shows it) and, when odds were asked, its tokens as (bytes or None, logprobs entry)."""
+
+    text: str
+    tokens: list[tuple[bytes | None, dict[str, Any]]] | None  # None: no logprobs in this chunk
+
+
+@dataclass
 class Event:
-    kind: str  # "tokens" (data: list of (bytes, logprobs entry or None)), "end" (finish reason), "error"
+    kind: str  # "tokens" (data: Chunk), "end" (finish reason), "error" (the message)
     data: Any = None
 
 
@@ -225,7 +233,12 @@ class Reader(threading.Thread):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
-                    return finish or "stop"
+                    if finish is None:  # never a finished reply: llama-cpp-python ends a running one so
+                        # when another request arrives (its default --interrupt_requests True)
+                        raise BackendError(f"The chat backend {url} ended the reply before it was finished "
+                                           "(no finish_reason): it was cut short. A llama-cpp-python server "
+                                           "must run with --interrupt_requests False (docs/scaling.md).")
+                    return finish
                 chunk = json.loads(data)
                 if "error" in chunk:
                     raise BackendError(f"The chat backend {url} failed mid-reply: {_error_text(chunk)}")
@@ -247,12 +260,11 @@ class Reader(threading.Thread):
 
     def _tokens(self, choice: dict[str, Any]) -> None:
         entries = ((choice.get("logprobs") or {}).get("content")) or []
+        text = (choice.get("delta") or {}).get("content") or ""
         if entries:
-            self.put(Event("tokens", [(entry_bytes(e), e) for e in entries]))
-        else:
-            text = (choice.get("delta") or {}).get("content") or ""
-            if text:
-                self.put(Event("tokens", [(text.encode(), None)]))
+            self.put(Event("tokens", Chunk(text, [(entry_bytes(e), e) for e in entries])))
+        elif text:
+            self.put(Event("tokens", Chunk(text, None)))
 
 
 def _error_text(raw: object) -> str:

@@ -20,7 +20,11 @@ out from the alternatives sent: rank is the token's place among them (None past 
 as sampled is exact for greedy replies and for top_k <= 10, an estimate otherwise, and the entropy is
 a lower bound (see `odds_of`). Tokens are mapped to the local tokenizer's ids
 by their bytes: exact when the remote uses the same tokenizer (another Glassbox, or the same model
-under vLLM); otherwise a remote token is re-tokenized locally, its odds on its first piece.
+under vLLM); otherwise a remote token is re-tokenized locally, its odds on its first piece and
+probability 1 on the rest (`continuation`). The reply's text is what the server wrote (`delta.content`);
+a token whose bytes the server did not send (part of a character: llama-cpp-python, vLLM) takes the
+bytes of the text that came with it, or U+FFFD's when none came (see `_chunk`). The reply's end is the
+server's: a stream that ends without a finish_reason fails the reply as cut short, its text kept.
 
 Several base URLs are used in turn (round-robin). One that fails (refused connection, 5xx, a broken
 stream) is skipped for `retry_seconds`; after that it is checked with GET <base>/models before it
@@ -31,19 +35,18 @@ dies mid-reply fails the reply with a clear error; the text received so far is k
 
 from __future__ import annotations
 
-import codecs
 import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from webapp.chat.decode.generate import GenerationStats, Piece
 from webapp.chat.decode.odds import TokenOdds
 from webapp.chat.decode.publish import chat_result, publish
-from webapp.chat.decode.remote.backends import Backends, Reader, parse_backend, read_key
-from webapp.chat.decode.remote.wire import TokenMap, odds_of, request_body
+from webapp.chat.decode.remote.backends import Backends, Chunk, Reader, parse_backend, read_key
+from webapp.chat.decode.remote.wire import REPLACEMENT, TokenMap, continuation, odds_of, request_body
 from webapp.chat.decode.types import ChatRequest, decode_rate
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.config import Settings
@@ -59,8 +62,8 @@ class Row:
     job: Job
     reader: Reader
     started: float
-    decoder: codecs.IncrementalDecoder
     tokens: int = 0
+    unknown: list[dict[str, Any]] = field(default_factory=list)  # entries whose bytes are still to come
 
 
 class RemoteChat(BatchedJobs):
@@ -92,7 +95,7 @@ class RemoteChat(BatchedJobs):
         chat_result(job)
         reader = Reader(self.backends, self.body(request), self.news, timeout=self.timeout,
                         wait_seconds=self.wait_seconds)
-        self._rows[job.id] = Row(job, reader, time.perf_counter(), codecs.getincrementaldecoder("utf-8")("replace"))
+        self._rows[job.id] = Row(job, reader, time.perf_counter())
         reader.start()
 
     def step(self, core: Worker) -> StepReport:
@@ -113,38 +116,74 @@ class RemoteChat(BatchedJobs):
                 except queue.Empty:
                     break
                 if event.kind == "tokens":
-                    for data, entry in event.data:
-                        self._publish(row, data, entry, core)
+                    self._chunk(row, event.data, core)
                     report.rows += 1
                 elif event.kind == "error":
                     ended = (FAILED, event.data)
                 else:
-                    ended = (CANCELLED, None) if event.data == "cancelled" else (DONE, None)
+                    ended = (CANCELLED, None) if event.data == "cancelled" else (DONE, event.data)
             if ended is not None:
                 report.finished.append(self._retire(row, *ended, core))
         return report
 
-    def _publish(self, row: Row, data: bytes, entry: dict[str, Any] | None, core: Worker) -> None:
-        ids = self.tokens.ids(data) or []
-        text = row.decoder.decode(data)
-        for n, token in enumerate(ids):
+    def _chunk(self, row: Row, chunk: Chunk, core: Worker) -> None:
+        """One chunk's tokens and text, published as the local tokenizer's tokens, the text on the last.
+
+        A token whose bytes are unknown waits in `row.unknown` for the text that brings its character:
+        the chunk's text beyond the bytes of its known tokens (vLLM sends the whole character with the
+        token that ends it). When a known token comes first, or the reply ends, without that text, the
+        bytes were never sent (llama-cpp-python drops them): those tokens are U+FFFD's."""
+        got = chunk.text.encode()
+        if chunk.tokens is None:  # no odds asked: the text's local tokens, no odds
+            pieces: list[tuple[int, TokenOdds | None]] = [(t, None) for t in self.tokens.ids(got)]
+        else:
+            known = b"".join(data for data, _ in chunk.tokens if data is not None)
+            lead = got[:len(got) - len(known)] if got.endswith(known) else b""  # what no known token wrote
+            pieces = []
+            for data, entry in chunk.tokens:
+                if data is None:
+                    row.unknown.append(entry)
+                    continue
+                if row.unknown:
+                    pieces += self._resolve(row, lead)
+                    lead = b""
+                pieces += self._split(row, data, [entry])
+            if row.unknown and lead:
+                pieces += self._resolve(row, lead)
+        self._publish(row, pieces, chunk.text, core)
+
+    def _split(self, row: Row, data: bytes, entries: list[dict[str, Any]]) -> list[tuple[int, TokenOdds | None]]:
+        """Remote tokens (their entries) that wrote `data` -> local tokens: each remote token's odds on a
+        local token in turn, and probability 1 on local pieces past them (a remote token split locally)."""
+        p = row.job.request.params
+        ids = self.tokens.ids(data)
+        return [(token, odds_of(entries[n], token, self.tokens, p.temperature, p.top_k) if n < len(entries)
+                 else continuation(token)) for n, token in enumerate(ids)]
+
+    def _resolve(self, row: Row, data: bytes) -> list[tuple[int, TokenOdds | None]]:
+        entries, row.unknown = row.unknown, []
+        return self._split(row, data or REPLACEMENT, entries)
+
+    def _publish(self, row: Row, pieces: list[tuple[int, TokenOdds | None]], text: str, core: Worker) -> None:
+        for n, (token, odds) in enumerate(pieces):
             row.tokens += 1
-            p = row.job.request.params
-            odds = (odds_of(entry, token, self.tokens, p.temperature, p.top_k) if entry is not None and n == 0
-                    else TokenOdds.given(token))
-            publish(row.job, Piece(text if n == len(ids) - 1 else "", row.tokens,
+            publish(row.job, Piece(text if n == len(pieces) - 1 else "", row.tokens,
                                    time.perf_counter() - row.started, token=token, odds=odds), core)
-        if not ids and text:
+        if not pieces and text:
             publish(row.job, Piece(text, row.tokens, time.perf_counter() - row.started), core)
 
-    def _retire(self, row: Row, outcome: str, error: str | None, core: Worker) -> Finished:
+    def _retire(self, row: Row, outcome: str, detail: str | None, core: Worker) -> Finished:
+        """`detail`: the error of a failed reply, the server's finish_reason of a finished one."""
         del self._rows[row.job.id]
-        rest = row.decoder.decode(b"", final=True)
+        if row.unknown:  # the reply ended before their bytes came
+            self._publish(row, self._resolve(row, b""), "", core)
         elapsed = time.perf_counter() - row.started
         first = chat_result(row.job).first_s
-        publish(row.job, Piece(rest, row.tokens, elapsed,
+        stop = {DONE: "length" if detail == "length" else "end", CANCELLED: "cancelled"}.get(outcome, "failed")
+        publish(row.job, Piece("", row.tokens, elapsed,
                                stats=GenerationStats(len(row.job.request.prompt_ids), row.tokens, first, elapsed,
-                                                     decode_rate(row.tokens, first, elapsed), outcome, False)), core)
+                                                     decode_rate(row.tokens, first, elapsed), stop, False)), core)
+        error = detail if outcome == FAILED else None
         if outcome == FAILED:
             log.warning("remote reply %s failed: %s", row.job.id, error)
         return Finished(row.job, outcome, error)

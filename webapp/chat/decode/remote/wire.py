@@ -35,15 +35,25 @@ def messages_of(prompt: PromptBuilder, ids: Sequence[int]) -> list[JSON]:
     return messages
 
 
+# Sampling as Glassbox samples: temperature, then top-k, nothing else. Each server's own defaults differ
+# (llama-cpp-python: top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1.1; llama-server: top_k 40, top_p
+# 0.95, min_p 0.05; vLLM: the model's generation_config.json), so every filter and penalty is sent switched
+# off. Each server ignores the fields it does not know (vLLM logs them); docs/scaling.md lists them per server.
+NEUTRAL_SAMPLING = {"top_p": 1.0, "min_p": 0.0, "typical_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                    "repeat_penalty": 1.0,  # llama.cpp's name
+                    "repetition_penalty": 1.0}  # vLLM's name
+REPLACEMENT = "\ufffd".encode()  # U+FFFD: what vLLM sends as the bytes of a token that is part of a character
+
+
 def request_body(prompt: PromptBuilder, request: ChatRequest, model: str = "") -> JSON:
     """The streamed /chat/completions request for a reply (`model`: empty for the server's own)."""
     p = request.params
     body: JSON = {"messages": messages_of(prompt, request.prompt_ids),
-            "max_tokens": p.max_new_tokens, "temperature": p.temperature, "stream": True}
+                  "max_tokens": p.max_new_tokens, "temperature": p.temperature, "stream": True,
+                  "top_k": p.top_k,  # always: 0 (the whole vocabulary) is not every server's default
+                  **NEUTRAL_SAMPLING}
     if model:  # empty: the server's own (Glassbox, llama.cpp and vLLM serving one model take none)
         body["model"] = model
-    if p.top_k:
-        body["top_k"] = p.top_k  # vLLM, llama.cpp and Glassbox take it; others ignore it
     if p.seed is not None:
         body["seed"] = p.seed
     if request.odds:
@@ -51,10 +61,22 @@ def request_body(prompt: PromptBuilder, request: ChatRequest, model: str = "") -
     return body
 
 
-def entry_bytes(entry: JSON) -> bytes:
-    """A logprobs entry's bytes (`bytes` when given, else its text)."""
+def entry_bytes(entry: JSON) -> bytes | None:
+    """A logprobs entry's bytes (`bytes` when given, else its text); None when the server did not say.
+
+    A token that is part of a multi-byte character has bytes no text can hold: llama-cpp-python's server
+    then sends `bytes: null` and the token's text decoded on its own with the broken bytes dropped (often
+    ""), and vLLM sends the bytes of U+FFFD. Such a token is still a token (see RemoteChat's `_chunk`)."""
     data = entry.get("bytes")
-    return bytes(data) if data is not None else str(entry.get("token", "")).encode()
+    raw = bytes(data) if data else str(entry.get("token") or "").encode()
+    return None if not raw or raw == REPLACEMENT else raw
+
+
+def continuation(token: int) -> TokenOdds:
+    """The odds of a local piece after the first of one remote token: that token's odds are on its first
+    piece, and given the first, the rest of the token was certain (probability 1), so the product over the
+    pieces is the remote token's probability. Never None: every piece renders and goes out in /v1."""
+    return TokenOdds(token, 1.0, 1.0, 1, 0.0, ((token, 1.0, 1.0),))
 
 
 class TokenMap:
@@ -93,20 +115,24 @@ def odds_of(entry: JSON, token: int, tokens: TokenMap, temperature: float = 1.0,
     sends the token's `sampled_probability`, `rank` and `entropy_bits`; other servers do not, and they
     are worked out from the alternatives sent (see `sampled_estimates`, `entropy_estimate`)."""
     chosen = entry_bytes(entry)
-    top = [(entry_bytes(alt), _p(alt.get("logprob"))) for alt in entry.get("top_logprobs") or []]
+    # at most TOP_ALTERNATIVES: llama-cpp-python adds the chosen token after its top list, which is no rank
+    sent = [(entry_bytes(alt), _p(alt.get("logprob"))) for alt in (entry.get("top_logprobs") or [])]
+    top = [(data, p) for data, p in sent[:TOP_ALTERNATIVES] if data is not None]
     rank = entry.get("rank")
-    if rank is None:
-        rank = next((i + 1 for i, (data, _) in enumerate(top) if data == chosen), None)
+    if rank is None and chosen is not None:
+        rank = next((i + 1 for i, (data, _) in enumerate(sent[:TOP_ALTERNATIVES]) if data == chosen), None)
     p = _p(entry.get("logprob"))
-    q = sampled_estimates([*top, (chosen, p)], temperature, top_k)
+    key = b"\x00unknown" if chosen is None else chosen  # bytes unknown: a row of its own in the estimates
+    q = sampled_estimates([*top, (key, p)], temperature, top_k)
     alternatives: list[tuple[int, float, float]] = []
     for data, alt_p in top:  # an alternative whose probability was not sent has nothing to show
         alt_id = tokens.one(data)
-        if alt_id is not None and alt_p is not None and len(alternatives) < TOP_ALTERNATIVES:
+        if alt_id is not None and alt_p is not None and len(alternatives) < TOP_ALTERNATIVES \
+                and alt_id not in [a for a, _, _ in alternatives]:
             alternatives.append((alt_id, alt_p, q.get(data, 0.0)))
     sampled = entry.get("sampled_probability")
     entropy = entry.get("entropy_bits")
-    return TokenOdds(token, p, q.get(chosen) if sampled is None else sampled, rank,
+    return TokenOdds(token, p, q.get(key) if sampled is None else sampled, rank,
                      entropy_estimate([x for _, x in top] or [p]) if entropy is None else entropy,
                      tuple(alternatives))
 
