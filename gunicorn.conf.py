@@ -81,9 +81,11 @@ def _is_loopback(network: str) -> bool:
 
 
 def when_ready(server):
-    for address in bind.split(","):
-        level, said = exposure(address.strip(), forwarded_allow_ips)
-        getattr(server.log, level)("Glassbox is listening on http://%s/ %s", address.strip(), said)
+    # what gunicorn really bound: `-b` on the command line, or several -b, win over `bind` above
+    for sock in server.LISTENERS:
+        address = str(sock)
+        level, said = exposure(address.removeprefix("http://"), forwarded_allow_ips)
+        getattr(server.log, level)("Glassbox is listening on %s %s", address, said)
 
 
 def _core(worker):

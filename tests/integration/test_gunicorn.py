@@ -4,13 +4,16 @@ anyone wrote."""
 
 from __future__ import annotations
 
+import os
 import re
 import socket
+import subprocess
+import sys
 
 import pytest
 
 from tests.integration.helpers import as_sse_text, message_id, saved_message, start_reply, start_run, streamed_text
-from tests.support.servers import Client, Gunicorn, model_env, parse_metrics, wait_until
+from tests.support.servers import ROOT, Client, Gunicorn, free_port, model_env, parse_metrics, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -120,3 +123,21 @@ def test_a_body_too_large_is_answered_and_the_kept_alive_connection_still_works(
         assert status == 413 and b"too large" in text
         conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: glassbox\r\n\r\n")
         assert read_response(reader)[0] == 200
+
+
+def test_the_start_up_line_names_the_address_gunicorn_binds(tmp_path):
+    port = free_port()
+    log = tmp_path / "gunicorn.log"
+    env = {**os.environ, **model_env(tmp_path), "GLASSBOX_INSTANCE_PATH": str(tmp_path / "instance"),
+           "GLASSBOX_BIND": "127.0.0.1:1", "PYTHONPATH": str(ROOT)}  # -b on the command line wins over it
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "-b",
+                                 f"127.0.0.1:{port}", "wsgi:app"], cwd=ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        assert wait_until(lambda: "Glassbox is listening on" in log.read_text(), 60), log.read_text()[-2000:]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    line = next(x for x in log.read_text().splitlines() if "Glassbox is listening on" in x)
+    assert f"Glassbox is listening on http://127.0.0.1:{port} on loopback only" in line
