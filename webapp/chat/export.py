@@ -1,9 +1,10 @@
 """Export the chat model for other engines:
 
-    python -m webapp.chat.export hf OUT_DIR [--force]
+    python -m webapp.chat.export hf OUT_DIR [--force]                      # transformers, vLLM
+    python -m webapp.chat.export gguf OUT.gguf [--outtype f32|f16|q8_0] [--force]   # llama.cpp
 
 The model is loaded exactly as the app loads it (the GLASSBOX_CHAT_* settings, README.md), on the CPU in
-float32, and written by webapp/chat/model/hf.py.
+float32, and written by webapp/chat/model/hf.py or webapp/chat/model/gguf.py.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 
 from webapp.chat.model.errors import ModelLoadError
+from webapp.chat.model.gguf import OUTTYPES, export_gguf
 from webapp.chat.model.hf import ExportError, export_hf
 from webapp.chat.model.loading import load_chat_model
 from webapp.config import ConfigError, Settings
@@ -23,23 +25,33 @@ from webapp.config import ConfigError, Settings
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m webapp.chat.export",
                                      description="Export the chat model that the GLASSBOX_CHAT_* settings load.")
-    parser.add_argument("format", choices=["hf"], help="hf: a Hugging Face GPT-2 model directory")
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--force", action="store_true", help="write into a directory that is not empty")
+    parser.add_argument("format", choices=["hf", "gguf"],
+                        help="hf: a Hugging Face GPT-2 model directory; gguf: one GGUF file for llama.cpp")
+    parser.add_argument("out", type=Path, help="hf: the directory; gguf: the file")
+    parser.add_argument("--outtype", choices=OUTTYPES, default="f16", help="gguf: the matrices' type (f16)")
+    parser.add_argument("--force", action="store_true", help="write into a directory that is not empty, or "
+                        "over a file that exists")
     args = parser.parse_args(argv)
-    if args.out_dir.exists() and any(args.out_dir.iterdir()) and not args.force:
-        print(f"{args.out_dir} is not empty; give --force to write into it", file=sys.stderr)
+    out: Path = args.out
+    if args.format == "hf" and out.exists() and any(out.iterdir()) and not args.force:
+        print(f"{out} is not empty; give --force to write into it", file=sys.stderr)
+        return 2
+    if args.format == "gguf" and out.exists() and not args.force:
+        print(f"{out} exists; give --force to write over it", file=sys.stderr)
         return 2
     try:
         settings = Settings.from_env()
         loaded = load_chat_model(settings.chat_checkpoint, arch=settings.chat_arch or None,
                                  tokenizer_spec=settings.chat_tokenizer or None,
                                  factory=settings.chat_factory or None, device="cpu", dtype=torch.float32)
-        written = export_hf(loaded, args.out_dir)
-    except (ConfigError, ModelLoadError, ExportError) as error:
+        if args.format == "gguf":
+            written = [export_gguf(loaded, out, args.outtype)]
+        else:
+            written = export_hf(loaded, out)
+    except (ConfigError, ModelLoadError, ExportError, OSError) as error:
         print(f"cannot export: {error}", file=sys.stderr)
         return 1
-    print(f"{loaded.description}\nwrote {len(written)} files to {args.out_dir}:")
+    print(f"{loaded.description}\nwrote {len(written)} file{'s' if len(written) != 1 else ''} to {out}:")
     for path in written:
         print(f"  {path.name}")
     return 0
