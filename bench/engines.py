@@ -115,10 +115,10 @@ def export(checkpoint: Path | None, name: str) -> Path:
 class LlamaServer:
     """`python -m llama_cpp.server` on a free port; `flags` beside the model, host and port."""
 
-    def __init__(self, model: Path, flags: list[str], log: Path) -> None:
+    def __init__(self, model: Path, flags: list[str], log: Path, n_ctx: int = 1024) -> None:
         from tests.support.servers import free_port, wait_until
         self.port = free_port()
-        self.flags = ["--n_ctx", "1024", "--n_threads", str(THREADS), *flags]
+        self.flags = ["--n_ctx", str(n_ctx), "--n_threads", str(THREADS), *flags]  # n_ctx: the model's window
         self.command = [str(VPY), "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
                         "--port", str(self.port), *self.flags]
         self.log = log
@@ -291,7 +291,7 @@ def run_checks(work: Path) -> tuple[list[tuple[str, str, str]], dict]:
         other.stop()
         llama.stop()
     # the GPT-2-BPE model itself through llama.cpp
-    llama = LlamaServer(gpt2, safe, work / "llama-gpt2.log")
+    llama = LlamaServer(gpt2, safe, work / "llama-gpt2.log", n_ctx=512)
     alone2 = glassbox(work, "alone-gpt2", gpt2_ckpt)
     front2 = glassbox(work, "front-gpt2-same", gpt2_ckpt, llama.url)
     try:
