@@ -1,5 +1,5 @@
 """A Glassbox front before a real llama.cpp server (llama-cpp-python's `python -m llama_cpp.server`), checked
-as a user would meet it: the checks that tests/chat/test_remote_servers.py makes against a fake server.
+as a user would meet it: the checks that tests/chat/decode/test_remote_servers.py makes against a fake server.
 
     .venv/bin/python -m bench.engines              # setup (first run ~15-40 min), then every check
     .venv/bin/python -m bench.engines --setup-only # build the environment and the GGUF files only
