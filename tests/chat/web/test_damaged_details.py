@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+from markupsafe import escape
 
 from tests.conftest import csrf_of, make_app, wait_for
 from tests.support.chat_models import tiny_chat_model
@@ -45,7 +46,7 @@ def test_damaged_odds_show_the_reply_without_them(app, odds):
     tokens = client.get(f"{base}/tokens")
     page = tokens.get_data(as_text=True)
     assert tokens.status_code == 200 and DAMAGED in page.replace("&#39;", "'")
-    assert reply["content"] in page or not reply["content"].strip()
+    assert str(escape(reply["content"])) in page or not reply["content"].strip()  # the page escapes it
     assert client.get(f"/chat/c/{conversation}").status_code == 200  # read as tokens: shown as text
     panel = client.get(f"{base}/tokens/0")
     assert panel.status_code == 404 and "damaged" in panel.get_data(as_text=True)
