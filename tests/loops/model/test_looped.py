@@ -121,3 +121,52 @@ def test_batch_matches_batch_of_one(model):
         single = run(model, num_loops=12, enc=enc)
         torch.testing.assert_close(batch.scores[b], single.scores[0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(batch.stop_logits[b], single.stop_logits[0], atol=1e-5, rtol=1e-5)
+
+
+def run_with_attention(model, num_loops=10, enc=None):
+    calls = []
+
+    def observe(loop, scores, stop_logits, state_logits, attention):
+        calls.append((scores.clone(), stop_logits.clone(), attention.clone()))
+
+    enc = enc or encode()
+    with torch.inference_mode():
+        out = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], num_loops=num_loops,
+                    completion_threshold=1.01, readout_token_ids=TOK.readout_token_ids,
+                    loop_callback=observe, loop_attention=True)
+    return out, calls
+
+
+def test_loop_attention_is_a_distribution_over_the_prompt_per_head(model):
+    out, calls = run_with_attention(model, num_loops=6)
+    assert len(calls) == 6
+    for _, _, attention in calls:
+        assert attention.shape == (1, model.config.n_head, 88)
+        assert (attention >= 0).all()
+        torch.testing.assert_close(attention.sum(-1), torch.ones(1, model.config.n_head))
+
+
+def test_loop_attention_is_the_weights_the_block_uses(model):
+    # A plain reference: the weights times the values, through the output projection, give the
+    # fused attention's own output.
+    enc = encode()
+    with torch.inference_mode():
+        kv, mask, _ = model.encode(enc["input_ids"], enc["attention_mask"])
+        z = model.wte(torch.tensor([[2]]))                                  # the letter C
+        block = model.loop_block
+        weights = block.attention(z, kv, mask)                              # [1, nh, 1, T]
+        y = (weights @ kv[1]).transpose(1, 2).reshape(1, 1, -1)
+        torch.testing.assert_close(block.attn.c_proj(y), block.attn(block.ln_1(z), kv, mask),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_capturing_attention_leaves_every_output_bit_for_bit_unchanged(model):
+    plain_calls = []
+    plain = run(model, num_loops=20, callback=lambda loop, s, stop, state: plain_calls.append(
+        (s.clone(), stop.clone())))
+    captured, calls = run_with_attention(model, num_loops=20)
+    for key in ("scores", "stop_logits", "state_logits", "halted_at", "start_scores"):
+        assert torch.equal(getattr(plain, key), getattr(captured, key)), key
+    assert len(plain_calls) == len(calls)
+    for (s, stop), (s2, stop2, _) in zip(plain_calls, calls):
+        assert torch.equal(s, s2) and torch.equal(stop, stop2)

@@ -115,6 +115,16 @@ class CrossAttention(nn.Module):
         B, _, L, _ = y.shape
         return self.c_proj(y.transpose(1, 2).reshape(B, L, -1))
 
+    def weights(self, x, kv, mask):
+        """The attention weights forward() uses, [B, nh, L, T], each row summing to 1 over the prompt.
+
+        Worked out beside forward(), never inside it: the fused kernel stays on the output path, so
+        asking for the weights cannot change what the model predicts."""
+        k, _ = kv
+        q = self.split(self.q_proj(x))
+        logits = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))             # [B, nh, L, T]
+        return logits.masked_fill(~mask.bool()[:, None, None, :], float("-inf")).softmax(-1)
+
 
 class SlotReader(nn.Module):
     """Learned queries that pick out the start letter and k's digits from the prompt."""
@@ -147,6 +157,10 @@ class LoopBlock(nn.Module):
     def forward(self, z, kv, mask):
         a = self.attn(self.ln_1(z), kv, mask)    # retrieved destination, [B, L, C]
         return a, a + self.mlp(self.ln_2(a))
+
+    def attention(self, z, kv, mask):
+        """Where this hop's query looked in the prompt: [B, nh, L, T]."""
+        return self.attn.weights(self.ln_1(z), kv, mask)
 
 
 class CompletionHead(nn.Module):
@@ -195,6 +209,10 @@ class LoopOutput:
 
 
 class LoopTransformer(nn.Module):
+    # forward(loop_attention=True) hands loop_callback each loop's attention; an owner's model
+    # without this attribute is not asked (webapp/loops/trace.py says "not available").
+    supports_loop_attention = True
+
     def __init__(self, config: LoopConfig):
         super().__init__()
         self.config = config
@@ -252,7 +270,9 @@ class LoopTransformer(nn.Module):
 
     # -- inference ------------------------------------------------------------------
     def forward(self, input_ids, attention_mask=None, num_loops=272, completion_threshold=0.5,
-                readout_token_ids=None, loop_callback=None):
+                readout_token_ids=None, loop_callback=None, loop_attention=False):
+        """loop_attention: also pass loop_callback `attention=` the loop block's weights over the
+        prompt, [B, n_head, T] (the same outputs either way)."""
         if not 1 <= num_loops < 10 ** self.config.n_places:
             raise ValueError(f"num_loops must be from 1 to {10 ** self.config.n_places - 1}")
         ids = self._ids(readout_token_ids)
@@ -273,7 +293,10 @@ class LoopTransformer(nn.Module):
             scores.append(score)
             stops.append(stop)
             states.append(state)
-            if loop_callback is not None:
+            if loop_callback is not None and loop_attention:
+                loop_callback(loop, score, stop, state,
+                              attention=self.loop_block.attention(z, kv, mask)[:, :, 0])
+            elif loop_callback is not None:
                 loop_callback(loop, score, stop, state)               # exceptions propagate
             fired = (stop.sigmoid() >= completion_threshold) & (halted_at == 0)
             halted_at = torch.where(fired, torch.full_like(halted_at, loop), halted_at)
