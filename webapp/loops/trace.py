@@ -7,13 +7,15 @@ trajectory.  Targets (expected, correct, edge_valid) are added here, on the cons
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from webapp.core import Job, JobCancelled
+from webapp.loops.reading import read_rules, rounded, supports_attention
 from webapp.loops.request import DemoRequest
-from webapp.loops.task import SYMBOLS
+from webapp.loops.task import PROMPT_LENGTH, SYMBOLS
 
 SAFETY_CAP = 272
 STOP_THRESHOLD = 0.5
@@ -36,14 +38,16 @@ def metadata(request: DemoRequest, checkpoint_id: str, source: str = "live") -> 
             "request": request.payload(), "threshold": STOP_THRESHOLD, "safety_cap": SAFETY_CAP}
 
 
-def observations(batch: list[tuple]) -> tuple[list[dict], bool]:
+def observations(batch: list[tuple], pairs=None) -> tuple[list[dict], bool]:
     """What the model itself says at each loop of a batch (no targets yet).
 
-    batch: (loop, scores [B, 26], stop_logits, state_logits or None, seconds) per loop.  The
+    batch: (loop, scores [B, 26], stop_logits, state_logits or None, seconds, attention [B, nh, T]
+    or None) per loop; with attention (and the prompt's rules, `pairs`) a row also says which rule
+    it read and keeps the weights.  The
     tensor work runs once per batch, not once per loop: a loop of the bundled model is so short that a
     dozen small operations and host reads per loop showed up whole (docs/benchmarks.md, Loop lab).
     -> (rows up to the first nonfinite loop, whether there was one)."""
-    loops, loop_scores, loop_stops, states, seconds = zip(*batch)
+    loops, loop_scores, loop_stops, states, seconds, attentions = zip(*batch)
     n = len(batch)
     scores = torch.stack(loop_scores)[:, 0].float()                                 # [n, 26]
     stops = torch.stack(loop_stops).reshape(n, -1)[:, -1].float().sigmoid()         # [n]
@@ -56,15 +60,21 @@ def observations(batch: list[tuple]) -> tuple[list[dict], bool]:
         direct = [None if s is None else int(s[0].argmax()) for s in states]
     else:
         direct = torch.stack(states)[:, 0].argmax(-1).tolist()
+    reads: Sequence[dict | None] = [None] * n
+    weights: list[Any] = [None] * n
+    if pairs is not None and all(a is not None for a in attentions):
+        attention = torch.stack(attentions)[:, 0].float()                            # [n, nh, T]
+        reads, weights = read_rules(pairs, attention), rounded(attention)
     rows: list[dict[str, Any]] = []
     for i, (p3, i3) in enumerate(zip(top.values.tolist(), top.indices.tolist())):
         if not finite[i]:
             return rows, True
+        extra = {} if reads[i] is None else {"read": reads[i], "attention": weights[i]}
         rows.append({"loop": loops[i], "prediction": SYMBOLS[predictions[i]],
                      "direct_prediction": _symbol(direct[i]),
                      "stop_probability": probabilities[i],
                      "top3": [{"symbol": SYMBOLS[k], "probability": p} for p, k in zip(p3, i3)],
-                     "arrival_seconds": seconds[i]})
+                     "arrival_seconds": seconds[i], **extra})
     return rows, False
 
 
@@ -74,17 +84,19 @@ class Observer:
     One `rows` event per FLUSH_SECONDS (and for the first loop at once), instead of one per loop:
     every event wakes the stream threads, which then take the GIL from the worker."""
 
-    def __init__(self, job: Job, builder: TraceBuilder, on_rows=None, between=None) -> None:
+    def __init__(self, job: Job, builder: TraceBuilder, on_rows=None, between=None, pairs=None) -> None:
         self.job, self.builder, self.on_rows, self.between = job, builder, on_rows, between
+        self.pairs = pairs  # the prompt's rules in order, when the model hands over its attention
         self.started = self.flushed = time.perf_counter()
         self.pending: list[tuple] = []
 
-    def __call__(self, loop, scores, stop_logits, state_logits) -> None:
+    def __call__(self, loop, scores, stop_logits, state_logits, attention=None) -> None:
         self.job.raise_if_cancelled()  # stops the model at the next loop
         now = time.perf_counter()
         # Copies: they are read up to FLUSH_SECONDS later, and a model may reuse its output buffers.
         self.pending.append((loop, scores.clone(), torch.as_tensor(stop_logits).clone(),
-                             None if state_logits is None else state_logits.clone(), now - self.started))
+                             None if state_logits is None else state_logits.clone(), now - self.started,
+                             None if attention is None else attention.clone()))
         if loop == 1 or now - self.flushed >= FLUSH_SECONDS:
             self.flush()
         if self.between is not None:
@@ -99,7 +111,7 @@ class Observer:
             return False
         batch, self.pending = self.pending, []
         self.flushed = time.perf_counter()
-        rows, nonfinite = observations(batch)
+        rows, nonfinite = observations(batch, self.pairs)
         rows = [self.builder.add(row) for row in rows]
         if rows:
             if self.on_rows is not None:
@@ -149,18 +161,21 @@ def run_trace(job: Job, bundle: Any, request: DemoRequest, on_rows=None, between
     model = bundle.model
     check_model(model)
     builder = TraceBuilder(request)
-    observe = Observer(job, builder, on_rows, between)
+    prompt = bundle.render_prompt(list(request.pairs), request.start, request.steps)
+    encoded = bundle.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")
+    # Which rule each loop read needs one weight per character of the v1 prompt.
+    attention = supports_attention(model) and encoded["input_ids"].shape[-1] == len(prompt) == PROMPT_LENGTH
+    observe = Observer(job, builder, on_rows, between, pairs=list(request.pairs) if attention else None)
     started = observe.started
 
-    encoded = bundle.tokenizer(bundle.render_prompt(list(request.pairs), request.start, request.steps),
-                               add_special_tokens=False, return_tensors="pt")
     device = next(model.parameters()).device
     try:
         with torch.inference_mode():
             result = model(input_ids=encoded["input_ids"].to(device),
                            attention_mask=encoded["attention_mask"].to(device),
                            num_loops=SAFETY_CAP, completion_threshold=STOP_THRESHOLD,
-                           readout_token_ids=list(bundle.readout_token_ids), loop_callback=observe)
+                           readout_token_ids=list(bundle.readout_token_ids), loop_callback=observe,
+                           **({"loop_attention": True} if attention else {}))
     except Exception as error:  # cancelled (JobCancelled) or the model failed: keep the rows so far
         try:
             nonfinite = observe.flush(ended=True)

@@ -1,0 +1,57 @@
+"""Which rule the loop block read: its attention over the prompt, summed per rule.
+
+At loop t the model should look up the rule of the letter it is on. The loop block attends over the
+prompt's characters; a rule owns its source and destination characters (the v1 format,
+webapp/loops/task.py: "AQ BZ …", three characters a rule, the space included in neither), and the
+rule read is the one with the most attention mass, heads combined (their mean, so still a
+distribution over the prompt). Used live (webapp/loops/trace.py), on upload (webapp/loops/recorded.py:
+recomputed from the file's weights, never taken from it) and by scripts/eval_loops.py.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from webapp.loops.task import PROMPT_LENGTH
+
+NOT_AVAILABLE = "Attention is not available for this model."
+DIGITS = 4  # weights are saved to 4 decimals: a 272-loop trace stays well under the upload limit
+
+
+def supports_attention(model: Any) -> bool:
+    """Only a model that says so is asked for loop_attention (an owner's forward may not take it)."""
+    return getattr(model, "supports_loop_attention", False) is True
+
+
+def rule_matrix(pairs) -> torch.Tensor:
+    """[PROMPT_LENGTH, 26]: 1 where prompt character i belongs to the rule at index r (in prompt order)."""
+    matrix = torch.zeros(PROMPT_LENGTH, len(pairs), dtype=torch.float64)
+    for r in range(len(pairs)):
+        matrix[3 * r, r] = matrix[3 * r + 1, r] = 1.0
+    return matrix
+
+
+def read_rules(pairs, attention: torch.Tensor) -> list[dict]:
+    """attention [n, n_head, T] (T = PROMPT_LENGTH) -> per loop {"source", "destination", "mass"}."""
+    combined = attention.double().mean(1)                         # [n, T]
+    mass = combined @ rule_matrix(pairs)                          # [n, 26]
+    best, index = mass.max(-1)
+    return [{"source": pairs[r][0], "destination": pairs[r][1], "mass": round(m, DIGITS)}
+            for m, r in zip(best.tolist(), index.tolist())]
+
+
+def rounded(attention: torch.Tensor) -> list[list[list[float]]]:
+    """[n, n_head, T] -> nested lists to DIGITS decimals (divided in float64, so they print short)."""
+    scale = 10 ** DIGITS
+    return attention.double().mul(scale).round().div(scale).tolist()
+
+
+def valid_attention(value: Any) -> bool:
+    """A saved row's weights: 1 to 16 heads, each PROMPT_LENGTH finite numbers from 0 to 1."""
+    return (isinstance(value, list) and 1 <= len(value) <= 16
+            and all(isinstance(head, list) and len(head) == PROMPT_LENGTH and all(
+                not isinstance(w, bool) and isinstance(w, (int, float)) and math.isfinite(w) and 0 <= w <= 1
+                for w in head) for head in value))
