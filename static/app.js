@@ -135,6 +135,7 @@
     var toggle = nav.querySelector(".player-toggle");
     var speed = nav.querySelector(".player-speed");
     var links = nav.querySelectorAll("a[data-to]");
+    var attention = results.querySelector(".loop-attention");  // one loop's, rendered by the server
     var timer = null;
     var ownPage = new URL(url, location.href).pathname === location.pathname;
 
@@ -175,6 +176,15 @@
         var off = (name === "first" || name === "prev") ? at === 1 : at === total;
         if (off) a.setAttribute("aria-disabled", "true"); else a.removeAttribute("aria-disabled");
       });
+      if (attention) {  // stepping in place leaves it on its own loop: say so, and link to the current one
+        var stale = parseInt(attention.getAttribute("data-loop"), 10) !== at;
+        attention.classList.toggle("stale", stale);
+        var note = attention.querySelector(".attention-stale");
+        if (note) {
+          note.hidden = !stale;
+          note.querySelector("a").href = url + "?loop=" + at + "#attention";
+        }
+      }
       keepInView(row);
       if (ownPage) history.replaceState(null, "", url + "?loop=" + at);
     }

@@ -1,6 +1,7 @@
 """Checking an uploaded trace file before it is saved and replayed.
 
-Targets are recomputed from the request, so a hand-edited file cannot show a wrong ✓.
+Targets are recomputed from the request, so a hand-edited file cannot show a wrong ✓; so is the rule
+each loop read, from the row's attention weights (a trace saved before they were recorded has none).
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ import json
 import math
 from typing import TypeGuard
 
+import torch
+
+from webapp.loops.reading import read_rules, valid_attention
 from webapp.loops.request import DemoRequest, RequestError
 from webapp.loops.task import SYMBOLS
 from webapp.loops.trace import SAFETY_CAP, STOP_THRESHOLD, TraceBuilder, score_trace
@@ -75,6 +79,8 @@ def _row_problem(row, number: int) -> str | None:
             isinstance(t, dict) and t.get("symbol") in list(SYMBOLS) and _probability(t.get("probability"))
             for t in top3):
         return "top3 must list up to three letters with probabilities from 0 to 1"
+    if "attention" in row and not valid_attention(row["attention"]):
+        return "attention must hold, per head, one weight from 0 to 1 for each of the prompt's 88 characters"
     return None
 
 
@@ -100,6 +106,10 @@ def rescore(parsed: dict) -> dict:
     for row in parsed["rows"]:
         kept = {k: row[k] for k in keep}
         kept["top3"] = [{"symbol": t["symbol"], "probability": t["probability"]} for t in row["top3"]]
+        if "attention" in row:
+            weights = [[float(w) for w in head] for head in row["attention"]]
+            kept["read"] = read_rules(list(request.pairs), torch.tensor([weights]))[0]
+            kept["attention"] = weights
         builder.add(kept)
     rows = builder.rows
     return {"schema_version": 1, "source": "recorded", "checkpoint": parsed["checkpoint"],

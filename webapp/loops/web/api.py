@@ -15,6 +15,12 @@ from webapp.web.security import csrf_exempt
 from webapp.web.streams import held_slot, long_response
 
 API_STREAMS = ("rows", "snapshots")
+ATTENTION_FIELDS = ("read", "attention")  # in rows only with ?attention=1: ~1.3 kB a loop
+
+
+def plain(row: dict) -> dict:
+    """A row as the API gives it by default, without which rule it read and the weights."""
+    return {key: value for key, value in row.items() if key not in ATTENTION_FIELDS}
 
 
 @api.post("/trace")
@@ -23,10 +29,15 @@ def api_trace():
     """Takes the owner's request JSON; streams JSON lines. By default (?stream=rows) one line per loop
     with that loop's row, then one line with the summary and metadata (no rows: the client has them).
     ?stream=snapshots gives the owner's cumulative snapshots (streaming…, then complete), which grow
-    with the square of the loops: ~12 MB for 256 steps, so only when asked for."""
+    with the square of the loops: ~12 MB for 256 steps, so only when asked for. ?attention=1 adds each
+    row's "read" rule and "attention" weights (per head, over the prompt's characters), where the model
+    hands them over."""
     mode = request.args.get("stream", "rows")
     if mode not in API_STREAMS:
         return {"error": "stream must be rows or snapshots"}, 400
+    if request.args.get("attention", "0") not in ("0", "1"):
+        return {"error": "attention must be 0 or 1"}, 400
+    shape = (lambda row: row) if request.args.get("attention") == "1" else plain
     try:
         value = request.get_json(silent=True)
     except RecursionError:  # silent=True catches ValueError only; nesting thousands deep is a client's error
@@ -54,16 +65,18 @@ def api_trace():
                 yield "\n"  # keep-alive; also how a vanished client is noticed
             elif event.name == "rows" and mode == "rows":
                 for row in event.data["rows"]:
-                    yield json.dumps(row) + "\n"
+                    yield json.dumps(shape(row)) + "\n"
             elif event.name == "rows":
                 head = head or metadata(demo_request, get_core().models["loops"].checkpoint_id)
                 for row in event.data["rows"]:  # one snapshot per loop, as the owner's API gives
-                    rows.append(row)
+                    rows.append(shape(row))
                     yield json.dumps({**head, "status": "streaming", "trace": rows}) + "\n"
         if job.result.snapshot is not None:
             final = {**job.result.snapshot, "trace_id": job.result.trace_id}
             if mode == "rows":
                 final.pop("trace")
+            else:
+                final["trace"] = [shape(row) for row in final["trace"]]
             yield json.dumps(final) + "\n"
         else:
             status = "error" if job.error else "cancelled"

@@ -7,6 +7,7 @@ from flask import render_template, request, url_for
 from webapp.loops.task import SYMBOLS
 from webapp.loops.verdict import of_trace
 from webapp.loops.web import pictures
+from webapp.loops.web.attention import attention_view
 from webapp.loops.web.blueprint import model_choices, service
 from webapp.loops.web.forms import PRESET_LABELS, EditorState
 from webapp.web.security import owner_id
@@ -53,4 +54,5 @@ def render_results(snapshot: dict, *, job=None, trace_id: str | None = None, err
             at = current or len(rows)
             context["current_symbol"] = rows[at - 1]["prediction"]
             context["current_x"] = context["chart"]["x_of"](at)
+            context["attention"] = attention_view(snapshot, current)
     return render_template("loops/_results.html", **context)
