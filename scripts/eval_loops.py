@@ -16,6 +16,11 @@ Then how the runs failed (webapp/loops/verdict.py; a run can fail both ways):
   stopped_early / stopped_late   the head stopped it before / after loop k
   never_stopped       it ran to the 272-loop cap
 Examples run batched; the batch is checked against batch-1 calls on a sample.
+
+--reads (models that hand over their loop attention, webapp/loops/reading.py): per bucket, over the
+first k loops of each case (fewer if it stopped early), how often the rule read (most attention
+mass, heads combined) is the rule of the letter the loop was on (the model's own previous
+prediction; the start letter as read for loop 1), and the mean mass on the rule read.
 """
 
 import argparse
@@ -28,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from webapp.loops.model.checkpoint import load_bundle  # noqa: E402
+from webapp.loops.reading import rule_matrix, supports_attention  # noqa: E402
 from webapp.loops.task import SYMBOLS, execute, preset, shuffle_rules  # noqa: E402
 from webapp.loops.verdict import verdict  # noqa: E402
 
@@ -84,6 +90,43 @@ def run_batch(bundle, cases) -> list[tuple[list[str], bool]]:
     return results
 
 
+def read_stats(bundle, cases) -> tuple[int, int, float, int, int]:
+    """-> (loops whose rule read is the current letter's, loops counted, summed mass on the rule read,
+    wrong hops (prediction != the table's destination of the letter it was on), those that read right)."""
+    prompts = [bundle.render_prompt(p, s, k) for p, s, k in cases]
+    ids = torch.cat([bundle.tokenizer(t, add_special_tokens=False, return_tensors="pt")["input_ids"]
+                     for t in prompts])
+    rules = torch.stack([rule_matrix(p).float() for p, _, _ in cases])          # [B, T, 26]
+    reads, masses = [], []
+
+    def observe(loop, scores, stop, state, attention):
+        mass = torch.bmm(attention.float().mean(1, keepdim=True), rules)[:, 0]   # [B, 26]
+        best, index = mass.max(-1)
+        reads.append(index)
+        masses.append(best)
+
+    out = bundle.model(input_ids=ids, num_loops=CAP, completion_threshold=THRESHOLD,
+                       readout_token_ids=bundle.readout_token_ids, loop_callback=observe,
+                       loop_attention=True)
+    on = torch.cat([out.start_scores.argmax(-1, keepdim=True), out.scores.argmax(-1)], 1)  # [B, L + 1]
+    stop_prob = out.stop_logits.sigmoid()
+    hits = counted = wrong = wrong_read_right = 0
+    mass_sum = 0.0
+    for b, (pairs, _, k) in enumerate(cases):
+        fired = (stop_prob[b] >= THRESHOLD).nonzero()
+        loops = min(int(fired[0]) + 1 if len(fired) else CAP, k)
+        table = dict(pairs)
+        for t in range(loops):
+            letter = SYMBOLS[int(on[b, t])]
+            right = pairs[int(reads[t][b])][0] == letter
+            hits += right
+            mass_sum += float(masses[t][b])
+            if SYMBOLS[int(on[b, t + 1])] != table[letter]:
+                wrong, wrong_read_right = wrong + 1, wrong_read_right + right
+        counted += loops
+    return hits, counted, mass_sum, wrong, wrong_read_right
+
+
 def make_cases(low, high, n, rng, shuffled, kind="function"):
     cases = []
     for _ in range(n):
@@ -105,6 +148,8 @@ def main():
                         help="also run every k in 1..256 on N tables each and list k whose stop failed")
     parser.add_argument("--check-batch", type=int, default=40, help="cases per bucket re-run at batch 1")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--reads", action="store_true",
+                        help="also measure which rule each loop read (its attention), per bucket")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bundle = load_bundle(args.model)
@@ -114,7 +159,9 @@ def main():
     print("| k | " + " | ".join(METRICS) + " |")
     print("|---" * (len(METRICS) + 1) + "|")
     began, mismatches, checked, single_loops, single_seconds = time.time(), 0, 0, 0, 0.0
-    failures, failure_rows = [], []
+    failures, failure_rows, read_lines = [], [], []
+    if args.reads and not supports_attention(bundle.model):
+        sys.exit("--reads: attention is not available for this model")
     with torch.inference_mode():
         for low, high in BUCKETS:
             cases = make_cases(low, high, args.per_bucket, rng, args.shuffled, args.preset)
@@ -140,6 +187,10 @@ def main():
             print(f"| {low}–{high} | " + " | ".join(f"{totals[m] / len(cases):.3f}" for m in METRICS) + " |")
             failure_rows.append(f"| {low}–{high} | {totals['joint_success'] / len(cases):.3f} | "
                                 + " | ".join(f"{totals[m] / len(cases):.3f}" for m in FAILURES + ("both",)) + " |")
+            if args.reads:
+                hits, counted, mass, wrong, wrong_right = read_stats(bundle, cases)
+                read_lines.append(f"| {low}–{high} | {hits / counted:.3f} | {mass / counted:.3f} | {counted} "
+                                  f"| {wrong} | {wrong_right} |")
         print("\nHow runs failed (fractions of all runs; wrong_hop and a stop failure can both happen: 'both')")
         print("| k | joint_success | " + " | ".join(FAILURES) + " | both |")
         print("|---" * (len(FAILURES) + 3) + "|")
@@ -150,6 +201,11 @@ def main():
             bad = sorted({case[2] for case, (preds, head) in zip(sweep, run_batch(bundle, sweep))
                           if not (head and len(preds) == case[2])})
             print(f"stop sweep, k = 1..256 x {args.stop_sweep} tables: exact_stop failed at k = {bad or 'none'}")
+    if read_lines:
+        print("\n| k | rule read = current letter's | mean mass on the rule read | loops "
+              "| wrong hops | of those, rule read right |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(read_lines))
     print(f"batch vs batch-1: {mismatches} mismatches in {checked} re-run cases; batch-1 speed "
           f"{1000 * single_seconds / max(single_loops, 1):.2f} ms per loop (prompt encoding included)")
     print(f"eval took {time.time() - began:.1f}s")
