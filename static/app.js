@@ -136,6 +136,14 @@
     var speed = nav.querySelector(".player-speed");
     var links = nav.querySelectorAll("a[data-to]");
     var attention = results.querySelector(".loop-attention");  // one loop's, rendered by the server
+    var reload = attention && attention.querySelector(".attention-reload");
+    if (reload) {  // the address already says ?loop=N (replaceState): a link there would only scroll
+      reload.addEventListener("click", function (event) {
+        event.preventDefault();
+        history.replaceState(null, "", url + "?loop=" + at + "#attention");
+        location.reload();
+      });
+    }
     var timer = null;
     var ownPage = new URL(url, location.href).pathname === location.pathname;
 
