@@ -107,8 +107,8 @@ def rescore(parsed: dict) -> dict:
         kept = {k: row[k] for k in keep}
         kept["top3"] = [{"symbol": t["symbol"], "probability": t["probability"]} for t in row["top3"]]
         if "attention" in row:
-            weights = [[float(w) for w in head] for head in row["attention"]]
-            kept["read"] = read_rules(list(request.pairs), torch.tensor([weights]))[0]
+            weights = [list(head) for head in row["attention"]]  # as written: a 0 stays "0", not "0.0"
+            kept["read"] = read_rules(list(request.pairs), torch.tensor([weights], dtype=torch.float64))[0]
             kept["attention"] = weights
         builder.add(kept)
     rows = builder.rows

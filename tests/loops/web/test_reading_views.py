@@ -5,6 +5,7 @@ rows (plain by default, with ?attention=1 when asked), the player's shaded promp
 from __future__ import annotations
 
 import json
+import random
 import re
 from io import BytesIO
 
@@ -13,7 +14,7 @@ import pytest
 from tests.conftest import csrf_of, make_app, sse_events
 from tests.loops.web.test_lab import CYCLE, run_live
 from webapp.loops.model.checkpoint import load_bundle
-from webapp.loops.task import render_prompt
+from webapp.loops.task import preset, render_prompt
 
 ROW_KEYS = {"loop", "prediction", "direct_prediction", "stop_probability", "top3", "arrival_seconds",
             "expected", "correct", "edge_valid"}
@@ -121,3 +122,22 @@ def test_a_model_without_the_block_says_not_available(loop_app):
     final = run_live(client, csrf_of(client, "/loops/"), steps="3")[-1][1]
     assert "Attention is not available for this model." in final and "Where loop 3 looked" in final
     assert final.count('<td class="read muted">—</td>') == 3
+
+
+def test_a_run_to_the_cap_downloads_small_enough_to_upload_again(tmp_path):
+    app = make_app(tmp_path, {"loops": load_bundle("models/loops-early")})
+    try:
+        client = app.test_client()
+        final = run_live(client, csrf_of(client, "/loops/"), steps="256",
+                         mapping=preset("function", random.Random(5)))[-1][1]
+        trace_id = re.search(r'href="/loops/traces/([0-9a-f]+)">Private link', final).group(1)
+        data = client.get(f"/loops/traces/{trace_id}.json").data
+        saved = json.loads(data)
+        assert len(saved["trace"]) == 272 and all("attention" in row for row in saved["trace"])  # the cap
+        assert len(data) < app.config["MAX_CONTENT_LENGTH"]
+        up = upload(client, data)
+        assert up.status_code == 303
+        again = client.get(up.headers["Location"] + ".json").data                # and once more
+        assert len(again) < app.config["MAX_CONTENT_LENGTH"] and upload(client, again).status_code == 303
+    finally:
+        app.extensions["glassbox.core"].shutdown()

@@ -57,7 +57,8 @@ def shared(token: str):
 @bp.get("/traces/<trace_id>.json")
 def download(trace_id: str):
     snapshot = owned_trace(trace_id)
-    return Response(json.dumps(snapshot, indent=1), mimetype="application/json",
+    # Compact: a row's attention weights, one a line, made a long run's file too large to upload again.
+    return Response(json.dumps(snapshot, separators=(",", ":")), mimetype="application/json",
                     headers={"Content-Disposition": f'attachment; filename="glassbox-trace-{trace_id}.json"'})
 
 
