@@ -8,6 +8,8 @@ Interleaved per round, on the same request (so the same number of loops):
   bare, core worker    the same call as a job on the shared core's worker thread, with the worker's
                        own thread count and with GLASSBOX_LOOP_TORCH_THREADS (what Loop-lab jobs use)
   observed             run_trace on the core, its events drained by a subscriber that renders nothing
+                       (with the loop attention, which rule each loop read, where the model hands it
+                       over; "without attention" asks the same model not to)
   observed + streamed  the real thing: POST /loops/run, run_trace on the core (observation, targets,
                        `rows` events), the SSE stream read by a client thread that renders every
                        fragment, as gunicorn's thread would (Flask test client, no sockets)
@@ -55,6 +57,17 @@ def bare_call(bundle, request) -> tuple[float, int]:
     return time.perf_counter() - started, out.scores.shape[1]
 
 
+def bench_jobs():
+    """The core runs only the kinds it has an executor for: this one runs a job whose request is
+    `fn(job, core)`, whole, on the worker (as the Loop lab's own executor runs a run)."""
+    from webapp.core.executors import WholeJobs
+
+    class BenchJobs(WholeJobs):
+        def run(self, job, core):
+            job.request(job, core)
+    return BenchJobs()
+
+
 def on_core(core, fn):
     """Run fn() as a job on the core's worker; returns its value."""
     from webapp.core import Job
@@ -67,17 +80,27 @@ def on_core(core, fn):
     return box["value"]
 
 
-def observed(core, bundle, request, threads: int) -> tuple[float, int]:
+def observed(core, bundle, request, threads: int, attention: bool = True) -> tuple[float, int]:
     """run_trace on the core, its events drained by a subscriber that renders nothing."""
     from webapp.core import Job
     from webapp.core.threads import torch_threads
     from webapp.loops.trace import run_trace
     box = {}
 
+    model = bundle.model
+    supports = getattr(model, "supports_loop_attention", None)
+
     def run(job, core):
         with torch_threads(threads):
-            box.update(s=run_trace(job, bundle, request))
-    job = core.submit(Job("loops", "bench", run))
+            if not attention:
+                model.supports_loop_attention = False   # an instance attribute, for this run only
+            try:
+                box.update(s=run_trace(job, bundle, request))
+            finally:
+                if not attention:
+                    del model.supports_loop_attention
+                    assert getattr(model, "supports_loop_attention", None) == supports
+    job = core.submit(Job("bench", "bench", run))
     for _ in job.subscribe(0.5):
         pass
     return box["s"]["inference_seconds"], box["s"]["summary"]["executed_loops"]
@@ -97,7 +120,7 @@ def streamed(app, core, steps: int) -> tuple[float, int]:
     response = client.get(url)
     text = b"".join(chunk for chunk in response.response).decode()  # reads as it arrives
     rows = sum(f.count("<tr") for f in text.split("\n\n") if f.startswith("event: rows"))
-    snapshot = core.get(job_id).result["snapshot"]
+    snapshot = core.get(job_id).result.snapshot
     assert rows == snapshot["summary"]["executed_loops"], (rows, snapshot["summary"])
     return snapshot["inference_seconds"], rows
 
@@ -119,6 +142,7 @@ def main(argv=None):
     app = create_app(settings, models={"loops": bundle}, test_config={"TESTING": True})
     core = app.extensions["glassbox.core"]
     core.ready.wait(60)
+    core.executors["bench"] = bench_jobs()
     threads = settings.loop_torch_threads
 
     def bare_on_worker(count):
@@ -132,6 +156,7 @@ def main(argv=None):
                 f"bare, core worker, {worker_threads} thread(s)": bare_on_worker(0),
                 base: bare_on_worker(threads),  # the same key when the two counts agree: measured once
                 "observed, events drained unrendered": lambda: observed(core, bundle, request, threads),
+                "observed, without attention": lambda: observed(core, bundle, request, threads, attention=False),
                 "observed + streamed (run_trace on the core)": lambda: streamed(app, core, args.steps)}
     per_loop = {k: [] for k in variants}
     loops = {}
