@@ -12,7 +12,6 @@ from webapp import create_app
 from webapp.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-GPT2_RANKS = ROOT / "webapp" / "chat" / "data" / "gpt2.tiktoken"  # packaged GPT-2 ranks
 
 
 def make_app(tmp_path, models, **overrides):
