@@ -37,6 +37,42 @@ def test_models_lists_the_one_chat_model(api_app):
     assert api_app.test_client().get("/v1/models/gpt-4").status_code == 404
 
 
+@pytest.mark.parametrize("how", ["config.json beside", "arch file", "factory file"])
+def test_the_model_list_names_files_never_the_servers_folders(tmp_path, how):
+    """/v1/models answers anyone without a key: the checkpoint is `name@sha`, and the description says
+    where the config came from by file name only."""
+    from tests.support.chat_models import tiny_checkpoint
+    from webapp.chat.model.loading import load_chat_model
+    folder = tmp_path / "secret-folder"
+    checkpoint = tiny_checkpoint(folder / "chat")
+    arch = folder / "arch.json"
+    arch.write_text(json.dumps({"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 512, "vocab_size": 264}))
+    if how == "config.json beside":
+        loaded = load_chat_model(str(checkpoint))
+    elif how == "arch file":
+        loaded = load_chat_model(str(checkpoint), arch=str(arch))
+    else:
+        factory = folder / "factory.py"
+        factory.write_text("from webapp.chat.model.gpt import GPT, GPTConfig\n"
+                           "def build(arch):\n"
+                           "    return GPT(GPTConfig(block_size=512, vocab_size=264, n_layer=2, n_head=2,\n"
+                           "                         n_embd=32))\n")
+        loaded = load_chat_model(str(checkpoint), factory=f"{factory}:build", arch=str(arch))
+    app = make_app(tmp_path, {"chat": loaded})
+    try:
+        client = app.test_client()
+        for answer in (client.get("/v1/models"), client.get("/v1/models/glassbox")):
+            assert answer.status_code == 200
+            assert "secret-folder" not in answer.get_data(as_text=True), answer.json
+        card = client.get("/v1/models/glassbox").json
+        assert card["checkpoint"].startswith("model.safetensors@")
+        named = {"config.json beside": "config from config.json", "arch file": "config from arch.json",
+                 "factory file": "factory factory.py:build('arch.json')"}[how]
+        assert named in card["description"]
+    finally:
+        app.extensions["glassbox.core"].shutdown()
+
+
 def test_a_reply_has_openais_shape_and_the_same_tokens_and_odds_as_alone(api_app):
     r = chat(api_app.test_client(), max_tokens=12, seed=3, temperature=0.8, top_k=20, logprobs=True, top_logprobs=3)
     assert r.status_code == 200, r.json

@@ -169,7 +169,7 @@ def test_the_setting_wins_over_config_json(owner, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"n_head": 2, "n_layer": 2, "tokenizer": "byte"}))
     loaded = load_chat_model(str(path), arch="n_head=4")
     assert loaded.model.config.n_head == 4
-    assert f"config from GLASSBOX_CHAT_ARCH=n_head=4 + {tmp_path / 'config.json'} (n_layer) + tensor shapes (" \
+    assert "config from GLASSBOX_CHAT_ARCH=n_head=4 + config.json (n_layer) + tensor shapes (" \
         in loaded.description
 
 

@@ -80,7 +80,8 @@ def parse_arch(spec: str) -> tuple[dict, str]:
         return {k: v for k, v in dataclasses.asdict(PRESETS[spec]).items() if k != "bias"}, f"preset {spec}"
     if spec.lower().endswith(".json") or "/" in spec or Path(spec).is_file():
         path = Path(spec)
-        return fields_from(read_json(path, where), f"{ARCH_VAR} file {path}", strict=True), str(path)
+        # the second value names the source in the public description: the file, not its folder
+        return fields_from(read_json(path, where), f"{ARCH_VAR} file {path}", strict=True), path.name
     raise ModelLoadError(f"unknown arch {spec!r} in {ARCH_VAR}: give a preset ({', '.join(PRESETS)}), "
                          f"key=value pairs (e.g. {_EXAMPLE}) or the path of a JSON file with those keys")
 

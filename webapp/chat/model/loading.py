@@ -55,6 +55,12 @@ def _file_id(path: Path) -> str:
     return f"{path.name}@{h.hexdigest()[:12]}"
 
 
+def _without_folders(spec: str) -> str:
+    """A setting as the description names it: files by their names. The description is public (/v1/models
+    answers anyone), and the server's folders are nobody's business; start-up errors keep the full paths."""
+    return re.sub(r"[^\s'\"(:]*/", "", spec)
+
+
 def _read_checkpoint(path: Path) -> tuple[dict, dict | None, str]:
     """-> (state dict, the checkpoint's own config or None, what to call that config)."""
     if path.suffix == ".safetensors":
@@ -208,11 +214,11 @@ def load_chat_model(checkpoint: str, *, arch: str | None = None, tokenizer_spec:
             raise ModelLoadError(f"factory {factory!r} failed for arch {arch!r} ({type(e).__name__}: {e})") from None
         if not isinstance(model, nn.Module) or not hasattr(getattr(model, "config", None), "block_size"):
             raise ModelLoadError(f"factory {factory!r} must return an nn.Module with config.block_size")
-        source = f"factory {factory}({arch!r})"
+        source = f"factory {_without_folders(factory)}({_without_folders(repr(arch))})"
     else:
         sources = [parse_arch(arch)] if arch else []  # first wins, field by field
         if cfg_json:
-            sources.append((fields_from(cfg_json, str(json_path), strict=False), str(json_path)))
+            sources.append((fields_from(cfg_json, str(json_path), strict=False), json_path.name))
         if args:
             sources.append((fields_from(args, args_source, strict=False), args_source))
         config, source = resolve_config(state, sources, path)
