@@ -81,6 +81,7 @@ def test_max_new_tokens_stops_with_length():
     assert pieces[-1].stats.time_to_first_token_s is not None
 
 
+
 TINY = GPTConfig(block_size=32, vocab_size=264, n_layer=2, n_head=2, n_embd=16)
 NO_SPECIALS = lambda m, a, logits: logits.index_fill_(-1, torch.arange(256, 264), float("-inf"))  # noqa: E731
 
@@ -100,6 +101,21 @@ def tiny(kv=True, config=TINY, endless=False):
 def sampled(loaded, prompt, **kw):
     pieces = list(generate(loaded, prompt, **kw))
     return [p.tokens for p in pieces], "".join(p.text for p in pieces), pieces[-1].stats
+
+
+@pytest.mark.parametrize("kv", [True, False])
+def test_a_branchs_rate_counts_only_the_tokens_it_sampled(kv):
+    """Given tokens (a branch's kept tokens and typed text) cost no decode step: counting them in
+    tokens/s made a branch with typed text report thousands of tokens/s."""
+    given = list(b"typed by hand")
+    pieces = list(generate(tiny(kv=kv, endless=True), [1, 2], max_new_tokens=20, temperature=0, forced=given))
+    stats = pieces[-1].stats
+    assert stats.new_tokens == 20 and [p.given for p in pieces if p.token is not None] == [True] * 13 + [False] * 7
+    expected = (20 - len(given) - 1) / (stats.total_s - stats.time_to_first_token_s)
+    assert stats.decode_tokens_per_s == pytest.approx(expected)
+    one = list(generate(tiny(kv=kv, endless=True), [1, 2], max_new_tokens=len(given) + 1, temperature=0,
+                        forced=given))
+    assert one[-1].stats.decode_tokens_per_s is None  # one sampled token: no rate, as for any one-token reply
 
 
 def test_seed_reproducible_and_global_rng_untouched():

@@ -80,6 +80,24 @@ def test_the_prompt_view_lists_exactly_the_ids_the_model_received(chat_app):
     assert "earlier turn" in page and "Few-shot example" in page and "The reply starts here" in page
 
 
+def test_a_branchs_tokens_per_second_counts_only_what_it_sampled(chat_app):
+    """A branch whose typed text fills all but one token of the reply: one sampled token, so no rate
+    (its 11 given tokens once made it thousands of tokens/s)."""
+    from webapp.chat.web.conversations import service
+    client = chat_app.test_client()
+    cid, mid, _ = reply(client, "Hello there", max_new_tokens="12", temperature="0.9", seed="3")
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    typed = client.post(f"/chat/c/{cid}/m/{mid}/branch", data={"csrf_token": csrf, "index": "2", "text": "123456789"})
+    assert typed.status_code == 303
+    with chat_app.app_context():
+        branch = service().store.messages(cid)[-1]
+    assert branch["id"] != mid and branch["tokens"] == 12
+    assert branch["tokens_per_second"] is None and branch["ttft_seconds"] > 0
+    page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
+    shown = page.split(f'id="message-{branch["id"]}"')[1].split("</li>")[0]
+    assert "12 tokens" in shown and "tokens/s" not in shown
+
+
 def test_glass_views_belong_to_the_browser_that_made_the_reply(chat_app):
     mine, theirs = chat_app.test_client(), chat_app.test_client()
     cid, mid, _ = reply(mine, "private", max_new_tokens="3")

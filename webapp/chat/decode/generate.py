@@ -67,7 +67,7 @@ class GenerationStats:
     new_tokens: int  # tokens kept in the reply (the stopping special token is not counted)
     time_to_first_token_s: float | None  # from the start to the first sampled token (prefill included)
     total_s: float
-    decode_tokens_per_s: float | None  # tokens after the first / time after the first
+    decode_tokens_per_s: float | None  # sampled tokens after the first / time after the first (given ones excluded)
     stop_reason: str  # "end" (a special token), "length" (max_new_tokens), "cancelled"
     kv_cache: bool
     reused_tokens: int = 0  # prompt positions whose keys/values came from the prefix cache
@@ -81,6 +81,7 @@ class Piece:
     stats: GenerationStats | None = None  # only on the last piece
     token: int | None = None  # the sampled id (None on the last piece)
     odds: TokenOdds | None = None  # what the model thought of it (when asked for: `odds=True`)
+    given: bool = False  # a token the reply was given (a branch's kept tokens and pick), not sampled
 
 
 Pieces = Generator[Piece, None, None]  # closing it stops the reply (and frees its cache)
@@ -135,6 +136,7 @@ class Sequence:
         self.new_tokens, self.reused = 0, 0
         self.t_first: float | None = None
         self.stop_reason: str | None = None  # "end", "length", "cancelled" once finished
+        self.given = 0  # of new_tokens, those forced rather than sampled: they cost no decode step
         self._force(forced, forced_odds)
         if not self.finished:
             self._open_window()
@@ -165,9 +167,11 @@ class Sequence:
                 self.stop_reason = "end"
                 return
             self.new_tokens += 1
+            self.given += 1
             self.ids.append(token)
             self.pieces.append(Piece(self.decoder.decode(self.tok.decode_single_token_bytes(token)),
-                                     self.new_tokens, 0.0, token=token, odds=odds[i] if i < len(odds) else None))
+                                     self.new_tokens, 0.0, token=token, odds=odds[i] if i < len(odds) else None,
+                                     given=True))
             if self.new_tokens >= self.params.max_new_tokens:
                 self.stop_reason = "length"
                 return
@@ -248,7 +252,7 @@ class Sequence:
         self.cancel()
         total = time.perf_counter() - self.t0
         n, first = self.new_tokens, self.t_first
-        stats = GenerationStats(self.prompt_tokens, n, first, total, decode_rate(n, first, total),
+        stats = GenerationStats(self.prompt_tokens, n, first, total, decode_rate(n - self.given, first, total),
                                 self.stop_reason or "cancelled", True, self.reused)
         return Piece(self.decoder.decode(b"", final=True), n, total, stats)
 
@@ -352,7 +356,8 @@ def _generate_recompute(loaded: LoadedChatModel, ids: list[int], params: Samplin
         n += 1
         ids.append(token)
         yield Piece(decoder.decode(tok.decode_single_token_bytes(token)), n, 0.0, token=token,
-                    odds=forced_odds[i] if i < len(forced_odds) else None)
+                    odds=forced_odds[i] if i < len(forced_odds) else None, given=True)
+    given = n
     while n < params.max_new_tokens and reason != "end":
         if should_stop():
             reason = "cancelled"
@@ -376,5 +381,6 @@ def _generate_recompute(loaded: LoadedChatModel, ids: list[int], params: Samplin
         if n == params.max_new_tokens:
             break
     total = time.perf_counter() - t0
-    stats = GenerationStats(prompt_tokens, n, t_first, total, decode_rate(n, t_first, total), reason, False, 0)
+    stats = GenerationStats(prompt_tokens, n, t_first, total, decode_rate(n - given, t_first, total), reason, False,
+                            0)
     yield Piece(decoder.decode(b"", final=True), n, total, stats)

@@ -35,12 +35,16 @@ def publish(job: Job, piece: Piece, core: Worker) -> None:
         result.stop_reason = s.stop_reason
     elif piece.tokens:
         core.count("tokens", 1, job)
-        if result.first_s is None:
+        if piece.given:
+            result.given += 1  # the reply's first tokens, given: timed neither as first token nor in the rate
+        elif result.first_s is None:
             result.first_s = piece.elapsed_s
-        result.stats = stats_so_far(result.first_s, piece.elapsed_s, piece.tokens)
+        result.stats = stats_so_far(result.first_s, piece.elapsed_s, piece.tokens, result.given)
         job.progress()  # saves the reply so far now and then (Job.on_progress): kill -9 keeps what was seen
 
 
-def stats_so_far(first_s: float | None, elapsed_s: float, tokens: int) -> ReplyStats:
-    """Figures kept for a reply that ends before the generator's own stats (stopped, failed, remote)."""
-    return ReplyStats(tokens=tokens, ttft_seconds=first_s, tokens_per_second=decode_rate(tokens, first_s, elapsed_s))
+def stats_so_far(first_s: float | None, elapsed_s: float, tokens: int, given: int = 0) -> ReplyStats:
+    """Figures kept for a reply that ends before the generator's own stats (stopped, failed, remote); of its
+    `tokens`, the `given` ones (a branch's) were not sampled and do not count in the rate."""
+    return ReplyStats(tokens=tokens, ttft_seconds=first_s,
+                      tokens_per_second=decode_rate(tokens - given, first_s, elapsed_s))

@@ -62,7 +62,8 @@ class ReplyStats:
 
 def decode_rate(tokens: int, first_s: float | None, last_s: float) -> float | None:
     """Tokens per second after the first token: (tokens - 1) over the time since the first. The one
-    definition every reply's figure uses (local, batched or remote)."""
+    definition every reply's figure uses (local, batched or remote). `tokens` counts sampled tokens only:
+    a branch's given tokens cost no decode step, and counting them made rates in the thousands."""
     if tokens > 1 and first_s is not None and last_s > first_s:
         return (tokens - 1) / (last_s - first_s)
     return None
@@ -76,7 +77,8 @@ class ChatResult:
     token_ids: list[int] = field(default_factory=list)
     odds: list[TokenOdds] = field(default_factory=list)  # one per token
     stats: ReplyStats = ReplyStats()
-    first_s: float | None = None  # seconds from the start to the first token
+    first_s: float | None = None  # seconds from the start to the first sampled token
+    given: int = 0  # tokens given rather than sampled (a branch's kept tokens and pick), first in token_ids
     stop_reason: str | None = None  # as GenerationStats: "end", "length", ...; None while it runs
 
     @property
