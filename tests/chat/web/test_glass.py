@@ -98,6 +98,42 @@ def test_a_branchs_tokens_per_second_counts_only_what_it_sampled(chat_app):
     assert "12 tokens" in shown and "tokens/s" not in shown
 
 
+def test_a_special_token_among_the_alternatives_says_it_ends_the_reply_before_it_is_offered(tmp_path):
+    """<|user_start|> as the runner-up everywhere: the panel names what it means and offers it as
+    "End the reply here", never "Continue with this" (which ended replies mid-word without a word)."""
+    from tests.support.chat_models import tiny_chat_model
+    from webapp.chat.web.conversations import service
+    loaded = tiny_chat_model(tmp_path / "chat")
+    specials = loaded.tokenizer.special_ids
+    user_start, first_special = specials["<|user_start|>"], min(specials.values())
+
+    def runner_up(module, args, logits):
+        top = logits[..., :first_special].topk(2, dim=-1).values
+        logits[..., first_special:] = float("-inf")
+        logits[..., user_start] = top.mean(dim=-1)  # between the first and the second
+        return logits
+    loaded.model.lm_head.register_forward_hook(runner_up)
+    app = make_app(tmp_path, {"chat": loaded})
+    try:
+        client = app.test_client()
+        cid, mid, _ = reply(client, "Hello there", max_new_tokens="8", temperature="0")
+        page = client.get(f"/chat/c/{cid}/m/{mid}/tokens?t=3").get_data(as_text=True)
+        row = next(r for r in page.split("<tr") if "&lt;|user_start|&gt;" in r)
+        assert "a special token: the start of the person&#39;s next turn. Choosing it ends the reply here." in row
+        assert f'value="{user_start}">End the reply here</button>' in row and "Continue with this" not in row
+        assert page.count("Continue with this") == 8  # the ordinary alternatives, the chosen one excepted
+        csrf = csrf_of(client, f"/chat/c/{cid}")
+        ended = client.post(f"/chat/c/{cid}/m/{mid}/branch", data={"csrf_token": csrf, "index": "3",
+                                                                    "token": str(user_start)})
+        assert ended.status_code == 303
+        with app.app_context():
+            branch = service().store.messages(cid)[-1]
+            original = service().store.message(cid, mid)
+        assert branch["id"] != mid and branch["tokens"] == 3 and branch["content"] == original["content"][:3]
+    finally:
+        app.extensions["glassbox.core"].shutdown()
+
+
 def test_glass_views_belong_to_the_browser_that_made_the_reply(chat_app):
     mine, theirs = chat_app.test_client(), chat_app.test_client()
     cid, mid, _ = reply(mine, "private", max_new_tokens="3")

@@ -12,6 +12,15 @@ from webapp.chat.model.prompt import PromptReport
 from webapp.chat.model.tokenizer import special_name, token_bytes
 
 SHADES = 10  # probability buckets, each a CSS class (the CSP allows no inline styles)
+# What a special token would mean at that point of a reply. Any special ends a reply without being
+# shown, so choosing one as a branch ends the reply there: the panel says so before offering it.
+SPECIAL_MEANINGS = {
+    "<|assistant_end|>": "the end of the reply",
+    "<|user_start|>": "the start of the person's next turn",
+    "<|user_end|>": "the end of the person's turn",
+    "<|assistant_start|>": "the start of another reply",
+    "<|bos|>": "the start of a new conversation",
+}
 
 
 def token_text(tokenizer, token: int) -> tuple[str, bool]:
@@ -23,6 +32,13 @@ def token_text(tokenizer, token: int) -> tuple[str, bool]:
         return data.decode("utf-8"), True
     except UnicodeDecodeError:
         return "⟨" + " ".join(f"{b:02x}" for b in data) + "⟩", False
+
+
+def special_meaning(tokenizer, token: int) -> str | None:
+    """What a special token stands for (None for an ordinary one)."""
+    if not tokenizer.is_special(token):
+        return None
+    return SPECIAL_MEANINGS.get(special_name(tokenizer, token) or "", "a special token outside the chat's five")
 
 
 def shade(probability: float) -> int:
@@ -37,6 +53,7 @@ class Alternative:
     probability: float
     sampled_probability: float
     chosen: bool
+    special: str | None = None  # a special token: what it means (choosing it ends the reply there)
 
 
 @dataclass
@@ -59,7 +76,8 @@ def token_views(tokenizer, rows: list) -> list[TokenView]:
     for index, row in enumerate(rows):
         odds = TokenOdds.from_row(row)
         text, whole = token_text(tokenizer, odds.token)
-        alternatives = [Alternative(t, token_text(tokenizer, t)[0], p, q, t == odds.token)
+        alternatives = [Alternative(t, token_text(tokenizer, t)[0], p, q, t == odds.token,
+                                    special_meaning(tokenizer, t))
                         for t, p, q in odds.alternatives]
         look = "typed" if odds.probability is None else shade(odds.probability)
         views.append(TokenView(index, odds.token, text, whole, odds.probability, odds.sampled_probability,
