@@ -29,7 +29,7 @@ from webapp.loops import boot as loops_boot
 from webapp.loops.web import api as loops_api_bp
 from webapp.loops.web import bp as loops_bp
 from webapp.v1 import bp as v1_bp
-from webapp.web import bodies, pages, prefs, retention, storage_errors
+from webapp.web import bodies, pages, prefs, retention, storage_errors, wording
 from webapp.web.ops import bp as ops_bp
 from webapp.web.security import GlassboxSessions, NewSessions, TrustedProxies, check_csrf, csrf_token
 
@@ -95,6 +95,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     app.register_error_handler(sqlite3.OperationalError, storage_errors.database_error)  # disk full: 507
     app.jinja_env.globals["csrf_token"] = csrf_token
     markdown.init_app(app)
+    wording.init_app(app)
     return app
 
 

@@ -256,7 +256,7 @@ def test_export_markdown_and_json(chat_app):
     response = send(client, "Export me *please*", htmx=False, seed="1", max_new_tokens="10")
     cid = response.headers["Location"].rsplit("/", 1)[1]
     md = client.get(f"/chat/c/{cid}/export.md")
-    assert md.mimetype == "text/markdown" and "**You**" in md.get_data(as_text=True)
+    assert md.mimetype == "text/markdown" and "**User**" in md.get_data(as_text=True)
     assert "Export me *please*" in md.get_data(as_text=True)
     data = json.loads(client.get(f"/chat/c/{cid}/export.json").get_data(as_text=True))
     assert data["messages"][0]["content"] == "Export me *please*" and data["messages"][1]["role"] == "assistant"
@@ -318,6 +318,9 @@ def test_a_conversation_is_shared_read_only_on_purpose_and_the_link_can_be_revok
     assert link and len(link.group(2)) >= 24 and "Stop sharing" in page
     shared = colleague.get(link.group(1)).get_data(as_text=True)
     assert "Share *this*" in shared and "<form" not in shared.split('<main')[1]  # read-only: no forms
+    # the person is "User" on the shared page as in the app ("Question" there, "You" here, once)
+    assert '<div class="role">User</div>' in shared and '<div class="role">User</div>' in page
+    assert "Question" not in shared and '<div class="role">You</div>' not in page
     assert "sse-connect" not in shared
     owner.post(f"/chat/c/{cid}/unshare", data={"csrf_token": csrf})
     assert colleague.get(link.group(1)).status_code == 404

@@ -221,3 +221,37 @@ def test_a_reply_can_be_read_as_its_tokens_in_place_and_the_choice_is_kept(chat_
     back = client.post(f"/chat/c/{cid}/m/{mid}/view", data={"csrf_token": csrf, "view": "text"})
     assert back.status_code == 303
     assert '<a class="tok s' not in client.get(f"/chat/c/{cid}").get_data(as_text=True)
+
+
+def test_every_version_offers_a_comparison_and_a_difference_at_the_first_token_is_said_plainly(chat_app):
+    from webapp.chat.web.conversations import service
+    client = chat_app.test_client()
+    cid, mid, _ = reply(client, "Compare us", max_new_tokens="6", temperature="1.0", top_k="0", seed="11")
+    with chat_app.app_context():
+        rows = service().store.details(mid)["odds"]
+    other = next(t for t, _, _ in rows[0][5] if t != rows[0][0])
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    client.post(f"/chat/c/{cid}/m/{mid}/branch", data={"csrf_token": csrf, "index": "0", "token": str(other)})
+    with chat_app.app_context():
+        new = service().store.messages(cid)[-1]["id"]
+    later = client.get(f"/chat/c/{cid}").get_data(as_text=True)
+    assert f'href="/chat/c/{cid}/m/{new}/compare/{mid}">Compare with 1</a>' in later
+    client.post(f"/chat/c/{cid}/m/{mid}/show", data={"csrf_token": csrf})  # switch back to version 1
+    earlier = client.get(f"/chat/c/{cid}").get_data(as_text=True)
+    assert f'href="/chat/c/{cid}/m/{mid}/compare/{new}">Compare with 2</a>' in earlier  # the first version too
+    html = client.get(f"/chat/c/{cid}/m/{mid}/compare/{new}").get_data(as_text=True)
+    assert "They differ from their first token on." in html and "first 0 tokens" not in html
+
+
+def test_counts_agree_with_their_nouns_and_the_composer_and_prompt_page_tell_the_same_arithmetic(chat_app):
+    client = chat_app.test_client()
+    cid, mid, _ = reply(client, "One", max_new_tokens="1")
+    page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
+    assert '<span class="stats">1 token' in page and "1 tokens" not in page
+    fewshot = len(chat_app.extensions["glassbox.core"].models["chat"].prompt.fewshot_ids)
+    composer = re.sub(r"\s+", " ", page)
+    assert (f"The model reads 512 tokens at a time; {fewshot} are its built-in (few-shot) examples and 2 the start "
+            f"and reply markers, so your message, the reply and the earlier turns share {512 - fewshot - 2}.") \
+        in composer
+    prompt = re.sub(r"\s+", " ", client.get(f"/chat/c/{cid}/m/{mid}/prompt").get_data(as_text=True))
+    assert f"the start and reply markers 2, the built-in (few-shot) examples {fewshot}:" in prompt

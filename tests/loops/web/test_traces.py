@@ -49,7 +49,7 @@ def test_share_makes_a_read_only_link_anyone_can_open_until_it_is_revoked(loop_a
     csrf = csrf_of(owner, "/loops/")
     trace_id = saved_trace(owner, csrf)
     page = owner.get(f"/loops/traces/{trace_id}").get_data(as_text=True)
-    assert "Private link" in page and "opens only in this browser" in page and ">Share</button>" in page
+    assert "Private link" in page and "opens only in this browser" in page and ">Share read-only</button>" in page
     stranger = loop_app.test_client()
     assert stranger.get(f"/loops/traces/{trace_id}").status_code == 404  # the private link stays private
     shared = owner.post(f"/loops/traces/{trace_id}/share", data={"csrf_token": csrf})
@@ -64,7 +64,7 @@ def test_share_makes_a_read_only_link_anyone_can_open_until_it_is_revoked(loop_a
     seen = stranger.get(f"/loops/shared/{token}")
     html = seen.get_data(as_text=True)
     assert seen.status_code == 200 and "Shared Loop-lab trace" in html and 'class="player"' in html
-    assert "Stop sharing" not in html and ">Share</button>" not in html and 'id="editor"' not in html
+    assert "Stop sharing" not in html and ">Share read-only</button>" not in html and 'id="editor"' not in html
     assert f'href="/loops/shared/{token}?loop=1#player"' in html  # its player stays on the shared page
     assert "ahead" in stranger.get(f"/loops/shared/{token}?loop=2").get_data(as_text=True)
     # only the owner can share or revoke
@@ -117,3 +117,29 @@ def test_the_model_picker_runs_the_chosen_model_and_the_trace_records_it(two_mod
 def test_one_model_has_no_picker(loop_app, monkeypatch):
     page = loop_app.test_client().get("/loops/").get_data(as_text=True)
     assert 'id="model"' not in page and 'name="model" value="main"' in page
+
+
+def test_a_trace_and_a_conversation_are_shared_alike(chat_app):
+    """The same control on both demos: a button with the same words while private; once shared, the link
+    in a field to copy, a link to open it, and Stop sharing (the chat once gave a bare link, the trace a field)."""
+    from tests.chat.test_views import send
+    client = chat_app.test_client()
+    csrf = csrf_of(client, "/loops/")
+    trace_id = saved_trace(client, csrf)
+    cid = send(client, "Share me", htmx=False, max_new_tokens="3").headers["Location"].rsplit("/", 1)[1]
+    pages = {"trace": (f"/loops/traces/{trace_id}", f"/loops/traces/{trace_id}/share"),
+             "conversation": (f"/chat/c/{cid}", f"/chat/c/{cid}/share")}
+    boxes = {}
+    for what, (page, share) in pages.items():
+        private = client.get(page).get_data(as_text=True)
+        assert ">Share read-only</button>" in private and "makes a read-only link anyone can open" in private
+        assert "This page's address opens only in this browser" not in private
+        assert client.post(share, data={"csrf_token": csrf}).status_code == 303
+        shown = client.get(page).get_data(as_text=True)
+        box = shown[shown.index('<div class="share" id="share">'):]
+        box = box[:box.index("</form>")]
+        url = re.search(r'<input id="share-url" type="text" readonly value="([^"]+)">', box).group(1)
+        assert f"Read-only link: anyone who has it can open this {what}" in box and f'<a href="{url}">Open</a>' in box
+        assert "Stop sharing" in box
+        boxes[what] = re.sub(r'action="[^"]+"', "", box.replace(url, "URL").replace(what, "WHAT"))
+    assert boxes["trace"] == boxes["conversation"]

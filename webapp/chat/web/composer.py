@@ -64,8 +64,9 @@ def token_budget(conversation: dict | None, max_new_tokens) -> dict:
     used = sum(len(prompts.encode_turn(m["role"], m["content"])) for m in history
                if m["role"] == "user" or m["status"] in ("complete", "stopped"))
     asked = max_new_tokens if isinstance(max_new_tokens, int) else None
-    return {"window": prompts.block_size, "fixed": fixed, "room": prompts.block_size - fixed,
-            "conversation": used, "asked": asked,
+    examples = len(prompts.fewshot_ids)
+    return {"window": prompts.block_size, "examples": examples, "markers": fixed - examples,
+            "room": prompts.block_size - fixed, "conversation": used, "asked": asked,
             "left": None if asked is None else prompts.block_size - fixed - asked}
 
 
