@@ -201,14 +201,14 @@
       clearInterval(timer);
       timer = null;
       toggle.setAttribute("aria-pressed", "false");
-      toggle.textContent = "▶ Play";
+      toggle.querySelector(".player-toggle-label").textContent = "Play";
       now.setAttribute("aria-live", "polite");
     }
     function start() {
       stop();
       if (at >= total) show(1);
       toggle.setAttribute("aria-pressed", "true");
-      toggle.textContent = "⏸ Pause";
+      toggle.querySelector(".player-toggle-label").textContent = "Pause";
       timer = setInterval(function () {
         if (at >= total) { stop(); return; }
         show(at + 1);
@@ -242,12 +242,15 @@
     toggle.addEventListener("click", function () { if (timer) stop(); else start(); });
     speed.addEventListener("change", function () { if (timer) start(); });
   }
-  // Run: the results are brought into view (on a phone they are below the 26-row editor).
-  document.addEventListener("htmx:afterRequest", function (event) {
-    var from = event.detail && event.detail.elt;  // the form, still in the page (#results was replaced)
-    var results = document.getElementById("results");
-    if (!from || !results || !from.closest || !from.closest("[data-show-results]")) return;
-    if (!event.detail.successful || !results.hasAttribute("aria-busy")) return;  // a run started
+  // Run: the results are brought into view (on a phone they are below the 26-row editor). Heard on the
+  // new results: the form that asked is replaced too (the editor comes back without stale errors), and
+  // an event on a detached element reaches nobody.
+  document.addEventListener("htmx:afterSwap", function (event) {
+    var config = event.detail && event.detail.requestConfig;
+    var from = config && config.elt;
+    var results = event.target;
+    if (!from || !from.hasAttribute || !from.hasAttribute("data-show-results")) return;
+    if (!results || results.id !== "results" || !results.hasAttribute("aria-busy")) return;  // a run started
     results.scrollIntoView({ block: "start" });
   });
 

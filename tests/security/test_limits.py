@@ -93,6 +93,10 @@ def test_request_bodies_are_limited(limited):
     upload = client.post("/loops/traces/upload", data={"csrf_token": csrf_of(client, "/loops/"),
                                                        "trace": (io.BytesIO(b"{" * 5000), "t.json")})
     assert upload.status_code == 413
+    # said beside the upload field like any other bad file, not on an error page that loses the form
+    page = text(upload)
+    assert 'id="trace-file-error" role="alert" tabindex="-1" autofocus>That file is too large: the limit is 4 KiB.' \
+        in page and 'id="editor"' in page and '<details class="saved" open' in page
     assert limited.extensions["glassbox.core"].counters["submitted"] == 0
 
 

@@ -1,7 +1,10 @@
 """The home page and how errors are shown (a page, an htmx fragment, or JSON for the API)."""
 
+from collections.abc import Callable
+
 from flask import Blueprint, Response, render_template, request
 from flask.globals import request_ctx
+from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import BadHost, HTTPException, RequestEntityTooLarge
 
 from webapp.web import RETRY_AFTER_SECONDS
@@ -15,13 +18,20 @@ def home():
 
 
 BAD_HOST = "The Host header is not a valid host name (each dot-separated part holds at most 63 characters)."
+# Forms that say "too large" on their own page, beside their field, rather than on an error page that
+# loses the form: endpoint -> a view given the limit in KiB. Their blueprints register them.
+INLINE_TOO_LARGE: dict[str, Callable[[int], ResponseReturnValue]] = {}
 
 
 def http_error(error: HTTPException):
     message = error.description or error.name
     if isinstance(error, RequestEntityTooLarge):  # its body is drained after the answer is made (bodies.py)
+        limit_kib = (request.max_content_length or 0) // 1024
+        inline = INLINE_TOO_LARGE.get(request.endpoint or "")
+        if inline is not None:
+            return inline(limit_kib)
         if message == RequestEntityTooLarge.description:
-            message = f"This request is too large: the limit is {(request.max_content_length or 0) // 1024:,} KiB."
+            message = f"This request is too large: the limit is {limit_kib:,} KiB."
     if isinstance(error, BadHost):
         message = BAD_HOST
     if request_ctx.url_adapter is None:  # the Host could not be read, so no URL (no page) can be built

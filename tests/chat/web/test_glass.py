@@ -255,3 +255,10 @@ def test_counts_agree_with_their_nouns_and_the_composer_and_prompt_page_tell_the
         in composer
     prompt = re.sub(r"\s+", " ", client.get(f"/chat/c/{cid}/m/{mid}/prompt").get_data(as_text=True))
     assert f"the start and reply markers 2, the built-in (few-shot) examples {fewshot}:" in prompt
+
+
+@pytest.mark.parametrize("text, name", [(" ", "space"), ("\n", "newline"), ("\t", "tab"), ("   ", "3 spaces"),
+                                        (" \n\n", "space, 2 newlines"), ("", "empty"), (" the", None), ("x", None)])
+def test_a_token_of_whitespace_is_given_a_name_to_read_aloud(text, name):
+    from webapp.chat.web.token_views import whitespace_name
+    assert whitespace_name(text) == name

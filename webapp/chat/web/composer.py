@@ -120,7 +120,8 @@ def reply_fragment(conversation, created, sampling):
     svc = service()
     response = current_app.make_response(render_template(
         "chat/_conversation_swap.html", conversation=conversation,
-        messages=svc.history(conversation["id"]), conversations=svc.conversations(owner_id()),
+        # the replies read as tokens stay so (‹ › switching versions once showed them as text until a reload)
+        messages=with_token_views(svc.history(conversation["id"])), conversations=svc.conversations(owner_id()),
         sampling=sampling, max_new_tokens_limit=sampling_limit(), draft="", errors={}))
     if created:
         response.headers["HX-Push-Url"] = url_for("chat.conversation", conversation_id=conversation["id"])

@@ -4,6 +4,7 @@ inside a character) is shown as its bytes, e.g. ⟨e6 9d⟩."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from webapp.chat.decode.odds import TokenOdds
@@ -41,6 +42,25 @@ def special_meaning(tokenizer, token: int) -> str | None:
     return SPECIAL_MEANINGS.get(special_name(tokenizer, token) or "", "a special token outside the chat's five")
 
 
+# Whitespace has no visible text and no spoken one: a token made of it is named (links, headings).
+WHITESPACE_NAMES = {" ": ("space", "spaces"), "\n": ("newline", "newlines"), "\t": ("tab", "tabs"),
+                    "\r": ("carriage return", "carriage returns"), "\u00a0": ("no-break space", "no-break spaces")}
+
+
+def whitespace_name(text: str) -> str | None:
+    """A name for a token that is only whitespace ("space", "2 newlines", "space, tab"); None for any other."""
+    if text.strip():
+        return None
+    if not text:
+        return "empty"
+    parts = []
+    for char, run in itertools.groupby(text):
+        n = len(list(run))
+        one, many = WHITESPACE_NAMES.get(char, (f"U+{ord(char):04X}", f"U+{ord(char):04X}"))
+        parts.append(one if n == 1 else f"{n} {many}")
+    return ", ".join(parts)
+
+
 def shade(probability: float) -> int:
     """0 (unlikely) .. SHADES - 1 (certain): the class a token's probability gives it."""
     return min(SHADES - 1, max(0, int(probability * SHADES)))
@@ -55,6 +75,11 @@ class Alternative:
     chosen: bool
     special: str | None = None  # a special token: what it means (choosing it ends the reply there)
 
+    @property
+    def name(self) -> str:
+        """What the token is called aloud: its text, or for whitespace a word ("space")."""
+        return whitespace_name(self.text) or self.text
+
 
 @dataclass
 class TokenView:
@@ -68,6 +93,16 @@ class TokenView:
     entropy_bits: float | None
     shade: int | str  # 0..SHADES-1, or "typed"
     alternatives: list[Alternative]
+
+    @property
+    def name(self) -> str:
+        """What the token is called aloud: its text, or for whitespace a word ("space")."""
+        return whitespace_name(self.text) or self.text
+
+    @property
+    def blank(self) -> bool:
+        """Only whitespace: its text shows nothing, so pages show its name beside it."""
+        return whitespace_name(self.text) is not None
 
 
 def token_views(tokenizer, rows: list) -> list[TokenView]:

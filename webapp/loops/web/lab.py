@@ -60,7 +60,8 @@ def run():
             return redirect(url_for("loops.trace", trace_id=job.result.trace_id), 303)
         state.errors = {"request": job.error or "The run was stopped."}
         return render_lab(state, status=500 if job.error else 200)
-    return render_template("loops/_live.html", job=job, request=demo_request.payload())
+    return render_template("loops/_run_started.html", job=job, request=demo_request.payload(),
+                           **editor_context(state))
 
 
 @bp.get("/jobs/<job_id>/stream")

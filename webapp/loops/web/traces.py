@@ -13,6 +13,7 @@ from webapp.loops.web.blueprint import bp, model_name, owned_trace, service
 from webapp.loops.web.forms import EditorState
 from webapp.loops.web.render import current_loop, render_lab, render_results
 from webapp.web import quotas
+from webapp.web.pages import INLINE_TOO_LARGE
 from webapp.web.security import owner_id
 from webapp.web.sse import comment, event_stream, frame
 
@@ -127,3 +128,12 @@ def upload():
     quotas.check_traces(owner_id(), len(json.dumps(rescored)))
     trace_id = service().store.save(owner_id(), rescored)
     return redirect(url_for("loops.trace", trace_id=trace_id), 303)
+
+
+def upload_too_large(limit_kib: int):
+    """A file over the body limit: said beside the upload field, as every other bad file is."""
+    return render_lab(EditorState.default(), status=413,
+                      upload_error=f"That file is too large: the limit is {limit_kib:,} KiB.")
+
+
+INLINE_TOO_LARGE["loops.upload"] = upload_too_large
