@@ -122,7 +122,7 @@ def test_one_model_has_no_picker(loop_app, monkeypatch):
 def test_a_trace_and_a_conversation_are_shared_alike(chat_app):
     """The same control on both demos: a button with the same words while private; once shared, the link
     in a field to copy, a link to open it, and Stop sharing (the chat once gave a bare link, the trace a field)."""
-    from tests.chat.test_views import send
+    from tests.chat.web.test_conversations import send
     client = chat_app.test_client()
     csrf = csrf_of(client, "/loops/")
     trace_id = saved_trace(client, csrf)

@@ -1,5 +1,5 @@
-"""Issue 24 in Debian's Chromium (with the fonts Debian installs beside it): what a first-time user tripped
-on. The player's controls draw their icons; a corrected Loop-lab run leaves no stale error; "Show tokens"
+"""What a first-time user tripped on (issue 24), in Debian's Chromium with the fonts Debian installs beside
+it: the player's controls draw their icons; a corrected Loop-lab run leaves no stale error; "Show tokens"
 survives switching versions and looks pressed; an upload error comes into view with the focus, a too-large
 file included; the Tokens page fits a phone and the top bar stays on one line; whitespace tokens have names;
 the home cards are as tall as each other."""
@@ -33,7 +33,7 @@ UNDRAWN = """(selector) => {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    work = tmp_path_factory.mktemp("issue24")
+    work = tmp_path_factory.mktemp("first-visit")
     env = {**model_env(work, chat_arch="tiny:0.01", loop_delay=0.01), "GLASSBOX_MAX_NEW_TOKENS": "8"}
     app = Gunicorn(work / "instance", env).start()
     yield app
@@ -94,7 +94,7 @@ def test_the_players_controls_draw_icons_every_font_has(open_page):
     pause = page.get_by_role("button", name="Pause", exact=True)
     assert pause.get_attribute("aria-pressed") == "true"
     assert pause.locator("svg.icon-pause").is_visible() and not pause.locator("svg.icon-play").is_visible()
-    screenshot(page, "issue24-player")
+    screenshot(page, "first-visit-player")
 
 
 # -- 5. a corrected run clears the error ------------------------------------------------------------
@@ -182,7 +182,7 @@ def test_at_390px_the_tokens_page_fits_and_the_top_bar_is_one_line(open_page):
                          " || 20")
     assert theme["height"] < 2 * line, f"the Theme button wraps: {theme}"
     assert abs((theme["y"] + theme["height"] / 2) - (brand["y"] + brand["height"] / 2)) < 8, (theme, brand)
-    screenshot(page, "issue24-tokens-phone")
+    screenshot(page, "first-visit-tokens-phone")
 
 
 # -- 9. whitespace tokens have names ------------------------------------------------------------------
