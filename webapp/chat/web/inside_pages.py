@@ -18,7 +18,7 @@ from webapp.chat.inside import InsideService
 from webapp.chat.service import ChatError
 from webapp.chat.web import inside_view
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service, settings
-from webapp.chat.web.token_views import token_text
+from webapp.chat.web.token_views import token_text, whitespace_name
 from webapp.core import Refused
 from webapp.core.jobs import CANCELLED, DONE
 from webapp.web import refusal_headers, refusal_status
@@ -105,8 +105,9 @@ def inside_page(conversation: dict, message: dict, index: int, shared: str | Non
     chosen_head = inside_view.parse_head(request.args.get("head"), n_layer, n_head)
     prompt_length = positions - min(index, positions)
     panel = TokenOdds.from_row(odds[index])
+    text = token_text(tokenizer, report.request.token)[0]
     return render_template(
-        "chat/inside.html", problem=None, report=report, token_text=token_text(tokenizer, report.request.token)[0],
+        "chat/inside.html", problem=None, report=report, token_text=text, token_name=whitespace_name(text),
         lens=inside_view.lens_view(tokenizer, report), settled=report.settled_layer,
         heads=inside_view.head_views(report), chosen_head=chosen_head, panel=panel,
         attended=(inside_view.attended(tokenizer, report, *chosen_head, prompt_length) if chosen_head else []),
