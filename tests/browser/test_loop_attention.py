@@ -35,7 +35,7 @@ def test_the_player_shows_where_the_loop_looked_and_says_when_stepping_left_it_b
     assert page.locator("#attention .prompt-strip").count() == 3            # combined, then two heads
     assert page.locator("#attention .prompt-strip.combined .pc").count() == 88
     assert page.locator("#attention .attention-stale").is_hidden()
-    page.get_by_role("link", name="Next ▶").click()                        # steps in place
+    page.get_by_role("link", name="Next", exact=True).click()                        # steps in place
     assert page.locator(".player-at").text_content() == "4"
     assert "stale" in (panel.get_attribute("class") or "")
     note = page.locator("#attention .attention-stale")
@@ -56,7 +56,7 @@ def test_without_javascript_each_loop_has_its_own_attention(open_page):
     plain.context.add_cookies(page.context.cookies())
     plain.goto(trace_url + "?loop=2")
     assert "Where loop 2 looked" in plain.locator("#attention h3").text_content()
-    plain.get_by_role("link", name="Next ▶").click()
+    plain.get_by_role("link", name="Next", exact=True).click()
     assert "Where loop 3 looked" in plain.locator("#attention h3").text_content()
 
 

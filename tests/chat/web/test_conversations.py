@@ -17,7 +17,14 @@ def send(client, content, csrf=None, htmx=True, **fields):
 
 
 def stream_url(html):
-    return re.findall(r'sse-connect="([^"]+)"', html)[-1]
+    """The reply's stream; a reply that finished before its page was drawn has none on the page, but the same
+    address (it then sends only the final fragment)."""
+    found = re.findall(r'sse-connect="([^"]+)"', html)
+    if found:
+        return found[-1]
+    conversation = re.findall(r'href="/chat/c/([0-9a-f]+)"', html)[-1]
+    message = re.findall(r'id="message-(\d+)"', html)[-1]
+    return f"/chat/c/{conversation}/m/{message}/stream"
 
 
 def store(app):
