@@ -5,6 +5,13 @@ questions about Glassbox itself. Every category has a fixed answer template, so 
 well defined. Held out from training (used only by the evaluation):
   - some question phrasings of every category (the facts themselves are all in training);
   - about 10% of the arithmetic operand pairs, whatever the phrasing.
+
+Two training mixes (scripts/train_chat.py runs them one after the other):
+  - "base": the first stage, from scratch (sample_train_base, unchanged since the first bundled model);
+  - "sums": the second stage, from the first stage's weights (sample_train_sums): more sums, a third
+    of them with one-digit operands and a third forced to carry or borrow, sums typed without
+    spaces ("7+8"), a few more phrasings, fewer echo turns.
+Both draw from the same training phrasings and never from the held-out pairs or phrasings.
 """
 
 from __future__ import annotations
@@ -98,12 +105,27 @@ APP = [
      ["Tell me about yourself.", "What kind of model are you?"]),
 ]
 
+# Training-only phrasings the second stage adds (the held-out ones above are unchanged; none of these is
+# one of them or a rewording of one).
+EXTRA_TRAIN_Q = {
+    "+": ["{a} + {b}?", "{a} plus {b}?", "{a} plus {b}", "Sum of {a} and {b}?", "And {a} + {b}?"],
+    "-": ["{a} - {b}?", "{a} minus {b}?", "{a} minus {b}", "Take {b} away from {a}.", "And {a} - {b}?"],
+}
+EXTRA_GREETINGS = {
+    "Hello! Ask me about capitals, chemical symbols, small sums or Glassbox.":
+        ["Afternoon!", "Evening!", "Good morning!", "Hi, good evening.", "Hello, good morning!", "Hey!",
+         "Hello you", "Hi, how is it going?", "Yo", "Greetings!"],
+    "You're welcome!": ["Thank you", "Nice, thanks!", "Great, thank you!", "Thanks, that was useful."],
+    "Goodbye! Come back any time.": ["Bye!", "Goodbye", "See you soon, bye!", "OK, see you later."],
+}
+
 # A training aid: repeating random strings teaches the model to copy from the question (entities,
 # operands) much sooner than the sparse copies inside fact and sum answers do. Not evaluated.
 ECHO_Q = ["Repeat after me: {x}", 'Say "{x}".', "Please repeat: {x}", "Echo {x}", "Can you say {x}?", "Say {x}"]
 
 CATEGORIES = ("greeting", "capital", "symbol", "arithmetic", "app")
 MIX = {"greeting": 0.05, "capital": 0.11, "symbol": 0.1, "arithmetic": 0.55, "app": 0.08, "echo": 0.11}
+MIX_SUMS = {"greeting": 0.06, "capital": 0.09, "symbol": 0.08, "arithmetic": 0.65, "app": 0.07, "echo": 0.05}
 
 
 @dataclass(frozen=True)
@@ -155,9 +177,57 @@ def _random_text(rng: random.Random) -> str:
     return " ".join(word() for _ in range(rng.randint(1, 3)))
 
 
-def sample_train(rng: random.Random) -> QA:
-    """One training question/answer, drawn by the category mix."""
-    cat = rng.choices(list(MIX), weights=list(MIX.values()))[0]
+def sample_train(rng: random.Random, mix: str = "base") -> QA:
+    """One training question/answer from the named mix ("base" or "sums")."""
+    return (sample_train_sums if mix == "sums" else sample_train_base)(rng)
+
+
+def _operands(rng: random.Random, op: str) -> tuple[int, int]:
+    """The second stage's operands: a third one-digit (both, or one of the two), a third that must carry
+    (+) or borrow (-), a third uniform on 0..99; a - b keeps a >= b. Never a held-out pair."""
+    while True:
+        r = rng.random()
+        if r < 0.2:
+            a, b = rng.randrange(10), rng.randrange(10)
+        elif r < 0.33:
+            a, b = rng.randrange(10), rng.randrange(10, 100)
+            if rng.random() < 0.5:
+                a, b = b, a
+        elif r < 0.66:
+            a, b = rng.randrange(100), rng.randrange(100)
+            if op == "+" and a % 10 + b % 10 < 10 or op == "-" and a % 10 >= b % 10:
+                continue  # no carry / no borrow: draw again
+        else:
+            a, b = rng.randrange(100), rng.randrange(100)
+        if op == "-" and b > a:
+            a, b = b, a
+        if not pair_held_out(a, op, b):
+            return a, b
+
+
+def _squeeze(rng: random.Random, text: str, op: str) -> str:
+    """Sums as people type them: "7+8", "12-5" (a third of the time)."""
+    return text.replace(f" {op} ", op) if rng.random() < 0.33 else text
+
+
+def sample_train_sums(rng: random.Random) -> QA:
+    """The second stage's mix (MIX_SUMS): mostly sums, hard ones and one-digit ones over-weighted."""
+    cat = rng.choices(list(MIX_SUMS), weights=list(MIX_SUMS.values()))[0]
+    if cat == "arithmetic":
+        op = rng.choice("+-")
+        a_, b_ = _operands(rng, op)
+        q = _fill(rng.choice((ADD_Q if op == "+" else SUB_Q)[0] + EXTRA_TRAIN_Q[op]), a=a_, b=b_)
+        return QA(cat, _vary(rng, _squeeze(rng, q, op)), arithmetic_answer(a_, op, b_))
+    if cat == "greeting":
+        answer, phrasings, _ = rng.choice(GREETINGS)
+        return QA(cat, _vary(rng, rng.choice(phrasings + EXTRA_GREETINGS[answer])), answer)
+    return sample_train_base(rng, cat)
+
+
+def sample_train_base(rng: random.Random, cat: str | None = None) -> QA:
+    """One training question/answer, drawn by the first stage's category mix (MIX), or of category cat."""
+    if cat is None:
+        cat = rng.choices(list(MIX), weights=list(MIX.values()))[0]
     if cat == "capital":
         x = rng.choice(list(CAPITALS))
         q, a = _fill(rng.choice(CAPITAL_Q[0]), x=x), capital_answer(x)
@@ -184,8 +254,12 @@ def sample_train(rng: random.Random) -> QA:
     return QA(cat, _vary(rng, q), a)
 
 
-def held_out(n_arithmetic: int = 150, seed: int = 7) -> list[QA]:
-    """The evaluation set: held-out phrasings for every fact and intent, held-out operand pairs."""
+def held_out(n_arithmetic: int = 400, seed: int = 7) -> list[QA]:
+    """The evaluation set: held-out phrasings for every fact and intent, held-out operand pairs.
+
+    The sums: n_arithmetic held-out pairs drawn at random, then every held-out pair whose operands are
+    both one digit (2 + 3, 7 - 4) not drawn already; each under a random phrasing, a quarter of them
+    typed without spaces ("7+8")."""
     rng = random.Random(seed)
     out = []
     for group, cat in ((GREETINGS, "greeting"), (APP, "app")):
@@ -197,8 +271,12 @@ def held_out(n_arithmetic: int = 150, seed: int = 7) -> list[QA]:
         out += [QA("symbol", _fill(t, x=x), symbol_answer(x)) for t in SYMBOL_Q[1]]
     pairs = [(a, op, b) for op in "+-" for a in range(100) for b in range(100)
              if pair_held_out(a, op, b) and (op == "+" or b <= a)]
-    for a, op, b in rng.sample(pairs, min(n_arithmetic, len(pairs))):
+    picked = rng.sample(pairs, min(n_arithmetic, len(pairs)))
+    picked += [p for p in pairs if p[0] < 10 and p[2] < 10 and p not in picked]
+    for a, op, b in picked:
         templates = (ADD_Q if op == "+" else SUB_Q)
-        t = rng.choice(templates[0] + templates[1])  # unseen pair, any phrasing
-        out.append(QA("arithmetic", _fill(t, a=a, b=b), arithmetic_answer(a, op, b)))
+        q = _fill(rng.choice(templates[0] + templates[1]), a=a, b=b)  # unseen pair, any phrasing
+        if rng.random() < 0.25:
+            q = q.replace(f" {op} ", op)
+        out.append(QA("arithmetic", q, arithmetic_answer(a, op, b)))
     return out
