@@ -71,7 +71,8 @@ def evaluate(checkpoint, history: int = 0, n_arithmetic: int = 400, limit: int |
         if total[cat]:
             print(f"| {cat} | {total[cat]} | {right[cat]} | {right[cat] / total[cat]:.1%} |")
         if cat == "arithmetic" and one_digit[1]:
-            print(f"| … of which one-digit operands | {one_digit[1]} | {one_digit[0]} | {one_digit[0] / one_digit[1]:.1%} |")
+            share = one_digit[0] / one_digit[1]
+            print(f"| … of which one-digit operands | {one_digit[1]} | {one_digit[0]} | {share:.1%} |")
     n, r = sum(total.values()), sum(right.values())
     print(f"| **all** | {n} | {r} | {r / n:.1%} |")
     ttft = statistics.median(s.time_to_first_token_s for s in stats)
