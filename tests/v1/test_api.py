@@ -242,3 +242,26 @@ def test_a_bad_keys_file_stops_start_up(tmp_path, content, message):
         path.write_text(content)
     with pytest.raises(ConfigError, match=message):
         make_app(tmp_path, {}, api_keys=str(path))
+
+
+def test_the_per_owner_limit_counts_loop_api_runs_per_key(tmp_path):
+    """Each key is one owner for /api/loops/trace too: cookie-less runs were each a throwaway owner."""
+    from tests.support.chat_models import tiny_chat_model
+    from tests.support.loop_models import bundle
+    keys = write_keys(tmp_path / "api_keys", KEY, OTHER_KEY)
+    app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat"), "loops": bundle(delay=0.2)},
+                   api_keys=str(keys), max_jobs_per_owner=2, max_jobs_per_client=100)
+    try:
+        runs = []
+        for _ in range(3):  # bodies not read: the runs are still queued or running
+            runs.append(app.test_client().post("/api/loops/trace", json={**LOOP_REQUEST, "steps": 20},
+                                               headers={"Authorization": f"Bearer {KEY}"}))
+        assert [r.status_code for r in runs] == [200, 200, 429]
+        assert "error" in runs[2].json
+        other = app.test_client().post("/api/loops/trace", json=LOOP_REQUEST,
+                                       headers={"Authorization": f"Bearer {OTHER_KEY}"})
+        assert other.status_code == 200  # another key has its own allowance
+        for r in reversed(runs + [other]):  # streamed contexts end in the reverse order they began
+            r.close()
+    finally:
+        app.extensions["glassbox.core"].shutdown()

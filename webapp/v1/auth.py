@@ -125,3 +125,9 @@ def authenticate() -> tuple[str | None, str | None]:
 def api_owner() -> str:
     """The owner of this request's jobs (set by authenticate, which runs before every API view)."""
     return g.get("api_owner") or OWNER_PREFIX + (request.remote_addr or "local")
+
+
+def key_owner() -> str | None:
+    """The owner of the API key this request was authenticated with; None when no keys are set."""
+    owner = g.get("api_owner")
+    return owner if isinstance(owner, str) and owner.startswith(OWNER_PREFIX + "key-") else None

@@ -72,10 +72,14 @@ def check_traces(owner: str, adding: int = 0) -> None:
     _check_bytes(owner, adding)
 
 
-def api_owner() -> str:
-    """The owner of a JSON-API run: the session's browser when the script keeps its cookie; else a
-    throwaway owner whose traces are deleted after GLASSBOX_API_RETENTION_HOURS (no cookie is set)."""
+def api_owner(key_owner: str | None = None) -> str:
+    """The owner of a JSON-API run. With API keys set, the key (`key_owner`): each key is one owner for
+    GLASSBOX_MAX_JOBS_PER_OWNER whatever cookie it sends, and its runs are kept as anonymous runs are.
+    Without keys: the session's browser when the script keeps its cookie; else a throwaway owner whose
+    traces are deleted after GLASSBOX_API_RETENTION_HOURS (no cookie is set)."""
     purge_api_runs()
+    if key_owner is not None:
+        return key_owner
     owner = session.get("owner")
     return owner if isinstance(owner, str) and owner else API_OWNER_PREFIX + secrets.token_urlsafe(12)
 

@@ -10,6 +10,7 @@ from webapp.core import Refused
 from webapp.loops.request import DemoRequest, RequestError
 from webapp.loops.trace import metadata
 from webapp.loops.web.blueprint import api, service, settings
+from webapp.v1 import auth
 from webapp.web import get_core, quotas, refusal_headers, refusal_status
 from webapp.web.security import csrf_exempt
 from webapp.web.streams import held_slot, long_response
@@ -48,9 +49,10 @@ def api_trace():
         demo_request = DemoRequest.parse(value)
     except RequestError as error:
         return {"error": error.message}, 400
-    # A script without a cookie gets a throwaway owner, not a session: its traces are purged after
+    # A key is its own owner (the per-owner limit counts per key). Without keys, a script without a
+    # cookie gets a throwaway owner, not a session: its traces are purged after
     # GLASSBOX_API_RETENTION_HOURS (webapp/web/quotas.py), and no cookie is minted per request.
-    owner = quotas.api_owner()
+    owner = quotas.api_owner(auth.key_owner())
     try:
         with held_slot() as slot:  # before the job: a refusal leaves nothing queued
             quotas.check_traces(owner)
