@@ -33,7 +33,9 @@ def parse_trace_file(data: bytes) -> dict:
         snapshot = json.loads(data.decode("utf-8"), parse_constant=_no_constants)
     except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested thousands deep
         raise TraceFileError("That file is not JSON; download a trace from Glassbox and upload that file.")
-    if not isinstance(snapshot, dict) or snapshot.get("schema_version") != 1:
+    # type(...) is int: True == 1 in Python, and a float 1.0 is not the integer the schema names
+    version = snapshot.get("schema_version") if isinstance(snapshot, dict) else None
+    if type(version) is not int or version != 1:
         raise TraceFileError("That file is not a Glassbox trace (schema_version 1).")
     try:
         request = DemoRequest.parse(snapshot.get("request"))

@@ -160,6 +160,18 @@ def test_upload_rejects_a_bad_file_with_a_message(loop_app):
     assert response.status_code == 400 and "not JSON" in response.get_data(as_text=True)
 
 
+@pytest.mark.parametrize("version", [True, 1.0, "1"])
+def test_upload_needs_the_integer_schema_version_1(loop_app, version):
+    client = loop_app.test_client()
+    response = client.post("/api/loops/trace?stream=snapshots", json={"mapping": CYCLE, "start": "A", "steps": 2})
+    snapshot = {**json.loads(response.get_data(as_text=True).splitlines()[-1]), "schema_version": version}
+    from io import BytesIO
+    up = client.post("/loops/traces/upload", content_type="multipart/form-data",
+                     data={"csrf_token": csrf_of(client, "/loops/"),
+                           "trace": (BytesIO(json.dumps(snapshot).encode()), "t.json")})
+    assert up.status_code == 400 and "schema_version 1" in up.get_data(as_text=True)
+
+
 def test_tampered_upload_is_rescored_from_its_request(loop_app):
     client = loop_app.test_client()
     response = client.post("/api/loops/trace?stream=snapshots", json={"mapping": CYCLE, "start": "A", "steps": 2})
