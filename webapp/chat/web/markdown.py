@@ -51,9 +51,39 @@ def render_markdown(text: str | None) -> Markup:
     return Markup(md.renderer.render(tokens, md.options, {}))
 
 
+# A line that starts a block (a heading, emphasis such as the export's "**Assistant**", a rule or setext
+# underline, a list, a quote, raw HTML, a table): in an exported message it is escaped, so a message
+# cannot forge a turn marker or a heading of the export around it. Indented 4+ spaces is code already.
+BLOCK_START = re.compile(r"^( {0,3})([#*_=+\-<>|]+)")
+FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+
+
+def escape_turn_markers(text: str | None) -> str:
+    """A message as Markdown text for the export (templates/chat/export.md.txt): block markers at line
+    starts backslash-escaped outside code fences, and a fence the message leaves open closed, so the
+    turns after it are not swallowed into code. What the message says still reads the same."""
+    out, fence = [], ""
+    for line in re.split(r"\r\n|\r|\n", text or ""):
+        opening = FENCE.match(line)
+        if fence:
+            if opening and opening.group(1)[0] == fence[0] and len(opening.group(1)) >= len(fence) \
+                    and not line.strip().strip(fence[0]):
+                fence = ""
+        elif opening and not (opening.group(1)[0] == "`" and "`" in line[opening.end():]):
+            fence = opening.group(1)
+        else:
+            line = BLOCK_START.sub(lambda m: m.group(1) + "".join("\\" + c for c in m.group(2)), line)
+        out.append(line)
+    if fence:
+        out.append(fence)
+    return "\n".join(out)
+
+
 def init_app(app) -> None:
-    """Registers the `markdown` Jinja filter (templates/chat/_macros.html uses it)."""
+    """Registers the `markdown` Jinja filter (templates/chat/_macros.html uses it) and the export's
+    `markdown_text` (templates/chat/export.md.txt)."""
     app.add_template_filter(render_markdown, "markdown")
+    app.add_template_filter(escape_turn_markers, "markdown_text")
 
 
 @functools.cache
