@@ -13,7 +13,11 @@ import threading
 
 # Loopback by default: gunicorn alone gives every connection a thread, so slow or idle clients can hold
 # them all. Beyond one machine, nginx (deploy/nginx.conf) takes the connections and gunicorn stays here.
-bind = os.environ.get("GLASSBOX_BIND", "127.0.0.1:8000")
+# One address or several, comma-separated: `127.0.0.1:8000`, `unix:/run/glassbox/gunicorn.sock` (how
+# deploy/nginx.conf reaches it: a socket only the glassbox group may open, so no other local process
+# can pose as the proxy), or both.
+bind = [a.strip() for a in os.environ.get("GLASSBOX_BIND", "127.0.0.1:8000").split(",") if a.strip()]
+umask = 0o007                     # applied to the Unix socket only: owner and group may connect, others not
 workers = 1                       # the models and the job queue live in this one process
 worker_class = "gthread"          # the sync worker would kill streams at `timeout`
 # Every open stream holds a thread. The app refuses streams over GLASSBOX_MAX_STREAMS, so threads
@@ -27,7 +31,8 @@ keepalive = 5                     # nginx keeps upstream connections open (deplo
 limit_request_line = 4094
 limit_request_fields = 50
 limit_request_field_size = 8190
-forwarded_allow_ips = os.environ.get("GLASSBOX_FORWARDED_ALLOW_IPS", "127.0.0.1")
+# No TCP peer is a proxy unless named (a Unix socket's peer always is, as in the app: webapp/web/security.py)
+forwarded_allow_ips = os.environ.get("GLASSBOX_FORWARDED_ALLOW_IPS", "")
 control_socket_disable = True     # gunicorn >= 24's control socket is one path per user: instances collide
 
 # Logs go to stderr (journald under systemd), one line per request and one per job. Key=value lines

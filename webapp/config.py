@@ -70,7 +70,7 @@ class Settings:
     retention_days: float = 90.0           # a browser not seen this long loses its rows
     session_days: int = 30                 # lifetime of the session cookie
     max_body_bytes: int = 256 * 1024
-    forwarded_allow_ips: str = "127.0.0.1"  # proxies whose X-Forwarded-* (and -Prefix) are believed
+    forwarded_allow_ips: str = ""  # TCP proxies whose X-Forwarded-* are believed (a Unix socket's peer always is)
     api_keys: str = ""           # a file of bearer keys for /v1 and /api/ (webapp/v1/auth.py); empty: open
 
     @classmethod

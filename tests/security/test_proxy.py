@@ -13,8 +13,9 @@ FORWARDED = {"HTTP_X_FORWARDED_PREFIX": "/glassbox", "HTTP_X_FORWARDED_PROTO": "
 
 
 def test_a_trusted_proxy_puts_the_app_under_its_prefix(chat_app):
+    # nginx on gunicorn's Unix socket (deploy/nginx.conf): a peer without an address
     page = chat_app.test_client().get("/chat/", headers={"X-Forwarded-Prefix": "/glassbox"},
-                                      environ_base={"REMOTE_ADDR": "127.0.0.1"})
+                                      environ_base={"REMOTE_ADDR": ""})
     html = page.get_data(as_text=True)
     assert 'href="/glassbox/loops/"' in html and 'action="/glassbox/chat/send"' in html
     assert 'src="/glassbox/static/app.js"' in html
@@ -41,7 +42,8 @@ def seen_environ(allow: str, remote: str) -> dict:
 
 @pytest.mark.parametrize("allow, remote, trusted", [
     ("127.0.0.1", "127.0.0.1", True), ("127.0.0.1", "10.0.0.9", False), ("10.0.0.0/8, 127.0.0.1", "10.0.0.9", True),
-    ("*", "203.0.113.5", True), ("", "127.0.0.1", False), ("127.0.0.1", "not-an-ip", False)])
+    ("*", "203.0.113.5", True), ("", "127.0.0.1", False), ("127.0.0.1", "not-an-ip", False),
+    ("", "", True)])  # a Unix socket's peer: only who may open the socket can be there
 def test_only_configured_addresses_and_networks_are_believed(allow, remote, trusted):
     environ = seen_environ(allow, remote)
     if trusted:
@@ -50,6 +52,12 @@ def test_only_configured_addresses_and_networks_are_believed(allow, remote, trus
     else:
         assert environ["SCRIPT_NAME"] == "" and environ["wsgi.url_scheme"] == "http"
         assert environ["REMOTE_ADDR"] == remote and "HTTP_X_FORWARDED_PREFIX" not in environ
+
+
+def test_by_default_no_tcp_peer_is_a_proxy_not_even_a_local_one(chat_app):
+    page = chat_app.test_client().get("/chat/", headers={"X-Forwarded-Prefix": "/glassbox"},
+                                      environ_base={"REMOTE_ADDR": "127.0.0.1"})
+    assert 'href="/loops/"' in page.get_data(as_text=True)  # any local process connects from 127.0.0.1
 
 
 def test_a_bad_setting_stops_start_up_naming_the_variable():

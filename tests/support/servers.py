@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -24,6 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 CHROMIUM = "/usr/bin/chromium"
 LOOPBACK = "127.0.0.1"
+
+
+def upstream_socket(port: int) -> Path:
+    """The Unix socket a test gunicorn on `port` also listens on, and its nginx proxies to (as deployed)."""
+    return Path(tempfile.gettempdir()) / f"glassbox-test-{port}.sock"
 
 
 def free_port() -> int:
@@ -73,7 +79,9 @@ class Gunicorn:
     def start(self, ready_timeout: float = 60.0) -> Gunicorn:
         self.instance.mkdir(parents=True, exist_ok=True)
         self.log_path = self.instance / f"gunicorn-{int(time.time() * 1000)}.log"
-        env = {**os.environ, "GLASSBOX_BIND": f"{LOOPBACK}:{self.port}",
+        # TCP for the tests and clients that go straight to gunicorn (never a trusted proxy), the Unix
+        # socket for nginx (deploy/nginx.conf), whose X-Forwarded-For the app believes
+        env = {**os.environ, "GLASSBOX_BIND": f"{LOOPBACK}:{self.port},unix:{upstream_socket(self.port)}",
                "GLASSBOX_INSTANCE_PATH": str(self.instance), "GLASSBOX_TORCH_THREADS": "1", **self.env}
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "wsgi:app"],
@@ -122,11 +130,12 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 def nginx_config(template: Path, prefix: Path, listen_port: int, upstream_port: int) -> str:
     """deploy/nginx.conf inside a minimal main config whose pid, logs and temp files live in `prefix`.
-    The deploy file's own `listen` and upstream `server` lines are replaced by loopback test ports."""
+    The deploy file's own `listen` and upstream `server` lines are replaced by a loopback test port and
+    the Unix socket of the test gunicorn on `upstream_port`."""
     site = template.read_text()
     site, n_listen = re.subn(r"^(\s*)listen\s+[^;]+;", rf"\1listen {LOOPBACK}:{listen_port};", site, flags=re.M)
-    site, n_server = re.subn(r"^(\s*)server\s+127\.0\.0\.1:8000\b", rf"\1server {LOOPBACK}:{upstream_port}",
-                             site, flags=re.M)
+    site, n_server = re.subn(r"^(\s*)server\s+unix:/run/glassbox/gunicorn\.sock\b",
+                             rf"\1server unix:{upstream_socket(upstream_port)}", site, flags=re.M)
     if (n_listen, n_server) != (1, 1):
         raise ValueError(f"{template}: expected one listen and one upstream server line, found "
                          f"{n_listen} and {n_server}")

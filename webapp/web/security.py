@@ -149,8 +149,10 @@ FORWARDED = ("HTTP_X_FORWARDED_FOR", "HTTP_X_FORWARDED_PROTO", "HTTP_X_FORWARDED
 
 
 class TrustedProxies:
-    """werkzeug's ProxyFix for requests from the configured proxies only (GLASSBOX_FORWARDED_ALLOW_IPS:
-    addresses or networks, comma-separated, `*` for any). From anyone else the X-Forwarded-* headers
+    """werkzeug's ProxyFix for requests from the configured proxies only: a peer on gunicorn's Unix
+    socket (deploy/nginx.conf; the socket's group decides who may connect), or a TCP peer named in
+    GLASSBOX_FORWARDED_ALLOW_IPS (addresses or networks, comma-separated, `*` for any; none by default,
+    since trusting 127.0.0.1 trusts every local process). From anyone else the X-Forwarded-* headers
     are dropped, so a client cannot move the app's URLs (X-Forwarded-Prefix) or fake its address.
     The proxy's X-Forwarded-Prefix becomes SCRIPT_NAME: the app then lives at e.g. /glassbox/."""
 
@@ -159,6 +161,7 @@ class TrustedProxies:
         self.fixed = ProxyFix(wsgi_app, x_for=1, x_proto=1, x_host=0, x_port=0, x_prefix=1)
         entries = [a.strip() for a in allow.split(",") if a.strip()]
         self.everyone = "*" in entries
+        self.warned = False
         try:
             self.networks = [ipaddress.ip_network(a, strict=False) for a in entries if a != "*"]
         except ValueError as error:
@@ -174,8 +177,15 @@ class TrustedProxies:
         return any(ip in network for network in self.networks)
 
     def __call__(self, environ, start_response):
-        if self.trusted(environ.get("REMOTE_ADDR", "")):
+        peer = environ.get("REMOTE_ADDR", "")
+        if self.trusted(peer):
             return self.fixed(environ, start_response)
+        if "HTTP_X_FORWARDED_FOR" in environ and not self.warned:
+            # Once: a proxy over TCP that is not named (upgrading from a TCP upstream) sees every client
+            # as itself, and the per-address limits count them all together.
+            self.warned = True
+            log.warning("X-Forwarded-For from %s ignored: not a trusted proxy (GLASSBOX_FORWARDED_ALLOW_IPS, "
+                        "or reach gunicorn over its Unix socket as deploy/nginx.conf does)", peer)
         for header in FORWARDED:
             environ.pop(header, None)
         return self.wsgi_app(environ, start_response)
