@@ -4,6 +4,7 @@ timeout, and after a restart the reply's stream replays what was saved without r
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -78,6 +79,46 @@ def test_sigterm_mid_stream_saves_the_partial_reply_ends_every_stream_and_replay
         assert [e.name for e in gone] == ["done"] and "no longer here" in gone[0].data
         page = alice.get(f"{PREFIX}/chat/c/" + running_url.split("/")[4])
         assert page.status == 200 and "sse-connect" not in page.text  # no stream left to reconnect to
+    finally:
+        proxy.stop()
+        app.stop()
+
+
+def paced_trace(steps: int) -> bytes:
+    """A trace file whose loops arrived a second apart: its replay takes REPLAY_MAX_SECONDS (20 s)."""
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    rows = [{"loop": n, "prediction": "B", "direct_prediction": None, "stop_probability": 0.0,
+             "top3": [{"symbol": "B", "probability": 0.9}], "arrival_seconds": float(n)} for n in range(1, steps + 1)]
+    return json.dumps({"schema_version": 1, "request": {"mapping": [[a, letters[(i + 1) % 26]] for i, a in
+                                                                    enumerate(letters)], "start": "A", "steps": steps},
+                       "trace": rows, "summary": {"stop_reason": "cap"}}).encode()
+
+
+def test_sigterm_ends_a_paced_replay_at_once_with_its_done_event(tmp_path):
+    require_nginx()
+    env = {**model_env(tmp_path), "GLASSBOX_GRACEFUL_TIMEOUT": "20"}
+    app = Gunicorn(tmp_path / "instance", env).start()
+    proxy = Nginx(tmp_path / "nginx", app.port).start()
+    try:
+        viewer = Client(proxy.url)
+        viewer.get(f"{PREFIX}/loops/")
+        boundary = "glassboxtest"
+        body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"trace\"; filename=\"t.json\"\r\n"
+                f"Content-Type: application/json\r\n\r\n").encode() + paced_trace(30)
+        body += f"\r\n--{boundary}--\r\n".encode()
+        uploaded = viewer.request("POST", f"{PREFIX}/loops/traces/upload", body=body,
+                                  headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+        assert uploaded.status == 200 and "/loops/traces/" in uploaded.url, uploaded.text[:500]
+        replay = read_in_background(viewer, uploaded.url.split("?")[0] + "/replay")
+        assert wait_until(lambda: sum(e.name == "rows" for e in replay["events"]) >= 2, 10)
+
+        app.signal(signal.SIGTERM)
+        sent = time.monotonic()
+        replay["thread"].join(10)
+        assert replay["ended"] is not None and replay["ended"] - sent < 3, "the replay kept its pace"
+        assert replay["events"][-1].name == "done"  # the browser closes instead of reconnecting
+        assert app.wait(15) == 0, app.log()[-2000:]
+        assert time.monotonic() - sent < 10
     finally:
         proxy.stop()
         app.stop()

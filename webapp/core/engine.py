@@ -65,6 +65,7 @@ class InferenceCore:
         self._last_save_try = 0.0
         self._lock = threading.Condition()
         self._closed = False
+        self.closing = threading.Event()  # set when shutdown begins: what a paced replay waits on, not a sleep
         # submitted, done, cancelled, failed, tokens, rows
         self.counters: collections.Counter[str] = collections.Counter()
         self.job_metrics = JobMetrics()  # per-kind outcomes, waits and run times; logs each job
@@ -150,6 +151,7 @@ class InferenceCore:
         """Stop taking jobs, cancel every queued and running one, and wait for the worker."""
         with self._lock:
             self._closed = True
+            self.closing.set()
             pending = list(self._queue) + list(self._running.values())
             self._lock.notify_all()
         for job in pending:

@@ -12,7 +12,7 @@ from webapp.loops.trace import FLUSH_SECONDS
 from webapp.loops.web.blueprint import bp, model_name, owned_trace, service
 from webapp.loops.web.forms import EditorState
 from webapp.loops.web.render import current_loop, render_lab, render_results
-from webapp.web import quotas
+from webapp.web import get_core, quotas
 from webapp.web.pages import INLINE_TOO_LARGE
 from webapp.web.security import owner_id
 from webapp.web.sse import comment, event_stream, frame
@@ -104,13 +104,17 @@ def replay_stream(trace_id: str):
     def rows_frame(rows):
         return frame("rows", render_template("loops/_rows.html", rows=rows, steps=snapshot["request"]["steps"]))
 
+    closing = get_core().closing
+
     def body():
         yield comment("open")
         started = time.monotonic()
         for at, rows in replay_frames(snapshot["trace"]):
             delay = at - (time.monotonic() - started)
-            if delay > 0:
-                time.sleep(delay)
+            # On shutdown (SIGTERM) the pace is dropped: the rest comes at once with the `done` event,
+            # so the stream ends well within gunicorn's graceful timeout and the browser does not reconnect.
+            if delay > 0 and closing.wait(delay):
+                break
             yield rows_frame(rows)
         yield frame("done", render_results(snapshot, trace_id=trace_id))
 
