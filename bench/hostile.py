@@ -3,6 +3,7 @@ time; it stops by itself.
 
     .venv/bin/python -m bench.hostile                  # ~2 minutes on the tiny test models
     .venv/bin/python -m bench.hostile --attack-seconds 30 --no-report
+    .venv/bin/python -m bench.hostile --each --attack-seconds 20   # issue 25's attacks one at a time
 
 All the attacks at once, each from its own loopback address (127.0.0.2, .3, ...; nginx reports it in
 X-Forwarded-For, so the per-address limits see six clients): stream hogs that open streams and never
@@ -387,9 +388,15 @@ def main() -> int:
     parser.add_argument("--max-held", type=int, default=120, help="never-read sockets held at once, all attacks")
     parser.add_argument("--slowloris", type=int, default=60, help="slowloris connections held")
     parser.add_argument("--no-report", action="store_true", help="print, do not append to docs/benchmarks.md")
+    parser.add_argument("--each", action="store_true",
+                        help="issue 25's attacks one at a time, through nginx and direct (bench/hostile_attacks.py)")
+    parser.add_argument("--only", action="append", help="with --each: the attacks whose name contains this")
     args = parser.parse_args()
     if args.attack_seconds > 300 or args.max_held > 200 or args.slowloris > 150:
         parser.error("bounded on purpose: at most 300 s of attack, 200 held sockets, 150 slowloris connections")
+    if args.each:
+        from bench.hostile_attacks import main_each
+        return main_each(args)
     load_before = load_average()
     workdir = Path(tempfile.mkdtemp(prefix="glassbox-hostile-"))
     env = {**model_env(workdir, chat_arch="tiny:0.03", loop_delay=0.05), **LIMITS, "GLASSBOX_LOG_LEVEL": "info"}

@@ -1,0 +1,422 @@
+"""bench.hostile --each: the attacks of issue 25 one at a time, through nginx and straight to gunicorn.
+
+    .venv/bin/python -m bench.hostile --each                       # ~8 minutes on the tiny test models
+    .venv/bin/python -m bench.hostile --each --attack-seconds 10 --no-report
+
+For each way in (nginx at /glassbox/, as deploy/nginx.conf is deployed; gunicorn's own port), a good
+user on 127.0.0.1 first runs alone, then beside each attack in turn: concurrent writers (8 browsers
+sending every second), regenerators (4 browsers regenerating), the editor flood (8 concurrent
+POST /loops/editor with 10,000 pairs), paced-replay slot hogs (4 addresses x 6 replays of a 256-row
+trace), non-streamed /v1 slot hogs (8 addresses x 4 long completions), /v1 bodies over the limit on
+kept-alive connections, and slow clients (slow headers, slow bodies, idle connections). Each attacker
+has its own loopback address. Reported per attack: the good user's page p95 and first-token p95, the
+5xx seen (and how many were 500) by anyone; checked: no 500 anywhere, and through nginx a page p95
+under 200 ms and a first-token p95 under twice the unloaded one. Every load is bounded in count and
+time, loopback only.
+"""
+
+from __future__ import annotations
+
+import collections
+import http.client
+import json
+import re
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+
+from bench.hostile import LETTERS, GoodUser, Raw, Tally, mapping, percentile
+from tests.support.servers import Client, parse_metrics
+
+PAGE_P95_BOUND = 0.200  # seconds, through nginx
+TTFT_FACTOR = 2.0       # first-token p95 under attack, at most this times the unloaded p95
+V1_TOKENS = 480         # a long non-streamed completion: the tiny test model's window is 512
+
+
+def address(group: int, n: int) -> str:
+    return f"127.0.{group}.{n + 1}"
+
+
+def paced_trace(steps: int) -> bytes:
+    """A trace file whose loops arrived a second apart: its replay runs the longest a replay may."""
+    rows = [{"loop": n, "prediction": "B", "direct_prediction": None, "stop_probability": 0.0,
+             "top3": [{"symbol": "B", "probability": 0.9}], "arrival_seconds": float(n)} for n in range(1, steps + 1)]
+    return json.dumps({"schema_version": 1, "request": {"mapping": mapping(1), "start": "A", "steps": steps},
+                       "trace": rows, "summary": {"stop_reason": "cap"}}).encode()
+
+
+def multipart(raw: Raw, field: str, content: bytes) -> tuple[bytes, dict]:
+    boundary = "glassboxhostile"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"csrf_token\"\r\n\r\n{raw.csrf}\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; filename=\"t.json\"\r\n"
+            f"Content-Type: application/json\r\n\r\n").encode() + content + f"\r\n--{boundary}--\r\n".encode()
+    return body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+
+
+class Attacks:
+    """Each method runs one attack until `stop` is set; `threads` says how many run it at once."""
+
+    def __init__(self, base: str, tally: Tally, stop: threading.Event) -> None:
+        self.base, self.tally, self.stop = base, tally, stop
+        self.prefix = urllib.parse.urlsplit(base).path
+        self.held: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.counts: collections.Counter = collections.Counter()
+
+    def count(self, what: str, n: int = 1) -> None:
+        with self.lock:
+            self.counts[what] += n
+
+    def local(self, url: str) -> str:
+        return url[len(self.prefix):] if self.prefix and url.startswith(self.prefix) else url
+
+    def safely(self, who: str, call: Callable[[], tuple[int, dict, bytes]], what: str) -> tuple[int, bytes]:
+        try:
+            status, _, body = call()
+        except (OSError, http.client.HTTPException) as error:
+            self.count(f"{who}: connection errors ({type(error).__name__})")
+            self.stop.wait(0.2)
+            return 0, b""
+        self.tally.add(who, status, body, what)
+        if status >= 400 and status != 413:
+            self.stop.wait(0.25)  # refused: a moment before the next try, as a client library backs off
+        return status, body
+
+    # -- the attacks -------------------------------------------------------------------------
+    def writers(self, n: int) -> None:
+        """One of 8 browsers, each sending a short message every second into its own conversation."""
+        raw = Raw(self.base, address(11, n))
+        self.safely("writers", lambda: raw.request("GET", "/chat/"), "page")
+        conversation, k = "", 0
+        while not self.stop.is_set():
+            k += 1
+            fields = {"content": f"message {k}", "max_new_tokens": "8", "conversation_id": conversation}
+            status, body = self.safely(
+                "writers", lambda f=fields: raw.form("/chat/send", f, headers={"HX-Request": "true"}), "send")
+            found = re.search(rb'name="conversation_id" value="([0-9a-f]+)"', body)
+            conversation = found.group(1).decode() if found else conversation
+            self.count("writers: sends")
+            self.stop.wait(1.0)
+
+    def regenerators(self, n: int) -> None:
+        """One of 4 browsers regenerating the last reply of its conversation again and again."""
+        raw = Raw(self.base, address(12, n))
+        self.safely("regenerators", lambda: raw.request("GET", "/chat/"), "page")
+        _, body = self.safely("regenerators", lambda: raw.form(
+            "/chat/send", {"content": "Hello!", "max_new_tokens": "8"}, headers={"HX-Request": "true"}), "send")
+        found = re.search(rb'name="conversation_id" value="([0-9a-f]+)"', body)
+        if not found:
+            return
+        url = f"/chat/c/{found.group(1).decode()}/regenerate"
+        while not self.stop.is_set():
+            self.safely("regenerators", lambda: raw.form(url, {"max_new_tokens": "8"}, headers={"HX-Request": "true"}),
+                        "regenerate")
+            self.count("regenerators: regenerations")
+            self.stop.wait(0.1)
+
+    def editor(self, n: int) -> None:
+        """One of 8 concurrent editor posts of 10,000 src/dst pairs (~200 KB), from one address."""
+        raw = Raw(self.base, address(13, 0))
+        self.safely("editor", lambda: raw.request("GET", "/loops/"), "page")
+        fields = {"src": [LETTERS[i % 26] for i in range(10_000)],
+                  "dst": [LETTERS[(i + 1) % 26] for i in range(10_000)],
+                  "start": "A", "steps": "8", "action": "shuffle"}
+        while not self.stop.is_set():
+            self.safely("editor", lambda: raw.form("/loops/editor", fields, headers={"HX-Request": "true"}, timeout=30),
+                        "editor flood")
+            self.count("editor: posts")
+
+    def replays(self, n: int) -> None:
+        """One of 4 addresses holding 6 paced replays of a 256-row trace open, never read."""
+        raw = Raw(self.base, address(14, n))
+        self.safely("replays", lambda: raw.request("GET", "/loops/"), "page")
+        body, headers = multipart(raw, "trace", paced_trace(256))
+        try:
+            status, answer_headers, answer = raw.request("POST", "/loops/traces/upload", body, headers)
+        except OSError:
+            status, answer_headers, answer = 0, {}, b""
+        self.tally.add("replays", status, answer, "upload")
+        found = re.search(r"/loops/traces/([^/?#\"]+)", answer_headers.get("Location", ""))
+        trace = found.group(1) if found else None
+        if not trace:
+            self.count("replays: no trace to replay")
+            return
+        mine: list[socket.socket] = []
+        while not self.stop.is_set():
+            try:
+                mine.append(raw.hold(f"/loops/traces/{trace}/replay"))
+                self.count("replays: opened")
+            except OSError:
+                self.count("replays: connection errors")
+            while len(mine) > 6:
+                mine.pop(0).close()
+            self.stop.wait(0.5)
+        for sock in mine:
+            sock.close()
+
+    def v1_hogs(self, n: int) -> None:
+        """One of 32 (8 addresses x 4) long non-streamed /v1 completions, one after another."""
+        raw = Raw(self.base, address(15, n // 4), keep_cookie=False)
+        body = json.dumps({"model": "glassbox", "prompt": "hi", "max_tokens": V1_TOKENS}).encode()
+        while not self.stop.is_set():
+            self.safely("v1 hogs", lambda: raw.request("POST", "/v1/completions", body,
+                                                       {"Content-Type": "application/json"}, timeout=120),
+                        "/v1/completions")
+            self.count("v1 hogs: completions")
+
+    def bodies_413(self, n: int) -> None:
+        """/v1 bodies over the limit on a kept-alive connection, then a small request on the same one."""
+        parts = urllib.parse.urlsplit(self.base)
+        big = json.dumps({"model": "glassbox", "messages": [{"role": "user", "content": "x" * 300_000}]}).encode()
+        conn = None
+        while not self.stop.is_set():
+            try:
+                if conn is None:
+                    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=15,
+                                                      source_address=(address(16, n), 0))
+                conn.request("POST", self.prefix + "/v1/chat/completions", body=big,
+                             headers={"Content-Type": "application/json"})
+                response = conn.getresponse()
+                self.tally.add("413 bodies", response.status, response.read(), "oversized /v1 body")
+                conn.request("GET", self.prefix + "/v1/models")
+                response = conn.getresponse()
+                self.tally.add("413 bodies", response.status, response.read(), "next request, same connection")
+                self.count("413 bodies: pairs sent")
+                if response.getheader("Connection", "").lower() == "close":
+                    conn.close()
+                    conn = None
+            except (OSError, http.client.HTTPException):
+                self.count("413 bodies: connection closed under the next request")
+                if conn is not None:
+                    conn.close()
+                conn = None
+            self.stop.wait(0.1)
+        if conn is not None:
+            conn.close()
+
+    def slow_clients(self, n: int) -> None:
+        """33 slow-header, 40 slow-body and 100 idle connections, kept up; a byte more every 2 s."""
+        parts = urllib.parse.urlsplit(self.base)
+        kinds = {"slow headers": 33, "slow bodies": 40, "idle": 100}
+        socks: dict[str, list[socket.socket]] = {k: [] for k in kinds}
+        while not self.stop.is_set():
+            for kind, want in kinds.items():
+                while len(socks[kind]) < want and not self.stop.is_set():
+                    try:
+                        s = socket.create_connection((parts.hostname, parts.port), timeout=5,
+                                                     source_address=(address(17, 0), 0))
+                        if kind == "slow headers":
+                            s.sendall(f"GET {self.prefix}/chat/ HTTP/1.1\r\nHost: x\r\n".encode())
+                        elif kind == "slow bodies":
+                            s.sendall(f"POST {self.prefix}/chat/send HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                      "application/x-www-form-urlencoded\r\nContent-Length: 100000\r\n\r\n".encode())
+                        socks[kind].append(s)
+                        self.count(f"slow clients: {kind} opened")
+                    except OSError:
+                        self.count("slow clients: refused connections")
+                        break
+            for kind in ("slow headers", "slow bodies"):
+                for s in list(socks[kind]):
+                    try:
+                        s.sendall(b"X-a: b\r\n" if kind == "slow headers" else b"a")
+                    except OSError:
+                        socks[kind].remove(s)
+                        s.close()
+            self.stop.wait(2.0)
+        for group in socks.values():
+            for s in group:
+                s.close()
+
+
+class PatientUser(GoodUser):
+    """The good user, who notes a page or a stream that never answers (a timeout, a reset) as a failure
+    instead of stopping the run, and waits at most PAGE_TIMEOUT for a page."""
+
+    PAGE_TIMEOUT = 10.0
+
+    def __init__(self, base: str, tally: Tally) -> None:
+        super().__init__(base, tally)
+        self.failed = 0
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except (OSError, http.client.HTTPException) as error:
+            self.failed += 1
+            self.tally.add("good user", 0, type(error).__name__, "no answer")
+            time.sleep(0.5)
+
+    def page(self, path: str) -> None:
+        def load() -> None:
+            started = time.monotonic()
+            reply = self.client.get(path, timeout=self.PAGE_TIMEOUT)
+            self.tally.add("good user", reply.status, reply.text, path)
+            if reply.status == 200:
+                self.pages.append(time.monotonic() - started)
+        self._guarded(load)
+
+    def chat(self, tokens: int) -> None:
+        self._guarded(lambda: GoodUser.chat(self, tokens))
+
+    def loops(self) -> None:
+        self._guarded(lambda: GoodUser.loops(self))
+
+    def session(self, until: float, tokens: int) -> None:
+        self.until = until + 20
+        while time.monotonic() < until:
+            for step in (lambda: self.page("/"), lambda: self.page("/chat/"), lambda: self.page("/loops/"),
+                         lambda: self.chat(tokens), lambda: self.page("/chat/"), self.loops):
+                if time.monotonic() >= until and self.failed:
+                    return  # a starved user does not run on past the attack
+                step()
+
+
+# name -> (method, threads)
+ATTACKS: dict[str, tuple[str, int]] = {
+    "concurrent writers (8 browsers, a send a second)": ("writers", 8),
+    "regenerators (4 browsers)": ("regenerators", 4),
+    "editor flood (8 x 10,000 pairs)": ("editor", 8),
+    "paced replays (4 addresses x 6)": ("replays", 4),
+    "non-streamed /v1 (8 addresses x 4)": ("v1_hogs", 32),
+    "/v1 413 bodies, kept alive": ("bodies_413", 2),
+    "slow clients (33 headers, 40 bodies, 100 idle)": ("slow_clients", 1),
+}
+
+
+def wait_idle(server_url: str, timeout: float = 30.0) -> None:
+    """Until the last attack's streams and jobs are gone (bounded), so attacks do not add up."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            metrics = parse_metrics(Client(server_url).get("/metrics").text)
+        except OSError:
+            metrics = {}
+        if not metrics.get("glassbox_open_streams") and not metrics.get("glassbox_queue_length"):
+            return
+        time.sleep(0.5)
+
+
+def run_attack(base: str, server_url: str, name: str, seconds: float, tokens: int) -> dict:
+    method, threads = ATTACKS[name]
+    wait_idle(server_url)
+    tally, stop = Tally(), threading.Event()
+    attacks = Attacks(base, tally, stop)
+    workers = [threading.Thread(target=getattr(attacks, method), args=(n,), daemon=True) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    time.sleep(2)  # the attack is up
+    good = PatientUser(base, tally)
+    good.session(time.monotonic() + seconds, tokens)
+    stop.set()
+    for worker in workers:
+        worker.join(30)
+    return summary(good, tally, attacks.counts)
+
+
+def summary(good: PatientUser, tally: Tally, counts: collections.Counter | None = None) -> dict:
+    statuses: collections.Counter = collections.Counter()
+    for codes in tally.codes.values():
+        statuses.update(codes)
+    return {"page_p95": percentile(good.pages, 0.95), "pages": len(good.pages),
+            "ttft_p95": percentile(good.ttft, 0.95), "replies": len(good.ttft),
+            "good_refused": f"{good.retries} / {good.refused}", "good_failed": good.failed,
+            "good_codes": dict(tally.codes.get("good user", {})),
+            "5xx": sum(n for code, n in statuses.items() if code >= 500),
+            "500": statuses.get(500, 0), "bad": list(tally.bad),
+            "attacker_codes": {who: dict(c) for who, c in tally.codes.items() if who != "good user"},
+            "counts": dict(counts or {})}
+
+
+def baseline(base: str, seconds: float, tokens: int) -> dict:
+    tally = Tally()
+    good = PatientUser(base, tally)
+    good.session(time.monotonic() + seconds, tokens)
+    return summary(good, tally)
+
+
+def fmt_ms(seconds: float) -> str:
+    return "n/a" if seconds != seconds else f"{seconds * 1000:.0f}"
+
+
+def main_each(args) -> int:
+    """Both ways in, each attack alone; one report section. -> exit status (1: a check failed)."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from bench.common import load_average, report, table
+    from bench.hostile import LIMITS, PREFIX
+    from tests.support.servers import Gunicorn, Nginx, model_env
+
+    load_before = load_average()
+    workdir = Path(tempfile.mkdtemp(prefix="glassbox-hostile-each-"))
+    env = {**model_env(workdir, chat_arch="tiny:0.03", loop_delay=0.05), **LIMITS, "GLASSBOX_LOG_LEVEL": "info"}
+    server = Gunicorn(workdir / "instance", env).start(ready_timeout=300)
+    proxy = Nginx(workdir / "nginx", server.port).start()
+    names = [n for n in ATTACKS if not args.only or any(o in n for o in args.only)]
+    bound = 2 * (args.baseline_seconds + len(names) * (args.attack_seconds + 60)) + 120
+
+    def give_up() -> None:
+        print("hostile --each: over its time bound, stopping", flush=True)
+        proxy.stop()
+        server.stop()
+        os._exit(2)
+
+    hard_stop = threading.Timer(bound, give_up)
+    hard_stop.daemon = True
+    hard_stop.start()
+    results: dict[tuple[str, str], dict] = {}
+    try:
+        for way, base in (("nginx", proxy.url + PREFIX), ("direct", server.url)):
+            wait_idle(server.url)
+            results[(way, "unloaded")] = baseline(base, args.baseline_seconds, args.tokens)
+            for name in names:
+                print(f"hostile --each: {way}: {name}", flush=True)
+                results[(way, name)] = run_attack(base, server.url, name, args.attack_seconds, args.tokens)
+        recovered = Client(server.url).get("/readyz").status
+    finally:
+        proxy.stop()
+        server.stop()
+    hard_stop.cancel()
+    tracebacks = server.log().count("Traceback")
+    rows, checks = [], []
+    for (way, name), r in results.items():
+        unloaded = results[(way, "unloaded")]
+        rows.append([way, name, fmt_ms(r["page_p95"]), r["pages"], fmt_ms(r["ttft_p95"]), r["replies"],
+                     r["good_refused"], r["good_failed"], r["5xx"], r["500"]])
+        if name == "unloaded":
+            continue
+        checks.append((f"{way}, {name}: no 500", r["500"] == 0, f"{r['500']} of {r['5xx']} 5xx"))
+        checks.append((f"{way}, {name}: the good user always got an answer", r["good_failed"] == 0,
+                       f"{r['good_failed']} requests unanswered (timeout or reset)"))
+        if way == "nginx":
+            checks.append((f"nginx, {name}: page p95 < {PAGE_P95_BOUND * 1000:.0f} ms",
+                           r["page_p95"] < PAGE_P95_BOUND, f"{fmt_ms(r['page_p95'])} ms"))
+            limit = TTFT_FACTOR * unloaded["ttft_p95"]
+            checks.append((f"nginx, {name}: first-token p95 < {TTFT_FACTOR:g}x unloaded",
+                           r["ttft_p95"] < limit, f"{fmt_ms(r['ttft_p95'])} ms vs {fmt_ms(limit)} ms"))
+    checks.append(("no traceback in the server log", tracebacks == 0, f"{tracebacks} tracebacks"))
+    checks.append(("server ready after the attacks", recovered == 200, str(recovered)))
+    statuses = [[way, name, who, ", ".join(f"{c}: {n}" for c, n in sorted(codes.items()))]
+                for (way, name), r in results.items() for who, codes in sorted(
+                    {**r["attacker_codes"], "good user": r["good_codes"]}.items())]
+    undocumented = [[way, name, "; ".join(f"{n}x {b}" for b, n in collections.Counter(r["bad"]).most_common(3))]
+                    for (way, name), r in results.items() if r["bad"]]
+    limits = ", ".join(f"{k}={v}" for k, v in LIMITS.items())
+    body = (f"Tiny test models (30 ms a token, 50 ms a loop), limits {limits}. "
+            f"Each attack alone for {args.attack_seconds:.0f} s (after 2 s to get going) while one good user on "
+            f"127.0.0.1 loads pages (/, /chat/, /loops/), chats ({args.tokens}-token replies) and runs the Loop lab; "
+            f"through nginx (deploy/nginx.conf at {PREFIX}/, gunicorn on its Unix socket) and straight to gunicorn's "
+            f"TCP port. Unloaded: the same user alone for {args.baseline_seconds:.0f} s. 5xx and 500 count every "
+            f"answer anyone got during the attack (503 busy answers included in 5xx).\n\n"
+            + table(["way in", "attack", "page p95 (ms)", "pages", "first token p95 (ms)", "replies",
+                     "good user's streams refused: retried / given up", "good user: no answer", "5xx", "500"],
+                    rows) + "\n\n"
+            + table(["way in", "attack", "who", "statuses"], statuses) + "\n\n"
+            + (table(["way in", "attack", "undocumented 5xx"], undocumented) + "\n\n" if undocumented else "")
+            + table(["check", "result", "detail"], [[n, "PASS" if p else "FAIL", d] for n, p, d in checks]))
+    report("Hostile clients, one attack at a time (bench.hostile --each)", body, load_before=load_before,
+           write_doc=not args.no_report)
+    return 0 if all(p for _, p, _ in checks) else 1
