@@ -52,7 +52,7 @@ def test_nginx_keeps_upstream_connections_shorter_than_gunicorn_and_streams_unbu
 def test_gunicorn_binds_loopback_and_says_when_other_machines_reach_it_without_a_proxy(monkeypatch):
     monkeypatch.delenv("GLASSBOX_BIND", raising=False)
     conf = gunicorn_settings(monkeypatch)
-    assert conf["bind"] == "127.0.0.1:8000"
+    assert conf["bind"] == ["127.0.0.1:8000"]
     exposure = conf["exposure"]
     for address in ("127.0.0.1:8000", "[::1]:8000", "localhost:8000", "unix:/run/glassbox.sock"):
         assert exposure(address, "127.0.0.1")[0] == "info", address
@@ -68,3 +68,18 @@ def test_gunicorn_bounds_what_one_connection_may_hold(monkeypatch):
     assert conf["keepalive"] <= 5  # idle kept-alive connections close
     assert conf["limit_request_line"] <= 4094 and conf["limit_request_fields"] <= 50
     assert conf["limit_request_field_size"] <= 8190
+
+
+def test_nginx_reaches_gunicorn_on_the_socket_the_unit_binds_and_no_tcp_peer_is_a_proxy(monkeypatch):
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str
+    unit.read(ROOT / "deploy" / "glassbox.service")
+    # every Environment= line (configparser keeps only the last of a repeated key)
+    env = dict(re.findall(r"^Environment=(\w+)=(.*)$", (ROOT / "deploy" / "glassbox.service").read_text(), re.M))
+    upstream = re.search(r"upstream glassbox \{\s*server (unix:\S+);", (ROOT / "deploy" / "nginx.conf").read_text())
+    assert upstream and env["GLASSBOX_BIND"] == upstream.group(1)
+    assert env["GLASSBOX_FORWARDED_ALLOW_IPS"] == ""  # any local process could connect from 127.0.0.1
+    assert unit["Service"]["RuntimeDirectory"] == "glassbox" and upstream.group(1).startswith("unix:/run/glassbox/")
+    conf = gunicorn_settings(monkeypatch, GLASSBOX_BIND="127.0.0.1:8000," + upstream.group(1))
+    assert conf["bind"] == ["127.0.0.1:8000", upstream.group(1)] and conf["umask"] == 0o007
+    assert conf["forwarded_allow_ips"] == ""
