@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from tests.chat.web import test_glass
 from tests.chat.web.test_conversations import send, stream_url
 from tests.chat.web.test_glass import reply
 from tests.conftest import csrf_of, make_app
@@ -17,21 +18,10 @@ from webapp.chat.model.gpt import GPTConfig
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.tokenizer import ByteTokenizer
 
+chat_app = test_glass.chat_app  # the fixture: the same tiny model, made to never stop before max_new_tokens
+
 
 # -- through the app: the JSON contract, the page, who may see it ---------------------------------------
-@pytest.fixture
-def chat_app(tmp_path):
-    """The tiny test model, made to never stop before max_new_tokens (as tests/chat/test_glass.py's)."""
-    from tests.support.chat_models import tiny_chat_model
-    loaded = tiny_chat_model(tmp_path / "chat")
-    first_special = min(loaded.tokenizer.special_ids.values())
-    loaded.model.lm_head.register_forward_hook(lambda m, a, logits: logits.index_fill_(
-        -1, torch.arange(first_special, logits.size(-1)), float("-inf")))
-    app = make_app(tmp_path, {"chat": loaded})
-    yield app
-    app.extensions["glassbox.core"].shutdown()
-
-
 def test_the_json_answers_the_documented_contract_and_its_last_row_is_the_token_panels_odds(chat_app):
     client = chat_app.test_client()
     cid, mid, _ = reply(client, "Hello there", max_new_tokens="6", temperature="0.9", top_k="0", seed="4")

@@ -64,11 +64,7 @@ class PrefixCache:
         """The kept entry sharing the longest prefix with `ids`, now owned by the caller (removed from
         the holder); None when no entry shares a first token (a new cache is cheaper than evicting)."""
         with self._lock:
-            best, shared = None, 0
-            for entry in self._entries:
-                n = common_prefix(entry.ids, ids)
-                if n > shared:
-                    best, shared = entry, n
+            best, _ = self._longest(ids)
             if best is None:
                 return None
             self._entries.remove(best)
@@ -81,12 +77,17 @@ class PrefixCache:
         """The kept entry sharing the longest prefix with `ids`, and that length, left in the holder:
         for reading on the worker (Inside) before anything else can take it."""
         with self._lock:
-            best, shared = None, 0
-            for entry in self._entries:
-                n = common_prefix(entry.ids, ids)
-                if n > shared:
-                    best, shared = entry, n
-            return best, shared
+            return self._longest(ids)
+
+    def _longest(self, ids: Sequence[int]) -> tuple[CachedPrefix | None, int]:
+        """Under the lock: the entry sharing the longest prefix with `ids` (None if none shares a first
+        token), and that length."""
+        best, shared = None, 0
+        for entry in self._entries:
+            n = common_prefix(entry.ids, ids)
+            if n > shared:
+                best, shared = entry, n
+        return best, shared
 
     def put(self, cache: KVCache, ids: Sequence[int]) -> None:
         """Keep a cache as the most recent entry; evict the least recent ones beyond the budget."""
