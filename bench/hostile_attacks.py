@@ -27,7 +27,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 
-from bench.hostile import LETTERS, GoodUser, Raw, Tally, mapping, percentile
+from bench.hostile_kit import LETTERS, LIMITS, PREFIX, GoodUser, Raw, Tally, mapping, percentile
 from tests.support.servers import Client, parse_metrics
 
 PAGE_P95_BOUND = 0.200  # seconds, through nginx
@@ -347,7 +347,6 @@ def main_each(args) -> int:
     from pathlib import Path
 
     from bench.common import load_average, report, table
-    from bench.hostile import LIMITS, PREFIX
     from tests.support.servers import Gunicorn, Nginx, model_env
 
     load_before = load_average()
