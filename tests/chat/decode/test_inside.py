@@ -12,6 +12,7 @@ from tests.conftest import wait_for
 from webapp.chat.decode.batched import ChatBatch
 from webapp.chat.decode.inside import InsideJobs, InsideRequest
 from webapp.core import InferenceCore, Job
+from webapp.core.engine import BATCH_SLICE_SECONDS
 from webapp.core.jobs import DONE
 
 
@@ -19,11 +20,12 @@ from webapp.core.jobs import DONE
 def test_running_replies_stay_bit_for_bit_the_same_with_inside_jobs_between_their_steps():
     loaded = tiny(config=LONG, endless=True)
     blocks = list(loaded.model.transformer.h)
-    # an Inside job's block takes 20 ms: long enough for the core to let the batch step inside it
-    # (a reply's decode step runs the block in one call, never ln_2's module: it is not slowed)
+    # an Inside job's block takes longer than the core's batch slice (BATCH_SLICE_SECONDS), so the batch steps
+    # inside the job whatever the machine's speed (a reply's decode step runs the block in one call, never
+    # ln_2's module: it is not slowed); the replies are long enough to still run while the jobs do
     for block in blocks:
-        block.ln_2.register_forward_hook(lambda *a: time.sleep(0.02))
-    reqs = [dataclasses.replace(r, params=dataclasses.replace(r.params, max_new_tokens=60)) for r in requests(4)]
+        block.ln_2.register_forward_hook(lambda *a: time.sleep(2 * BATCH_SLICE_SECONDS))
+    reqs = [dataclasses.replace(r, params=dataclasses.replace(r.params, max_new_tokens=300)) for r in requests(4)]
     core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 8, 2**30), "inside": InsideJobs(loaded)})
     try:
         replies = [core.submit(Job("chat", f"user{i}", r)) for i, r in enumerate(reqs)]
