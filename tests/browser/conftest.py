@@ -99,6 +99,29 @@ def open_context(browser, server, problems):
         context.close()
 
 
+SIZES = {"desktop": {"width": 1366, "height": 768}, "phone": {"width": 390, "height": 844}}
+
+
+@pytest.fixture
+def open_page(browser, server, problems):
+    """Opens watched pages at a size of SIZES, in a colour scheme, with or without JavaScript (each its own
+    browser context: its own owner)."""
+    contexts = []
+
+    def open_(size="desktop", scheme="light", js=True):
+        context = browser.new_context(base_url=server.url, viewport=SIZES[size], color_scheme=scheme,
+                                      java_script_enabled=js)
+        context.add_init_script(REPORT_CSP)
+        context.set_default_timeout(20_000)
+        context.on("page", problems.watch)
+        contexts.append(context)
+        return context.new_page()
+
+    yield open_
+    for context in contexts:
+        context.close()
+
+
 @pytest.fixture
 def page(open_context):
     return open_context().new_page()

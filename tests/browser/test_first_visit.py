@@ -10,13 +10,12 @@ import json
 
 import pytest
 
-from tests.browser.conftest import REPORT_CSP, screenshot
+from tests.browser.conftest import SIZES, screenshot
 from tests.browser.test_chat import send
 from tests.support.servers import Gunicorn, model_env
 
 pytestmark = pytest.mark.browser
 
-SIZES = {"desktop": {"width": 1366, "height": 768}, "phone": {"width": 390, "height": 844}}
 
 # The characters of an element's text that no installed font draws: measured on a canvas in the element's
 # font, each against a private-use character that no font has (Chromium draws both as the same empty box).
@@ -38,23 +37,6 @@ def server(tmp_path_factory):
     app = Gunicorn(work / "instance", env).start()
     yield app
     app.stop()
-
-
-@pytest.fixture
-def open_page(browser, server, problems):
-    contexts = []
-
-    def open_(size="desktop"):
-        context = browser.new_context(base_url=server.url, viewport=SIZES[size])
-        context.add_init_script(REPORT_CSP)
-        context.set_default_timeout(20_000)
-        context.on("page", problems.watch)
-        contexts.append(context)
-        return context.new_page()
-
-    yield open_
-    for context in contexts:
-        context.close()
 
 
 def run_loops(page, steps: str) -> None:

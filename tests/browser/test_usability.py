@@ -9,13 +9,12 @@ import time
 
 import pytest
 
-from tests.browser.conftest import REPORT_CSP, screenshot
+from tests.browser.conftest import SIZES, screenshot
 from tests.browser.test_chat import set_reply_length
 from tests.support.servers import ROOT, Gunicorn, model_env
 
 pytestmark = pytest.mark.browser
 
-SIZES = {"desktop": {"width": 1366, "height": 768}, "phone": {"width": 390, "height": 844}}
 AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"
 ROWS = "#results tbody tr"
 VISIBLE_ROWS = "#results tbody tr:not(.ahead)"
@@ -30,24 +29,6 @@ def server(tmp_path_factory):
     app = Gunicorn(work / "instance", env).start()
     yield app
     app.stop()
-
-
-@pytest.fixture
-def open_page(browser, server, problems):
-    contexts = []
-
-    def open_(size="desktop", scheme="light", js=True):
-        context = browser.new_context(base_url=server.url, viewport=SIZES[size], color_scheme=scheme,
-                                      java_script_enabled=js)
-        context.add_init_script(REPORT_CSP)
-        context.set_default_timeout(20_000)
-        context.on("page", problems.watch)
-        contexts.append(context)
-        return context.new_page()
-
-    yield open_
-    for context in contexts:
-        context.close()
 
 
 def run_loops(page, steps: str, model: str | None = None) -> None:
