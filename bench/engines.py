@@ -40,7 +40,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.llamacpp import CMAKE_ARGS, LLAMA_CPP_PYTHON, _run, _step
+from bench.llamacpp import CMAKE_ARGS, LLAMA_CPP_PYTHON, _run, _step, sdist_tarball
 
 ROOT = Path(__file__).resolve().parent.parent
 HOME = ROOT / ".bench" / "engines"  # gitignored
@@ -64,12 +64,7 @@ def setup() -> None:
     if not VPY.exists():
         _step(f"creating {VENV}")
         _run([sys.executable, "-m", "venv", VENV])
-    tarball = next(SDIST.glob("llama_cpp_python-*.tar.gz"), None) if SDIST.exists() else None
-    if tarball is None:
-        _step(f"downloading the llama-cpp-python {LLAMA_CPP_PYTHON} sdist")
-        _run([VPY, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", SDIST,
-              f"llama-cpp-python=={LLAMA_CPP_PYTHON}"])
-        tarball = next(SDIST.glob("llama_cpp_python-*.tar.gz"))
+    tarball = sdist_tarball(VPY, SDIST)
     if not _has("llama_cpp.server.app"):
         log = HOME / "build.log"
         _step(f"building llama-cpp-python[server] {LLAMA_CPP_PYTHON}, CMAKE_ARGS={CMAKE_ARGS!r} (log: {log})")

@@ -72,6 +72,17 @@ def _run(cmd: list, log: Path | None = None, env: dict | None = None) -> None:
         raise SystemExit(f"failed ({r.returncode}); see {log}")
 
 
+
+def sdist_tarball(python: Path, folder: Path) -> Path:
+    """llama-cpp-python's source distribution in `folder`, downloaded with `python`'s pip when missing."""
+    tarball = next(folder.glob("llama_cpp_python-*.tar.gz"), None) if folder.exists() else None
+    if tarball is None:
+        _step(f"downloading the llama-cpp-python {LLAMA_CPP_PYTHON} sdist")
+        _run([python, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", folder,
+              f"llama-cpp-python=={LLAMA_CPP_PYTHON}"])
+        tarball = next(folder.glob("llama_cpp_python-*.tar.gz"))
+    return tarball
+
 def _venv_has(module: str, attr: str = "__version__") -> str | None:
     r = subprocess.run([str(VPY), "-c", f"import {module}; print({module}.{attr})"], capture_output=True, text=True)
     return r.stdout.strip() if r.returncode == 0 else None
@@ -94,12 +105,7 @@ def setup() -> None:
     if _venv_has("transformers") is None or _venv_has("yaml", "__name__") is None:
         _step("installing the converter's other needs (numpy, safetensors, transformers, pyyaml, tqdm)")
         _run(pip + ["numpy", "safetensors", TRANSFORMERS, "pyyaml", "tqdm"])
-    tarball = next(SDIST.glob("llama_cpp_python-*.tar.gz"), None) if SDIST.exists() else None
-    if tarball is None:
-        _step(f"downloading the llama-cpp-python {LLAMA_CPP_PYTHON} sdist")
-        _run([VPY, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", SDIST,
-              f"llama-cpp-python=={LLAMA_CPP_PYTHON}"])
-        tarball = next(SDIST.glob("llama_cpp_python-*.tar.gz"))
+    tarball = sdist_tarball(VPY, SDIST)
     if not (CONVERTER.exists() and GGUF_PY.exists() and CONVERSION.exists()):
         _step(f"extracting vendor/llama.cpp/{{convert_hf_to_gguf.py,conversion,gguf-py}} from {tarball.name}")
         with tarfile.open(tarball) as tar:

@@ -8,7 +8,6 @@ import pytest
 
 from tests.browser.conftest import screenshot
 from tests.browser.test_usability import SIZES, axe, no_horizontal_scroll, run_loops
-from tests.browser.test_usability import open_page as open_page  # noqa: F401  (the fixture, on this server)
 from tests.support.servers import ROOT, Gunicorn, model_env
 
 pytestmark = pytest.mark.browser
