@@ -10,6 +10,7 @@ import pytest
 
 from tests.integration.helpers import message_id, saved_message, start_reply, start_run
 from tests.support.servers import Client, stream_url, wait_until
+from webapp.web.pages import TOO_LARGE_FOR_PROXY
 
 pytestmark = pytest.mark.integration
 
@@ -73,6 +74,24 @@ def test_request_bodies_are_limited_by_the_app_with_its_own_message(stack):
     assert "too large" in too_big.text
     huge = client.post(f"{PREFIX}/chat/send", {"content": "x" * 2_000_000})
     assert huge.status == 413  # nginx's own limit, before gunicorn reads a byte
+    assert TOO_LARGE_FOR_PROXY in huge.text  # yet said in the app's words, on the app's page
+    assert "<html" in huge.text and "nginx" not in huge.text
+
+
+def test_the_loop_editor_refuses_a_flood_in_nginx_and_a_near_miss_in_the_app(stack):
+    app, proxy = stack
+    client = Client(proxy.url)
+    client.get(f"{PREFIX}/loops/")
+    pairs = {"src": ["A"] * 10_000, "dst": ["B"] * 10_000, "start": "A", "steps": "8", "action": "shuffle"}
+    flood = client.post(f"{PREFIX}/loops/editor", pairs, htmx=True)  # ~200 KB: refused by nginx unread
+    assert flood.status == 413
+    assert TOO_LARGE_FOR_PROXY in flood.text and "<html" not in flood.text  # the htmx fragment
+    assert flood.headers.get("HX-Retarget") == "#flash"
+    near = {**pairs, "src": ["A"] * 1_600, "dst": ["B"] * 1_600}  # ~20 KB: the app's own limit, with its figure
+    answer = client.post(f"{PREFIX}/loops/editor", near, htmx=True)
+    assert answer.status == 413 and "16 KiB" in answer.text
+    assert client.post(f"{PREFIX}/loops/editor", {"start": "A", "steps": "8", "action": "shuffle"},
+                       htmx=True).status == 200
 
 
 def urls_in(html: str) -> list[str]:

@@ -2,7 +2,7 @@
 
 from collections.abc import Callable
 
-from flask import Blueprint, Response, render_template, request
+from flask import Blueprint, Response, abort, render_template, request
 from flask.globals import request_ctx
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import BadHost, HTTPException, RequestEntityTooLarge
@@ -15,6 +15,17 @@ bp = Blueprint("pages", __name__)
 @bp.get("/")
 def home():
     return render_template("home.html")
+
+
+TOO_LARGE_FOR_PROXY = ("This request is too large: it is far over what the form can hold, so the server refused it "
+                       "before reading it.")
+
+
+@bp.get("/too-large")
+def too_large():
+    """The page nginx shows for a body over its own limit (deploy/nginx.conf, error_page 413): the app's
+    message and layout (an htmx fragment for htmx) instead of nginx's bare page; the body never reached us."""
+    abort(413, description=TOO_LARGE_FOR_PROXY)
 
 
 BAD_HOST = "The Host header is not a valid host name (each dot-separated part holds at most 63 characters)."
