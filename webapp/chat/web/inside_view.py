@@ -7,13 +7,13 @@ import math
 from dataclasses import dataclass
 
 from webapp.chat.decode.inside import InsideReport
-from webapp.chat.web.token_views import SHADES, shade, token_text
+from webapp.chat.web.token_views import SHADES, Named, shade, token_text
 
 TOP_POSITIONS = 5
 
 
 @dataclass
-class LensCell:
+class LensCell(Named):
     token: int
     text: str
     probability: float
@@ -41,7 +41,7 @@ class HeadView:
 
 
 @dataclass
-class AttendedPosition:
+class AttendedPosition(Named):
     position: int
     token: int
     text: str

@@ -61,13 +61,24 @@ def whitespace_name(text: str) -> str | None:
     return ", ".join(parts)
 
 
+class Named:
+    """A token shown by its text: `name` is what it is called aloud (its text, or for whitespace a word:
+    "space"), which the pages show beside a text that shows nothing."""
+
+    text: str
+
+    @property
+    def name(self) -> str:
+        return whitespace_name(self.text) or self.text
+
+
 def shade(probability: float) -> int:
     """0 (unlikely) .. SHADES - 1 (certain): the class a token's probability gives it."""
     return min(SHADES - 1, max(0, int(probability * SHADES)))
 
 
 @dataclass
-class Alternative:
+class Alternative(Named):
     token: int
     text: str
     probability: float
@@ -75,14 +86,9 @@ class Alternative:
     chosen: bool
     special: str | None = None  # a special token: what it means (choosing it ends the reply there)
 
-    @property
-    def name(self) -> str:
-        """What the token is called aloud: its text, or for whitespace a word ("space")."""
-        return whitespace_name(self.text) or self.text
-
 
 @dataclass
-class TokenView:
+class TokenView(Named):
     index: int
     token: int
     text: str
@@ -93,11 +99,6 @@ class TokenView:
     entropy_bits: float | None
     shade: int | str  # 0..SHADES-1, or "typed"
     alternatives: list[Alternative]
-
-    @property
-    def name(self) -> str:
-        """What the token is called aloud: its text, or for whitespace a word ("space")."""
-        return whitespace_name(self.text) or self.text
 
     @property
     def blank(self) -> bool:
