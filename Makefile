@@ -49,13 +49,15 @@ $(VENDOR): package.json package-lock.json
 # Debian packages, only what is missing, and only when a target that needs them is (re)built: the
 # venv needs python3-venv (and gcc, which compiles the decode kernel for this CPU on first use:
 # webapp/chat/model/kernels), htmx needs npm; the integration and browser tests start real nginx and drive
-# Debian's Chromium (never a browser downloaded by Playwright).
+# Debian's Chromium (never a browser downloaded by Playwright); the store tests start a throwaway
+# PostgreSQL cluster of their own with Debian's server binaries (tests/support/postgres.py).
 NEED_VENV = $(strip $(shell $(PYTHON) -c 'import ensurepip' 2>/dev/null || echo python3-venv) \
 	$(shell command -v cc >/dev/null || command -v gcc >/dev/null || echo gcc))
 NEED_NPM  = $(shell command -v npm >/dev/null || echo npm)
 NEED_TEST = $(strip $(NEED_VENV) $(NEED_NPM) \
 	$(shell [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || echo nginx) \
-	$(shell [ -x /usr/bin/chromium ] || echo chromium fonts-dejavu-core))
+	$(shell [ -x /usr/bin/chromium ] || echo chromium fonts-dejavu-core) \
+	$(shell ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || echo postgresql))
 
 # $(call apt-get,PACKAGES): install them (as root, or with sudo); nothing when the list is empty
 apt-get = if [ -n "$(strip $(1))" ]; then $(SUDO) apt-get update -q && \

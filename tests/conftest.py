@@ -11,6 +11,9 @@ import pytest
 from webapp import create_app
 from webapp.config import Settings
 
+# the PostgreSQL cluster and the database_location fixture (every store test on SQLite and PostgreSQL)
+pytest_plugins = ["tests.support.databases"]
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

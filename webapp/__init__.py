@@ -10,6 +10,7 @@ from datetime import timedelta
 from types import ModuleType
 from typing import Any
 
+import psycopg
 from flask import Flask, current_app, g, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import IntegerConverter
@@ -24,7 +25,7 @@ from webapp.core import InferenceCore
 from webapp.core.executors import Executor
 from webapp.core.jobs import CLIENT
 from webapp.core.metrics import LatencyHistogram
-from webapp.db import Database
+from webapp.db import open_database
 from webapp.loops import boot as loops_boot
 from webapp.loops.web import api as loops_api_bp
 from webapp.loops.web import bp as loops_bp
@@ -47,12 +48,14 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     app = Flask(__name__, template_folder=str(ROOT / "templates"), static_folder=str(ROOT / "static"),
                 instance_path=settings.instance_path or str(ROOT / "instance"))
     # What cannot work stops start-up here, naming the file (webapp/instance.py), before any model
-    # loads: a folder another Glassbox uses, a bad secret key file, a database that cannot be written.
+    # loads: a folder another Glassbox uses, a bad secret key file, a database that cannot be written
+    # or reached. With PostgreSQL, several front ends share the database (each its own folder): no lock.
     folder = instance.prepare(app.instance_path)
-    lock = instance.InstanceLock(folder)
+    lock = instance.NoLock() if settings.database_url else instance.InstanceLock(folder)
     try:
         secret = settings.secret_key or instance.secret_key(folder)
-        db = Database(folder / "glassbox.sqlite3")
+        db = open_database(settings.database_url or str(folder / "glassbox.sqlite3"),
+                           runner=instance.front_end_id(folder), timeout=settings.database_timeout)
         db.open_checked()
     except BaseException:
         lock.release()
@@ -62,7 +65,8 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
                       PERMANENT_SESSION_LIFETIME=timedelta(days=settings.session_days), GLASSBOX=settings)
     app.config.update(test_config or {})
     app.session_interface = GlassboxSessions()
-    # Ids in URLs are SQLite integers: a larger one matches no route (404), instead of overflowing (500).
+    # Ids in URLs are 64-bit integers (SQLite's, PostgreSQL's BIGINT): a larger one matches no route (404),
+    # instead of overflowing (500).
     app.url_map.converters["int"] = SqliteInteger
 
     app.extensions["glassbox.db"] = db
@@ -93,6 +97,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     app.after_request(_after)
     app.register_error_handler(HTTPException, pages.http_error)
     app.register_error_handler(sqlite3.OperationalError, storage_errors.database_error)  # disk full: 507
+    app.register_error_handler(psycopg.Error, storage_errors.postgres_error)  # unreachable: 503
     app.jinja_env.globals["csrf_token"] = csrf_token
     markdown.init_app(app)
     wording.init_app(app)

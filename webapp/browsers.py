@@ -10,22 +10,22 @@ from __future__ import annotations
 
 import time
 
-from webapp.db import Database
+from webapp.db import AnyDatabase
 
 DAY = 86400.0
 NEW_BROWSER_SECONDS = DAY  # a browser counts as new, for its address's limit, this long after it is made
 
 
 class Browsers:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: AnyDatabase) -> None:
         self.db = db
         self.purged_at = 0.0  # when idle browsers were last deleted (webapp/web/retention.py)
 
     def made(self, owner: str, address: str, now: float | None = None) -> None:
         now = time.time() if now is None else now
         with self.db.transaction() as db:
-            db.execute("INSERT OR IGNORE INTO browsers (owner, address, created_at, seen_at) VALUES (?, ?, ?, ?)",
-                       (owner, address, now, now))
+            db.execute("INSERT INTO browsers (owner, address, created_at, seen_at) VALUES (?, ?, ?, ?)"
+                       " ON CONFLICT DO NOTHING", (owner, address, now, now))
 
     def seen(self, owner: str, address: str, now: float | None = None) -> None:
         """The browser came back (a browser from before this table was kept is recorded now)."""

@@ -42,6 +42,9 @@ class Settings:
     # Serving
     secret_key: str = ""         # empty: a random key kept in the instance folder
     instance_path: str = ""      # empty: ./instance
+    # empty: SQLite in the instance folder; postgresql://...: PostgreSQL, several front ends (webapp/db/postgres.py)
+    database_url: str = ""
+    database_timeout: float = 10.0  # PostgreSQL: the longest connect, statement or wait for the writers' lock
     heartbeat_seconds: float = 1.0
     max_queue: int = 64
     max_batch: int = 16          # chat replies decoded together in one step

@@ -25,6 +25,13 @@ def prepare(path: str | Path) -> Path:
     return folder
 
 
+class NoLock:
+    """With PostgreSQL several front ends share the database, each with its own instance folder: no lock."""
+
+    def release(self) -> None:
+        pass
+
+
 class InstanceLock:
     """An exclusive flock on <instance>/glassbox.lock, holding the owner's pid, for the process's life.
 
@@ -49,6 +56,26 @@ class InstanceLock:
         if self.fd is not None:
             os.close(self.fd)  # closing the descriptor drops the flock
             self.fd = None
+
+
+def front_end_id(folder: Path) -> str:
+    """This front end's id, recorded with each reply it runs (webapp/chat/store.py): random, made once and
+    kept in <instance>/front_end_id, so that a restarted front end knows its own replies."""
+    path = folder / "front_end_id"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "w") as file:
+            file.write(secrets.token_hex(6))
+    try:
+        found = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"The front-end id file {path} cannot be read: {error}") from None
+    if not found:
+        raise ConfigError(f"The front-end id file {path} is empty: delete it to have a new one made.")
+    return found
 
 
 def secret_key(folder: Path) -> str:

@@ -1,6 +1,6 @@
 """Deleting a conversation: gone for its owner and its link at once, every row deleted in batches (a
 deep tree and a wide one), nothing of anyone else's touched, and a deletion cut short finished on the
-next start. An older database gets the index on messages.parent_id."""
+next start. An older database gets the index on messages.parent_id. On SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import sqlite3
 from webapp.chat import store as chat_store
 from webapp.chat.decode.types import ReplyStats
 from webapp.chat.store import ROOT, ChatStore
-from webapp.db import Database
+from webapp.db import Database, open_database
 
 
-def a_store(tmp_path) -> ChatStore:
-    database = Database(tmp_path / "glassbox.sqlite3")
+def a_store(location: str) -> ChatStore:
+    database = open_database(location)
     database.init()
     return ChatStore(database)
 
@@ -34,13 +34,13 @@ def grow(store: ChatStore, owner: str, turns: int, versions: int) -> str:
 
 
 def count(store: ChatStore, sql: str) -> int:
-    with sqlite3.connect(store.db.path) as db:
+    with store.db.connect() as db:
         return db.execute(sql).fetchone()[0]
 
 
-def test_a_large_conversation_is_deleted_in_batches_and_nothing_else(tmp_path, monkeypatch):
+def test_a_large_conversation_is_deleted_in_batches_and_nothing_else(database_location, monkeypatch):
     monkeypatch.setattr(chat_store, "DELETE_BATCH", 7)
-    store = a_store(tmp_path)
+    store = a_store(database_location)
     deep = grow(store, "me", turns=20, versions=1)   # a chain 40 deep
     wide = grow(store, "me", turns=2, versions=15)   # 15 versions of each reply
     kept = grow(store, "someone else", turns=2, versions=2)
@@ -56,8 +56,8 @@ def test_a_large_conversation_is_deleted_in_batches_and_nothing_else(tmp_path, m
     assert count(store, "SELECT COUNT(*) FROM conversations") == 1
 
 
-def test_a_deletion_cut_short_is_finished_on_the_next_start(tmp_path):
-    store = a_store(tmp_path)
+def test_a_deletion_cut_short_is_finished_on_the_next_start(database_location):
+    store = a_store(database_location)
     grow(store, "me", turns=3, versions=1)
     with store.db.transaction() as db:  # what delete_conversation does first, then the process dies
         db.execute("UPDATE conversations SET owner = ? || owner", (chat_store.DELETING,))

@@ -17,7 +17,7 @@ from webapp.chat.service import ChatService
 from webapp.chat.store import ChatStore
 from webapp.core import InferenceCore
 from webapp.core.threads import one_torch_thread, torch_threads
-from webapp.db import Database
+from webapp.db import AnyDatabase
 
 # Below this much weight a reply runs on one intra-op thread: a small model is about as fast on one as
 # on two on a quiet machine, but many times slower on two when another process holds a core (each operator
@@ -71,7 +71,7 @@ def warm_up(loaded) -> None:
             pass
 
 
-def service(core: InferenceCore, db: Database, max_messages: int = 0) -> ChatService:
+def service(core: InferenceCore, db: AnyDatabase, max_messages: int = 0) -> ChatService:
     store = ChatStore(db)
     store.finish_deletions()  # a conversation whose deletion the last process did not finish
     return ChatService(core, store, max_messages)

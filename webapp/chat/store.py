@@ -1,4 +1,4 @@
-"""Conversations and messages in SQLite.  Every query is scoped by owner."""
+"""Conversations and messages, in SQLite or PostgreSQL (webapp/db).  Every query is scoped by owner."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass
 
 from webapp.chat.decode.types import ReplyStats
-from webapp.db import Database
+from webapp.db import AnyDatabase
 
 TITLE_CHARS = 60
 ROOT = 0  # begin_turn(branch_from=ROOT): a new version of the first message (it has no parent)
@@ -17,6 +17,10 @@ DELETE_BATCH = 500  # messages deleted per write transaction (see delete_convers
 # A conversation being deleted belongs to no browser: its owner is prefixed with this (a session's
 # owner is URL-safe base64 and an API owner starts "api:", so neither ever starts with it).
 DELETING = "deleting:"
+# A pending reply belongs to the front end that runs it (messages.runner) until its lease runs out; each
+# save of its progress (every second or so while it is written) renews it. A front end that starts stops
+# its own pending replies (it died) and those of others whose lease ran out, never a running one.
+REPLY_LEASE_SECONDS = 120.0
 
 
 class ConversationFull(Exception):
@@ -41,7 +45,7 @@ class TurnIds:
 
 
 class ChatStore:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: AnyDatabase) -> None:
         self.db = db
 
     # -- conversations -----------------------------------------------------------------------
@@ -116,12 +120,10 @@ class ChatStore:
         return list(self._tree(conversation_id)[0].values())
 
     def _tree(self, conversation_id: str) -> tuple[dict, int | None]:
-        with self.db.connect() as db:
-            db.execute("BEGIN")  # one snapshot: the leaf is one of the rows read, whatever commits meanwhile
+        with self.db.snapshot() as db:  # the leaf is one of the rows read, whatever commits meanwhile
             rows = db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id",
                               (conversation_id,)).fetchall()
             leaf = db.execute("SELECT leaf_id FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
-            db.execute("COMMIT")
         return {r["id"]: _message(r) for r in rows}, (leaf[0] if leaf else None)
 
     def message(self, conversation_id: str, message_id: int) -> dict | None:
@@ -147,7 +149,7 @@ class ChatStore:
                                (conversation_id, owner)).fetchone()
             if owned is None:
                 return None
-            db.execute("INSERT OR IGNORE INTO conversation_shares VALUES (?, ?, ?)",
+            db.execute("INSERT INTO conversation_shares VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
                        (secrets.token_urlsafe(18), conversation_id, time.time()))  # 144 random bits
         return self.conversation_share(owner, conversation_id)
 
@@ -215,12 +217,14 @@ class ChatStore:
             user_id = None
             if user_text is not None:
                 user_id = db.execute("INSERT INTO messages (conversation_id, role, content, status, created_at,"
-                                     " parent_id) VALUES (?, 'user', ?, 'complete', ?, ?)",
-                                     (conversation_id, user_text, now, parent)).lastrowid
+                                     " parent_id) VALUES (?, 'user', ?, 'complete', ?, ?) RETURNING id",
+                                     (conversation_id, user_text, now, parent)).fetchone()[0]
                 parent = user_id
             reply_id = db.execute("INSERT INTO messages (conversation_id, role, content, status, settings, created_at,"
-                                  " parent_id) VALUES (?, 'assistant', '', 'pending', ?, ?, ?)",
-                                  (conversation_id, json.dumps(settings), now, parent)).lastrowid
+                                  " parent_id, runner, lease_until)"
+                                  " VALUES (?, 'assistant', '', 'pending', ?, ?, ?, ?, ?) RETURNING id",
+                                  (conversation_id, json.dumps(settings), now, parent,
+                                   self.db.runner, now + REPLY_LEASE_SECONDS)).fetchone()[0]
             db.execute("INSERT INTO reply_details (message_id, prompt) VALUES (?, ?)",
                        (reply_id, json.dumps(prompt, separators=(",", ":"))))
             db.execute("UPDATE conversations SET updated_at = ?, leaf_id = ? WHERE id = ?",
@@ -239,9 +243,10 @@ class ChatStore:
                            (turn.shown, turn.title, turn.conversation_id))
 
     def save_progress(self, message_id: int, content: str) -> None:
-        """A running reply's text so far (one UPDATE), so a crash keeps what the user saw."""
+        """A running reply's text so far (one UPDATE), so a crash keeps what the user saw; renews its lease."""
         with self.db.transaction() as db:
-            db.execute("UPDATE messages SET content = ? WHERE id = ? AND status = 'pending'", (content, message_id))
+            db.execute("UPDATE messages SET content = ?, lease_until = ? WHERE id = ? AND status = 'pending'",
+                       (content, time.time() + REPLY_LEASE_SECONDS, message_id))
 
     def details(self, message_id: int) -> dict:
         """{"prompt": dict or None, "odds": list or None, "damaged": [the fields that could not be read]} of

@@ -9,7 +9,7 @@ import torch
 
 from webapp.config import ROOT, Settings
 from webapp.core import InferenceCore
-from webapp.db import Database
+from webapp.db import AnyDatabase
 from webapp.loops.model.checkpoint import load_bundle
 from webapp.loops.request import DemoRequest
 from webapp.loops.runs import MAIN, LoopRuns
@@ -58,5 +58,5 @@ def warm_up(bundle) -> None:
                      loop_callback=lambda *args: None)
 
 
-def service(core: InferenceCore, db: Database) -> LoopService:
+def service(core: InferenceCore, db: AnyDatabase) -> LoopService:
     return LoopService(core, TraceStore(db))

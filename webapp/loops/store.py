@@ -7,11 +7,11 @@ import secrets
 import time
 import uuid
 
-from webapp.db import Database
+from webapp.db import AnyDatabase
 
 
 class TraceStore:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: AnyDatabase) -> None:
         self.db = db
 
     def save(self, owner: str, snapshot: dict) -> str:
@@ -44,7 +44,8 @@ class TraceStore:
             if db.execute("SELECT 1 FROM traces WHERE id = ? AND owner = ?", (trace_id, owner)).fetchone() is None:
                 return None
             token = secrets.token_urlsafe(18)  # 144 bits: not guessable, not derived from the id
-            db.execute("INSERT OR IGNORE INTO trace_shares VALUES (?, ?, ?)", (token, trace_id, time.time()))
+            db.execute("INSERT INTO trace_shares VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                       (token, trace_id, time.time()))
             return db.execute("SELECT token FROM trace_shares WHERE trace_id = ?", (trace_id,)).fetchone()["token"]
 
     def share_token(self, owner: str, trace_id: str) -> str | None:
@@ -75,8 +76,8 @@ class TraceStore:
     def keep_newest(self, owner: str, keep: int) -> None:
         """Delete this owner's traces but the `keep` newest."""
         with self.db.transaction() as db:
-            db.execute("DELETE FROM traces WHERE id IN (SELECT id FROM traces WHERE owner = ?"
-                       " ORDER BY created_at DESC LIMIT -1 OFFSET ?)", (owner, keep))
+            db.execute("DELETE FROM traces WHERE owner = ? AND id NOT IN (SELECT id FROM traces WHERE owner = ?"
+                       " ORDER BY created_at DESC LIMIT ?)", (owner, owner, keep))
 
     def delete_older(self, owner_prefix: str, before: float) -> int:
         """Delete the traces of owners whose name starts with `owner_prefix`, saved before `before` -> how many."""

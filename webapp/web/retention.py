@@ -5,13 +5,13 @@ deleted, a few browsers at a time, at most once a minute, by whichever request c
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 import time
 
 from flask import current_app, request, session
 
 from webapp.browsers import DAY, Browsers
+from webapp.db import DATABASE_ERRORS
 
 log = logging.getLogger("glassbox")
 PURGE_EVERY_SECONDS = 60.0
@@ -32,7 +32,7 @@ def record_made(owner: str) -> None:
     try:
         browsers().made(owner, request.remote_addr or "")
         session["seen"] = today()
-    except sqlite3.Error as error:  # a full disk must not stop a page from showing
+    except DATABASE_ERRORS as error:  # a full disk (or a database away) must not stop a page from showing
         log.warning("A new browser could not be recorded: %s", error)
 
 
@@ -49,7 +49,7 @@ def record_seen() -> None:
     try:
         browsers().seen(owner, request.remote_addr or "")
         session["seen"] = today()
-    except sqlite3.Error as error:
+    except DATABASE_ERRORS as error:
         log.warning("A browser's visit could not be recorded: %s", error)
 
 
@@ -69,7 +69,7 @@ def purge_idle(now: float | None = None) -> int:
                 chat.delete_conversation(owner, conversation["id"])
             browsers().forget(owner)
             gone += 1
-    except sqlite3.Error as error:
+    except DATABASE_ERRORS as error:
         log.warning("Idle browsers could not be deleted now: %s", error)
     if gone:
         log.info("Deleted the rows of %d browsers not seen for %g days", gone, days)

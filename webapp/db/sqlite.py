@@ -1,4 +1,5 @@
-"""SQLite access: one short-lived connection per use, WAL so streams and pages don't block.
+"""SQLite access (the default: a file in the instance folder): one short-lived connection per use, WAL
+so streams and pages don't block.
 
 Connections are opened per call rather than per request because results are also saved
 from the core's worker thread, outside any request.
@@ -19,14 +20,23 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from webapp.config import ConfigError
+from webapp.db import migrations
 
-SCHEMA = Path(__file__).with_name("schema.sql")
+SCHEMA = Path(__file__).with_name("schema.sql")  # schema version 1; later versions: migrations/sqlite/
 BUSY_TIMEOUT_SECONDS = 10.0  # how long a writer waits for another's lock before "database is locked"
 
 
 class Database:
-    def __init__(self, path: str | Path) -> None:
+    """The history in one SQLite file, used by one process (the instance lock, webapp/instance.py)."""
+
+    dialect = "sqlite"
+
+    def __init__(self, path: str | Path, runner: str = "") -> None:
         self.path = str(path)
+        self.runner = runner  # this front end's id, recorded with each reply it runs (webapp/chat/store.py)
+
+    def __str__(self) -> str:
+        return self.path
 
     def init(self) -> None:
         with self.connect() as db:
@@ -41,7 +51,10 @@ class Database:
                        " SELECT owner, '', MIN(created_at), CAST(strftime('%s', 'now') AS REAL) FROM"
                        " (SELECT owner, created_at FROM conversations UNION ALL SELECT owner, created_at FROM traces)"
                        " WHERE owner NOT LIKE '%:%' GROUP BY owner")
-            # A reply that was being generated when the process died will never finish.
+        migrations.apply(self, self.dialect)
+        with self.connect() as db:
+            # A reply that was being generated when the process died will never finish (one process uses
+            # the file, so every pending reply was the dead process's).
             db.execute("UPDATE messages SET status = 'stopped' WHERE status = 'pending'")
 
     def open_checked(self) -> None:
@@ -91,6 +104,16 @@ class Database:
             yield db
         finally:
             db.close()
+
+    @contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """Reads that see one state of the database, whatever commits meanwhile."""
+        with self.connect() as db:
+            db.execute("BEGIN")
+            try:
+                yield db
+            finally:
+                db.execute("COMMIT")
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:

@@ -1,0 +1,32 @@
+"""Where the history is kept: SQLite in the instance folder (the default, webapp/db/sqlite.py), or
+PostgreSQL when GLASSBOX_DATABASE_URL names one (webapp/db/postgres.py), for several front ends.
+Both have one interface (connect, snapshot, transaction, init, open_checked, writable, close), take the
+same SQL from the stores, and version their schema alike (webapp/db/migrations.py)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import psycopg
+
+from webapp.db.postgres import PostgresDatabase
+from webapp.db.sqlite import BUSY_TIMEOUT_SECONDS, SCHEMA, Database
+
+AnyDatabase = Database | PostgresDatabase
+# What any database access may raise: a page that can go on without the write catches these
+DATABASE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, psycopg.Error)
+URL_SCHEMES = ("postgresql://", "postgres://")
+
+__all__ = ["BUSY_TIMEOUT_SECONDS", "DATABASE_ERRORS", "SCHEMA", "AnyDatabase", "Database", "PostgresDatabase",
+           "is_url", "open_database"]
+
+
+def is_url(location: str) -> bool:
+    return location.startswith(URL_SCHEMES)
+
+
+def open_database(location: str, *, runner: str = "", timeout: float = BUSY_TIMEOUT_SECONDS) -> AnyDatabase:
+    """A PostgreSQL database for a postgresql:// URL, else the SQLite file at that path (not opened yet)."""
+    if is_url(location):
+        return PostgresDatabase(location, runner=runner, timeout=timeout)
+    return Database(location, runner=runner)
