@@ -84,12 +84,12 @@ class Cluster:
     def tcp_url(self, database: str = "postgres") -> str:
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{database}"
 
-    def new_database(self) -> str:
-        """A new empty database -> its URL."""
+    def new_database(self, tcp: bool = False) -> str:
+        """A new empty database -> its URL (its Unix socket's, or with `tcp` its loopback port's)."""
         name = f"test_{os.getpid()}_{next(self._names)}"
         with psycopg.connect(self.url(), autocommit=True) as admin:
             admin.execute(f'CREATE DATABASE "{name}"')
-        return self.url(name)
+        return self.tcp_url(name) if tcp else self.url(name)
 
     def drop_database(self, url: str) -> None:
         name = url.split("/")[3].split("?")[0]
