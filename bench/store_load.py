@@ -1,7 +1,9 @@
-"""A busy room on one SQLite file, through the real chat store, for a minute: the issue's rates.
+"""A busy room on one SQLite file (or one PostgreSQL database), through the real chat store, for a minute:
+the issue's rates.
 
     .venv/bin/python -m bench.store_load                          # 60 s, this checkout
     .venv/bin/python -m bench.store_load --code /tmp/before       # the same with another revision's webapp/
+    .venv/bin/python -m bench.store_load --database-url postgresql://…/empty   # on PostgreSQL
 
 Two processes write the one database at once (as two servers, or a server and a script, would):
 - process 1: 8 browsers each sending a message every second, and 4 browsers regenerating their last
@@ -34,8 +36,7 @@ SCENARIOS = {  # process -> [(browsers, seconds between turns, regenerate)]
 def browser(path: str, name: str, every: float, regenerate: bool, until: float, out: dict) -> None:
     from webapp.chat.decode.types import ReplyStats
     from webapp.chat.store import ChatStore
-    from webapp.db import Database
-    store = ChatStore(Database(path))
+    store = ChatStore(database(path))
     conversation, turn, latencies, errors, saved = None, 0, [], [], []
     next_at = time.monotonic()
     while time.monotonic() < until:
@@ -62,6 +63,14 @@ def browser(path: str, name: str, every: float, regenerate: bool, until: float, 
                  "conversation": conversation, "regenerate": regenerate}
 
 
+def database(location: str):
+    """The store's database: a SQLite file's path (any revision's webapp/), or a PostgreSQL URL."""
+    import webapp.db
+    if location.startswith("postgres"):
+        return webapp.db.open_database(location)
+    return webapp.db.Database(location)
+
+
 def process(path: str, label: str, seconds: float, code: str | None) -> dict:
     if code:
         sys.path.insert(0, code)
@@ -79,9 +88,8 @@ def process(path: str, label: str, seconds: float, code: str | None) -> dict:
 
 def lost(path: str, results: dict) -> int:
     """Turns reported saved whose question or reply is not in the database."""
-    import sqlite3
     missing = 0
-    with sqlite3.connect(path) as db:
+    with database(path).connect() as db:
         for name, r in results.items():
             replies = {row[0] for row in db.execute("SELECT content FROM messages WHERE role = 'assistant'"
                                                     " AND conversation_id = ?", (r["conversation"],))}
@@ -99,16 +107,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--code", help="import webapp from this folder (another revision's checkout)")
+    parser.add_argument("--database-url", help="an empty PostgreSQL database instead of a SQLite file")
     parser.add_argument("--label", default="")
     parser.add_argument("--no-doc", action="store_true")
     args = parser.parse_args()
     if args.code:
         sys.path.insert(0, args.code)
-    import webapp.db
     load = common.load_average()
     with tempfile.TemporaryDirectory() as folder:
-        path = str(Path(folder) / "glassbox.sqlite3")
-        webapp.db.Database(path).init()
+        path = args.database_url or str(Path(folder) / "glassbox.sqlite3")
+        database(path).init()
         with multiprocessing.get_context("fork").Pool(2) as pool:
             parts = pool.starmap(process, [(path, label, args.seconds, args.code) for label in SCENARIOS])
         results = {name: r for part in parts for name, r in part.items()}
@@ -123,12 +131,14 @@ def main() -> None:
                          quantile_ms(latencies, 0.5), quantile_ms(latencies, 0.99), quantile_ms(latencies, 1.0)])
     errors = sorted({e for r in results.values() for e in r["errors"]})
     code = f"webapp/ from {args.code}" if args.code else "this checkout's webapp/"
-    body = (f"Code under test: {code}. {args.seconds:g} s, two processes on one database file; a turn is "
+    where = "one PostgreSQL database (local, Unix socket)" if args.database_url else "one database file"
+    body = (f"Code under test: {code}. {args.seconds:g} s, two processes on {where}; a turn is "
             "begin_turn, three progress saves and finish_reply.\n\n"
             + common.table(["process", "load", "turns", "errors", "begin_turn p50 ms", "p99 ms", "max ms"], rows)
             + f"\n\nMessages missing at the end (turns reported saved): {missing}."
             + (f" Errors seen: {'; '.join(errors[:3])}." if errors else " No errors."))
-    title = "bench.store_load: the issue's writers for a minute on SQLite" + (f", {args.label}" if args.label else "")
+    title = (f"bench.store_load: the issue's writers for a minute on {'PostgreSQL' if args.database_url else 'SQLite'}"
+             + (f", {args.label}" if args.label else ""))
     common.report(title, body, load_before=load, write_doc=not args.no_doc)
 
 

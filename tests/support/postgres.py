@@ -43,8 +43,9 @@ def require_postgres() -> Path:
 
 
 class Cluster:
-    def __init__(self, binaries: Path) -> None:
+    def __init__(self, binaries: Path, fsync: bool = False) -> None:
         self.binaries = binaries
+        self.fsync = fsync  # on: as deployed (bench.store_load); off: the tests, faster
         self.folder = Path(tempfile.mkdtemp(prefix="glassbox-pg-"))
         self.data = self.folder / "data"
         self.port = free_port()
@@ -61,8 +62,9 @@ class Cluster:
         if not self.data.exists():
             self._run(str(self.binaries / "initdb"), "-D", str(self.data), "-U", USER, "--auth=trust",
                       "-E", "UTF8", "--no-sync", "--locale=C")
-        options = (f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
-                   " -c full_page_writes=off -c max_connections=200")
+        options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c max_connections=200"
+        if not self.fsync:
+            options += " -c fsync=off -c full_page_writes=off"
         self._run(str(self.binaries / "pg_ctl"), "-D", str(self.data), "-l", str(self.folder / "log"), "-w",
                   "-t", "60", "-o", options, "start")
         return self

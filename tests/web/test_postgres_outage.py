@@ -65,3 +65,18 @@ def test_a_database_that_goes_away_answers_503_then_works_again_when_it_is_back(
         assert again.status_code == 303
     finally:
         app.extensions["glassbox.core"].shutdown()
+
+
+def test_the_first_request_after_a_restart_works_though_connections_were_kept(cluster, tmp_path):
+    app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat")}, database_url=cluster.new_database(),
+                   database_timeout=TIMEOUT)
+    try:
+        client = app.test_client()
+        assert client.get("/chat/").status_code == 200 and client.get("/readyz").status_code == 200
+        assert app.extensions["glassbox.db"].idle.connections  # kept for the next request
+        cluster.stop()
+        cluster.start()  # nothing asked meanwhile: the kept connections are to the server that stopped
+        assert client.get("/readyz").status_code == 200
+        assert client.get("/chat/").status_code == 200
+    finally:
+        app.extensions["glassbox.core"].shutdown()

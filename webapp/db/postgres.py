@@ -9,13 +9,17 @@ lock, so two writers never conflict (no serialization failure or deadlock to ret
 the checks the stores make inside a transaction (a conversation's limit of messages) hold, and a
 writer waits for the lock at most GLASSBOX_DATABASE_TIMEOUT seconds (lock_timeout). Reads take no lock.
 
-Connections are short-lived, opened per use like SQLite's, with a connect timeout, so a database that
-went away fails a request within the timeout, and the first request after it is back works: no pool
-of dead connections to drain. Each statement is bounded too (statement_timeout).
+Connections are opened with a connect timeout and each statement is bounded (statement_timeout), so a
+database that went away fails a request within GLASSBOX_DATABASE_TIMEOUT instead of hanging. Up to
+IDLE_CONNECTIONS are kept between uses (a new one costs the server a process). A kept connection is
+checked with an empty query before each use, and every kept one is dropped once one fails, so the
+first request after the database is back works instead of meeting a connection to the server that died.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +32,7 @@ from webapp.config import ConfigError
 from webapp.db import migrations
 
 WRITER_LOCK = 0x676C617373  # the advisory lock every write transaction takes first ("glass")
+IDLE_CONNECTIONS = 16  # connections kept open between uses; more are opened when needed, then closed
 
 
 class Row(tuple):
@@ -70,6 +75,35 @@ class Connection:
         return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
 
+class Idle:
+    """The connections kept between uses, of this process only: a forked child (gunicorn's worker, a
+    benchmark's process) must not use its parent's sockets, so it starts with none of them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pid = os.getpid()
+        self.connections: list[psycopg.Connection] = []
+
+    def take(self) -> psycopg.Connection | None:
+        with self.lock:
+            if self.pid != os.getpid():
+                self.pid, self.connections = os.getpid(), []  # the parent's: left alone, never closed here
+            return self.connections.pop() if self.connections else None
+
+    def give(self, connection: psycopg.Connection) -> None:
+        with self.lock:
+            if self.pid == os.getpid() and len(self.connections) < IDLE_CONNECTIONS:
+                self.connections.append(connection)
+                return
+        connection.close()
+
+    def drop_all(self) -> None:
+        with self.lock:
+            gone, self.connections = self.connections, []
+        for connection in gone:
+            connection.close()
+
+
 class PostgresDatabase:
     dialect = "postgres"
 
@@ -77,6 +111,7 @@ class PostgresDatabase:
         self.url = url
         self.runner = runner  # this front end's id, recorded with each reply it runs (webapp/chat/store.py)
         self.timeout = timeout
+        self.idle = Idle()
 
     def __str__(self) -> str:
         """Where the database is, without its password."""
@@ -108,7 +143,7 @@ class PostgresDatabase:
             raise ConfigError(f"The {self} (GLASSBOX_DATABASE_URL) cannot be written: {problem}")
 
     def close(self) -> None:
-        """Nothing is held open between uses."""
+        self.idle.drop_all()
 
     def writable(self) -> str | None:
         """None when a write goes through now; else why not (for /readyz and start-up)."""
@@ -123,19 +158,41 @@ class PostgresDatabase:
     @contextmanager
     def connect(self) -> Iterator[Connection]:
         """A connection in autocommit mode, for reads (writes: transaction())."""
-        millis = max(1, int(self.timeout * 1000))
-        raw = psycopg.connect(self.url, autocommit=True, row_factory=_rows,
-                              connect_timeout=max(2, round(self.timeout)),  # libpq's least is 2 s
-                              # a statement, a wait for a lock, a transaction left idle: none hangs
-                              options=f"-c statement_timeout={millis} -c lock_timeout={millis}"
-                                      f" -c idle_in_transaction_session_timeout={max(millis, 60000)}",
-                              # a server that stops answering on TCP (a cut network) fails the request
-                              keepalives=1, keepalives_idle=max(1, round(self.timeout)), keepalives_interval=1,
-                              keepalives_count=3, tcp_user_timeout=millis)
+        raw = self._kept() or self._open()
         try:
             yield Connection(raw)
         finally:
+            if raw.broken:
+                self.idle.drop_all()  # the server went away (or restarted): the kept ones are dead too
+            self._give_back(raw)
+
+    def _kept(self) -> psycopg.Connection | None:
+        """A kept connection that still answers (an empty query), or None."""
+        while (raw := self.idle.take()) is not None:
+            try:
+                raw.execute("")
+                return raw
+            except psycopg.Error:
+                raw.close()
+                self.idle.drop_all()
+        return None
+
+    def _open(self) -> psycopg.Connection:
+        millis = max(1, int(self.timeout * 1000))
+        return psycopg.connect(self.url, autocommit=True, row_factory=_rows,
+                               connect_timeout=max(2, round(self.timeout)),  # libpq's least is 2 s
+                               # a statement, a wait for a lock, a transaction left idle: none hangs
+                               options=f"-c statement_timeout={millis} -c lock_timeout={millis}"
+                                       f" -c idle_in_transaction_session_timeout={max(millis, 60000)}",
+                               # a server that stops answering on TCP (a cut network) fails the request
+                               keepalives=1, keepalives_idle=max(1, round(self.timeout)), keepalives_interval=1,
+                               keepalives_count=3, tcp_user_timeout=millis)
+
+    def _give_back(self, raw: psycopg.Connection) -> None:
+        if raw.closed or raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raw.close()
+        else:
+            self.idle.give(raw)
 
     @contextmanager
     def snapshot(self) -> Iterator[Connection]:
