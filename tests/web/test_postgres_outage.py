@@ -1,12 +1,14 @@
 """PostgreSQL that cannot be reached: at start-up it stops the app with a message naming it; while
 running, every request that needs it answers a clear 503 (a page, or JSON) within the timeout instead of
-a 500 or a hang, /readyz says why, and requests work again once it is back. A cluster of this module's
-own is stopped and started (the session's is shared by other tests)."""
+a 500 or a hang, /readyz says why, and requests work again once it is back; a write kept waiting for the
+writers' lock past the timeout answers 503 too. A cluster of this module's own is stopped and started
+(the session's is shared by other tests)."""
 
 from __future__ import annotations
 
 import time
 
+import psycopg
 import pytest
 
 from tests.conftest import csrf_of, make_app
@@ -14,6 +16,7 @@ from tests.support.chat_models import tiny_chat_model
 from tests.support.postgres import Cluster, require_postgres
 from tests.support.servers import free_port
 from webapp.config import ConfigError
+from webapp.db.postgres import WRITER_LOCK
 
 TIMEOUT = 2.0
 
@@ -78,5 +81,25 @@ def test_the_first_request_after_a_restart_works_though_connections_were_kept(cl
         cluster.start()  # nothing asked meanwhile: the kept connections are to the server that stopped
         assert client.get("/readyz").status_code == 200
         assert client.get("/chat/").status_code == 200
+    finally:
+        app.extensions["glassbox.core"].shutdown()
+
+
+def test_a_writer_kept_waiting_past_the_timeout_answers_503_and_saves_nothing(postgres_url, tmp_path):
+    app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat")}, database_url=postgres_url,
+                   database_timeout=TIMEOUT)
+    try:
+        client = app.test_client()
+        csrf = csrf_of(client, "/chat/")
+        with psycopg.connect(postgres_url, autocommit=True) as other:  # another front end's long write
+            other.execute("SELECT pg_advisory_lock(%s)", (WRITER_LOCK,))
+            busy = client.post("/chat/send", data={"csrf_token": csrf, "content": "waits", "max_new_tokens": "2"})
+            assert busy.status_code == 503 and "The database is busy" in busy.get_data(as_text=True)
+            assert client.get("/chat/").status_code == 200  # reads take no lock
+            other.execute("SELECT pg_advisory_unlock(%s)", (WRITER_LOCK,))
+        with app.extensions["glassbox.db"].connect() as db:
+            assert db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0
+        sent = client.post("/chat/send", data={"csrf_token": csrf, "content": "now", "max_new_tokens": "2"})
+        assert sent.status_code == 303
     finally:
         app.extensions["glassbox.core"].shutdown()
