@@ -1,9 +1,11 @@
 """Two front ends (two apps, each its own instance folder, one secret key) on one PostgreSQL database:
-a browser's conversation made through one is listed and read through the other; its per-browser quota
-and its address's quota count what it keeps through both; another browser sees none of it; the
-instance lock is SQLite's only."""
+a browser's conversation made through one is listed and read through the other, and its running reply
+read there as it grows; its per-browser quota and its address's quota count what it keeps through both;
+another browser sees none of it; the instance lock is SQLite's only."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -75,3 +77,26 @@ def test_an_addresss_new_browsers_share_one_quota_across_front_ends(front_ends):
     assert send(a.test_client(), "x" * 90).status_code == 303
     refused = send(b.test_client(), "y" * 20)  # another new browser, same address, the other front end
     assert refused.status_code == 403 and "New browsers from your address" in refused.get_data(as_text=True)
+
+
+def test_a_running_reply_is_saved_as_it_grows_and_read_so_through_the_other_front_end(tmp_path, postgres_url):
+    model = tiny_chat_model(tmp_path / "chat", seconds_per_step=0.02)
+    a, b = (make_app(tmp_path / name, {"chat": model}, database_url=postgres_url) for name in "ab")
+    try:
+        on_a = a.test_client()
+        made = on_a.post("/chat/send", data={"csrf_token": csrf_of(on_a, "/chat/"), "content": "go",
+                                              "max_new_tokens": "200"}, headers={"HX-Request": "true"})
+        conversation = re.search(r'name="conversation_id" value="([0-9a-f]+)"', made.get_data(as_text=True))[1]
+        through_b = b.extensions["glassbox.chat"].store
+
+        def growing():
+            reply = through_b.messages(conversation)[-1]
+            return reply["status"] == "pending" and reply["content"] != ""
+        assert wait_for(growing, timeout=10)
+        partial = through_b.messages(conversation)[-1]
+        assert partial["runner"] == a.extensions["glassbox.db"].runner
+        assert wait_for(lambda: through_b.messages(conversation)[-1]["status"] == "complete", timeout=20)
+        assert through_b.messages(conversation)[-1]["content"].startswith(partial["content"])
+    finally:
+        for app in (a, b):
+            app.extensions["glassbox.core"].shutdown()

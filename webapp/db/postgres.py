@@ -62,13 +62,18 @@ def _rows(cursor: Any) -> Any:
 
 
 class Connection:
-    """A psycopg connection taking the stores' SQL: `?` placeholders become `%s` (and `%` is escaped)."""
+    """A psycopg connection taking the stores' SQL: `?` placeholders become `%s` (and `%` is escaped).
+
+    PostgreSQL's text cannot hold NUL, which SQLite's can: a model may write one (a byte-level tokenizer's
+    token 0), and refusing the save would fail the reply. It is kept as U+FFFD, the replacement character,
+    which is how a page shows a NUL anyway. (People's messages cannot hold one: webapp/chat/web/forms.py.)"""
 
     def __init__(self, connection: psycopg.Connection) -> None:
         self.raw = connection
 
     def execute(self, sql: str, parameters: Any = ()) -> Any:
-        return self.raw.execute(sql.replace("%", "%%").replace("?", "%s"), tuple(parameters))
+        values = tuple(v.replace("\x00", "\ufffd") if isinstance(v, str) else v for v in parameters)
+        return self.raw.execute(sql.replace("%", "%%").replace("?", "%s"), values)
 
     @property
     def in_transaction(self) -> bool:
