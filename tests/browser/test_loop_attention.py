@@ -72,7 +72,8 @@ def test_the_attention_view_passes_axe_and_fits_a_phone(open_page, scheme):
         assert page.locator("#attention .pc").count() == 3 * 88
         no_horizontal_scroll(page)
         if size == "desktop":  # the whole prompt in view at once; a phone scrolls it
-            assert page.evaluate("(el => el.scrollWidth <= el.clientWidth)(document.querySelector('#attention .prompt-scroll'))")
+            fits = "(el => el.scrollWidth <= el.clientWidth)(document.querySelector('#attention .prompt-scroll'))"
+            assert page.evaluate(fits)
         problems_here = axe(page)
         if problems_here:
             found[size] = problems_here
