@@ -60,6 +60,10 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     except BaseException:
         lock.release()
         raise
+    if settings.database_url and not settings.secret_key:  # a key of its own: a browser is new on another one
+        log.warning("GLASSBOX_DATABASE_URL is set but GLASSBOX_SECRET_KEY is not: this front end signs cookies "
+                    "with its own key (%s), so a browser sent to another front end starts afresh there. Give "
+                    "every front end the same GLASSBOX_SECRET_KEY.", folder / "secret_key")
     app.config.update(SECRET_KEY=secret, MAX_CONTENT_LENGTH=settings.max_body_bytes, SESSION_COOKIE_HTTPONLY=True,
                       SESSION_COOKIE_SAMESITE="Lax", SESSION_COOKIE_NAME="glassbox_session",
                       PERMANENT_SESSION_LIFETIME=timedelta(days=settings.session_days), GLASSBOX=settings)

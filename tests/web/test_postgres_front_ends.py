@@ -1,7 +1,8 @@
 """Two front ends (two apps, each its own instance folder, one secret key) on one PostgreSQL database:
 a browser's conversation made through one is listed and read through the other, and its running reply
 read there as it grows; its per-browser quota and its address's quota count what it keeps through both;
-another browser sees none of it; the instance lock is SQLite's only."""
+another browser sees none of it; the instance lock is SQLite's only, and a front end without the shared
+secret key says so."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import pytest
 
 from tests.conftest import csrf_of, make_app, wait_for
 from tests.support.chat_models import tiny_chat_model
+from tests.support.loop_models import bundle
+from webapp import create_app
+from webapp.config import Settings
 
 SESSION = "glassbox_session"
 
@@ -100,3 +104,11 @@ def test_a_running_reply_is_saved_as_it_grows_and_read_so_through_the_other_fron
     finally:
         for app in (a, b):
             app.extensions["glassbox.core"].shutdown()
+
+
+def test_a_front_end_on_postgres_without_a_shared_key_says_so(tmp_path, postgres_url, caplog):
+    settings = Settings(instance_path=str(tmp_path / "instance"), database_url=postgres_url)
+    with caplog.at_level("WARNING", logger="glassbox"):
+        app = create_app(settings, models={"loops": bundle()}, test_config={"TESTING": True})
+    app.extensions["glassbox.core"].shutdown()
+    assert "Give every front end the same GLASSBOX_SECRET_KEY" in caplog.text
