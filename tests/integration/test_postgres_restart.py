@@ -40,7 +40,8 @@ def test_a_front_end_killed_mid_reply_restarts_stopping_its_own_reply_only(tmp_p
         url = start_reply(on_a, tokens=250)
         events, seen, _ = read_until(on_a, url, 40, timeout=60)
         assert seen.wait(30)
-        shown = shown_text(list(events))
+        # PostgreSQL keeps a NUL the byte model wrote as U+FFFD, which is also how a browser shows one
+        shown = shown_text(list(events)).replace("\x00", "\ufffd")
         time.sleep(1.5)  # a save is due at least every second
         for pid in children(a.proc.pid) + [a.proc.pid]:  # the worker first: it must not exit cleanly
             os.kill(pid, signal.SIGKILL)
