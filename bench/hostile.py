@@ -4,6 +4,7 @@ time; it stops by itself.
     .venv/bin/python -m bench.hostile                  # ~2 minutes on the tiny test models
     .venv/bin/python -m bench.hostile --attack-seconds 30 --no-report
     .venv/bin/python -m bench.hostile --each --attack-seconds 20   # issue 25's attacks one at a time
+    .venv/bin/python -m bench.hostile --each --postgres            # the same, the history in PostgreSQL
 
 All the attacks at once, each from its own loopback address (127.0.0.2, .3, ...; nginx reports it in
 X-Forwarded-For, so the per-address limits see six clients): stream hogs that open streams and never
@@ -224,6 +225,8 @@ def main() -> int:
     parser.add_argument("--each", action="store_true",
                         help="issue 25's attacks one at a time, through nginx and direct (bench/hostile_attacks.py)")
     parser.add_argument("--only", action="append", help="with --each: the attacks whose name contains this")
+    parser.add_argument("--postgres", action="store_true",
+                        help="with --each: the history in a throwaway PostgreSQL cluster (GLASSBOX_DATABASE_URL)")
     args = parser.parse_args()
     if args.attack_seconds > 300 or args.max_held > 200 or args.slowloris > 150:
         parser.error("bounded on purpose: at most 300 s of attack, 200 held sockets, 150 slowloris connections")

@@ -376,6 +376,14 @@ def main_each(args) -> int:
     load_before = load_average()
     workdir = Path(tempfile.mkdtemp(prefix="glassbox-hostile-each-"))
     env = {**model_env(workdir, chat_arch="tiny:0.03", loop_delay=0.05), **LIMITS, "GLASSBOX_LOG_LEVEL": "info"}
+    cluster = None
+    if args.postgres:  # the history in a throwaway PostgreSQL cluster, fsync on as deployed
+        from tests.support.postgres import Cluster, server_binaries
+        binaries = server_binaries()
+        if binaries is None:
+            raise SystemExit("--postgres: PostgreSQL is not installed (make system-packages-test installs it)")
+        cluster = Cluster(binaries, fsync=True).start()
+        env["GLASSBOX_DATABASE_URL"] = cluster.new_database()
     server = Gunicorn(workdir / "instance", env).start(ready_timeout=300)
     proxy = Nginx(workdir / "nginx", server.port).start()
     names = [n for n in ATTACKS if not args.only or any(o in n for o in args.only)]
@@ -402,6 +410,8 @@ def main_each(args) -> int:
     finally:
         proxy.stop()
         server.stop()
+        if cluster is not None:
+            cluster.remove()
     hard_stop.cancel()
     tracebacks = server.log().count("Traceback")
     rows, checks = [], []
@@ -428,7 +438,8 @@ def main_each(args) -> int:
     undocumented = [[way, name, "; ".join(f"{n}x {b}" for b, n in collections.Counter(r["bad"]).most_common(3))]
                     for (way, name), r in results.items() if r["bad"]]
     limits = ", ".join(f"{k}={v}" for k, v in LIMITS.items())
-    body = (f"Tiny test models (30 ms a token, 50 ms a loop), limits {limits}. "
+    database = "PostgreSQL 15 (a throwaway cluster, fsync on)" if args.postgres else "SQLite"
+    body = (f"Tiny test models (30 ms a token, 50 ms a loop), history in {database}, limits {limits}. "
             f"Each attack alone for {args.attack_seconds:.0f} s (after 2 s to get going) while one good user on "
             f"127.0.0.1 loads pages (/, /chat/, /loops/), chats ({args.tokens}-token replies) and runs the Loop lab; "
             f"through nginx (deploy/nginx.conf at {PREFIX}/, gunicorn on its Unix socket) and straight to gunicorn's "
@@ -440,6 +451,7 @@ def main_each(args) -> int:
             + table(["way in", "attack", "who", "statuses"], statuses) + "\n\n"
             + (table(["way in", "attack", "undocumented 5xx"], undocumented) + "\n\n" if undocumented else "")
             + table(["check", "result", "detail"], [[n, "PASS" if p else "FAIL", d] for n, p, d in checks]))
-    report("Hostile clients, one attack at a time (bench.hostile --each)", body, load_before=load_before,
+    report("Hostile clients, one attack at a time (bench.hostile --each"
+           + (" --postgres)" if args.postgres else ")"), body, load_before=load_before,
            write_doc=not args.no_report)
     return 0 if all(p for _, p, _ in checks) else 1
