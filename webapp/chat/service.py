@@ -4,15 +4,16 @@ built (the pages and /v1 both submit through `submit_reply`)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from webapp.chat.decode.types import ChatRequest, ChatResult, Forced, SamplingParams
+from webapp.chat.follow import follow_reply
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.prompt import PromptBuilder, PromptReport
 from webapp.chat.store import ROOT, ChatStore, ConversationFull
 from webapp.core import InferenceCore
-from webapp.core.jobs import CANCELLED, DONE, Job
+from webapp.core.jobs import CANCELLED, DONE, Event, Job
 
 STATUS_OF_OUTCOME = {DONE: "complete", CANCELLED: "stopped"}  # anything else is an error
 
@@ -168,7 +169,7 @@ class ChatService:
         reply_id = ids.reply_id
         try:
             self.submit_reply(owner, request, ref=reply_id, on_finish=self._saver(reply_id),
-                              on_progress=lambda job: self.store.save_progress(reply_id, job.result.reply))
+                              on_progress=self._progress_saver(reply_id))
         except Exception:
             self.store.take_back_turn(owner, ids)
             raise
@@ -196,8 +197,23 @@ class ChatService:
         job = self.job_for(message_id)
         if job is not None:
             job.cancel()
+        else:  # another front end runs it: it reads the request the next time it saves the reply
+            self.store.request_stop(message_id)
+
+    def follow(self, message_id: int, heartbeat: float) -> Iterator[Event | None]:
+        """The events of a reply that another front end runs, read from the database (webapp/chat/follow.py)."""
+        return follow_reply(self.store, message_id, heartbeat)
 
     # -- on the core's worker ----------------------------------------------------------------
+    def _progress_saver(self, message_id: int):
+        def save(job: Job) -> None:
+            signals = self.store.save_progress(message_id, job.result.reply)
+            if signals.followed:
+                job.watched_elsewhere()
+            if signals.stop_requested:  # Stop pressed on another front end
+                job.cancel()
+        return save
+
     def _saver(self, message_id: int):
         def save(job: Job, outcome: str, error: str | None) -> None:
             result: ChatResult = job.result

@@ -18,9 +18,13 @@ DELETE_BATCH = 500  # messages deleted per write transaction (see delete_convers
 # owner is URL-safe base64 and an API owner starts "api:", so neither ever starts with it).
 DELETING = "deleting:"
 # A pending reply belongs to the front end that runs it (messages.runner) until its lease runs out; each
-# save of its progress (every second or so while it is written) renews it. A front end that starts stops
-# its own pending replies (it died) and those of others whose lease ran out, never a running one.
-REPLY_LEASE_SECONDS = 120.0
+# save of its progress (every second or so while it is written) renews it, and so does the chat service
+# every LEASE_RENEW_SECONDS for every reply it still runs or has queued (webapp/chat/service.py). A front
+# end that starts stops its own pending replies (it died) and those of others whose lease ran out, never a
+# running one; a stream following a reply from another front end ends it as stopped once its lease ran
+# out (webapp/chat/follow.py), so within this long of its front end dying.
+REPLY_LEASE_SECONDS = 15.0
+LEASE_RENEW_SECONDS = 5.0
 
 
 class ConversationFull(Exception):
@@ -42,6 +46,14 @@ class TurnIds:
     user_id: int | None
     reply_id: int
     title: str | None = None  # the title before, when the turn changed it (an edited first question)
+
+
+@dataclass(frozen=True)
+class ReplySignals:
+    """What other front ends asked about a pending reply (the reply_signals table)."""
+
+    stop_requested: bool = False
+    followed: bool = False
 
 
 class ChatStore:
@@ -242,11 +254,56 @@ class ChatStore:
                 db.execute("UPDATE conversations SET leaf_id = ?, title = COALESCE(?, title) WHERE id = ?",
                            (turn.shown, turn.title, turn.conversation_id))
 
-    def save_progress(self, message_id: int, content: str) -> None:
-        """A running reply's text so far (one UPDATE), so a crash keeps what the user saw; renews its lease."""
+    def save_progress(self, message_id: int, content: str) -> ReplySignals:
+        """A running reply's text so far, so a crash keeps what the user saw; renews its lease -> what other
+        front ends asked about it meanwhile (read in the same transaction: one round trip per save)."""
         with self.db.transaction() as db:
             db.execute("UPDATE messages SET content = ?, lease_until = ? WHERE id = ? AND status = 'pending'",
                        (content, time.time() + REPLY_LEASE_SECONDS, message_id))
+            row = db.execute("SELECT stop_requested, followed FROM reply_signals WHERE message_id = ?",
+                             (message_id,)).fetchone()
+        return ReplySignals(bool(row[0]), bool(row[1])) if row else ReplySignals()
+
+    def renew_leases(self, message_ids: list[int]) -> None:
+        """This front end still runs these replies (queued ones too, which save nothing yet): their leases hold."""
+        if not message_ids:
+            return
+        marks = ", ".join("?" * len(message_ids))
+        with self.db.transaction() as db:
+            db.execute(f"UPDATE messages SET lease_until = ? WHERE id IN ({marks}) AND status = 'pending'"
+                       " AND runner = ?", (time.time() + REPLY_LEASE_SECONDS, *message_ids, self.db.runner))
+
+    def request_stop(self, message_id: int) -> None:
+        """Stop pressed on a front end that does not run the reply: the one that does reads it as it saves."""
+        self._signal(message_id, "stop_requested")
+
+    def mark_followed(self, message_id: int) -> None:
+        """The reply's stream is followed on a front end that does not run it: not an orphan."""
+        self._signal(message_id, "followed")
+
+    def _signal(self, message_id: int, column: str) -> None:
+        with self.db.transaction() as db:
+            db.execute(f"INSERT INTO reply_signals (message_id, {column}) SELECT id, 1 FROM messages"
+                       f" WHERE id = ? AND status = 'pending'"
+                       f" ON CONFLICT (message_id) DO UPDATE SET {column} = 1", (message_id,))
+
+    def reply_progress(self, message_id: int) -> dict | None:
+        """A reply's text and status as saved, for a stream that follows it from another front end;
+        `abandoned`: still pending, but the lease of the front end that ran it ran out (it died)."""
+        with self.db.connect() as db:
+            row = db.execute("SELECT content, status, lease_until FROM messages WHERE id = ?",
+                             (message_id,)).fetchone()
+        if row is None:
+            return None
+        lease = row["lease_until"]
+        return {"content": row["content"], "status": row["status"],
+                "abandoned": row["status"] == "pending" and lease is not None and lease < time.time()}
+
+    def stop_abandoned(self, message_id: int) -> None:
+        """A pending reply whose front end died (its lease ran out): it will never end, so it ends as stopped."""
+        with self.db.transaction() as db:
+            db.execute("UPDATE messages SET status = 'stopped' WHERE id = ? AND status = 'pending'"
+                       " AND lease_until < ?", (message_id, time.time()))
 
     def details(self, message_id: int) -> dict:
         """{"prompt": dict or None, "odds": list or None, "damaged": [the fields that could not be read]} of

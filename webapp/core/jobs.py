@@ -153,6 +153,12 @@ class Job:
         with self._cond:
             self._cond.notify_all()
 
+    def watched_elsewhere(self) -> None:
+        """Someone follows it from outside this process (another front end reading its saved result), so
+        it is not an orphan, though nobody here ever subscribed."""
+        with self._cond:
+            self._ever_subscribed = True
+
     @property
     def finished_state(self) -> bool:
         return self.state in FINISHED

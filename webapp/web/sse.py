@@ -49,17 +49,24 @@ def stream_job(job: Job, render: Callable[[Event], str | None],
     server closes the response, whatever ended it.
     """
     settings = current_app.config["GLASSBOX"]
+    return stream_events(job.subscribe(settings.heartbeat_seconds), render, lambda: render_final(job))
+
+
+def stream_events(events: Iterator[Event | None], render: Callable[[Event], str | None],
+                  render_final: Callable[[], str]) -> Response:
+    """Stream events as stream_job does, from any source: a job here, or a reply another front end runs,
+    followed in the database (None: a heartbeat). Ends with `done` and `render_final()` once they end."""
 
     def body() -> Iterator[str]:
         yield comment("open")  # gunicorn sends headers with the first chunk: send one now
-        for event in job.subscribe(settings.heartbeat_seconds):
+        for event in events:
             if event is None:
                 yield comment("heartbeat")
                 continue
             html = render(event)
             if html is not None:
                 yield frame(event.name, html)
-        yield frame("done", render_final(job))
+        yield frame("done", render_final())
 
     return event_stream(body())
 

@@ -131,9 +131,10 @@ def reply_fragment(conversation, created, sampling):
 def wait_for_reply(message_id: int) -> None:
     """Without JavaScript the form waits for the whole reply, then shows the page."""
     job = service().job_for(message_id)
-    if job is not None:
-        for _ in job.subscribe(settings().heartbeat_seconds):
-            pass
+    events = (job.subscribe(settings().heartbeat_seconds) if job is not None
+              else service().follow(message_id, settings().heartbeat_seconds))  # another front end runs it
+    for _ in events:
+        pass
 
 
 def render_message(conversation_id: str, message_id: int, job: Job | None = None) -> str:

@@ -24,7 +24,7 @@ from webapp.chat.web.composer import (
 from webapp.chat.web.forms import FormError, parse_content, parse_message, parse_sampling
 from webapp.web import is_htmx
 from webapp.web.security import owner_id
-from webapp.web.sse import finished_stream, stream_job
+from webapp.web.sse import finished_stream, stream_events, stream_job
 
 
 @bp.post("/sampling/reset")
@@ -79,7 +79,7 @@ def send():
 def stream(conversation_id: str, message_id: int):
     message = owned_message(conversation_id, message_id)
     job = service().job_for(message_id)
-    if job is None or message["status"] != "pending":
+    if message["status"] != "pending":
         return finished_stream(render_message(conversation_id, message_id))
 
     def render(event):
@@ -91,6 +91,9 @@ def stream(conversation_id: str, message_id: int):
             return render_template("chat/_reply_status.html", event=event)
         return None
 
+    if job is None:  # another front end runs it (docs/scaling.md): follow what it saves
+        return stream_events(service().follow(message_id, settings().heartbeat_seconds), render,
+                             lambda: render_message(conversation_id, message_id))
     return stream_job(job, render, lambda job: render_message(conversation_id, message_id, job))
 
 
