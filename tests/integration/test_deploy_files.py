@@ -8,6 +8,8 @@ import runpy
 
 from tests.support.servers import ROOT
 
+UNIT = ROOT / "deploy" / "glassbox@.service"  # a template: one front end per instance (glassbox@1, glassbox@2)
+
 
 def gunicorn_settings(monkeypatch, **env) -> dict:
     for name in ("GLASSBOX_THREADS", "GLASSBOX_MAX_STREAMS", "GLASSBOX_GRACEFUL_TIMEOUT"):
@@ -29,7 +31,7 @@ def test_gunicorn_runs_one_threaded_worker_with_threads_for_streams_and_pages(mo
 def test_systemd_gives_gunicorn_its_graceful_timeout_before_killing_it(monkeypatch):
     unit = configparser.ConfigParser(strict=False, interpolation=None)
     unit.optionxform = str
-    unit.read(ROOT / "deploy" / "glassbox.service")
+    unit.read(UNIT)
     service = unit["Service"]
     assert service["ExecStart"].endswith("gunicorn -c gunicorn.conf.py wsgi:app")
     assert service["KillSignal"] == "SIGTERM"
@@ -71,16 +73,48 @@ def test_gunicorn_bounds_what_one_connection_may_hold(monkeypatch):
     assert conf["limit_request_field_size"] <= 8190
 
 
-def test_nginx_reaches_gunicorn_on_the_socket_the_unit_binds_and_no_tcp_peer_is_a_proxy(monkeypatch):
+def unit_environment() -> dict[str, str]:
+    """Every Environment= line of the unit (configparser keeps only the last of a repeated key)."""
+    return dict(re.findall(r"^Environment=(\w+)=(.*)$", UNIT.read_text(), re.M))
+
+
+def upstream_servers() -> list[str]:
+    upstream = re.search(r"upstream glassbox \{(.*?)\}", (ROOT / "deploy" / "nginx.conf").read_text(), re.S).group(1)
+    return re.findall(r"^\s*server (unix:\S+)", upstream, re.M)
+
+
+def test_nginx_reaches_each_front_end_on_the_socket_its_instance_binds_and_no_tcp_peer_is_a_proxy(monkeypatch):
     unit = configparser.ConfigParser(strict=False, interpolation=None)
     unit.optionxform = str
-    unit.read(ROOT / "deploy" / "glassbox.service")
-    # every Environment= line (configparser keeps only the last of a repeated key)
-    env = dict(re.findall(r"^Environment=(\w+)=(.*)$", (ROOT / "deploy" / "glassbox.service").read_text(), re.M))
-    upstream = re.search(r"upstream glassbox \{\s*server (unix:\S+);", (ROOT / "deploy" / "nginx.conf").read_text())
-    assert upstream and env["GLASSBOX_BIND"] == upstream.group(1)
+    unit.read(UNIT)
+    env = unit_environment()
+    servers = upstream_servers()
+    assert servers == [env["GLASSBOX_BIND"].replace("%i", name) for name in ("1", "2")]  # glassbox@1, glassbox@2
     assert env["GLASSBOX_FORWARDED_ALLOW_IPS"] == ""  # any local process could connect from 127.0.0.1
-    assert unit["Service"]["RuntimeDirectory"] == "glassbox" and upstream.group(1).startswith("unix:/run/glassbox/")
-    conf = gunicorn_settings(monkeypatch, GLASSBOX_BIND="127.0.0.1:8000," + upstream.group(1))
-    assert conf["bind"] == ["127.0.0.1:8000", upstream.group(1)] and conf["umask"] == 0o007
+    assert unit["Service"]["RuntimeDirectory"] == "glassbox/%i"
+    assert all(server.startswith("unix:/run/glassbox/") for server in servers)
+    conf = gunicorn_settings(monkeypatch, GLASSBOX_BIND="127.0.0.1:8000," + servers[0])
+    assert conf["bind"] == ["127.0.0.1:8000", servers[0]] and conf["umask"] == 0o007
     assert conf["forwarded_allow_ips"] == ""
+
+
+def test_each_front_end_keeps_its_own_socket_folder_instance_folder_and_settings():
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str
+    unit.read(UNIT)
+    service, env = unit["Service"], unit_environment()
+    # its own: a stopping front end removes only its own runtime folder; SQLite's lock is per folder
+    assert env["GLASSBOX_BIND"] == "unix:/run/glassbox/%i/gunicorn.sock"
+    assert env["GLASSBOX_INSTANCE_PATH"] == "/var/lib/glassbox/%i"
+    assert service["StateDirectory"] == "glassbox/%i" and service["ReadWritePaths"] == "/var/lib/glassbox/%i"
+    # shared: the database URL and the one secret key every front end signs cookies with; then its own
+    files = re.findall(r"^EnvironmentFile=-(\S+)$", UNIT.read_text(), re.M)
+    assert files == ["/etc/glassbox/env", "/etc/glassbox/%i.env"]
+
+
+def test_nginx_sends_each_browser_to_one_front_end_by_its_session_cookie():
+    upstream = re.search(r"upstream glassbox \{(.*?)\}", (ROOT / "deploy" / "nginx.conf").read_text(), re.S).group(1)
+    app_source = (ROOT / "webapp" / "__init__.py").read_text()  # the cookie's name is the app's own
+    cookie = re.search(r'SESSION_COOKIE_NAME="(\w+)"', app_source).group(1)
+    assert re.search(rf"^\s*hash \$cookie_{cookie} consistent;", upstream, re.M)
+    assert len(upstream_servers()) == 2

@@ -128,17 +128,21 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-def nginx_config(template: Path, prefix: Path, listen_port: int, upstream_port: int) -> str:
+def nginx_config(template: Path, prefix: Path, listen_port: int, upstream_port: int | list[int]) -> str:
     """deploy/nginx.conf inside a minimal main config whose pid, logs and temp files live in `prefix`.
-    The deploy file's own `listen` and upstream `server` lines are replaced by a loopback test port and
-    the Unix socket of the test gunicorn on `upstream_port`."""
+    The deploy file's own `listen` line is replaced by a loopback test port, and its upstream `server`
+    lines (one per front end) by the Unix sockets of the test gunicorns on `upstream_port` (one or several),
+    each keeping the deploy line's parameters."""
     site = template.read_text()
     site, n_listen = re.subn(r"^(\s*)listen\s+[^;]+;", rf"\1listen {LOOPBACK}:{listen_port};", site, flags=re.M)
-    site, n_server = re.subn(r"^(\s*)server\s+unix:/run/glassbox/gunicorn\.sock\b",
-                             rf"\1server unix:{upstream_socket(upstream_port)}", site, flags=re.M)
-    if (n_listen, n_server) != (1, 1):
-        raise ValueError(f"{template}: expected one listen and one upstream server line, found "
-                         f"{n_listen} and {n_server}")
+    servers = list(re.finditer(r"^(\s*)server\s+unix:/run/glassbox/\S+\.sock\b([^;\n]*);\n", site, flags=re.M))
+    if n_listen != 1 or not servers:
+        raise ValueError(f"{template}: expected one listen and upstream server lines, found "
+                         f"{n_listen} and {len(servers)}")
+    ports = upstream_port if isinstance(upstream_port, list) else [upstream_port]
+    indent, options = servers[0].group(1), servers[0].group(2)
+    lines = "".join(f"{indent}server unix:{upstream_socket(port)}{options};\n" for port in ports)
+    site = site[:servers[0].start()] + lines + site[servers[-1].end():]
     temp = "\n".join(f"    {kind}_temp_path {prefix / kind};" for kind in
                      ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     user = "user root;\n" if os.geteuid() == 0 else ""  # workers must reach the tmp dirs
@@ -153,7 +157,7 @@ class Nginx:
     """Real nginx in the foreground (`daemon off`), everything it writes under `prefix`."""
 
     prefix: Path
-    upstream_port: int
+    upstream_port: int | list[int]  # one front end's port, or several (deploy/nginx.conf's upstream lists two)
     template: Path = ROOT / "deploy" / "nginx.conf"
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None

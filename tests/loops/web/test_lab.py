@@ -221,3 +221,15 @@ def test_a_replay_keeps_the_recorded_pace_and_batches(tmp_path):
         assert [n for n, _ in replay] == ["rows", "rows", "rows", "done"]  # one loop each, as they arrived
     finally:
         app.extensions["glassbox.core"].shutdown()
+
+
+def test_a_run_this_front_end_does_not_run_ends_its_stream_with_a_message_and_its_stop_with_404(loop_app):
+    """Another front end runs it (or this one restarted): the stream ends at once, never a 404 the browser
+    would retry, and says where finished runs are."""
+    client = loop_app.test_client()
+    csrf = csrf_of(client, "/loops/")
+    events = sse_events(client.get("/loops/jobs/0123456789abcdef/stream").get_data(as_text=True))
+    assert [name for name, _ in events] == ["done"]
+    assert "another front end runs it" in events[0][1] and "Saved traces" in events[0][1]
+    stop = client.post("/loops/jobs/0123456789abcdef/stop", headers={"HX-Request": "true", "X-CSRF-Token": csrf})
+    assert stop.status_code == 404 and "No such run." in stop.get_data(as_text=True)

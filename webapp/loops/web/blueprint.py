@@ -13,7 +13,8 @@ from webapp.web.security import owner_id
 
 bp = Blueprint("loops", __name__, url_prefix="/loops")
 api = Blueprint("loops_api", __name__, url_prefix="/api/loops")
-RUN_GONE = "This run is no longer here (the server may have restarted). Finished runs are under Saved traces."
+RUN_GONE = ("This run is no longer here (the server restarted, or another front end runs it). "
+            "Finished runs are under Saved traces.")
 
 
 def service() -> LoopService:
