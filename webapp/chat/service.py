@@ -4,6 +4,9 @@ built (the pages and /v1 both submit through `submit_reply`)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -11,10 +14,11 @@ from webapp.chat.decode.types import ChatRequest, ChatResult, Forced, SamplingPa
 from webapp.chat.follow import follow_reply
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.prompt import PromptBuilder, PromptReport
-from webapp.chat.store import ROOT, ChatStore, ConversationFull
+from webapp.chat.store import LEASE_RENEW_SECONDS, ROOT, ChatStore, ConversationFull
 from webapp.core import InferenceCore
 from webapp.core.jobs import CANCELLED, DONE, Event, Job
 
+log = logging.getLogger(__name__)
 STATUS_OF_OUTCOME = {DONE: "complete", CANCELLED: "stopped"}  # anything else is an error
 
 
@@ -46,6 +50,7 @@ class ChatService:
         # GLASSBOX_MAX_MESSAGES: messages one conversation keeps, every version (regenerated, edited,
         # branched) counted, so that versions are bounded as well as the branch shown; 0: no limit
         self.max_messages = max_messages
+        self._leases = Leases(store)
 
     @property
     def model(self) -> LoadedChatModel:
@@ -167,10 +172,12 @@ class ChatService:
         forced = turn.forced or Forced()
         request = ChatRequest(tuple(turn.prompt.ids), turn.sampling, forced=forced.tokens, forced_odds=forced.odds)
         reply_id = ids.reply_id
+        self._leases.hold(reply_id)
         try:
             self.submit_reply(owner, request, ref=reply_id, on_finish=self._saver(reply_id),
                               on_progress=self._progress_saver(reply_id))
         except Exception:
+            self._leases.let_go(reply_id)
             self.store.take_back_turn(owner, ids)
             raise
         conversation = self.store.conversation(owner, ids.conversation_id)
@@ -222,6 +229,44 @@ class ChatService:
             stats = result.stats
             if job.started is not None:  # how long it waited for a free row, shown apart from its first token
                 stats = dataclasses.replace(stats, wait_seconds=job.started - job.created)
+            self._leases.let_go(message_id)  # its end is saved next, or it stays pending for its lease only
             self.store.finish_reply(message_id, result.reply, status, error, stats, odds)
         return save
+
+
+class Leases:
+    """Keeps the leases of the replies this front end runs or has queued: every LEASE_RENEW_SECONDS, one
+    UPDATE for all of them, on a thread that runs while there are any. A queued reply saves nothing, and a
+    running one saves only as it produces, so without this a long wait would look like a dead front end
+    to the others (ChatStore.reply_progress)."""
+
+    def __init__(self, store: ChatStore) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._held: set[int] = set()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, message_id: int) -> None:
+        with self._lock:
+            self._held.add(message_id)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._renew, name="glassbox-leases", daemon=True)
+                self._thread.start()
+
+    def let_go(self, message_id: int) -> None:
+        with self._lock:
+            self._held.discard(message_id)
+
+    def _renew(self) -> None:
+        while True:
+            time.sleep(LEASE_RENEW_SECONDS)
+            with self._lock:
+                held = sorted(self._held)
+                if not held:
+                    self._thread = None
+                    return
+            try:
+                self.store.renew_leases(held)
+            except Exception as error:  # the database is away: the next round tries again
+                log.warning("renewing the leases of %d replies failed: %s", len(held), error)
 

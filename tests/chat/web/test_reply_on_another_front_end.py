@@ -117,3 +117,41 @@ def test_a_job_followed_from_another_front_end_is_not_abandoned_as_an_orphan(slo
     assert wait_for(lambda: messages(slow_chat_app, cid)[-1]["status"] != "pending", timeout=60)
     reply = messages(slow_chat_app, cid)[-1]
     assert reply["status"] == "complete" and reply["tokens"] == 150
+
+
+def test_the_stream_of_a_reply_whose_front_end_died_ends_as_stopped_when_its_lease_runs_out(chat_app):
+    client = chat_app.test_client()
+    cid, reply_id = pending_reply_run_elsewhere(chat_app, client)
+    chat = store(chat_app)
+    chat.save_progress(reply_id, "Half a")
+    with chat.db.transaction() as db:  # its front end saved it last, then died: the lease runs out in 0.5 s
+        db.execute("UPDATE messages SET runner = 'dead', lease_until = ? WHERE id = ?", (time.time() + 0.5, reply_id))
+    elsewhere((4, lambda: chat.finish_reply(reply_id, "Half a", "error", "never ended", ReplyStats(2, None, None))))
+    events, took = read_all(client.get(f"/chat/c/{cid}/m/{reply_id}/stream"))
+    assert 0.5 <= took < 2, took
+    assert [d for n, d in events if n == "token"] == ["Half a"] and events[-1][0] == "done"
+    assert "stopped" in events[-1][1] and "sse-connect" not in events[-1][1]
+    reply = messages(chat_app, cid)[-1]
+    assert reply["status"] == "stopped" and reply["content"] == "Half a"
+
+
+def test_the_leases_of_replies_waiting_in_line_are_renewed_while_they_wait(tmp_path, monkeypatch):
+    """A queued reply saves nothing; its front end still keeps its lease, so no follower takes it for dead."""
+    from tests.conftest import make_app
+    from tests.support.chat_models import tiny_chat_model
+    monkeypatch.setattr("webapp.chat.service.LEASE_RENEW_SECONDS", 0.2)
+    app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat", seconds_per_step=0.02)}, max_batch=1)
+    try:
+        client = app.test_client()
+        first = send(client, "One", max_new_tokens="200", temperature="0")
+        second = send(client, "Two", max_new_tokens="5", temperature="0")
+        waiting = int(re.search(r"/m/(\d+)/stream", stream_url(second.get_data(as_text=True))).group(1))
+        chat = store(app)
+        with chat.db.transaction() as db:
+            db.execute("UPDATE messages SET lease_until = ? WHERE id = ?", (time.time() + 0.3, waiting))
+        time.sleep(1.0)
+        assert messages(app, conversation_id_of(second))[-1]["status"] == "pending"  # still in line
+        assert not chat.reply_progress(waiting)["abandoned"]
+        client.get(stream_url(first.get_data(as_text=True))).close()  # the first stops: the row frees
+    finally:
+        app.extensions["glassbox.core"].shutdown()
