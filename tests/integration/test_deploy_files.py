@@ -112,9 +112,12 @@ def test_each_front_end_keeps_its_own_socket_folder_instance_folder_and_settings
     assert files == ["/etc/glassbox/env", "/etc/glassbox/%i.env"]
 
 
-def test_nginx_sends_each_browser_to_one_front_end_by_its_session_cookie():
-    upstream = re.search(r"upstream glassbox \{(.*?)\}", (ROOT / "deploy" / "nginx.conf").read_text(), re.S).group(1)
-    app_source = (ROOT / "webapp" / "__init__.py").read_text()  # the cookie's name is the app's own
-    cookie = re.search(r'SESSION_COOKIE_NAME="(\w+)"', app_source).group(1)
-    assert re.search(rf"^\s*hash \$cookie_{cookie} consistent;", upstream, re.M)
+def test_nginx_sends_each_browser_to_one_front_end_by_its_route_cookie_and_others_anywhere():
+    from webapp.web.security import ROUTE_COOKIE
+    site = (ROOT / "deploy" / "nginx.conf").read_text()
+    upstream = re.search(r"upstream glassbox \{(.*?)\}", site, re.S).group(1)
+    key = re.search(r"^\s*hash \$(\w+) consistent;", upstream, re.M).group(1)
+    routes = re.search(rf"map \$cookie_{ROUTE_COOKIE} \${key} \{{(.*?)\}}", site, re.S).group(1)
+    assert re.search(r'^\s*""\s+\$request_id;', routes, re.M)  # no cookie: a request of its own, anywhere
+    assert re.search(rf"^\s*default\s+\$cookie_{ROUTE_COOKIE};", routes, re.M)
     assert len(upstream_servers()) == 2

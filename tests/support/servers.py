@@ -101,6 +101,15 @@ class Gunicorn:
     def signal(self, sig: int = signal.SIGTERM) -> None:
         self.proc.send_signal(sig)
 
+    def kill_9(self) -> None:
+        """SIGKILL to the worker, then to the master: the process dies as a crash kills it, nothing saved on
+        the way out (the master alone would leave its worker running, and then shut down cleanly)."""
+        workers = [int(p) for task in Path(f"/proc/{self.proc.pid}/task").iterdir()
+                   for p in (task / "children").read_text().split()]
+        for pid in workers + [self.proc.pid]:
+            os.kill(pid, signal.SIGKILL)
+        self.proc.wait(10)
+
     def wait(self, timeout: float) -> int | None:
         try:
             return self.proc.wait(timeout)

@@ -75,6 +75,17 @@ class NewSessions:
             self._seen.clear()
 
 
+# What nginx hashes to send each browser to one front end (deploy/nginx.conf, docs/scaling.md). Not the
+# session cookie: its value changes with every response that re-signs it (its date, its contents). This
+# one is the same for the browser's whole life: derived from its owner id with the secret key, so it says
+# nothing of the owner, and is the same on every front end, and again if the browser loses it.
+ROUTE_COOKIE = "glassbox_route"
+
+
+def route_key(app, owner: str) -> str:
+    return hmac.new(app.secret_key.encode(), b"route:" + owner.encode(), "sha256").hexdigest()[:16]
+
+
 CLOCK_SKEW_SECONDS = 300  # a cookie dated this far ahead of the server's clock is taken without a word
 
 
@@ -108,6 +119,14 @@ class GlassboxSessions(SecureCookieSessionInterface):
             log.warning("A session cookie is signed %.0f s ahead of this server's clock: kept (has the clock "
                         "stepped back?)", -age)
         return self.session_class(data)
+
+    def save_session(self, app, session, response) -> None:
+        super().save_session(app, session, response)
+        owner = session.get("owner")
+        if owner and request.cookies.get(ROUTE_COOKIE) != route_key(app, owner):
+            response.set_cookie(ROUTE_COOKIE, route_key(app, owner), max_age=app.permanent_session_lifetime,
+                                path=self.get_cookie_path(app), secure=self.get_cookie_secure(app),
+                                httponly=True, samesite="Lax")
 
     def get_cookie_path(self, app) -> str:
         return request.script_root or "/"
