@@ -269,4 +269,3 @@ class Leases:
                 self.store.renew_leases(held)
             except Exception as error:  # the database is away: the next round tries again
                 log.warning("renewing the leases of %d replies failed: %s", len(held), error)
-
