@@ -14,7 +14,7 @@ from webapp.chat.decode.types import ChatRequest, ChatResult, Forced, SamplingPa
 from webapp.chat.follow import follow_reply
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.prompt import PromptBuilder, PromptReport
-from webapp.chat.store import LEASE_RENEW_SECONDS, ROOT, ChatStore, ConversationFull
+from webapp.chat.store import LEASE_RENEW_SECONDS, ROOT, ChatStore, ConversationFull, ReplySignals
 from webapp.core import InferenceCore
 from webapp.core.jobs import CANCELLED, DONE, Event, Job
 
@@ -50,7 +50,7 @@ class ChatService:
         # GLASSBOX_MAX_MESSAGES: messages one conversation keeps, every version (regenerated, edited,
         # branched) counted, so that versions are bounded as well as the branch shown; 0: no limit
         self.max_messages = max_messages
-        self._leases = Leases(store)
+        self._leases = Leases(store, self._heed_signals)
 
     @property
     def model(self) -> LoadedChatModel:
@@ -214,12 +214,14 @@ class ChatService:
     # -- on the core's worker ----------------------------------------------------------------
     def _progress_saver(self, message_id: int):
         def save(job: Job) -> None:
-            signals = self.store.save_progress(message_id, job.result.reply)
-            if signals.followed:
-                job.watched_elsewhere()
-            if signals.stop_requested:  # Stop pressed on another front end
-                job.cancel()
+            heed(job, self.store.save_progress(message_id, job.result.reply))
         return save
+
+    def _heed_signals(self, message_id: int, signals: ReplySignals) -> None:
+        """What another front end asked about a reply this one runs or has queued (Leases)."""
+        job = self.job_for(message_id)
+        if job is not None:
+            heed(job, signals)
 
     def _saver(self, message_id: int):
         def save(job: Job, outcome: str, error: str | None) -> None:
@@ -234,14 +236,22 @@ class ChatService:
         return save
 
 
+def heed(job: Job, signals: ReplySignals) -> None:
+    if signals.followed:  # its stream is read on another front end
+        job.watched_elsewhere()
+    if signals.stop_requested:  # Stop pressed on another front end
+        job.cancel()
+
+
 class Leases:
     """Keeps the leases of the replies this front end runs or has queued: every LEASE_RENEW_SECONDS, one
     UPDATE for all of them, on a thread that runs while there are any. A queued reply saves nothing, and a
     running one saves only as it produces, so without this a long wait would look like a dead front end
-    to the others (ChatStore.reply_progress)."""
+    to the others (ChatStore.reply_progress); the same round reads what other front ends asked (Stop), so
+    a reply still waiting in line is stopped too."""
 
-    def __init__(self, store: ChatStore) -> None:
-        self.store = store
+    def __init__(self, store: ChatStore, heed: Callable[[int, ReplySignals], None]) -> None:
+        self.store, self.heed = store, heed
         self._lock = threading.Lock()
         self._held: set[int] = set()
         self._thread: threading.Thread | None = None
@@ -266,6 +276,9 @@ class Leases:
                     self._thread = None
                     return
             try:
-                self.store.renew_leases(held)
+                asked = self.store.renew_leases(held)
             except Exception as error:  # the database is away: the next round tries again
                 log.warning("renewing the leases of %d replies failed: %s", len(held), error)
+                continue
+            for message_id, signals in asked.items():  # a waiting reply reads them here: it saves nothing
+                self.heed(message_id, signals)

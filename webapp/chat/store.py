@@ -264,14 +264,18 @@ class ChatStore:
                              (message_id,)).fetchone()
         return ReplySignals(bool(row[0]), bool(row[1])) if row else ReplySignals()
 
-    def renew_leases(self, message_ids: list[int]) -> None:
-        """This front end still runs these replies (queued ones too, which save nothing yet): their leases hold."""
+    def renew_leases(self, message_ids: list[int]) -> dict[int, ReplySignals]:
+        """This front end still runs these replies (queued ones too, which save nothing yet): their leases
+        hold -> what other front ends asked about them meanwhile (those with a request only)."""
         if not message_ids:
-            return
+            return {}
         marks = ", ".join("?" * len(message_ids))
         with self.db.transaction() as db:
             db.execute(f"UPDATE messages SET lease_until = ? WHERE id IN ({marks}) AND status = 'pending'"
                        " AND runner = ?", (time.time() + REPLY_LEASE_SECONDS, *message_ids, self.db.runner))
+            rows = db.execute(f"SELECT message_id, stop_requested, followed FROM reply_signals"
+                              f" WHERE message_id IN ({marks})", tuple(message_ids)).fetchall()
+        return {row[0]: ReplySignals(bool(row[1]), bool(row[2])) for row in rows}
 
     def request_stop(self, message_id: int) -> None:
         """Stop pressed on a front end that does not run the reply: the one that does reads it as it saves."""

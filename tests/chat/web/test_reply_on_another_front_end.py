@@ -155,3 +155,22 @@ def test_the_leases_of_replies_waiting_in_line_are_renewed_while_they_wait(tmp_p
         client.get(stream_url(first.get_data(as_text=True))).close()  # the first stops: the row frees
     finally:
         app.extensions["glassbox.core"].shutdown()
+
+
+def test_a_stop_recorded_by_another_front_end_stops_a_reply_still_waiting_in_line(tmp_path, monkeypatch):
+    """A queued reply saves nothing: its front end reads the request when it renews the leases."""
+    from tests.conftest import make_app
+    from tests.support.chat_models import tiny_chat_model
+    monkeypatch.setattr("webapp.chat.service.LEASE_RENEW_SECONDS", 0.2)
+    app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat", seconds_per_step=0.02)}, max_batch=1)
+    try:
+        client = app.test_client()
+        first = send(client, "One", max_new_tokens="200", temperature="0")  # >= 4 s on the one row
+        second = send(client, "Two", max_new_tokens="5", temperature="0")
+        waiting = int(re.search(r"/m/(\d+)/stream", stream_url(second.get_data(as_text=True))).group(1))
+        store(app).request_stop(waiting)  # as the front end where Stop was pressed does
+        assert wait_for(lambda: messages(app, conversation_id_of(second))[-1]["status"] == "stopped", timeout=2)
+        assert messages(app, conversation_id_of(first))[-1]["status"] == "pending"  # it never waited for a row
+        client.get(stream_url(first.get_data(as_text=True))).close()
+    finally:
+        app.extensions["glassbox.core"].shutdown()
