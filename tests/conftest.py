@@ -18,6 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def make_app(tmp_path, models, **overrides):
+    from tests.support.databases import app_database_url  # here: a plugin (pytest_plugins) is imported by pytest
+
+    overrides.setdefault("database_url", app_database_url())  # GLASSBOX_TEST_DATABASE=postgres: PostgreSQL
     settings = Settings(instance_path=str(tmp_path / "instance"), secret_key="test-secret",
                         heartbeat_seconds=0.05, **overrides)
     app = create_app(settings, models=models, test_config={"TESTING": True})

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import sqlite3
 import string
 import time
 
@@ -13,6 +12,7 @@ import pytest
 
 from tests.conftest import csrf_of, make_app
 from tests.support.chat_models import tiny_chat_model
+from tests.support.databases import app_rows
 from tests.support.loop_models import bundle
 from webapp.web import quotas
 
@@ -30,8 +30,7 @@ def app(tmp_path, request):
 
 
 def rows(app, sql, *args):
-    with sqlite3.connect(app.extensions["glassbox.db"].path) as db:
-        return db.execute(sql, args).fetchall()
+    return app_rows(app, sql, *args)
 
 
 def send(client, csrf, content="hi"):

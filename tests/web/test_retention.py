@@ -4,7 +4,6 @@ GLASSBOX_MAX_NEW_BROWSER_BYTES_PER_ADDRESS."""
 
 from __future__ import annotations
 
-import sqlite3
 import string
 import time
 
@@ -12,6 +11,7 @@ import pytest
 
 from tests.conftest import csrf_of, make_app, wait_for
 from tests.support.chat_models import tiny_chat_model
+from tests.support.databases import app_rows
 from tests.support.loop_models import bundle
 from webapp.browsers import DAY
 from webapp.web.retention import today
@@ -28,8 +28,7 @@ def app(tmp_path, request):
 
 
 def sql(app, query, *args):
-    with sqlite3.connect(app.extensions["glassbox.db"].path) as db:
-        return db.execute(query, args).fetchall()
+    return app_rows(app, query, *args)
 
 
 def owner_of(client) -> str:

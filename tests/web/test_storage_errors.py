@@ -26,7 +26,8 @@ FULL = "The server&#39;s disk is full, so this was not saved."
 @pytest.fixture
 def app(tmp_path):
     models = {"chat": tiny_chat_model(tmp_path / "chat", block_size=4096), "loops": bundle()}
-    app = make_app(tmp_path, models, torch_threads=1)
+    # SQLite always: its full disk is what is simulated (PostgreSQL's outages: tests/test_stores_on_both_databases.py)
+    app = make_app(tmp_path, models, torch_threads=1, database_url="")
     yield app
     app.extensions["glassbox.core"].shutdown()
 

@@ -4,13 +4,12 @@ Compare and Prompt answer with a message, never a 500."""
 
 from __future__ import annotations
 
-import sqlite3
-
 import pytest
 from markupsafe import escape
 
 from tests.conftest import csrf_of, make_app, wait_for
 from tests.support.chat_models import tiny_chat_model
+from tests.support.databases import app_rows
 
 DAMAGED = "The token odds saved with this reply are damaged and cannot be read, so it is shown without them."
 
@@ -33,8 +32,7 @@ def a_reply(app):
 
 
 def damage(app, field: str, value: str) -> None:
-    with sqlite3.connect(app.extensions["glassbox.db"].path) as db:
-        db.execute(f"UPDATE reply_details SET {field} = ?", (value,))
+    app_rows(app, f"UPDATE reply_details SET {field} = ?", value)
 
 
 @pytest.mark.parametrize("odds", ['[[1, 0.5', '{"a": 1}', '[["x"]]', '"text"'])
