@@ -11,11 +11,18 @@ max_new_tokens. Each browser has its own cookie jar; all send at once (a barrier
 stream. Per user: time to first token (send -> first token event), tokens/s after the first; overall:
 aggregate tokens/s (all tokens / time until the last reply is complete) and that time. Loopback only,
 bounded: every request has a timeout and the run stops by itself.
+
+Served against the step (issue 23): after the servers stop, the bare batched decode step
+(bench.batch_step's) runs in this process at B = N with the served rows' mean context (their prompts
+plus half a reply), and each batched round's aggregate is divided by it. Where the worker's time went
+during each batched round (GLASSBOX's /metrics `glassbox_worker_seconds_total`: prefill, decode,
+publish, the rest of the step, finishing and saving, admitting, waiting) is reported beside it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sqlite3
 import subprocess
@@ -27,7 +34,7 @@ from pathlib import Path
 
 from bench import common
 from bench.served import model_env, write_checkpoint
-from tests.support.servers import Client, Gunicorn, Nginx
+from tests.support.servers import Client, Gunicorn, Nginx, parse_metrics
 
 MODES = {"batched": {}, "one at a time": {"GLASSBOX_MAX_BATCH": "1"}}
 
@@ -46,7 +53,15 @@ def one_user(base: str, prefix: str, i: int, new_tokens: int, barrier: threading
               "message": int(re.search(r"/m/(\d+)/", url).group(1))}
 
 
+def worker_seconds(server: Gunicorn) -> dict[str, float]:
+    """The core worker's seconds so far by phase, from /metrics."""
+    metrics = parse_metrics(Client(server.url).get("/metrics").text)
+    found = (re.fullmatch(r'glassbox_worker_seconds_total\{phase="([^"]+)"\}', k) for k in metrics)
+    return {m.group(1): metrics[m.group(0)] for m in found if m}
+
+
 def round_of(server: Gunicorn, base: str, prefix: str, users: int, new_tokens: int) -> dict:
+    before = worker_seconds(server)
     barrier, out = threading.Barrier(users), {}
     threads = [threading.Thread(target=one_user, args=(base, prefix, i, new_tokens, barrier, out))
                for i in range(users)]
@@ -58,13 +73,54 @@ def round_of(server: Gunicorn, base: str, prefix: str, users: int, new_tokens: i
     with sqlite3.connect(server.instance / "glassbox.sqlite3") as db:
         tokens = {i: db.execute("SELECT tokens, status FROM messages WHERE id = ?", (u["message"],)).fetchone()
                   for i, u in out.items()}
+        prompts = [len(json.loads(db.execute("SELECT prompt FROM reply_details WHERE message_id = ?",
+                                             (u["message"],)).fetchone()[0])) for u in out.values()]
+    after = worker_seconds(server)
     assert all(t == (new_tokens, "complete") for t in tokens.values()), tokens
     start = min(u["sent"] for u in out.values())
     ttft = [u["first"] - u["sent"] for u in out.values()]
     rates = [(new_tokens - 1) / (u["last"] - u["first"]) for u in out.values()]
     end = max(u["last"] for u in out.values()) - start
     return {"ttft_median": common.median(ttft), "ttft_p95": sorted(ttft)[max(0, round(0.95 * len(ttft)) - 1)],
-            "user_rate": common.median(rates), "aggregate": users * new_tokens / end, "last_done": end}
+            "user_rate": common.median(rates), "aggregate": users * new_tokens / end, "last_done": end,
+            "prompt": sum(prompts) / len(prompts),
+            **{f"worker {k}": (after.get(k, 0.0) - before.get(k, 0.0)) / end for k in after}}
+
+
+def step_rate(model, batch: int, context: int, steps: int = 7) -> float:
+    """Tokens/s of the bare batched decode step at this batch and context (bench.batch_step's rows)."""
+    import torch
+
+    from bench.batch_step import caches_for
+    idx, caches, positions = caches_for(model, batch, context, torch.device("cpu"))
+    times = []
+    with torch.inference_mode():
+        for _ in range(steps + 1):  # the first is a warm-up
+            started = time.perf_counter()
+            model.decode_step(idx, caches, positions)
+            times.append(time.perf_counter() - started)
+    return batch / common.median(times[1:])
+
+
+PHASES = ("prefill", "decode", "publish", "step other", "finish", "admit", "waiting")
+
+
+def against_the_step(args, served: list[tuple[int, str, dict]]) -> str:
+    """Each batched round's aggregate ÷ the bare step's tokens/s at B = N and the rows' mean context, and
+    where the worker's time went in that round (shares of the round's wall time)."""
+    model = common.random_gpt(args.size, seed=0).eval()
+    rows = []
+    for users, via, med in served:
+        context = round(med["prompt"] + args.new / 2)
+        step = step_rate(model, users, context)
+        print("step", users, context, round(step, 1), flush=True)
+        rows.append([users, via, context, med["aggregate"], step, med["aggregate"] / step, med["ttft_p95"]]
+                    + [100 * med.get(f"worker {phase}", 0.0) for phase in PHASES])
+    return ("Served against the bare batched step (bench.batch_step's decode_step in this process, after the servers "
+            "stopped) at B = N and the served rows' mean context (prompt + half a reply); the worker's time in each "
+            "round as % of the round's wall time (/metrics glassbox_worker_seconds_total).\n\n"
+            + common.table(["N", "via", "context", "served tokens/s", "step tokens/s", "served / step",
+                            "TTFT p95 s"] + [f"% {phase}" for phase in PHASES], rows))
 
 
 def main(argv=None) -> int:
@@ -75,8 +131,10 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--nginx-users", type=int, default=8, help="N for the one round through nginx (0: none)")
     p.add_argument("--baseline", default="", help="a git revision: also time N=1 on it (a worktree), interleaved")
+    p.add_argument("--batched-only", action="store_true", help="skip GLASSBOX_MAX_BATCH=1 (one at a time)")
     p.add_argument("--no-doc", action="store_true")
     args = p.parse_args(argv)
+    modes = {"batched": MODES["batched"]} if args.batched_only else MODES
     load_before = common.load_average()
     results: dict[tuple[str, int, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,7 +145,7 @@ def main(argv=None) -> int:
                "GLASSBOX_MAX_STREAMS_PER_CLIENT": "0", "GLASSBOX_MAX_JOBS_PER_CLIENT": "0",  # all users share 127.0.0.1
                "GLASSBOX_MAX_QUEUE": "64"}
         servers = {mode: Gunicorn(tmp / mode.replace(" ", "_"), {**env, **extra}).start(ready_timeout=600)
-                   for mode, extra in MODES.items()}
+                   for mode, extra in modes.items()}
         if args.baseline:  # the same model on an older revision, for N=1 only
             old = tmp / "baseline-tree"
             subprocess.run(["git", "worktree", "add", "--detach", str(old), args.baseline], cwd=common.ROOT, check=True)
@@ -117,9 +175,11 @@ def main(argv=None) -> int:
             if args.baseline:
                 baseline.stop()
                 subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=common.ROOT)
-    rows, base = [], {}
+    rows, base, served = [], {}, []
     for (mode, users, via), runs in results.items():
-        med = {k: common.median([r[k] for r in runs]) for k in runs[0]}
+        med = {k: common.median([r.get(k, float("nan")) for r in runs]) for k in runs[0]}
+        if mode == "batched":
+            served.append((users, via, med))
         if users == 1:
             base[mode] = med["aggregate"]
         rows.append([mode, users, via, med["ttft_median"], med["ttft_p95"], med["user_rate"], med["aggregate"],
@@ -139,7 +199,7 @@ def main(argv=None) -> int:
               f"{last_done(results[('batched', u, 'gunicorn')]) / last_done(one[u]):.2f}"
               for u in args.users if one[u]]
     body = (f"{args.size}, {args.new}-token replies, {args.reps} round(s), median per cell.\n\n{table}\n\n"
-            + "\n".join(f"- {line}" for line in ratios))
+            + "\n".join(f"- {line}" for line in ratios) + "\n\n" + against_the_step(args, served))
     common.report(f"bench.concurrency: {args.size}, N users at once", body, load_before=load_before,
                   write_doc=not args.no_doc)
     return 0

@@ -164,14 +164,19 @@ class InferenceCore:
     # -- the worker ------------------------------------------------------------------------
     def _work(self) -> None:
         self._warm_up()
+        spent = self.step_metrics.spent
         while True:
             self._retry_saves()
+            waited = time.perf_counter()
             plan = self._plan()
+            spent("waiting", time.perf_counter() - waited)
             if plan is None:
                 return
             admitted, whole = plan
+            started = time.perf_counter()
             for job in admitted:
                 self._admit(job)
+            spent("admit", time.perf_counter() - started)
             if whole is not None:
                 self._run_whole(whole)
             for executor in self._batched():
@@ -300,9 +305,11 @@ class InferenceCore:
         except Exception:  # an executor must report its rows' failures; never let the worker die
             log.exception("batched step failed")
             report = StepReport()
-        self.step_metrics.observe(report, time.perf_counter() - started)
+        ended = time.perf_counter()
+        self.step_metrics.observe(report, ended - started)
         for finished in report.finished:
             self._finish(finished.job, finished.outcome, finished.error)
+        self.step_metrics.spent("finish", time.perf_counter() - ended)
 
     def _run_whole(self, job: Job) -> None:
         job.set_state(RUNNING)

@@ -50,6 +50,8 @@ class StepReport:
     finished: list[Finished] = field(default_factory=list)
     rows: int = 0  # rows that decoded a token in this step
     prefill_tokens: int = 0  # prompt tokens prefilled in this step
+    # seconds of the step spent per phase ("prefill", "decode", "publish"): where the worker's time goes
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 class BatchedJobs(ABC):

@@ -99,9 +99,21 @@ class StepMetrics:
         self.prefill_tokens = LatencyHistogram((16, 32, 64, 128, 256, 512, 1024))
         self.admitted = 0
         self.retired = 0
+        # the worker thread's seconds by what it did: the step's own phases (prefill, decode, publish, the
+        # rest of the step), admitting, finishing (saving results), waiting for work. bench.concurrency
+        # reads them to say where a served step loses time against the bare one.
+        self._lock = threading.Lock()
+        self.worker: dict[str, float] = {}
+
+    def spent(self, phase: str, seconds: float) -> None:
+        with self._lock:
+            self.worker[phase] = self.worker.get(phase, 0.0) + seconds
 
     def observe(self, report: StepReport, seconds: float) -> None:
         self.seconds.observe(seconds)
+        for phase, took in report.phases.items():
+            self.spent(phase, took)
+        self.spent("step other", max(0.0, seconds - sum(report.phases.values())))
         if report.rows:
             self.rows.observe(report.rows)
         if report.prefill_tokens:
@@ -113,10 +125,18 @@ class StepMetrics:
                 + self.seconds.lines("glassbox_step_seconds", help="Time of one batched step")
                 + self.prefill_tokens.lines("glassbox_step_prefill_tokens",
                                             help="Prompt tokens prefilled in a step that prefilled")
+                + self._worker_lines()
                 + head("glassbox_batch_admitted_total", "counter", "Replies admitted into the batch")
                 + [f"glassbox_batch_admitted_total {self.admitted}"]
                 + head("glassbox_batch_retired_total", "counter", "Replies retired from the batch")
                 + [f"glassbox_batch_retired_total {self.retired}"])
+
+
+    def _worker_lines(self) -> list[str]:
+        with self._lock:
+            spent = sorted(self.worker.items())
+        return (head("glassbox_worker_seconds_total", "counter", "The core worker's time by what it did")
+                + [f'glassbox_worker_seconds_total{{phase="{phase}"}} {seconds:.6f}' for phase, seconds in spent])
 
 
 def head(name: str, kind: str, help: str = "") -> list[str]:

@@ -9,7 +9,9 @@ decoder, so a reply is the same, token for token, as the same reply generated al
 
 from __future__ import annotations
 
-from webapp.chat.decode.generate import Sequence, decode_step
+import time
+
+from webapp.chat.decode.generate import Piece, Sequence, decode_step
 from webapp.chat.decode.prefix_cache import prefix_cache_for
 from webapp.chat.decode.publish import chat_result, publish
 from webapp.chat.decode.types import ChatRequest
@@ -49,6 +51,7 @@ class ChatBatch(BatchedJobs):
         for job, seq in rows:
             if job.cancelled:
                 seq.cancel()
+        clock = time.perf_counter()
         with torch_threads(self.loaded.torch_threads):
             newcomer = next(((job, seq) for job, seq in rows if seq.prefilling), None)
             if newcomer is not None:
@@ -56,8 +59,9 @@ class ChatBatch(BatchedJobs):
                     report.prefill_tokens = newcomer[1].prefill_chunk()
                 except Exception as exc:  # this prompt failed; the others go on
                     errors[newcomer[0].id] = _message(exc)
-                for piece in newcomer[1].drain():  # its first token now, not after the decode step
-                    publish(newcomer[0], piece, core)
+                clock = _spent(report, "prefill", clock)
+                self._publish(newcomer[0], newcomer[1].drain(), core)  # its first token now, not after the step
+                clock = _spent(report, "publish", clock)
             decoding = [(job, seq) for job, seq in rows if seq.decoding and job.id not in errors]
             if decoding:
                 try:
@@ -65,12 +69,17 @@ class ChatBatch(BatchedJobs):
                     report.rows = len(decoding)
                 except Exception as exc:  # the step failed for every row in it
                     errors.update({job.id: _message(exc) for job, _ in decoding})
+                clock = _spent(report, "decode", clock)
         for job, seq in rows:
-            for piece in seq.drain():
-                publish(job, piece, core)
+            self._publish(job, seq.drain(), core)
             if seq.finished or job.id in errors:
                 report.finished.append(self._retire(job, seq, errors.get(job.id), core))
+        _spent(report, "publish", clock)
         return report
+
+    def _publish(self, job: Job, pieces: list[Piece], core: Worker) -> None:
+        for piece in pieces:
+            publish(job, piece, core)
 
     def _retire(self, job: Job, seq: Sequence, error: str | None, core: Worker) -> Finished:
         del self._rows[job.id]
@@ -78,6 +87,12 @@ class ChatBatch(BatchedJobs):
         if error is not None:
             return Finished(job, FAILED, error)
         return Finished(job, CANCELLED if seq.stop_reason == "cancelled" else DONE)
+
+
+def _spent(report: StepReport, phase: str, since: float) -> float:
+    now = time.perf_counter()
+    report.phases[phase] = report.phases.get(phase, 0.0) + now - since
+    return now
 
 
 def _message(exc: Exception) -> str:
