@@ -54,10 +54,11 @@ def one_user(base: str, prefix: str, i: int, new_tokens: int, barrier: threading
 
 
 def worker_seconds(server: Gunicorn) -> dict[str, float]:
-    """The core worker's seconds so far by phase, from /metrics."""
+    """The core worker's seconds so far by phase, and its decoding steps and their rows, from /metrics."""
     metrics = parse_metrics(Client(server.url).get("/metrics").text)
     found = (re.fullmatch(r'glassbox_worker_seconds_total\{phase="([^"]+)"\}', k) for k in metrics)
-    return {m.group(1): metrics[m.group(0)] for m in found if m}
+    return {**{m.group(1): metrics[m.group(0)] for m in found if m},
+            "steps": metrics.get("glassbox_batch_rows_count", 0.0), "rows": metrics.get("glassbox_batch_rows_sum", 0.0)}
 
 
 def round_of(server: Gunicorn, base: str, prefix: str, users: int, new_tokens: int) -> dict:
@@ -74,8 +75,9 @@ def round_of(server: Gunicorn, base: str, prefix: str, users: int, new_tokens: i
         tokens = {i: db.execute("SELECT tokens, status FROM messages WHERE id = ?", (u["message"],)).fetchone()
                   for i, u in out.items()}
         prompts = [len(json.loads(db.execute("SELECT prompt FROM reply_details WHERE message_id = ?",
-                                             (u["message"],)).fetchone()[0])) for u in out.values()]
+                                             (u["message"],)).fetchone()[0])["ids"]) for u in out.values()]
     after = worker_seconds(server)
+    steps = max(1.0, after["steps"] - before["steps"])
     assert all(t == (new_tokens, "complete") for t in tokens.values()), tokens
     start = min(u["sent"] for u in out.values())
     ttft = [u["first"] - u["sent"] for u in out.values()]
@@ -84,10 +86,12 @@ def round_of(server: Gunicorn, base: str, prefix: str, users: int, new_tokens: i
     return {"ttft_median": common.median(ttft), "ttft_p95": sorted(ttft)[max(0, round(0.95 * len(ttft)) - 1)],
             "user_rate": common.median(rates), "aggregate": users * new_tokens / end, "last_done": end,
             "prompt": sum(prompts) / len(prompts),
+            "decode ms": 1000 * (after["decode"] - before.get("decode", 0.0)) / steps,
+            "rows per step": (after["rows"] - before["rows"]) / steps,
             **{f"worker {k}": (after.get(k, 0.0) - before.get(k, 0.0)) / end for k in after}}
 
 
-def step_rate(model, batch: int, context: int, steps: int = 7) -> float:
+def step_seconds(model, batch: int, context: int, steps: int = 7) -> float:
     """Tokens/s of the bare batched decode step at this batch and context (bench.batch_step's rows)."""
     import torch
 
@@ -99,7 +103,7 @@ def step_rate(model, batch: int, context: int, steps: int = 7) -> float:
             started = time.perf_counter()
             model.decode_step(idx, caches, positions)
             times.append(time.perf_counter() - started)
-    return batch / common.median(times[1:])
+    return common.median(times[1:])
 
 
 PHASES = ("prefill", "decode", "publish", "step other", "finish", "admit", "waiting")
@@ -112,15 +116,19 @@ def against_the_step(args, served: list[tuple[int, str, dict]]) -> str:
     rows = []
     for users, via, med in served:
         context = round(med["prompt"] + args.new / 2)
-        step = step_rate(model, users, context)
+        seconds = step_seconds(model, users, context)
+        step = users / seconds
         print("step", users, context, round(step, 1), flush=True)
-        rows.append([users, via, context, med["aggregate"], step, med["aggregate"] / step, med["ttft_p95"]]
+        rows.append([users, via, context, med["aggregate"], step, med["aggregate"] / step, med["ttft_p95"],
+                     1000 * seconds, med["decode ms"], med["rows per step"]]
                     + [100 * med.get(f"worker {phase}", 0.0) for phase in PHASES])
     return ("Served against the bare batched step (bench.batch_step's decode_step in this process, after the servers "
             "stopped) at B = N and the served rows' mean context (prompt + half a reply); the worker's time in each "
-            "round as % of the round's wall time (/metrics glassbox_worker_seconds_total).\n\n"
+            "round as % of the round's wall time (/metrics glassbox_worker_seconds_total), and its decoding steps' "
+            "mean time and rows (fewer rows than N: the batch filling up or emptying).\n\n"
             + common.table(["N", "via", "context", "served tokens/s", "step tokens/s", "served / step",
-                            "TTFT p95 s"] + [f"% {phase}" for phase in PHASES], rows))
+                            "TTFT p95 s", "bare step ms", "served decode ms per step", "served rows per step"]
+                           + [f"% {phase}" for phase in PHASES], rows))
 
 
 def main(argv=None) -> int:

@@ -14,8 +14,8 @@ from tests.chat.decode.test_generate import TINY, tiny
 from tests.conftest import wait_for
 from tests.support.executors import FunctionJobs
 from webapp.chat.decode.alone import ChatAlone
-from webapp.chat.decode.batched import ChatBatch
-from webapp.chat.decode.generate import generate, prefill_chunk
+from webapp.chat.decode.batched import ChatBatch, newcomers_this_step
+from webapp.chat.decode.generate import Sequence, generate, prefill_chunk
 from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.types import ChatRequest, SamplingParams
 from webapp.chat.model import kernels
@@ -262,3 +262,53 @@ def test_running_replies_keep_stepping_during_a_long_loop_lab_run():
     tokens = reply.result.token_ids
     assert tokens == alone(loaded, dataclasses.replace(request, params=dataclasses.replace(
         request.params, max_new_tokens=len(tokens))))
+
+
+def test_newcomers_arriving_together_prefill_in_one_step_while_the_running_reply_decodes():
+    """A crowd of short prompts is prefilled in one step (one chunk's worth of tokens), not one a step:
+    by the first decoding step after any newcomer's prefill, every newcomer has its first token; the
+    running reply got a token in that step too; every reply is the reply alone."""
+    loaded = tiny(config=LONG, endless=True)
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 8, 2**30)})
+    newcomers: list[Job] = []
+    seen, step = [], loaded.model.decode_step
+
+    def slow_step(idx, *a):  # a slow step, so the newcomers all arrive during one
+        seen.append((idx.size(0), sum(1 for j in newcomers if getattr(j.result, "token_ids", None))))
+        time.sleep(0.05)
+        return step(idx, *a)
+
+    loaded.model.decode_step = slow_step
+    reqs = requests(5)[1:]
+    try:
+        first = core.submit(Job("chat", "a", ChatRequest((1, 2, 3), SamplingParams(200, 0.0, 0))))
+        assert wait_for(lambda: len(getattr(first.result, "token_ids", [])) >= 2)
+        newcomers.extend(Job("chat", f"user{i}", r) for i, r in enumerate(reqs))
+        for job in newcomers:
+            core.submit(job)
+        for job in newcomers:
+            drain(job)
+        first.cancel()
+        drain(first)
+    finally:
+        core.shutdown()
+        del loaded.model.decode_step
+    after = next(i for i, (_, started) in enumerate(seen) if started)
+    assert seen[after] == (1 + len(reqs), len(reqs))  # all prefilled at once; the running row decodes too
+    assert [job.result.token_ids for job in newcomers] == [alone(loaded, r) for r in reqs]
+
+
+def test_a_step_prefills_newcomers_within_one_chunks_worth_of_tokens(monkeypatch):
+    """The oldest newcomer always runs its chunk; the next ones only while the step's prefill stays within
+    one chunk of tokens (a shorter one behind a long one still fits); each is cut exactly as alone."""
+    loaded = tiny(config=LONG, endless=True)
+    monkeypatch.setattr("webapp.chat.decode.generate.PREFILL_FLOPS", 0.0)  # the smallest chunks
+    chunk = prefill_chunk(loaded.model)
+    params = SamplingParams(4, 0.0, 0)
+    lengths = [3 * chunk, chunk // 2, chunk, chunk // 4, chunk // 4]
+    rows = [(Job("chat", f"u{i}"), Sequence(loaded, tuple(range(1, n + 1)), params))
+            for i, n in enumerate(lengths)]
+    assert [len(seq.next_chunk) for _, seq in newcomers_this_step(rows)] == [chunk]  # the oldest fills it
+    rows[0][1].todo = rows[0][1].todo[:chunk // 4]  # now it needs a quarter of a chunk
+    chosen = [len(seq.next_chunk) for _, seq in newcomers_this_step(rows)]
+    assert chosen == [chunk // 4, chunk // 2, chunk // 4]  # the whole chunk after them waits

@@ -80,3 +80,43 @@ def test_kv_cache_bounds():
     cache = m.new_cache(max_len=8)
     with torch.inference_mode(), pytest.raises(ValueError, match="KV cache"):
         m.forward_cached(torch.zeros(1, 9, dtype=torch.long), cache, 0)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("n_embd", [16, 64])
+def test_prefill_many_gives_each_chunk_the_bits_it_gets_alone(n_embd):
+    """Several sequences' prefill chunks side by side in one pass (a first chunk, a later chunk with its
+    cache already holding the earlier ones, one without logits): every cache and every logit is the same,
+    bit for bit, as forward_cached on that chunk alone."""
+    config = GPTConfig(block_size=96, vocab_size=70, n_layer=2, n_head=2, n_embd=n_embd)
+    model = small_model(config=config)
+    assert model.prefills_together()
+    prompts = [[(5 * j + i) % 70 for j in range(n)] for i, n in enumerate([7, 40, 1, 23])]
+    starts = [0, 17, 0, 9]  # where each chunk begins: the rest of the prompt before it is already cached
+    wants = [True, True, True, False]
+    alone, together = [], []
+    for prompt, start, want in zip(prompts, starts, wants):
+        caches = []
+        for _ in range(2):
+            cache = model.new_cache(1, 96)
+            if start:
+                model.forward_cached(torch.tensor([prompt[:start]]), cache, 0, logits=False)
+            caches.append(cache)
+        alone.append((model.forward_cached(torch.tensor([prompt[start:]]), caches[0], start, logits=want), caches[0]))
+        together.append(caches[1])
+    logits = model.prefill_many([(p[s:], c, s, w) for p, s, w, c in zip(prompts, starts, wants, together)])
+    for (want_logits, want_cache), got, cache, n in zip(alone, logits, together, map(len, prompts)):
+        assert (got is None) == (want_logits is None)
+        if got is not None:
+            assert torch.equal(got, want_logits)
+        for layer in range(config.n_layer):
+            assert torch.equal(cache.k[layer][:, :, :n], want_cache.k[layer][:, :, :n])
+            assert torch.equal(cache.v[layer][:, :, :n], want_cache.v[layer][:, :, :n])
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+def test_only_float32_prefills_together(precision):
+    """bfloat16 and int8 prefill kernels sum a row differently with the number of rows: those chunks run alone."""
+    from webapp.chat.model.precision import apply_precision
+    assert not apply_precision(small_model(config=GPTConfig(block_size=32, vocab_size=70, n_layer=1, n_head=2,
+                                                             n_embd=32)), precision).prefills_together()

@@ -2,8 +2,9 @@
 
 `ChatBatch` is the core's executor for chat on a model with a KV cache (webapp/core/executors.py):
 every running reply is a row (a `Sequence`). Each step it retires cancelled rows, runs one prefill
-chunk for the oldest newcomer, and one decoding step for every row that is decoding, reading the
-weights once for all of them. Each row keeps its own sampling settings, generator, KV cache and text
+chunk for the oldest newcomer and for the next ones that fit beside it in one chunk's worth of tokens
+(side by side in one pass where the model can), and one decoding step for every row that is decoding,
+reading the weights once for all of them. Each row keeps its own sampling settings, generator, KV cache and text
 decoder, so a reply is the same, token for token, as the same reply generated alone.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from webapp.chat.decode.generate import Piece, Sequence, decode_step
+from webapp.chat.decode.generate import Piece, Sequence, decode_step, prefill_step
 from webapp.chat.decode.prefix_cache import prefix_cache_for
 from webapp.chat.decode.publish import chat_result, publish
 from webapp.chat.decode.types import ChatRequest
@@ -53,14 +54,14 @@ class ChatBatch(BatchedJobs):
                 seq.cancel()
         clock = time.perf_counter()
         with torch_threads(self.loaded.torch_threads):
-            newcomer = next(((job, seq) for job, seq in rows if seq.prefilling), None)
-            if newcomer is not None:
-                try:
-                    report.prefill_tokens = newcomer[1].prefill_chunk()
-                except Exception as exc:  # this prompt failed; the others go on
-                    errors[newcomer[0].id] = _message(exc)
+            newcomers = newcomers_this_step([(job, seq) for job, seq in rows if seq.prefilling])
+            if newcomers:
+                report.prefill_tokens = sum(len(seq.next_chunk) for _, seq in newcomers)
+                failed = prefill_step(self.loaded.model, [seq for _, seq in newcomers])
+                errors.update({newcomers[i][0].id: _message(exc) for i, exc in failed.items()})
                 clock = _spent(report, "prefill", clock)
-                self._publish(newcomer[0], newcomer[1].drain(), core)  # its first token now, not after the step
+                for job, seq in newcomers:  # their first tokens now, not after the decode step
+                    self._publish(job, seq.drain(), core)
                 clock = _spent(report, "publish", clock)
             decoding = [(job, seq) for job, seq in rows if seq.decoding and job.id not in errors]
             if decoding:
@@ -87,6 +88,24 @@ class ChatBatch(BatchedJobs):
         if error is not None:
             return Finished(job, FAILED, error)
         return Finished(job, CANCELLED if seq.stop_reason == "cancelled" else DONE)
+
+
+def newcomers_this_step(newcomers: list[tuple[Job, Sequence]]) -> list[tuple[Job, Sequence]]:
+    """The newcomers that prefill a chunk in this step: the oldest, and after it the next ones whose
+    chunks still fit in one chunk's worth of tokens (its `chunk`). So a step never stalls the running
+    rows for more than about one chunk of work (as with one newcomer a step), while a crowd of short
+    prompts is prefilled together instead of one a step, each cut exactly as alone."""
+    if not newcomers:
+        return []
+    budget, used = newcomers[0][1].chunk, 0
+    chosen: list[tuple[Job, Sequence]] = []
+    for job, seq in newcomers:
+        tokens = len(seq.next_chunk)
+        if chosen and used + tokens > budget:
+            continue  # a shorter one behind it may still fit
+        chosen.append((job, seq))
+        used += tokens
+    return chosen
 
 
 def _spent(report: StepReport, phase: str, since: float) -> float:

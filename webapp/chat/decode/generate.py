@@ -194,18 +194,33 @@ class Sequence:
 
     def prefill_chunk(self) -> int:
         """Run the next chunk of the prompt; after the last one, sample the first token. -> tokens run."""
-        piece = self.todo[:self.chunk]
-        last = len(piece) == len(self.todo)
+        piece = self.next_chunk
         idx = torch.tensor([piece], dtype=torch.long, device=self.device)  # (1, T)
         with torch.inference_mode():
             # chunks before the last skip lm_head: only the prompt's last position needs logits
-            logits = self.model.forward_cached(idx, self.cache, self.position, logits=last)
+            logits = self.model.forward_cached(idx, self.cache, self.position, logits=self.last_chunk)
+        self.prefilled(logits)
+        return len(piece)
+
+    @property
+    def next_chunk(self) -> list[int]:
+        """The ids the next prefill chunk runs: cut by the model's size alone (prefill_chunk)."""
+        return self.todo[:self.chunk]
+
+    @property
+    def last_chunk(self) -> bool:
+        """Whether the next chunk ends the prompt (its last position's logits give the first token)."""
+        return len(self.todo) <= self.chunk
+
+    def prefilled(self, logits: torch.Tensor | None) -> None:
+        """The next chunk has run (its keys and values are in the cache): after the last, sample."""
+        piece, last = self.next_chunk, self.last_chunk
         self.cached += piece
         self.todo = self.todo[len(piece):]
         if last:
+            assert logits is not None
             next_id = self.sample(logits)
             self.accept(next_id, _odds([self], logits, [next_id])[0])
-        return len(piece)
 
     def sample(self, logits: torch.Tensor) -> torch.Tensor:
         """The next token from this reply's logits (1, V), with its own settings and generator -> (1, 1)."""
@@ -259,6 +274,35 @@ class Sequence:
     @property
     def cache_bytes(self) -> int:
         return int(getattr(self.cache, "nbytes", 0))
+
+
+def prefill_step(model: Any, seqs: list[Sequence]) -> dict[int, Exception]:
+    """The next prefill chunk of each of these Sequences; -> the failures, by index in seqs.
+
+    Where the model can (GPT.prefills_together) the chunks run side by side in one pass, the weights read
+    once for all of them, each chunk's bits the same as alone; if that pass fails, each chunk runs again
+    alone, so a prompt that fails fails alone."""
+    if len(seqs) > 1 and getattr(model, "prefills_together", lambda: False)():
+        try:
+            with torch.inference_mode():
+                logits = model.prefill_many([(s.next_chunk, s.cache, s.position, s.last_chunk) for s in seqs])
+        except Exception:  # one chunk's failure must not fail the others: try each alone
+            pass
+        else:
+            errors: dict[int, Exception] = {}
+            for i, (seq, found) in enumerate(zip(seqs, logits)):
+                try:
+                    seq.prefilled(found)  # samples the first token after a prompt's last chunk
+                except Exception as exc:
+                    errors[i] = exc
+            return errors
+    errors = {}
+    for i, seq in enumerate(seqs):
+        try:
+            seq.prefill_chunk()
+        except Exception as exc:
+            errors[i] = exc
+    return errors
 
 
 def decode_step(model: Any, seqs: list[Sequence]) -> None:

@@ -141,8 +141,23 @@ class CausalSelfAttention(nn.Module):
         self.n_embd = config.n_embd
 
     def forward(self, x, cache: KVCache | None = None, layer: int = 0, start_pos: int = 0):
-        B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        return self.c_proj(self._attend(self.c_attn(x), cache, layer, start_pos))
+
+    def prefill_many(self, x, segments: list[tuple[KVCache, int, int]], layer: int):
+        """attention(x) for several sequences' prefill chunks side by side in x (1, ΣT, C): segment i is
+        (its cache, its start position, its T). The linear layers run once over every row; attention
+        runs per sequence, the very calls forward() makes for that chunk alone."""
+        qkv, out, row = self.c_attn(x), [], 0
+        for cache, start_pos, T in segments:
+            out.append(self._attend(qkv[:, row:row + T], cache, layer, start_pos))
+            row += T
+        return self.c_proj(torch.cat(out, dim=1))
+
+    def _attend(self, qkv, cache: KVCache | None, layer: int, start_pos: int):
+        """(B, T, 3C) queries, keys and values -> (B, T, C) attention outputs, heads side by side."""
+        B, T, C3 = qkv.size()
+        C = C3 // 3
+        q, k, v = qkv.split(self.n_embd, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
@@ -163,11 +178,10 @@ class CausalSelfAttention(nn.Module):
             else:
                 # a later prefill chunk: query i sits at position start_pos + i. SDPA's is_causal
                 # aligns the mask top-left, which is wrong when T != end, so spell it out.
-                mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(diagonal=start_pos)
+                mask = torch.ones(T, end, dtype=torch.bool, device=qkv.device).tril(diagonal=start_pos)
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads side by side
-        return self.c_proj(y)
+        return y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads side by side
 
     def decode(self, x, norm: nn.LayerNorm, caches: list[KVCache], layer: int, positions: list[int]):
         """x + attention(norm(x)) for one new token per row (x: (B, 1, C)), each row a sequence of its own:
@@ -230,6 +244,11 @@ class Block(nn.Module):
         x = x + self.attn(self.ln_1(x), cache, layer, start_pos)
         x = x + self.mlp(self.ln_2(x))
         return x
+
+    def prefill_many(self, x, segments: list[tuple[KVCache, int, int]], layer: int):
+        """forward() for several sequences' prefill chunks side by side in x (see GPT.prefill_many)."""
+        x = x + self.attn.prefill_many(self.ln_1(x), segments, layer)
+        return x + self.mlp(self.ln_2(x))
 
     def _parameters_in_order(self) -> list[torch.Tensor | None]:
         """The tensors kernels.block takes, in nanoGPT's order (a linear layer: weight, scale, bias)."""
@@ -323,6 +342,38 @@ class GPT(nn.Module):
             return None
         x = self.transformer.ln_f(x[:, -1, :])  # (B, C): only the last position is needed
         return self.lm_head(x)  # (B, V)
+
+    def prefills_together(self) -> bool:
+        """Whether prefill_many gives every chunk the same bits as forward_cached alone: on CPU, with every
+        linear layer a float32 `Linear` on oneDNN's inner product, which sums each row the same way
+        whatever the number of rows (bfloat16 and int8 prefill kernels do not: tests/chat/model)."""
+        return all(type(m) is Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
+                   for m in self.modules() if isinstance(m, DecodingLinear)) and _ONEDNN
+
+    def prefill_many(self, chunks: list[tuple[list[int], KVCache, int, bool]]) -> list[torch.Tensor | None]:
+        """forward_cached for several sequences at once: chunk i is (its token ids, its cache, its start
+        position, whether it needs logits). Their rows run side by side through every linear layer, so
+        the weights are read once for all of them; attention is per sequence. -> each chunk's logits (1, V),
+        or None. Only where prefills_together(): otherwise call forward_cached per chunk."""
+        segments, pieces = [], []
+        for ids, cache, start_pos, _ in chunks:
+            if start_pos + len(ids) > cache.max_len:
+                raise ValueError(f"KV cache holds {cache.max_len} positions; asked for {start_pos + len(ids)}")
+            idx = torch.tensor([ids], dtype=torch.long, device=self.lm_head.weight.device)
+            pieces.append(self._embed(idx, start_pos))
+            segments.append((cache, start_pos, len(ids)))
+        x = torch.cat(pieces, dim=1)  # (1, ΣT, C)
+        for layer, block in enumerate(self.transformer.h):
+            x = block.prefill_many(x, segments, layer)
+        ends, row = [], 0
+        for ids, _, _, logits in chunks:
+            row += len(ids)
+            ends.append(row - 1 if logits else None)
+        wanted = [end for end in ends if end is not None]
+        if not wanted:
+            return [None] * len(chunks)
+        found = iter(self.lm_head(self.transformer.ln_f(x[0, wanted, :])).split(1))  # (1, V) each
+        return [next(found) if end is not None else None for end in ends]
 
     def decode_step(self, idx, caches: list[KVCache], positions: list[int]):
         """One new token for each of B sequences: idx (B, 1), row r at positions[r] of caches[r]
