@@ -86,7 +86,7 @@ def round_of(server: Gunicorn, base: str, prefix: str, users: int, new_tokens: i
     return {"ttft_median": common.median(ttft), "ttft_p95": sorted(ttft)[max(0, round(0.95 * len(ttft)) - 1)],
             "user_rate": common.median(rates), "aggregate": users * new_tokens / end, "last_done": end,
             "prompt": sum(prompts) / len(prompts),
-            "decode ms": 1000 * (after["decode"] - before.get("decode", 0.0)) / steps,
+            "decode ms": 1000 * (after.get("decode", 0.0) - before.get("decode", 0.0)) / steps,
             "rows per step": (after["rows"] - before["rows"]) / steps,
             **{f"worker {k}": (after.get(k, 0.0) - before.get(k, 0.0)) / end for k in after}}
 
@@ -139,6 +139,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--nginx-users", type=int, default=8, help="N for the one round through nginx (0: none)")
     p.add_argument("--baseline", default="", help="a git revision: also time N=1 on it (a worktree), interleaved")
+    p.add_argument("--baseline-all", action="store_true", help="time every N on the --baseline revision, not only 1")
     p.add_argument("--batched-only", action="store_true", help="skip GLASSBOX_MAX_BATCH=1 (one at a time)")
     p.add_argument("--no-doc", action="store_true")
     args = p.parse_args(argv)
@@ -166,9 +167,9 @@ def main(argv=None) -> int:
                         r = round_of(server, server.url, "", users, args.new)
                         results.setdefault((mode, users, "gunicorn"), []).append(r)
                         print(mode, users, {k: round(v, 2) for k, v in r.items()}, flush=True)
-                    if args.baseline and users == 1:
-                        r = round_of(baseline, baseline.url, "", 1, args.new)
-                        results.setdefault((f"revision {args.baseline}", 1, "gunicorn"), []).append(r)
+                    if args.baseline and (users == 1 or args.baseline_all):
+                        r = round_of(baseline, baseline.url, "", users, args.new)
+                        results.setdefault((f"revision {args.baseline}", users, "gunicorn"), []).append(r)
                         print("baseline", {k: round(v, 2) for k, v in r.items()}, flush=True)
             if args.nginx_users:
                 nginx = Nginx(tmp / "nginx", servers["batched"].port).start()
@@ -195,12 +196,14 @@ def main(argv=None) -> int:
     table = common.table(["mode", "N", "via", "TTFT median s", "TTFT p95 s", "per-user tokens/s", "aggregate tokens/s",
                           "aggregate / N=1", "last reply done s"], rows)
     one = {u: results.get(("one at a time", u, "gunicorn")) for u in args.users}
-    if args.baseline:
-        old_rate = common.median([r["user_rate"] for r in results[(f"revision {args.baseline}", 1, "gunicorn")]])
-        new_rate = common.median([r["user_rate"] for r in results[("batched", 1, "gunicorn")]])
-        body_extra = [f"N=1: batched tokens/s / revision {args.baseline} = {new_rate / old_rate:.2f}"]
-    else:
-        body_extra = []
+    body_extra = []
+    for u in args.users:  # against the baseline revision, where it ran at this N
+        old, new = results.get((f"revision {args.baseline}", u, "gunicorn")), results.get(("batched", u, "gunicorn"))
+        if args.baseline and old and new:
+            ratio = {k: common.median([r[k] for r in new]) / common.median([r[k] for r in old])
+                     for k in ("user_rate", "aggregate", "ttft_p95")}
+            body_extra.append(f"N={u}: batched / revision {args.baseline}: per-user tokens/s {ratio['user_rate']:.2f}, "
+                              f"aggregate {ratio['aggregate']:.2f}, TTFT p95 {ratio['ttft_p95']:.2f}")
     def last_done(runs):
         return common.median([r["last_done"] for r in runs])
     ratios = body_extra + [f"N={u}: last reply done batched / one at a time = "

@@ -7,7 +7,7 @@ import logging
 
 from webapp.chat.decode.alone import ChatAlone
 from webapp.chat.decode.batched import ChatBatch
-from webapp.chat.decode.generate import generate
+from webapp.chat.decode.generate import generate, pin_prompt_head
 from webapp.chat.decode.inside import InsideJobs
 from webapp.chat.decode.remote.executor import remote_executor
 from webapp.chat.inside import InsideService
@@ -69,6 +69,8 @@ def warm_up(loaded) -> None:
     with torch_threads(loaded.torch_threads):
         for _ in generate(loaded, ids, max_new_tokens=2, temperature=0.0):
             pass
+        if loaded.supports_kv_cache:  # replies arriving together need not each prefill the few-shot turns
+            pin_prompt_head(loaded, [loaded.prompt.bos, *loaded.prompt.fewshot_ids])
 
 
 def service(core: InferenceCore, db: AnyDatabase, max_messages: int = 0) -> ChatService:

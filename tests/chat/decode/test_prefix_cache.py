@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.chat.decode.test_generate import TINY, tiny
-from webapp.chat.decode.generate import generate
+from webapp.chat.decode.generate import generate, pin_prompt_head
 from webapp.chat.decode.prefix_cache import PrefixCache, common_prefix, prefix_cache_for
 from webapp.chat.model.precision import apply_precision
 
@@ -132,8 +132,35 @@ def test_a_follow_up_message_in_the_app_reuses_the_first_turn(chat_app):
     client = chat_app.test_client()
     first = send(client, "first question", htmx=False, seed="1", max_new_tokens="10")
     cid = first.headers["Location"].rsplit("/", 1)[1]
-    assert holder.hits == 0
+    head = 1 + len(loaded.prompt.fewshot_ids)  # bos and the few-shot turns, pinned at warm-up
+    assert holder.hits == 1 and holder.reused_tokens == head
     first_prompt = loaded.prompt.build([{"role": "user", "content": "first question"}], 10)
     send(client, "second question", csrf_of(client, f"/chat/c/{cid}"), htmx=False, conversation_id=cid,
          seed="1", max_new_tokens="10")
-    assert holder.hits == 1 and holder.reused_tokens >= len(first_prompt)
+    assert holder.hits == 2 and holder.reused_tokens - head >= len(first_prompt)
+
+
+def test_the_pinned_head_is_copied_to_every_prompt_and_never_taken():
+    """Replies arriving together each start from a copy of the pinned head (bos and the few-shot turns)
+    and prefill only their own turns; a conversation's kept cache that shares more is still taken, and
+    one that shares only the head is left for its own conversation."""
+    loaded = tiny(config=BIG, endless=True)
+    head = [(3 * i) % 250 for i in range(40)]
+    pin_prompt_head(loaded, head)
+    holder = prefix_cache_for(loaded.model)
+    prompts = [head + [7 + i, 8, 9] for i in range(3)]
+    assert reply(loaded, prompts[0], holder)[1].reused_tokens == len(head)
+    assert len(holder) == 1  # the first reply's own cache, kept; the head stays pinned
+    assert reply(loaded, prompts[0], holder)[1].reused_tokens == len(prompts[0]) - 1  # its own kept cache
+    assert reply(loaded, prompts[1], holder)[1].reused_tokens == len(head)  # only the head: a copy of it
+    assert len(holder) == 2  # the first conversation's cache was not taken for it
+    copy = holder.take(prompts[2], torch.device("cpu"), torch.float32)
+    assert len(holder) == 2 and copy.ids == head and copy.cache.max_len == BIG.block_size
+    kept, _ = holder.peek(prompts[0])  # the first conversation's cache: its head as the copy's, bit for bit
+    before = [t[:, :, :len(head)].clone() for t in copy.cache.k + copy.cache.v]
+    for mine, theirs in zip(before, kept.cache.k + kept.cache.v):
+        assert torch.equal(mine, theirs[:, :, :len(head)])
+    for t in copy.cache.k + copy.cache.v:
+        t.zero_()  # a reply writes its copy: the pinned head stays as it was
+    again = holder.take(prompts[2], torch.device("cpu"), torch.float32)
+    assert all(torch.equal(a, t[:, :, :len(head)]) for a, t in zip(before, again.cache.k + again.cache.v))

@@ -40,7 +40,7 @@ from torch import nn
 
 from webapp.chat.decode import sampling
 from webapp.chat.decode.odds import TokenOdds, token_odds
-from webapp.chat.decode.prefix_cache import PrefixCache, common_prefix
+from webapp.chat.decode.prefix_cache import PrefixCache, common_prefix, prefix_cache_for
 from webapp.chat.decode.types import SamplingParams, decode_rate
 from webapp.chat.model.gpt import KVCache
 from webapp.chat.model.loading import LoadedChatModel
@@ -274,6 +274,20 @@ class Sequence:
     @property
     def cache_bytes(self) -> int:
         return int(getattr(self.cache, "nbytes", 0))
+
+
+def pin_prompt_head(loaded: LoadedChatModel, head: Seq[int]) -> None:
+    """Run the head every prompt starts with (bos and the few-shot turns) once, in the chunks a prompt's
+    prefill cuts, and pin its keys and values in the model's prefix cache (PrefixCache.pin): every reply
+    then starts from a copy of them and prefills only its own turns. On the worker (at warm-up)."""
+    model: Any = loaded.model  # a GPT with a KV cache (new_cache, forward_cached)
+    chunk = prefill_chunk(model)
+    cache = model.new_cache(1, len(head))
+    with torch.inference_mode():
+        for start in range(0, len(head), chunk):
+            piece = torch.tensor([list(head[start:start + chunk])], dtype=torch.long, device=cache.k[0].device)
+            model.forward_cached(piece, cache, start, logits=False)
+    prefix_cache_for(model).pin(cache, head, loaded.block_size)
 
 
 def prefill_step(model: Any, seqs: list[Sequence]) -> dict[int, Exception]:

@@ -13,6 +13,12 @@ Ownership: one PrefixCache per loaded model, used only on the core's worker (the
 so two generations can never write the same cache; a generation that fails simply never puts it
 back. The keys/values of a token prefix depend only on the weights, so any reply may reuse any
 entry; none can corrupt it.
+
+One entry may be pinned (`pin`): the head every prompt of the model starts with (bos and the few-shot
+turns, run once at warm-up). It is never evicted nor handed out: a prompt whose longest kept prefix is
+no longer than the head gets a copy of it. So replies arriving together (more than there are kept
+caches) each prefill only their own turns, and a new conversation no longer takes another
+conversation's kept cache for the few-shot turns they share.
 """
 
 from __future__ import annotations
@@ -59,25 +65,44 @@ class PrefixCache:
         self.hits = 0  # generations that reused at least one position
         self.reused_tokens = 0  # positions not prefilled again, all generations together
         self.evictions = 0
+        self._pinned: CachedPrefix | None = None  # the prompts' common head: copied, never taken
+        self._pinned_len = 0  # the positions a copy of it holds (the model's block_size)
 
     def take(self, ids: Sequence[int], device: torch.device, dtype: torch.dtype) -> CachedPrefix | None:
         """The kept entry sharing the longest prefix with `ids`, now owned by the caller (removed from
         the holder); None when no entry shares a first token (a new cache is cheaper than evicting)."""
         with self._lock:
-            best, _ = self._longest(ids)
-            if best is None:
+            best, shared = self._longest(ids)
+            pinned = self._pinned
+            if pinned is not None and 0 < common_prefix(pinned.ids, ids) >= shared:
+                best = None  # the head covers as much: copy it rather than take a conversation's cache
+            elif best is None:
                 return None
-            self._entries.remove(best)
+            else:
+                self._entries.remove(best)
+        if best is None:
+            assert pinned is not None
+            best = CachedPrefix(pinned.cache.copy(self._pinned_len, len(pinned.ids)), list(pinned.ids))
         layer0 = best.cache.k[0]
         if layer0.device != device or layer0.dtype != dtype:
             return None  # the model moved or changed dtype since: start cold
         return best
 
+    def pin(self, cache: KVCache, ids: Sequence[int], max_len: int) -> None:
+        """Keep `cache` (holding `ids`) as the head every prompt starts with; takes get copies of max_len
+        positions. Outside the byte budget: it is one small cache for the process's life."""
+        with self._lock:
+            self._pinned, self._pinned_len = CachedPrefix(cache, list(ids)), max_len
+
     def peek(self, ids: Sequence[int]) -> tuple[CachedPrefix | None, int]:
         """The kept entry sharing the longest prefix with `ids`, and that length, left in the holder:
         for reading on the worker (Inside) before anything else can take it."""
         with self._lock:
-            return self._longest(ids)
+            best, shared = self._longest(ids)
+            pinned = self._pinned
+            if pinned is not None and common_prefix(pinned.ids, ids) > shared:
+                return pinned, common_prefix(pinned.ids, ids)
+            return best, shared
 
     def _longest(self, ids: Sequence[int]) -> tuple[CachedPrefix | None, int]:
         """Under the lock: the entry sharing the longest prefix with `ids` (None if none shares a first
@@ -110,7 +135,7 @@ class PrefixCache:
     def nbytes(self) -> int:
         """Memory held by kept entries (running replies' caches are not counted here)."""
         with self._lock:
-            return self._bytes()
+            return self._bytes() + (_nbytes(self._pinned.cache) if self._pinned is not None else 0)
 
     def __len__(self) -> int:
         with self._lock:

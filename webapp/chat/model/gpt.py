@@ -63,7 +63,16 @@ class KVCache:
         self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.max_len = max_len
         self.batch = batch
+        self.config = config
         self.nbytes = 2 * config.n_layer * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+    def copy(self, max_len: int, positions: int) -> KVCache:
+        """A new cache of max_len positions holding this one's first `positions` keys and values."""
+        k0 = self.k[0]
+        out = KVCache(self.config, self.batch, max_len, k0.device, k0.dtype)
+        for mine, theirs in zip(self.k + self.v, out.k + out.v):
+            theirs[:, :, :positions] = mine[:, :, :positions]
+        return out
 
 
 class DecodingLinear:
