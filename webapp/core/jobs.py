@@ -177,6 +177,20 @@ class Job:
         vanished client is noticed).  Closing the iterator unsubscribes; the last subscriber
         leaving an unfinished job cancels it.
         """
+        batches = self.subscribe_batches(heartbeat)
+        try:
+            for batch in batches:
+                if batch is None:
+                    yield None
+                else:
+                    yield from batch
+        finally:
+            batches.close()
+
+    def subscribe_batches(self, heartbeat: float = 1.0) -> Generator[list[Event] | None, None, None]:
+        """subscribe(), the events that came together in one list: everything new since the subscriber
+        last looked (a replay's whole log, the tokens of a step it was too slow for), so a stream can
+        write them at once. None every ``heartbeat`` seconds of silence."""
         with self._cond:
             self._subscribers += 1
             self._ever_subscribed = True
@@ -194,13 +208,16 @@ class Job:
                 if timed_out:
                     yield None
                     continue
+                batch = []
                 if state == QUEUED and position != last_position:
                     last_position = position
-                    yield Event("position", {"position": position})
+                    batch.append(Event("position", {"position": position}))
                 if state != QUEUED and not announced_running:
                     announced_running = True
-                    yield Event("running", {})
-                yield from fresh
+                    batch.append(Event("running", {}))
+                batch += fresh
+                if batch:
+                    yield batch
                 if state in FINISHED:
                     return
         finally:

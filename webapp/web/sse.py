@@ -49,23 +49,27 @@ def stream_job(job: Job, render: Callable[[Event], str | None],
     server closes the response, whatever ended it.
     """
     settings = current_app.config["GLASSBOX"]
-    return stream_events(job.subscribe(settings.heartbeat_seconds), render, lambda: render_final(job))
+    return stream_events(job.subscribe_batches(settings.heartbeat_seconds), render, lambda: render_final(job))
 
 
-def stream_events(events: Iterator[Event | None], render: Callable[[Event], str | None],
+def stream_events(events: Iterator[Event | list[Event] | None], render: Callable[[Event], str | None],
                   render_final: Callable[[], str]) -> Response:
     """Stream events as stream_job does, from any source: a job here, or a reply another front end runs,
-    followed in the database (None: a heartbeat). Ends with `done` and `render_final()` once they end."""
+    followed in the database (None: a heartbeat; a list: events that came together, as
+    Job.subscribe_batches gives them). Ends with `done` and `render_final()` once they end."""
 
     def body() -> Iterator[str]:
         yield comment("open")  # gunicorn sends headers with the first chunk: send one now
-        for event in events:
-            if event is None:
+        for item in events:
+            if item is None:
                 yield comment("heartbeat")
                 continue
-            html = render(event)
-            if html is not None:
-                yield frame(event.name, html)
+            # the events that came together (a step's tokens the stream was too slow for, a replay)
+            # go out in one write: each still its own SSE event, in order
+            batch = [item] if isinstance(item, Event) else item
+            frames = [frame(event.name, html) for event in batch if (html := render(event)) is not None]
+            if frames:
+                yield "".join(frames)
         yield frame("done", render_final())
 
     return event_stream(body())
