@@ -16,7 +16,7 @@ Served against the step (issue 23): after the servers stop, the bare batched dec
 (bench.batch_step's) runs in this process at B = N with the served rows' mean context (their prompts
 plus half a reply), and each batched round's aggregate is divided by it. Where the worker's time went
 during each batched round (GLASSBOX's /metrics `glassbox_worker_seconds_total`: prefill, decode,
-publish, the rest of the step, finishing and saving, admitting, waiting) is reported beside it.
+publish, the rest of the step, finishing and saving, admitting) is reported beside it.
 """
 
 from __future__ import annotations
@@ -88,11 +88,11 @@ def round_of(server: Gunicorn, base: str, prefix: str, users: int, new_tokens: i
             "prompt": sum(prompts) / len(prompts),
             "decode ms": 1000 * (after.get("decode", 0.0) - before.get("decode", 0.0)) / steps,
             "rows per step": (after["rows"] - before["rows"]) / steps,
-            **{f"worker {k}": (after.get(k, 0.0) - before.get(k, 0.0)) / end for k in after}}
+            **{f"worker {k}": (after.get(k, 0.0) - before.get(k, 0.0)) / end for k in after if k in PHASES}}
 
 
 def step_seconds(model, batch: int, context: int, steps: int = 7) -> float:
-    """Tokens/s of the bare batched decode step at this batch and context (bench.batch_step's rows)."""
+    """Seconds of the bare batched decode step at this batch and context (bench.batch_step's rows)."""
     import torch
 
     from bench.batch_step import caches_for
@@ -106,26 +106,22 @@ def step_seconds(model, batch: int, context: int, steps: int = 7) -> float:
     return common.median(times[1:])
 
 
-PHASES = ("prefill", "decode", "publish", "step other", "finish", "admit", "waiting")
+PHASES = ("prefill", "decode", "publish", "step other", "finish", "admit")  # the worker's busy time
 
 
 def against_the_step(args, served: list[tuple[int, str, dict]]) -> str:
-    """Each batched round's aggregate ÷ the bare step's tokens/s at B = N and the rows' mean context, and
-    where the worker's time went in that round (shares of the round's wall time)."""
-    model = common.random_gpt(args.size, seed=0).eval()
+    """Each batched round's aggregate ÷ the bare step's tokens/s at B = N and the rows' mean context (timed
+    right after that round), and where the worker's time went in that round (shares of its wall time)."""
     rows = []
     for users, via, med in served:
-        context = round(med["prompt"] + args.new / 2)
-        seconds = step_seconds(model, users, context)
-        step = users / seconds
-        print("step", users, context, round(step, 1), flush=True)
-        rows.append([users, via, context, med["aggregate"], step, med["aggregate"] / step, med["ttft_p95"],
-                     1000 * seconds, med["decode ms"], med["rows per step"]]
+        step = users / med["step s"]
+        rows.append([users, via, round(med["prompt"] + args.new / 2), med["aggregate"], step, med["aggregate"] / step,
+                     med["ttft_p95"], 1000 * med["step s"], med["decode ms"], med["rows per step"]]
                     + [100 * med.get(f"worker {phase}", 0.0) for phase in PHASES])
-    return ("Served against the bare batched step (bench.batch_step's decode_step in this process, after the servers "
-            "stopped) at B = N and the served rows' mean context (prompt + half a reply); the worker's time in each "
-            "round as % of the round's wall time (/metrics glassbox_worker_seconds_total), and its decoding steps' "
-            "mean time and rows (fewer rows than N: the batch filling up or emptying).\n\n"
+    return ("Served against the bare batched step (bench.batch_step's decode_step in this process, the servers "
+            "idle, right after each round) at B = N and the served rows' mean context (prompt + half a reply); the "
+            "worker's time in each round as % of the round's wall time (/metrics glassbox_worker_seconds_total), and "
+            "its decoding steps' mean time and rows (fewer rows than N: the batch filling up or emptying).\n\n"
             + common.table(["N", "via", "context", "served tokens/s", "step tokens/s", "served / step",
                             "TTFT p95 s", "bare step ms", "served decode ms per step", "served rows per step"]
                            + [f"% {phase}" for phase in PHASES], rows))
@@ -159,12 +155,15 @@ def main(argv=None) -> int:
             old = tmp / "baseline-tree"
             subprocess.run(["git", "worktree", "add", "--detach", str(old), args.baseline], cwd=common.ROOT, check=True)
             baseline = Gunicorn(tmp / "baseline", env, root=old).start(ready_timeout=600)
-        nginx = None
+        nginx, model = None, None
         try:
             for _ in range(args.reps):
                 for users in args.users:
                     for mode, server in servers.items():  # interleaved: each N runs both ways back to back
                         r = round_of(server, server.url, "", users, args.new)
+                        if mode == "batched":  # the bare step at this B and context, in the same minutes
+                            model = model or common.random_gpt(args.size, seed=0).eval()  # the servers' weights
+                            r["step s"] = step_seconds(model, users, round(r["prompt"] + args.new / 2))
                         results.setdefault((mode, users, "gunicorn"), []).append(r)
                         print(mode, users, {k: round(v, 2) for k, v in r.items()}, flush=True)
                     if args.baseline and (users == 1 or args.baseline_all):
@@ -174,6 +173,8 @@ def main(argv=None) -> int:
             if args.nginx_users:
                 nginx = Nginx(tmp / "nginx", servers["batched"].port).start()
                 r = round_of(servers["batched"], nginx.url + "/glassbox", "", args.nginx_users, args.new)
+                model = model or common.random_gpt(args.size, seed=0).eval()
+                r["step s"] = step_seconds(model, args.nginx_users, round(r["prompt"] + args.new / 2))
                 results[("batched", args.nginx_users, "nginx")] = [r]
                 print("nginx", args.nginx_users, {k: round(v, 2) for k, v in r.items()}, flush=True)
         finally:

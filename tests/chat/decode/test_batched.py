@@ -299,8 +299,9 @@ def test_newcomers_arriving_together_prefill_in_one_step_while_the_running_reply
 
 
 def test_a_step_prefills_newcomers_within_one_chunks_worth_of_tokens(monkeypatch):
-    """The oldest newcomer always runs its chunk; the next ones only while the step's prefill stays within
-    one chunk of tokens (a shorter one behind a long one still fits); each is cut exactly as alone."""
+    """While replies decode, the oldest newcomer always runs its chunk and the next ones only while the
+    step's prefill stays within one chunk of tokens (a shorter one behind a long one still fits); with none
+    decoding, all of them; each is cut exactly as alone."""
     loaded = tiny(config=LONG, endless=True)
     monkeypatch.setattr("webapp.chat.decode.generate.PREFILL_FLOPS", 0.0)  # the smallest chunks
     chunk = prefill_chunk(loaded.model)
@@ -308,7 +309,10 @@ def test_a_step_prefills_newcomers_within_one_chunks_worth_of_tokens(monkeypatch
     lengths = [3 * chunk, chunk // 2, chunk, chunk // 4, chunk // 4]
     rows = [(Job("chat", f"u{i}"), Sequence(loaded, tuple(range(1, n + 1)), params))
             for i, n in enumerate(lengths)]
-    assert [len(seq.next_chunk) for _, seq in newcomers_this_step(rows)] == [chunk]  # the oldest fills it
+    assert [len(seq.next_chunk) for _, seq in newcomers_this_step(rows, True)] == [chunk]  # the oldest fills it
     rows[0][1].todo = rows[0][1].todo[:chunk // 4]  # now it needs a quarter of a chunk
-    chosen = [len(seq.next_chunk) for _, seq in newcomers_this_step(rows)]
+    chosen = [len(seq.next_chunk) for _, seq in newcomers_this_step(rows, True)]
     assert chosen == [chunk // 4, chunk // 2, chunk // 4]  # the whole chunk after them waits
+    # with no reply decoding there is nobody to stall: every newcomer runs its next chunk
+    assert [len(seq.next_chunk) for _, seq in newcomers_this_step(rows, False)] == [chunk // 4, chunk // 2, chunk,
+                                                                                     chunk // 4, chunk // 4]

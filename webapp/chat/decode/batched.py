@@ -3,9 +3,10 @@
 `ChatBatch` is the core's executor for chat on a model with a KV cache (webapp/core/executors.py):
 every running reply is a row (a `Sequence`). Each step it retires cancelled rows, runs one prefill
 chunk for the oldest newcomer and for the next ones that fit beside it in one chunk's worth of tokens
-(side by side in one pass where the model can), and one decoding step for every row that is decoding,
-reading the weights once for all of them. Each row keeps its own sampling settings, generator, KV cache and text
-decoder, so a reply is the same, token for token, as the same reply generated alone.
+(for every newcomer when no row is decoding; side by side in one pass where the model can), and one
+decoding step for every row that is decoding, reading the weights once for all of them. Each row keeps
+its own sampling settings, generator, KV cache and text decoder, so a reply is the same, token for
+token, as the same reply generated alone.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class ChatBatch(BatchedJobs):
                 seq.cancel()
         clock = time.perf_counter()
         with torch_threads(self.loaded.torch_threads):
-            newcomers = newcomers_this_step([(job, seq) for job, seq in rows if seq.prefilling])
+            newcomers = newcomers_this_step([(job, seq) for job, seq in rows if seq.prefilling],
+                                            any(seq.decoding for _, seq in rows))
             if newcomers:
                 report.prefill_tokens = sum(len(seq.next_chunk) for _, seq in newcomers)
                 failed = prefill_step(self.loaded.model, [seq for _, seq in newcomers])
@@ -90,11 +92,15 @@ class ChatBatch(BatchedJobs):
         return Finished(job, CANCELLED if seq.stop_reason == "cancelled" else DONE)
 
 
-def newcomers_this_step(newcomers: list[tuple[Job, Sequence]]) -> list[tuple[Job, Sequence]]:
-    """The newcomers that prefill a chunk in this step: the oldest, and after it the next ones whose
-    chunks still fit in one chunk's worth of tokens (its `chunk`). So a step never stalls the running
-    rows for more than about one chunk of work (as with one newcomer a step), while a crowd of short
-    prompts is prefilled together instead of one a step, each cut exactly as alone."""
+def newcomers_this_step(newcomers: list[tuple[Job, Sequence]], others_decoding: bool) -> list[tuple[Job, Sequence]]:
+    """The newcomers that prefill a chunk in this step, each cut exactly as alone. While other rows are
+    decoding: the oldest, and after it the next ones whose chunks still fit in one chunk's worth of tokens
+    (its `chunk`), so a step never stalls the running rows for more than about one chunk of work, while a
+    crowd of short prompts is still prefilled together instead of one a step. With no row decoding there
+    is nobody to stall: every newcomer's next chunk runs, and a crowd arriving at an idle batch gets its
+    first tokens together, after one pass, rather than each after the others' steps."""
+    if not others_decoding:
+        return newcomers
     if not newcomers:
         return []
     budget, used = newcomers[0][1].chunk, 0
