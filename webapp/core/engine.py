@@ -245,15 +245,20 @@ class InferenceCore:
         thread count, as they do outside a run, so a reply's numbers do not depend on where it stepped."""
         if time.perf_counter() - self._last_step < BATCH_SLICE_SECONDS or not self._batched():
             return
-        with self._lock:
-            admitted, _ = self._take(whole_too=False)
-        for job in admitted:
-            self._admit(job)
+        self.admit_waiting()
         with torch_threads(self._worker_threads):
             for executor in self._batched():
                 if executor.rows:
                     self._step(executor)
         self._last_step = time.perf_counter()
+
+    def admit_waiting(self) -> None:
+        """On the worker: admit the waiting jobs of a batched kind that their executors have room for (the
+        start of an interleaved step; and within a step, the replies that arrived during its prefill pass)."""
+        with self._lock:
+            admitted, _ = self._take(whole_too=False)
+        for job in admitted:
+            self._admit(job)
 
     def _fair_order(self) -> list[Job]:
         """The waiting jobs in the order they will be taken: round-robin across clients (by address, else

@@ -31,6 +31,9 @@ class Worker(Protocol):
     def interleave(self) -> None:
         """Between a whole job's units of work: let the batch take a step when it is due."""
 
+    def admit_waiting(self) -> None:
+        """Within a batched step: admit the waiting jobs its executor has room for now (executor.admit)."""
+
 
 class WholeJobs(ABC):
     @abstractmethod

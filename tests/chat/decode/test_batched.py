@@ -316,3 +316,41 @@ def test_a_step_prefills_newcomers_within_one_chunks_worth_of_tokens(monkeypatch
     # with no reply decoding there is nobody to stall: every newcomer runs its next chunk
     assert [len(seq.next_chunk) for _, seq in newcomers_this_step(rows, False)] == [chunk // 4, chunk // 2, chunk,
                                                                                      chunk // 4, chunk // 4]
+
+
+def test_a_reply_arriving_during_a_prefill_pass_is_prefilled_before_that_steps_decoding_pass():
+    """Its first token waits for the pass under way, not for a whole step: it is admitted when the pass
+    ends and prefilled before the decoding pass (within the step's one chunk of prefill tokens)."""
+    loaded = tiny(config=LONG, endless=True)
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 8, 2**30)})
+    first = Job("chat", "a", ChatRequest((1, 2, 3), SamplingParams(200, 0.0, 0)))
+    early = Job("chat", "b", ChatRequest((4, 5, 6, 7), SamplingParams(6, 0.0, 0)))
+    late = Job("chat", "c", ChatRequest((8, 9, 10, 11, 12), SamplingParams(6, 0.0, 0)))
+    order, prefill, step = [], loaded.model.forward_cached, loaded.model.decode_step
+
+    def prefilling(idx, *a, **k):
+        order.append(("prefill", idx[0, 0].item()))
+        if idx[0, 0].item() == 4:  # the early newcomer's pass: the late one arrives meanwhile
+            core.submit(late)
+        return prefill(idx, *a, **k)
+
+    def decoding(idx, *a):
+        order.append(("decode", idx.size(0)))
+        return step(idx, *a)
+
+    try:
+        core.submit(first)
+        assert wait_for(lambda: len(getattr(first.result, "token_ids", [])) >= 2)
+        loaded.model.forward_cached, loaded.model.decode_step = prefilling, decoding
+        core.submit(early)
+        drain(early)
+        drain(late)
+        first.cancel()
+        drain(first)
+    finally:
+        core.shutdown()
+        del loaded.model.forward_cached, loaded.model.decode_step
+    at = order.index(("prefill", 4))
+    assert order[at + 1:at + 3] == [("prefill", 8), ("decode", 3)]  # no decoding pass between the two
+    for job in (early, late):
+        assert job.result.token_ids == alone(loaded, job.request)

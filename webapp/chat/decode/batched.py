@@ -48,30 +48,33 @@ class ChatBatch(BatchedJobs):
                                             forced_odds=request.forced_odds))
 
     def step(self, core: Worker) -> StepReport:
-        report, errors = StepReport(), {}
+        report, errors = StepReport(), dict[str, str]()
         rows = list(self._rows.values())
         for job, seq in rows:
             if job.cancelled:
                 seq.cancel()
         clock = time.perf_counter()
         with torch_threads(self.loaded.torch_threads):
-            newcomers = newcomers_this_step([(job, seq) for job, seq in rows if seq.prefilling],
-                                            any(seq.decoding for _, seq in rows))
-            if newcomers:
-                report.prefill_tokens = sum(len(seq.next_chunk) for _, seq in newcomers)
-                failed = prefill_step(self.loaded.model, [seq for _, seq in newcomers])
-                errors.update({newcomers[i][0].id: _message(exc) for i, exc in failed.items()})
-                clock = _spent(report, "prefill", clock)
-                for job, seq in newcomers:  # their first tokens now, not after the decode step
-                    self._publish(job, seq.drain(), core)
-                clock = _spent(report, "publish", clock)
-            decoding = [(job, seq) for job, seq in rows if seq.decoding and job.id not in errors]
-            if decoding:
+            decoding = any(seq.decoding for _, seq in rows)
+            used, clock = self._prefill(newcomers_this_step([r for r in rows if r[1].prefilling], decoding),
+                                        report, errors, core, clock)
+            if used:
+                # A reply that arrived during that pass need not wait a whole step: it is admitted now and,
+                # while the step's prefill stays within one chunk's worth of tokens, prefilled before the
+                # decoding pass, so its first token waits for one pass at most, not for a step.
+                seen = {job.id for job, _ in rows}
+                core.admit_waiting()
+                clock = _spent(report, "admit", clock)
+                rows = list(self._rows.values())
+                late = [(job, seq) for job, seq in rows if job.id not in seen and seq.prefilling]
+                _, clock = self._prefill(newcomers_this_step(late, True, used=used), report, errors, core, clock)
+            decoding_rows = [(job, seq) for job, seq in rows if seq.decoding and job.id not in errors]
+            if decoding_rows:
                 try:
-                    decode_step(self.loaded.model, [seq for _, seq in decoding])
-                    report.rows = len(decoding)
+                    decode_step(self.loaded.model, [seq for _, seq in decoding_rows])
+                    report.rows = len(decoding_rows)
                 except Exception as exc:  # the step failed for every row in it
-                    errors.update({job.id: _message(exc) for job, _ in decoding})
+                    errors.update({job.id: _message(exc) for job, _ in decoding_rows})
                 clock = _spent(report, "decode", clock)
         for job, seq in rows:
             self._publish(job, seq.drain(), core)
@@ -79,6 +82,20 @@ class ChatBatch(BatchedJobs):
                 report.finished.append(self._retire(job, seq, errors.get(job.id), core))
         _spent(report, "publish", clock)
         return report
+
+    def _prefill(self, newcomers: list[tuple[Job, Sequence]], report: StepReport, errors: dict[str, str],
+                 core: Worker, clock: float) -> tuple[int, float]:
+        """One prefill pass for these newcomers, their first tokens published at once -> (tokens, clock)."""
+        if not newcomers:
+            return 0, clock
+        tokens = sum(len(seq.next_chunk) for _, seq in newcomers)
+        report.prefill_tokens += tokens
+        failed = prefill_step(self.loaded.model, [seq for _, seq in newcomers])
+        errors.update({newcomers[i][0].id: _message(exc) for i, exc in failed.items()})
+        clock = _spent(report, "prefill", clock)
+        for job, seq in newcomers:  # their first tokens now, not after the decoding pass
+            self._publish(job, seq.drain(), core)
+        return tokens, _spent(report, "publish", clock)
 
     def _publish(self, job: Job, pieces: list[Piece], core: Worker) -> None:
         for piece in pieces:
@@ -92,22 +109,24 @@ class ChatBatch(BatchedJobs):
         return Finished(job, CANCELLED if seq.stop_reason == "cancelled" else DONE)
 
 
-def newcomers_this_step(newcomers: list[tuple[Job, Sequence]], others_decoding: bool) -> list[tuple[Job, Sequence]]:
+def newcomers_this_step(newcomers: list[tuple[Job, Sequence]], others_decoding: bool,
+                        used: int = 0) -> list[tuple[Job, Sequence]]:
     """The newcomers that prefill a chunk in this step, each cut exactly as alone. While other rows are
     decoding: the oldest, and after it the next ones whose chunks still fit in one chunk's worth of tokens
     (its `chunk`), so a step never stalls the running rows for more than about one chunk of work, while a
     crowd of short prompts is still prefilled together instead of one a step. With no row decoding there
     is nobody to stall: every newcomer's next chunk runs, and a crowd arriving at an idle batch gets its
-    first tokens together, after one pass, rather than each after the others' steps."""
+    first tokens together, after one pass, rather than each after the others' steps. `used`: tokens this
+    step already prefilled (then even the oldest must fit)."""
     if not others_decoding:
         return newcomers
     if not newcomers:
         return []
-    budget, used = newcomers[0][1].chunk, 0
+    budget = newcomers[0][1].chunk
     chosen: list[tuple[Job, Sequence]] = []
     for job, seq in newcomers:
         tokens = len(seq.next_chunk)
-        if chosen and used + tokens > budget:
+        if (chosen or used) and used + tokens > budget:
             continue  # a shorter one behind it may still fit
         chosen.append((job, seq))
         used += tokens
