@@ -15,6 +15,7 @@ def test_see_a_tokens_odds_branch_from_it_and_switch_versions(page):
     send(page, "Show me your odds", max_new_tokens="12")
     page.wait_for_selector("li.message.assistant.complete")
     page.get_by_role("link", name="Tokens").click()
+    page.wait_for_load_state()  # the page's scripts run: a focus before them shows no panel (seen under load)
     tokens = page.locator(".token-view a.tok")
     assert tokens.count() == 12
 
