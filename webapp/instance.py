@@ -58,21 +58,27 @@ class InstanceLock:
             self.fd = None
 
 
-def front_end_id(folder: Path) -> str:
-    """This front end's id, recorded with each reply it runs (webapp/chat/store.py): random, made once and
-    kept in <instance>/front_end_id, so that a restarted front end knows its own replies."""
-    path = folder / "front_end_id"
+def _kept_random(path: Path, nbytes: int, what: str) -> str:
+    """A random hex string made once (0600: never readable by others, not even briefly) and read back on
+    every start from then on."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         pass
     else:
         with os.fdopen(fd, "w") as file:
-            file.write(secrets.token_hex(6))
+            file.write(secrets.token_hex(nbytes))
     try:
-        found = path.read_text().strip()
+        return path.read_text().strip()
     except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"The front-end id file {path} cannot be read: {error}") from None
+        raise ConfigError(f"The {what} file {path} cannot be read: {error}") from None
+
+
+def front_end_id(folder: Path) -> str:
+    """This front end's id, recorded with each reply it runs (webapp/chat/store.py): random, made once and
+    kept in <instance>/front_end_id, so that a restarted front end knows its own replies."""
+    path = folder / "front_end_id"
+    found = _kept_random(path, 6, "front-end id")
     if not found:
         raise ConfigError(f"The front-end id file {path} is empty: delete it to have a new one made.")
     return found
@@ -81,17 +87,7 @@ def front_end_id(folder: Path) -> str:
 def secret_key(folder: Path) -> str:
     """One key per installation, kept in <instance>/secret_key (0600), so sessions survive restarts."""
     path = folder / "secret_key"
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others, not even briefly
-    except FileExistsError:
-        pass
-    else:
-        with os.fdopen(fd, "w") as file:
-            file.write(secrets.token_hex(32))
-    try:
-        key = path.read_text().strip()
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"The secret key file {path} cannot be read: {error}") from None
+    key = _kept_random(path, 32, "secret key")
     if len(key) < MIN_SECRET_FILE_CHARS:
         raise ConfigError(f"The secret key file {path} is {'empty' if not key else 'too short'}: it needs at least "
                           f"{MIN_SECRET_FILE_CHARS} characters. Delete it to have a new one generated "
