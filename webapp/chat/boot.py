@@ -7,8 +7,9 @@ import logging
 
 from webapp.chat.decode.alone import ChatAlone
 from webapp.chat.decode.batched import ChatBatch
-from webapp.chat.decode.generate import generate, pin_prompt_head
+from webapp.chat.decode.generate import generate
 from webapp.chat.decode.inside import InsideJobs
+from webapp.chat.decode.prefill import pin_prompt_head
 from webapp.chat.decode.remote.executor import remote_executor
 from webapp.chat.inside import InsideService
 from webapp.chat.model import kernels

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from tests.chat.decode.test_generate import TINY, tiny
-from webapp.chat.decode.generate import generate, pin_prompt_head
+from webapp.chat.decode.generate import generate
+from webapp.chat.decode.prefill import pin_prompt_head
 from webapp.chat.decode.prefix_cache import PrefixCache, common_prefix, prefix_cache_for
 from webapp.chat.model.precision import apply_precision
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import time
 
-from webapp.chat.decode.generate import Piece, Sequence, decode_step, prefill_step
+from webapp.chat.decode.generate import Piece, Sequence, decode_step
+from webapp.chat.decode.prefill import prefill_step
 from webapp.chat.decode.prefix_cache import prefix_cache_for
 from webapp.chat.decode.publish import chat_result, publish
 from webapp.chat.decode.types import ChatRequest
