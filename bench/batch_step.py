@@ -49,6 +49,27 @@ def caches_for(model, batch: int, context: int, device):
     return torch.tensor(last, device=device).view(-1, 1), caches, positions
 
 
+def measure(model, idx, caches, positions, batch: int, steps: int, device="cpu", odds: bool = True):
+    """`steps` timed decode steps of the first `batch` rows (after one warm-up), each row at its own
+    position (the same step again each time: the caches keep their context) -> (seconds per step, seconds
+    of each step's odds (empty without `odds`), the last step's logits)."""
+    times, odds_times = [], []
+    with torch.inference_mode():
+        for step in range(steps + 1):  # the first is a warm-up
+            common.sync(device)
+            t = time.perf_counter()
+            logits = model.decode_step(idx[:batch], caches[:batch], positions[:batch])
+            common.sync(device)
+            if step:
+                times.append(time.perf_counter() - t)
+            if odds:
+                t = time.perf_counter()  # the odds as the app records them: top-k 50, temperature 1
+                token_odds(logits, logits.argmax(-1), [1.0] * batch, [50] * batch)
+                if step:
+                    odds_times.append(time.perf_counter() - t)
+    return times, odds_times, logits
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="gpt2-254m")
@@ -73,19 +94,10 @@ def main(argv=None) -> int:
     rows = []
     for batch in args.batches:
         for path in paths:
-            times, odds_times = [], []
-            with torch.inference_mode(), kernel(path):
-                for _ in range(args.steps + 1):  # the first is a warm-up
-                    common.sync(device)
-                    t = time.perf_counter()
-                    logits = model.decode_step(idx[:batch], caches[:batch], positions[:batch])
-                    common.sync(device)
-                    times.append(time.perf_counter() - t)
-                    t = time.perf_counter()  # the odds as the app records them: top-k 50, temperature 1
-                    token_odds(logits, logits.argmax(-1), [1.0] * batch, [50] * batch)
-                    odds_times.append(time.perf_counter() - t)
+            with kernel(path):
+                times, odds_times, logits = measure(model, idx, caches, positions, batch, args.steps, device)
             same = all(torch.equal(logits[r:r + 1], alone[path][r]) for r in range(batch))
-            step, odds = common.median(times[1:]), common.median(odds_times[1:])
+            step, odds = common.median(times), common.median(odds_times)
             rows.append([path, batch, step * 1000, batch / step, "yes" if same else "no", odds * 1000, odds / step])
             print(rows[-1], flush=True)
     base = {path: next(r[3] for r in rows if r[0] == path) for path in paths}

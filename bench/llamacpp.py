@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.llamacpp              # gpt2-254m, threads 1,2, contexts 300,800, 200 new, 3 reps
     .venv/bin/python -m bench.llamacpp --size gpt2 --threads 2 --contexts 300 --reps 1 --new 50 --no-doc
+    .venv/bin/python -m bench.llamacpp --batched    # batched steps, both engines (bench/llamacpp_batched.py)
     .venv/bin/python -m bench.llamacpp --setup-only # build the llama.cpp environment and the GGUF files
 
 What it measures: single-stream greedy decoding (one sequence, batch 1, on the CPU) of Glassbox's own
@@ -88,25 +89,27 @@ def _venv_has(module: str, attr: str = "__version__") -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
-def setup() -> None:
-    """Create .bench/llamacpp (venv, sdist, converter, gguf-py, llama-cpp-python); skip what is done."""
+def setup(converter: bool = True) -> None:
+    """Create .bench/llamacpp (venv, sdist, converter, gguf-py, llama-cpp-python); skip what is done. Without
+    `converter` (GGUF files written by Glassbox's own writer, --gguf-writer glassbox) only the venv with
+    llama-cpp-python: a copy of another bench's venv that has it (.bench/engines/venv) is then enough."""
     HOME.mkdir(parents=True, exist_ok=True)
     pip = [VPY, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     if not VPY.exists():
         _step(f"creating the bench venv {VENV}")
         _run([sys.executable, "-m", "venv", VENV])
-    version = _venv_has("torch")
+    version = _venv_has("torch") if converter else "not needed"
     if version is None:
         _step(f"installing {TORCH} first (the converter imports torch)")
         _run(pip + [TORCH])
         version = _venv_has("torch")
-    if not version or not version.startswith("2.13.0+cpu"):
+    if converter and (not version or not version.startswith("2.13.0+cpu")):
         raise SystemExit(f"the bench venv has torch {version!r}, not the 2.13.0 CPU wheel")
-    if _venv_has("transformers") is None or _venv_has("yaml", "__name__") is None:
+    if converter and (_venv_has("transformers") is None or _venv_has("yaml", "__name__") is None):
         _step("installing the converter's other needs (numpy, safetensors, transformers, pyyaml, tqdm)")
         _run(pip + ["numpy", "safetensors", TRANSFORMERS, "pyyaml", "tqdm"])
     tarball = sdist_tarball(VPY, SDIST)
-    if not (CONVERTER.exists() and GGUF_PY.exists() and CONVERSION.exists()):
+    if converter and not (CONVERTER.exists() and GGUF_PY.exists() and CONVERSION.exists()):
         _step(f"extracting vendor/llama.cpp/{{convert_hf_to_gguf.py,conversion,gguf-py}} from {tarball.name}")
         with tarfile.open(tarball) as tar:
             top = tar.getnames()[0].split("/")[0]
@@ -116,7 +119,7 @@ def setup() -> None:
                         (vendor + "gguf-py/", vendor + "conversion/")):
                     m.name = m.name[len(vendor):]
                     tar.extract(m, HOME, filter="data")
-    if _venv_has("gguf", "__name__") is None:
+    if converter and _venv_has("gguf", "__name__") is None:
         _step("installing gguf-py from the sdist (no deps: sentencepiece is not needed for GPT-2)")
         _run(pip + ["--no-deps", GGUF_PY])
     if _venv_has("llama_cpp") != LLAMA_CPP_PYTHON:
@@ -130,12 +133,25 @@ def setup() -> None:
     _step(f"ready: llama-cpp-python {_venv_has('llama_cpp')}, torch {version}")
 
 
-def export_and_convert(size: str, model) -> dict[str, Path]:
+def export_and_convert(size: str, model, writer: str = "llamacpp") -> dict[str, Path]:
     """The random model as an HF GPT-2 directory (webapp.chat.model.hf) and its GGUF files, made by
-    llama.cpp's own converter; cached under .bench/llamacpp/models/SIZE, made again only if missing."""
+    llama.cpp's own converter; cached under .bench/llamacpp/models/SIZE, made again only if missing. With
+    writer "glassbox", the GGUF files are written in this process by webapp.chat.model.gguf (llama.cpp's
+    gguf-py, the same tensors and quantization; no converter environment needed)."""
     from bench import common
     from webapp.chat.model import hf as export
     out = HOME / "models" / size
+    if writer == "glassbox":
+        from webapp.chat.model.gguf import export_gguf
+        out.mkdir(parents=True, exist_ok=True)
+        written = {}
+        for outtype in GGUF_TYPES:
+            path = out / f"{size}-{outtype}-glassbox.gguf"
+            if not path.exists():
+                _step(f"writing GGUF {outtype} with webapp.chat.model.gguf")
+                export_gguf(common.loaded(model, tokenizer=common.gpt2_tokenizer()), path, outtype)
+            written[outtype] = path
+        return written
     hf = out / "hf"
     if not (hf / "model.safetensors").exists() or not (hf / "config.json").exists():
         _step(f"exporting the random {size} (seed 0) with the GPT-2 BPE tokenizer to {hf}")
@@ -325,6 +341,14 @@ def parse_args(argv=None):
     p.add_argument("--new", type=int, default=200, help="decode steps (new tokens) per run")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--variants", default=",".join(v for pair in PAIRS for v in pair))
+    p.add_argument("--batched", action="store_true",
+                   help="time one batched decode step at --batches (both engines) instead of single streams")
+    p.add_argument("--batches", default="1,8,16", help="--batched: rows per step")
+    p.add_argument("--steps", type=int, default=10, help="--batched: timed steps per batch size and rep")
+    p.add_argument("--precisions", default="float32,bfloat16,int8", help="--batched: Glassbox's precisions")
+    p.add_argument("--gguf-writer", choices=["llamacpp", "glassbox"], default="llamacpp",
+                   help="who writes the GGUF files: llama.cpp's convert_hf_to_gguf.py (needs torch and "
+                   "transformers in the bench venv) or webapp.chat.model.gguf (in this process)")
     p.add_argument("--setup-only", action="store_true", help="build the environment and the GGUF files; time nothing")
     p.add_argument("--no-doc", action="store_true", help="print only; do not append to docs/benchmarks.md")
     return p.parse_args(argv)
@@ -339,7 +363,10 @@ def first_divergence(a: list[int], b: list[int], n: int) -> int | None:
 
 def main(argv=None):
     args = parse_args(argv)
-    setup()
+    setup(converter=args.gguf_writer == "llamacpp")
+    if args.batched and not args.setup_only:
+        from bench import llamacpp_batched
+        return llamacpp_batched.main(args)
     import torch
 
     from bench import common
@@ -352,7 +379,7 @@ def main(argv=None):
             print(f"warning: other processes keep {before:.1f} cores busy: the timings (2 threads above "
                   "all) will suffer", flush=True)
     fp32 = common.random_gpt(args.size, seed=0)
-    paths = export_and_convert(args.size, fp32)
+    paths = export_and_convert(args.size, fp32, args.gguf_writer)
     if args.setup_only:
         for t, p in paths.items():
             print(f"{t}: {p} ({p.stat().st_size / 1e6:.0f} MB)")
