@@ -61,20 +61,34 @@ def test_each_format_computes_the_linear_layer(fmt, k, n):
     assert (got.double() - exact).abs().max() < 0.03 * exact.abs().max()
 
 
+def build(target, march: list[str]) -> ctypes.CDLL:
+    subprocess.run(["cc", "-O3", *march, "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-o", str(target),
+                    *map(str, kernels.SOURCES)], check=True, capture_output=True)
+    lib = ctypes.CDLL(str(target))
+    lib.glassbox_linear.argtypes = kernels.library().glassbox_linear.argtypes
+    return lib
+
+
+def has_amx() -> bool:
+    return "amx_int8" in kernels._cpu_flags().split()
+
+
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the portable build is an x86-64 one")
 def test_int8_sums_are_the_same_integers_with_and_without_vnni(tmp_path):
-    portable = tmp_path / "portable.so"  # x86-64-v3: AVX2 and FMA, no AVX-512, no VNNI
-    subprocess.run(["cc", "-O3", "-march=x86-64-v3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-o", str(portable),
-                    *map(str, kernels.SOURCES)], check=True, capture_output=True)
-    lib = ctypes.CDLL(str(portable))
-    lib.glassbox_linear.argtypes = kernels.library().glassbox_linear.argtypes
+    portable = build(tmp_path / "portable.so", ["-march=x86-64-v3"])  # AVX2 and FMA, no AVX-512, no VNNI
+    # this CPU's vector kernels (VNNI where it has it), without AMX's tiles, which sum in another order (amx.c)
+    vnni = build(tmp_path / "vnni.so", ["-march=native", "-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"])
     torch.manual_seed(3)
-    for m, k, n in [(1, 1024, 96), (5, 1000, 37), (3, 17, 5)]:
+    for m, k, n in [(1, 1024, 96), (5, 1000, 37), (3, 17, 5), (16, 1024, 40)]:
         w, scale, _ = weights("int8", n, k)
-        bias, x, out = torch.randn(n), torch.randn(m, k), torch.empty(m, n)
-        assert lib.glassbox_linear(2, x.data_ptr(), m, k, k, w.data_ptr(), n, scale.data_ptr(), bias.data_ptr(),
-                                   out.data_ptr(), 1, None, None, 0.0, 0, None) == 0
-        assert torch.equal(out, kernels.linear(x, w, bias, scale)), (m, k, n)
+        bias, x = torch.randn(n), torch.randn(m, k)
+        outs = [torch.empty(m, n) for _ in range(2)]
+        for lib, out in zip((portable, vnni), outs):
+            assert lib.glassbox_linear(2, x.data_ptr(), m, k, k, w.data_ptr(), n, scale.data_ptr(), bias.data_ptr(),
+                                       out.data_ptr(), 1, None, None, 0.0, 0, None) == 0
+        assert torch.equal(outs[0], outs[1]), (m, k, n)
+        if not has_amx():  # then the vector kernels are the library's
+            assert torch.equal(outs[1], kernels.linear(x, w, bias, scale)), (m, k, n)
 
 
 @pytest.mark.parametrize("fmt", ["float32", "int8"])
@@ -122,6 +136,27 @@ def test_a_rows_result_does_not_depend_on_the_other_rows_or_the_threads(fmt):
         for m in range(1, 41):
             assert torch.equal(kernels.linear(x[:m], w, bias, scale), alone[:m]), m
             assert torch.equal(kernels.linear(x[40 - m:], w, bias, scale), alone[40 - m:]), m
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("k, n", [(1000, 37), (17, 5), (4100, 33), (1024, 64)])  # tails of K and N; whole tiles
+def test_a_row_is_the_same_alone_and_at_any_place_in_batches_of_1_to_16(fmt, k, n):
+    # the batched paths (AMX's tiles where the CPU has them, the vector kernels' row tiles elsewhere) against
+    # each row alone on one thread, among other rows of every size and at every place, on 1 and 2 threads
+    torch.manual_seed(5)
+    w, scale, _ = weights(fmt, n, k)
+    bias, x = torch.randn(n), torch.randn(16, k) * torch.logspace(-2, 2, 16).view(-1, 1)  # rows of all sizes
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([kernels.linear(x[i:i + 1], w, bias, scale) for i in range(16)])
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            for b in range(1, 17):
+                rows = torch.randperm(16)[:b]  # b rows in a new order each time
+                assert torch.equal(kernels.linear(x[rows], w, bias, scale), alone[rows]), (t, b)
     finally:
         torch.set_num_threads(threads)
 

@@ -30,7 +30,7 @@ import torch
 
 log = logging.getLogger("glassbox.kernels")
 
-SOURCES = [Path(__file__).with_name(name) for name in ("linear.c", "attend.c")]  # and vectors.h, which both include
+SOURCES = [Path(__file__).with_name(name) for name in ("linear.c", "attend.c", "amx.c")]  # + vectors.h
 HEADER = Path(__file__).with_name("vectors.h")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # the kernels' formats (vectors.h, linear.c)

@@ -241,6 +241,14 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
         layer_norm_rows(x, M, K, ldx, norm_w, norm_b, eps, normed);
         x = normed, ldx = K;
     }
+    if (kind != F32) {  /* AMX's tiles where the CPU has them (amx.c), for every batch size alike */
+        int status = amx_linear(kind, x, M, K, ldx, w, N, scale, b, y, threads);
+        if (status <= 0) {
+            if (!status && (gelu || residual)) finish_outputs(y, M * N, gelu, residual);
+            free(normed);
+            return status;
+        }
+    }
     if (kind == I8) {
         xu = scratch(M * q.chunks * QCHUNK);
         xs = scratch(M * q.chunks * LANES * (int64_t)sizeof(float));

@@ -68,6 +68,11 @@ static inline void *scratch(int64_t bytes) {
     return aligned_alloc(64, (size_t)(bytes / 64 + 1) * 64);
 }
 
+/* amx.c's: y = (x @ Wᵀ) * scale + b on AMX tiles for bfloat16 and int8 (2) weights; 1: not on this CPU
+ * (or not permitted), the caller's vector kernels run; 0 done; < 0 failed */
+int amx_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx, const void *w, int64_t N,
+               const float *scale, const float *b, float *y, int threads);
+
 /* attend.c's, which glassbox_block (linear.c) calls once per row */
 int glassbox_attend(const float *q, const float *k, const float *v, int kv_kind, void *K, void *V, int64_t nh,
                     int64_t pos, int64_t max_len, int64_t hs, float *out, int threads);
