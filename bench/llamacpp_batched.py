@@ -36,7 +36,12 @@ import llama_cpp as L
 path, threads, max_batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 prompts = json.loads(sys.stdin.readline())
 L.llama_backend_init()
-model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
+model_params = L.llama_model_default_params()
+# ggml's AMX buffer type (its q8_0 / f16 tile kernels, preferred where the CPU reports AMX) dies of SIGILL in
+# its first matrix product on this project's Xeon VM; without the extra buffer types llama.cpp runs its
+# AVX-512 (VNNI, bf16) kernels, its default on every CPU without AMX
+model_params.use_extra_bufts = False
+model = L.llama_model_load_from_file(path.encode(), model_params)
 params = L.llama_context_default_params()
 per_seq = max(len(p) for p in prompts) + 8
 params.n_ctx = per_seq * max_batch
@@ -168,7 +173,8 @@ def main(args) -> int:
             + "- Glassbox: bench.batch_step.measure (model.decode_step over B KV caches, logits for every row, "
             + "no odds); webapp.chat.model.precision.apply_precision\n"
             + f"- llama.cpp: llama-cpp-python {info.get('version')}, one llama_decode with one token of each of B "
-            + f"sequences (n_seq_max {max(batches)}, n_ctx {info.get('n_ctx')}, logits for every row), "
+            + f"sequences (n_seq_max {max(batches)}, n_ctx {info.get('n_ctx')}, logits for every row, "
+            + "use_extra_bufts off: ggml's AMX buffer type dies of SIGILL here), "
             + f"n_threads = n_threads_batch; GGUF by --gguf-writer {args.gguf_writer}; system info: "
             + f"`{info.get('system_info', 'n/a').strip()}`\n"
             + "- other processes' CPU use while timing (/proc/stat less this benchmark's): median "
