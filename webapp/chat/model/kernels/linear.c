@@ -27,7 +27,7 @@
  */
 #include "vectors.h"
 
-enum { MR = 4, NR = 4 };  /* a tile: up to MR rows of x times NR rows of W */
+enum { MR = 6, NR = 4 };  /* a tile: up to MR rows of x times NR rows of W (24 sums in registers) */
 enum { I8 = 2 };          /* int8 weights (F32 and BF16: vectors.h) */
 
 /* Each weight is read once per step: ask for it AHEAD bytes early, with the hint that it will not be
@@ -70,7 +70,9 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
             switch (mr) {                                                                            \
                 case 2: tile(KIND, 2, NR, x, ldx, w, K, n0, dots); return;                           \
                 case 3: tile(KIND, 3, NR, x, ldx, w, K, n0, dots); return;                           \
-                default: tile(KIND, 4, NR, x, ldx, w, K, n0, dots); return;                          \
+                case 4: tile(KIND, 4, NR, x, ldx, w, K, n0, dots); return;                           \
+                case 5: tile(KIND, 5, NR, x, ldx, w, K, n0, dots); return;                           \
+                default: tile(KIND, 6, NR, x, ldx, w, K, n0, dots); return;                          \
             }                                                                                        \
         }                                                                                            \
         /* One row of x (a lone reply streams faster through one row of W at a time), or the last   \
@@ -171,6 +173,14 @@ static inline __attribute__((always_inline)) void tile_q8(int mr, int nr, q8rows
 }
 
 static void tiles_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K, int64_t n0, float dots[MR][NR]) {
+    if (mr > 4) {  /* 4 rows at a time at most: VNNI's sums, weights and their sums fill the registers */
+        float rest[MR][NR];
+        q8rows more = {x.xu + 4 * x.chunks * QCHUNK, x.xs + 4 * x.chunks * LANES, x.chunks};
+        tiles_q8(4, nr, x, w, K, n0, dots);
+        tiles_q8(mr - 4, nr, more, w, K, n0, rest);
+        for (int i = 4; i < mr; i++) memcpy(dots[i], rest[i - 4], sizeof dots[i]);
+        return;
+    }
     if (nr == NR && mr > 1) {
         switch (mr) {
             case 2: tile_q8(2, NR, x, w, K, n0, dots); return;
