@@ -18,6 +18,13 @@
  * by a shift); products and sums are float32. int8 weights are multiplied by int8-quantized activations
  * instead (tile_q8, below).
  *
+ * Batches: a tile holds up to MR = 6 rows of x by NR = 4 weight rows, 24 sums in registers, so each
+ * weight vector loaded is used for 6 rows (16 rows pass over a weight tile 3 times, from L1 or L2, where
+ * rows one at a time would stream it from memory 16 times). Tiles change which sums are in flight
+ * together, never the order within one, so float32 results are the same bits as one row alone.
+ * On a CPU with AMX, bfloat16 and int8 weights go to amx.c's tile products instead, for every batch size
+ * alike (their sums are in amx.c's order, the same for a row alone as in a batch).
+ *
  * Around the product, what a transformer block does next to it, so that a decode step makes one call where
  * it would make four: a layer norm of x before, GELU and a residual add after (glassbox_linear's last
  * arguments).
@@ -314,8 +321,21 @@ int glassbox_block(int kind, int kv_kind, float *x, int64_t M, int64_t C, int64_
     int status = !qkv || !heads || !mid || !hidden ? -2 : 0;
     if (!status)
         status = glassbox_linear(kind, x, M, C, C, p[2], 3 * C, p[3], p[4], qkv, threads, p[0], p[1], eps, 0, 0);
-    for (int64_t r = 0; r < M && !status; r++) {
-        const float *row = qkv + r * 3 * C;  /* q, k and v side by side */
+    /* Attention row by row, each row's heads one thread's each as glassbox_attend does them (so the same
+     * sums): the rows shared among the threads in one parallel region where there are rows enough, rather
+     * than a region per row (each a fork and a join, and on a busy machine a wait for a preempted thread) */
+    if (!status && M >= threads) {
+        int failed = 0;
+        #pragma omp parallel for num_threads(threads) schedule(static) reduction(|:failed)
+        for (int64_t r = 0; r < M; r++) {
+            const float *row = qkv + r * 3 * C;  /* q, k and v side by side */
+            failed |= glassbox_attend(row, row + C, row + 2 * C, kv_kind, K[r], V[r], nh, pos[r], max_len, C / nh,
+                                      heads + r * C, 1) != 0;
+        }
+        status = failed ? -2 : 0;
+    }
+    for (int64_t r = 0; r < M && M < threads && !status; r++) {
+        const float *row = qkv + r * 3 * C;
         status = glassbox_attend(row, row + C, row + 2 * C, kv_kind, K[r], V[r], nh, pos[r], max_len, C / nh,
                                  heads + r * C, threads);
     }
