@@ -53,14 +53,17 @@ static int amx_permitted(void) {
 }
 
 /* tiles 0-1: C (int8: two blocks in turn; bfloat16: two groups of 16 outputs), 2-3: A (16 weight rows,
- * bytes_a of K each), 4-5: B (x packed: rows_b rows of 64 bytes) */
-static void configure(int bytes_a, int rows_b) {
+ * bytes_a of K each), 4-5: B (x packed: rows_b rows of `cols` rows of x, 4 bytes each). C and B are only as
+ * wide as there are rows of x (up to 16): a lone row's tiles carry its 4 bytes, not 64, so x's packed
+ * tiles stay in L1 beside the streaming weights. Each output of a tile product is the same sum however
+ * wide the tile (the instructions' definition), so the width cannot change a row's result. */
+static void configure(int bytes_a, int rows_b, int cols) {
     tile_config c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    for (int t = 0; t < 2; t++) c.colsb[t] = 64, c.rows[t] = TN;
+    for (int t = 0; t < 2; t++) c.colsb[t] = (uint16_t)(4 * cols), c.rows[t] = TN;
     for (int t = 2; t < 4; t++) c.colsb[t] = (uint16_t)bytes_a, c.rows[t] = TN;
-    for (int t = 4; t < 6; t++) c.colsb[t] = 64, c.rows[t] = (uint8_t)rows_b;
+    for (int t = 4; t < 6; t++) c.colsb[t] = (uint16_t)(4 * cols), c.rows[t] = (uint8_t)rows_b;
     _tile_loadconfig(&c);
 }
 
@@ -114,12 +117,14 @@ static void store_tile(const float v[TN][TM], int64_t m0, int mr, int64_t n0, in
         }
 }
 
-/* x as B tiles, 16 rows of x per group: for each block of 32 values of K, 16 rows of 64 bytes, row r
- * holding values 2r, 2r+1 of each row of x in turn; hi = bfloat16(x), lo = bfloat16(x - hi) */
-static void pack_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, int64_t blocks, uint16_t *hi, uint16_t *lo) {
+/* x as B tiles, `cols` rows of x per group: for each block of 32 values of K, 16 rows of 4 * cols bytes,
+ * row r holding values 2r, 2r+1 of each row of x in turn; hi = bfloat16(x), lo = bfloat16(x - hi) */
+static void pack_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, int64_t blocks, int cols, uint16_t *hi,
+                      uint16_t *lo) {
     for (int64_t m = 0; m < M; m++)
         for (int64_t k = 0; k < K; k++) {
-            int64_t at = ((m / TM) * blocks + k / KB) * 512 + ((k % KB) / 2) * 32 + (m % TM) * 2 + k % 2;
+            int64_t at = ((m / cols) * blocks + k / KB) * 32 * cols + ((k % KB) / 2) * 2 * cols + (m % cols) * 2
+                         + k % 2;
             uint16_t h = to_bf16(x[m * ldx + k]);
             hi[at] = h;
             lo[at] = to_bf16(x[m * ldx + k] - from_bf16(h));
@@ -128,18 +133,19 @@ static void pack_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, int64_t
 
 static int amx_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, const uint16_t *w, int64_t N,
                     const float *scale, const float *b, float *y, int threads) {
-    int64_t blocks = (K + KB - 1) / KB, kp = blocks * KB, groups = (M + TM - 1) / TM;
-    size_t bytes = (size_t)(groups * blocks * 1024);
+    int cols = M < TM ? (int)M : TM;
+    int64_t blocks = (K + KB - 1) / KB, kp = blocks * KB, groups = (M + cols - 1) / cols;
+    size_t bytes = (size_t)(groups * blocks * 64 * cols);
     uint16_t *hi = scratch((int64_t)bytes), *lo = scratch((int64_t)bytes);
     if (!hi || !lo) { free(hi); free(lo); return -2; }
     memset(hi, 0, bytes);
     memset(lo, 0, bytes);
-    pack_bf16(x, M, K, ldx, blocks, hi, lo);
+    pack_bf16(x, M, K, ldx, blocks, cols, hi, lo);
     int64_t pairs = (N + 2 * TN - 1) / (2 * TN);
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(|:failed)
     {
-        configure(64, 16);
+        configure(64, 16, cols);
         #pragma omp for schedule(static)
         for (int64_t p = 0; p < pairs; p++) {
             int64_t n0 = p * 2 * TN, lda0 = 0, lda1 = 0;
@@ -150,12 +156,12 @@ static int amx_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, const uin
                 failed = 1;
             } else {
                 for (int64_t gm = 0; gm < groups; gm++) {
-                    const uint16_t *bh = hi + gm * blocks * 512, *bl = lo + gm * blocks * 512;
+                    const uint16_t *bh = hi + gm * blocks * 32 * cols, *bl = lo + gm * blocks * 32 * cols;
                     _tile_zero(0);
                     _tile_zero(1);
                     for (int64_t t = 0; t < blocks; t++) {
-                        _tile_loadd(4, bh + t * 512, 64);
-                        _tile_loadd(5, bl + t * 512, 64);
+                        _tile_loadd(4, bh + t * 32 * cols, 4 * cols);
+                        _tile_loadd(5, bl + t * 32 * cols, 4 * cols);
                         if (!gm) prefetch_rows(a0 + t * 64, lda0);
                         _tile_loadd(2, a0 + t * 64, lda0);
                         _tile_dpbf16ps(0, 2, 4);
@@ -168,12 +174,12 @@ static int amx_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, const uin
                         }
                     }
                     float c[TN][TM] __attribute__((aligned(64)));
-                    int mr = M - gm * TM < TM ? (int)(M - gm * TM) : TM;
+                    int mr = M - gm * cols < cols ? (int)(M - gm * cols) : cols;
                     _tile_stored(0, c, 64);
-                    store_tile(c, gm * TM, mr, n0, N, scale, b, y);
+                    store_tile(c, gm * cols, mr, n0, N, scale, b, y);
                     if (a1) {
                         _tile_stored(1, c, 64);
-                        store_tile(c, gm * TM, mr, n0 + TN, N, scale, b, y);
+                        store_tile(c, gm * cols, mr, n0 + TN, N, scale, b, y);
                     }
                 }
             }
@@ -188,9 +194,10 @@ static int amx_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, const uin
 }
 
 /* x quantized in blocks of 32 (as linear.c's quantize_rows: absmax / 127, to nearest even, within
- * +-127), signed, as B tiles: per group of 16 rows and block, 8 rows of 64 bytes, row r holding values
- * 4r..4r+3 of each row of x in turn; scales[group][block][row] (0 for rows past M) */
-static void pack_q8(const float *x, int64_t M, int64_t K, int64_t ldx, int64_t blocks, int8_t *q, float *scales) {
+ * +-127), signed, as B tiles: per group of `cols` rows and block, 8 rows of 4 * cols bytes, row r holding
+ * values 4r..4r+3 of each row of x in turn; scales[group][block][row] (0 for rows past M) */
+static void pack_q8(const float *x, int64_t M, int64_t K, int64_t ldx, int64_t blocks, int cols, int8_t *q,
+                    float *scales) {
     for (int64_t m = 0; m < M; m++)
         for (int64_t t = 0; t < blocks; t++) {
             const float *xb = x + m * ldx;
@@ -198,29 +205,31 @@ static void pack_q8(const float *x, int64_t M, int64_t K, int64_t ldx, int64_t b
             float amax = 0.0f;
             for (int64_t k = lo; k < hi; k++) amax = fabsf(xb[k]) > amax ? fabsf(xb[k]) : amax;
             float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            scales[((m / TM) * blocks + t) * TM + m % TM] = amax / 127.0f;
-            int8_t *tile = q + ((m / TM) * blocks + t) * 512;
+            scales[((m / cols) * blocks + t) * TM + m % cols] = amax / 127.0f;
+            int8_t *tile = q + ((m / cols) * blocks + t) * 32 * cols;
             for (int64_t k = lo; k < hi; k++) {
                 int v = (int)nearbyintf(xb[k] * inv);
-                tile[((k - lo) / 4) * 64 + (m % TM) * 4 + (k - lo) % 4] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+                tile[((k - lo) / 4) * 4 * cols + (m % cols) * 4 + (k - lo) % 4] =
+                    (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
             }
         }
 }
 
 static int amx_q8(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *w, int64_t N, const float *scale,
                   const float *b, float *y, int threads) {
-    int64_t blocks = (K + KB - 1) / KB, kp = blocks * KB, groups = (M + TM - 1) / TM;
-    int8_t *q = scratch(groups * blocks * 512);
+    int cols = M < TM ? (int)M : TM;
+    int64_t blocks = (K + KB - 1) / KB, kp = blocks * KB, groups = (M + cols - 1) / cols;
+    int8_t *q = scratch(groups * blocks * 32 * cols);
     float *xs = scratch(groups * blocks * TM * (int64_t)sizeof(float));
     if (!q || !xs) { free(q); free(xs); return -2; }
-    memset(q, 0, (size_t)(groups * blocks * 512));
+    memset(q, 0, (size_t)(groups * blocks * 32 * cols));
     memset(xs, 0, (size_t)(groups * blocks * TM) * sizeof(float));
-    pack_q8(x, M, K, ldx, blocks, q, xs);
+    pack_q8(x, M, K, ldx, blocks, cols, q, xs);
     int64_t tiles = (N + TN - 1) / TN;
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(|:failed)
     {
-        configure(KB, KB / 4);
+        configure(KB, KB / 4, cols);
         #pragma omp for schedule(static)
         for (int64_t tn = 0; tn < tiles; tn++) {
             int64_t n0 = tn * TN, lda = 0;
@@ -231,7 +240,7 @@ static int amx_q8(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_
                 continue;
             }
             for (int64_t gm = 0; gm < groups; gm++) {
-                const int8_t *bq = q + gm * blocks * 512;
+                const int8_t *bq = q + gm * blocks * 32 * cols;
                 const float *bs = xs + gm * blocks * TM;
                 int32_t dots[2][TN][TM] __attribute__((aligned(64)));
                 __m512 acc[TN];
@@ -241,7 +250,7 @@ static int amx_q8(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_
                 for (int64_t t = 0; t <= blocks; t++) {
                     if (t < blocks) {
                         if (!gm && t % 2 == 0) prefetch_rows(a + t * KB, lda);
-                        _tile_loadd(4, bq + t * 512, 64);
+                        _tile_loadd(4, bq + t * 32 * cols, 4 * cols);
                         _tile_loadd(2, a + t * KB, lda);
                         if (t % 2 == 0) {
                             _tile_zero(0);
@@ -263,8 +272,8 @@ static int amx_q8(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_
                 }
                 float c[TN][TM] __attribute__((aligned(64)));
                 for (int n = 0; n < TN; n++) _mm512_store_ps(c[n], acc[n]);
-                int mr = M - gm * TM < TM ? (int)(M - gm * TM) : TM;
-                store_tile(c, gm * TM, mr, n0, N, scale, b, y);
+                int mr = M - gm * cols < cols ? (int)(M - gm * cols) : cols;
+                store_tile(c, gm * cols, mr, n0, N, scale, b, y);
             }
             free(copy);
         }
