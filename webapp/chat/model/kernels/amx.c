@@ -141,18 +141,20 @@ static int amx_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, const uin
     memset(hi, 0, bytes);
     memset(lo, 0, bytes);
     pack_bf16(x, M, K, ldx, blocks, cols, hi, lo);
-    int64_t pairs = (N + 2 * TN - 1) / (2 * TN);
+    /* two groups of 16 weight rows per pass share x's tiles; a few rows of x (memory-bound) stream one
+     * group, 16 weight rows at a time, fewer streams for the prefetchers; the same sums either way */
+    int64_t span = cols >= 4 ? 2 * TN : TN, pairs = (N + span - 1) / span;
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(|:failed)
     {
         configure(64, 16, cols);
         #pragma omp for schedule(static)
         for (int64_t p = 0; p < pairs; p++) {
-            int64_t n0 = p * 2 * TN, lda0 = 0, lda1 = 0;
-            void *copy0, *copy1;
+            int64_t n0 = p * span, lda0 = 0, lda1 = 0;
+            void *copy0, *copy1 = 0;
             const uint8_t *a0 = weight_rows(w, K, N, n0, kp, 2, &lda0, &copy0);
-            const uint8_t *a1 = weight_rows(w, K, N, n0 + TN, kp, 2, &lda1, &copy1);
-            if (!a0 || (!a1 && n0 + TN < N)) {
+            const uint8_t *a1 = span > TN ? weight_rows(w, K, N, n0 + TN, kp, 2, &lda1, &copy1) : 0;
+            if (!a0 || (!a1 && span > TN && n0 + TN < N)) {
                 failed = 1;
             } else {
                 for (int64_t gm = 0; gm < groups; gm++) {
