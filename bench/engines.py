@@ -40,7 +40,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.llamacpp import CMAKE_ARGS, LLAMA_CPP_PYTHON, _run, _step, sdist_tarball
+from bench.llamacpp_env import CMAKE_ARGS, LLAMA_CPP_PYTHON, _run, _step, sdist_tarball
 
 ROOT = Path(__file__).resolve().parent.parent
 HOME = ROOT / ".bench" / "engines"  # gitignored

@@ -18,7 +18,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from bench.llamacpp import VPY, OtherLoad, export_and_convert
+from bench.llamacpp_env import VPY, OtherLoad, export_and_convert
 
 # Runs as `VPY -c BATCH_WORKER GGUF THREADS MAX_BATCH CONTEXT`: llama.cpp's own continuous batching through
 # llama-cpp-python's low-level API. It prefills MAX_BATCH sequences (sequence r: CONTEXT + 7 r prompt ids of
