@@ -88,8 +88,12 @@ def test_metrics_describe_the_batched_steps_and_the_kv_cache(chat_app):
     for text in ("first", "second"):
         sent = client.post("/chat/send", data={"csrf_token": csrf, "content": text, "max_new_tokens": "4",
                                                "temperature": "0"}, headers={"HX-Request": "true"})
-        url = re.search(r'sse-connect="([^"]+)"', sent.get_data(as_text=True)).group(1)
-        assert sse_events(client.get(url).get_data(as_text=True))[-1][0] == "done"
+        html = sent.get_data(as_text=True)
+        found = re.search(r'sse-connect="([^"]+)"', html)
+        if found:
+            assert sse_events(client.get(found.group(1)).get_data(as_text=True))[-1][0] == "done"
+        else:  # a 4-token reply can finish before its page is rendered: shown whole, with no stream
+            assert re.search(r'class="message assistant[^"]*\bcomplete\b', html), html[:600]
     metrics = client.get("/metrics").get_data(as_text=True)
     value = lambda name: float(re.search(rf"^{name} (\S+)$", metrics, re.M).group(1))  # noqa: E731
     assert value("glassbox_batch_admitted_total") == 2 and value("glassbox_batch_retired_total") == 2
