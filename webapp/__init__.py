@@ -18,6 +18,7 @@ from werkzeug.routing import IntegerConverter
 from webapp import instance
 from webapp.browsers import Browsers
 from webapp.chat import boot as chat_boot
+from webapp.chat.registry import ChatModels
 from webapp.chat.web import bp as chat_bp
 from webapp.chat.web import markdown
 from webapp.config import ROOT, Settings
@@ -79,14 +80,15 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     app.extensions["glassbox.latency"] = LatencyHistogram()
     app.extensions["glassbox.new_sessions"] = NewSessions(settings.max_new_sessions_per_minute)
     try:
-        app.extensions["glassbox.core"] = core = _start_core(settings, models)
+        core, chat_models = _start_core(settings, models)
+        app.extensions["glassbox.core"] = core
     except BaseException:
         lock.release()
         raise
     core.on_shutdown.extend([db.close, lock.release])  # a process that stops (or a test's app) frees the folder
 
-    app.extensions["glassbox.chat"] = chat_boot.service(core, db, settings.max_messages)
-    app.extensions["glassbox.inside"] = chat_boot.inside_service(core, settings)
+    app.extensions["glassbox.chat"] = chat_boot.service(core, db, chat_models, settings.max_messages)
+    app.extensions["glassbox.inside"] = chat_boot.inside_service(core, chat_models, settings)
     app.extensions["glassbox.loops"] = loops_boot.service(core, db)
 
     # v1 also puts the API-key check in front of /api/loops (webapp/v1/blueprint.py)
@@ -108,25 +110,37 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     return app
 
 
-def _start_core(settings: Settings, models: dict[str, Any] | None) -> InferenceCore:
+def _start_core(settings: Settings, models: dict[str, Any] | None) -> tuple[InferenceCore, ChatModels]:
     """Load the models (unless given), give each its executor and warm-up (webapp/chat/boot.py,
-    webapp/loops/boot.py), and start the core's worker."""
-    boots = {"chat": chat_boot, "loops": loops_boot}
+    webapp/loops/boot.py), and start the core's worker. Each chat model of the registry has its own
+    kinds of job (its replies, its Inside jobs), so its replies step in a batch of their own."""
     load_seconds = {}
     if models is None:
         models = {}
-        for name, boot in boots.items():
+        for name, load in (("chat", chat_boot.load_models), ("loops", loops_boot.load_model)):
             started = time.perf_counter()
-            models[name] = boot.load_model(settings)
+            models[name] = load(settings)
             load_seconds[name] = time.perf_counter() - started
-    warmups = {name: _warm_up(boots[name]) for name in models}
-    executors: dict[str, Executor] = {name: boots[name].executor(model, settings) for name, model in models.items()}
-    if "chat" in models:  # "Inside this token": whole jobs on the chat model (webapp/chat/decode/inside.py)
-        executors["inside"] = chat_boot.inside_executor(models["chat"])
-    return InferenceCore(models, executors, warmups=warmups,
+    chat = chat_boot.as_registry(models.get("chat"))
+    core_models: dict[str, Any] = {}
+    executors: dict[str, Executor] = {}
+    warmups: dict[str, Callable[[Any], None]] = {}
+    for name in chat.names():
+        kind, loaded = chat.kind(name), chat.get(name)
+        core_models[kind] = loaded
+        executors[kind] = chat_boot.executor(loaded, chat.settings_for(name, settings))
+        # "Inside this token": whole jobs on that model (webapp/chat/decode/inside.py)
+        executors[chat.inside_kind(name)] = chat_boot.inside_executor(loaded)
+        warmups[kind] = _warm_up(chat_boot)
+    if "loops" in models:
+        core_models["loops"] = models["loops"]
+        executors["loops"] = loops_boot.executor(models["loops"], settings)
+        warmups["loops"] = _warm_up(loops_boot)
+    core = InferenceCore(core_models, executors, warmups=warmups,
                          load_seconds=load_seconds, torch_threads=settings.torch_threads,
                          max_queue=settings.max_queue, max_jobs_per_owner=settings.max_jobs_per_owner,
                          max_jobs_per_client=settings.max_jobs_per_client)
+    return core, chat
 
 
 def _warm_up(boot: ModuleType) -> Callable[[Any], None]:

@@ -21,6 +21,7 @@ class ConfigError(Exception):
 @dataclass(frozen=True)
 class Settings:
     # Models
+    chat_models: str = ""        # a TOML registry of chat models (webapp/chat/registry.py); empty: the one below
     chat_checkpoint: str = str(ROOT / "models/chat/model.safetensors")
     chat_arch: str = ""          # preset, n_layer=2,n_head=4,... or a JSON file; empty: from the checkpoint
     chat_tokenizer: str = ""     # "byte", "gpt2" (packaged) or "gpt2:/path/gpt2.tiktoken"; empty: from config.json

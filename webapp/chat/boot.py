@@ -13,7 +13,9 @@ from webapp.chat.decode.prefill import pin_prompt_head
 from webapp.chat.decode.remote.executor import remote_executor
 from webapp.chat.inside import InsideService
 from webapp.chat.model import kernels
-from webapp.chat.model.loading import load_chat_model
+from webapp.chat.model.errors import ModelLoadError
+from webapp.chat.model.loading import LoadedChatModel, load_chat_model
+from webapp.chat.registry import ChatModels, model_entries
 from webapp.chat.service import ChatService
 from webapp.chat.store import ChatStore
 from webapp.core import InferenceCore
@@ -50,6 +52,29 @@ def load_model(settings):
     return loaded
 
 
+def load_models(settings) -> ChatModels:
+    """Every model of the registry (GLASSBOX_CHAT_MODELS, else the one model's settings), loaded at start:
+    a broken one stops start-up, its name in the message."""
+    loaded, per_model = {}, {}
+    for entry in model_entries(settings):
+        try:
+            loaded[entry.name] = load_model(entry.settings)
+        except ModelLoadError as error:
+            if not settings.chat_models:
+                raise
+            where = f"GLASSBOX_CHAT_MODELS={settings.chat_models}, [models.{entry.name}]"
+            raise ModelLoadError(f"{where}: {error}") from None
+        per_model[entry.name] = entry.settings
+    return ChatModels(loaded, per_model)
+
+
+def as_registry(models: ChatModels | LoadedChatModel | None) -> ChatModels:
+    """What the app factory was given for chat (tests give one loaded model, or several by name)."""
+    if models is None:
+        return ChatModels({})
+    return models if isinstance(models, ChatModels) else ChatModels.one(models)
+
+
 def executor(loaded, settings):
     """The core's executor for chat jobs: a remote OpenAI-compatible backend when configured
     (GLASSBOX_CHAT_BACKEND), else the batched decoder, or one reply at a time without a KV cache."""
@@ -74,10 +99,10 @@ def warm_up(loaded) -> None:
             pin_prompt_head(loaded, [loaded.prompt.bos, *loaded.prompt.fewshot_ids])
 
 
-def service(core: InferenceCore, db: AnyDatabase, max_messages: int = 0) -> ChatService:
+def service(core: InferenceCore, db: AnyDatabase, models: ChatModels, max_messages: int = 0) -> ChatService:
     store = ChatStore(db)
     store.finish_deletions()  # a conversation whose deletion the last process did not finish
-    return ChatService(core, store, max_messages)
+    return ChatService(core, store, models, max_messages)
 
 
 def inside_executor(loaded) -> InsideJobs:
@@ -85,5 +110,5 @@ def inside_executor(loaded) -> InsideJobs:
     return InsideJobs(loaded)
 
 
-def inside_service(core: InferenceCore, settings) -> InsideService:
-    return InsideService(core, keep=settings.inside_cache_entries)
+def inside_service(core: InferenceCore, models: ChatModels, settings) -> InsideService:
+    return InsideService(core, models, keep=settings.inside_cache_entries)

@@ -11,7 +11,7 @@ import threading
 
 from webapp.chat.decode.inside import InsideReport, InsideRequest, InsideResult
 from webapp.chat.model.inside import layout_problem
-from webapp.chat.model.loading import LoadedChatModel
+from webapp.chat.registry import ChatModels, ModelRecord, model_record
 from webapp.chat.service import ChatError
 from webapp.core import InferenceCore
 from webapp.core.jobs import DONE, FINISHED, Job
@@ -23,20 +23,28 @@ REMOTE = ("Replies here come from a remote server (GLASSBOX_CHAT_BACKEND), not f
 class InsideService:
     """What the Inside views call; knows the core and the chat service's store, never the device."""
 
-    def __init__(self, core: InferenceCore, keep: int = 32) -> None:
+    def __init__(self, core: InferenceCore, models: ChatModels, keep: int = 32) -> None:
         self.core = core
+        self.models = models
         self.keep = keep  # reports kept (GLASSBOX_INSIDE_CACHE_ENTRIES)
-        self._reports: collections.OrderedDict[InsideRequest, InsideReport] = collections.OrderedDict()
+        # under (the model that works it out, the request): two models' reports on one text are two reports
+        self._reports: collections.OrderedDict[tuple[str, InsideRequest], InsideReport] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._layout: dict[int, str | None] = {}  # id(model) -> why it cannot be looked into
 
-    @property
-    def model(self) -> LoadedChatModel:
-        return self.core.models["chat"]
+    def writer(self, message: dict) -> str:
+        """The registry name of the model that wrote a reply (the default for one saved before replies kept
+        their model). Raises ChatError (409) when it is not run here now, or from another file."""
+        record: ModelRecord | None = model_record(message)
+        problem = self.models.unavailable(record)
+        if problem is not None:
+            raise ChatError(problem, 409)
+        return record.name if record else self.models.default
 
-    def unavailable(self) -> str | None:
-        """Why Inside cannot run here (None: it can): a remote backend, or a model without nanoGPT's layout."""
-        loaded = self.model
+    def unavailable(self, name: str | None = None) -> str | None:
+        """Why Inside cannot run on a model here (None: it can): a remote backend, or a model without
+        nanoGPT's layout."""
+        loaded = self.models.get(name)
         if getattr(loaded, "remote", False):
             return REMOTE
         key = id(loaded.model)
@@ -47,6 +55,7 @@ class InsideService:
 
     def request_for(self, message: dict, details: dict, index: int) -> InsideRequest:
         """The ids the model had when it produced token `index` of a reply. Raises ChatError (404, 409)."""
+        block_size = self.models.get(self.writer(message)).block_size
         if message["role"] != "assistant":
             raise ChatError("Only replies have tokens to look into.", 404)
         if message["status"] == "pending":
@@ -60,33 +69,34 @@ class InsideService:
             raise ChatError(f"No such token in this reply: it has tokens 0 to {len(odds) - 1}.", 404)
         reply = [row[0] for row in odds]
         # past the window the generator goes on from the last block_size ids (generate.Sequence._open_window)
-        context = (list(prompt["ids"]) + reply[:index])[-self.model.block_size:]
+        context = (list(prompt["ids"]) + reply[:index])[-block_size:]
         return InsideRequest(tuple(context), reply[index], index)
 
-    def report(self, request: InsideRequest) -> InsideReport | None:
-        """The kept report for this request, if it was worked out before."""
+    def report(self, model: str, request: InsideRequest) -> InsideReport | None:
+        """The kept report for this request on that model, if it was worked out before."""
         with self._lock:
-            found = self._reports.get(request)
+            found = self._reports.get((model, request))
             if found is not None:
-                self._reports.move_to_end(request)
+                self._reports.move_to_end((model, request))
             return found
 
-    def start(self, owner: str, request: InsideRequest) -> Job:
-        """The job working this request out: the one already queued or running, else a new one.
-        Raises Refused (queue full, too many jobs for this browser or address)."""
-        running = self.core.find("inside", request)
+    def start(self, owner: str, model: str, request: InsideRequest) -> Job:
+        """The job working this request out on that model: the one already queued or running, else a new
+        one. Raises Refused (queue full, too many jobs for this browser or address)."""
+        kind = self.models.inside_kind(model)
+        running = self.core.find(kind, request)
         if running is not None and running.state not in FINISHED:
             return running
 
         def keep(job: Job, outcome: str, error: str | None) -> None:
             if outcome == DONE and isinstance(job.result, InsideResult) and job.result.report is not None:
-                self._remember(request, job.result.report)
+                self._remember((model, request), job.result.report)
 
-        return self.core.submit(Job("inside", owner, request, on_finish=keep, ref=request, result=InsideResult()))
+        return self.core.submit(Job(kind, owner, request, on_finish=keep, ref=request, result=InsideResult()))
 
-    def _remember(self, request: InsideRequest, report: InsideReport) -> None:
+    def _remember(self, key: tuple[str, InsideRequest], report: InsideReport) -> None:
         with self._lock:
-            self._reports[request] = report
-            self._reports.move_to_end(request)
+            self._reports[key] = report
+            self._reports.move_to_end(key)
             while len(self._reports) > self.keep:
                 self._reports.popitem(last=False)

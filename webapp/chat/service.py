@@ -14,8 +14,9 @@ from webapp.chat.decode.types import ChatRequest, ChatResult, Forced, SamplingPa
 from webapp.chat.follow import follow_reply
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.prompt import PromptBuilder, PromptReport
+from webapp.chat.registry import ChatModels, model_record
 from webapp.chat.store import LEASE_RENEW_SECONDS, ROOT, ChatStore, ConversationFull, ReplySignals
-from webapp.core import InferenceCore
+from webapp.core import InferenceCore, Refused
 from webapp.core.jobs import CANCELLED, DONE, Event, Job
 
 log = logging.getLogger(__name__)
@@ -41,12 +42,14 @@ class Turn:
     # a new version after this message (ROOT: a first message); None: after the branch shown
     branch_from: int | None = None
     forced: Forced | None = None  # the reply's first tokens, given
+    model: str = ""  # the registry name of the model that writes the reply
 class ChatService:
     """What the chat views call; knows the store and the core, never the device."""
 
-    def __init__(self, core: InferenceCore, store: ChatStore, max_messages: int = 0) -> None:
+    def __init__(self, core: InferenceCore, store: ChatStore, models: ChatModels, max_messages: int = 0) -> None:
         self.core = core
         self.store = store
+        self.models = models
         # GLASSBOX_MAX_MESSAGES: messages one conversation keeps, every version (regenerated, edited,
         # branched) counted, so that versions are bounded as well as the branch shown; 0: no limit
         self.max_messages = max_messages
@@ -54,7 +57,8 @@ class ChatService:
 
     @property
     def model(self) -> LoadedChatModel:
-        return self.core.models["chat"]
+        """The default model (the registry's first)."""
+        return self.models.get()
 
     @property
     def prompts(self) -> PromptBuilder:
@@ -62,14 +66,45 @@ class ChatService:
         # one that is too long before anything is saved); only the worker runs the model.
         return self.model.prompt
 
-    def max_new_tokens_limit(self) -> int:
-        return self.prompts.max_new_tokens_limit()
+    def max_new_tokens_limit(self, model: str | None = None) -> int:
+        return self.models.get(model).prompt.max_new_tokens_limit()
 
-    def check_prompt(self, history: list[dict], sampling: SamplingParams) -> PromptReport:
-        """The prompt for a reply to `history`; raises PromptTooLong (nothing saved yet)."""
+    def check_prompt(self, history: list[dict], sampling: SamplingParams, model: str | None = None) -> PromptReport:
+        """The prompt for a reply to `history` by `model` (None: the default); raises PromptTooLong
+        (nothing saved yet)."""
         turns = [{"role": m["role"], "content": m["content"]} for m in history
                  if m["role"] == "user" or m["status"] in ("complete", "stopped")]
-        return self.prompts.explain(turns, sampling.max_new_tokens)
+        return self.models.get(model).prompt.explain(turns, sampling.max_new_tokens)
+
+    # -- which model --------------------------------------------------------------------------
+    def chosen_model(self, name: str | None) -> str:
+        """A model named in a request (None or empty: the default). Raises ChatError (400) naming the models."""
+        if not name:
+            return self.models.default
+        if name not in self.models:
+            raise ChatError(f"There is no model named {name!r} here. This server runs: "
+                            f"{', '.join(self.models.names())}.", 400)
+        return name
+
+    def conversation_model(self, conversation: dict | None) -> str:
+        """The model a conversation's new replies use: the one it was started with, while this server
+        runs it; else the default (each reply is labelled with the model that wrote it)."""
+        name = conversation.get("model") if conversation else None
+        return name if isinstance(name, str) and name in self.models else self.models.default
+
+    def writer(self, message: dict) -> LoadedChatModel:
+        """The model that wrote a reply, to read or continue it with. A reply saved before replies kept
+        their model counts as the default's. Raises ChatError (409) when that model is not run here now,
+        or runs from another file: never another model's numbers."""
+        record = model_record(message)
+        problem = self.models.unavailable(record)
+        if problem is not None:
+            raise ChatError(problem, 409)
+        return self.models.get(record.name if record else None)
+
+    def writer_name(self, message: dict) -> str:
+        record = model_record(message)
+        return record.name if record else self.models.default
 
     # -- reading (views never touch the store) -------------------------------------------------
     def conversations(self, owner: str) -> list[dict]:
@@ -113,19 +148,55 @@ class ChatService:
         self.store.delete_conversation(owner, conversation_id)
 
     # -- turns: check, then save in one transaction, submit, take back if refused ----------------
-    def send_turn(self, conversation: dict | None, content: str, sampling: SamplingParams) -> Turn:
-        """A new question in a conversation (None: a new one). Raises PromptTooLong."""
+    def send_turn(self, conversation: dict | None, content: str, sampling: SamplingParams,
+                  model: str | None = None) -> Turn:
+        """A new question in a conversation (None: a new one, with `model`, None: the default; a
+        conversation's replies use its own). Raises PromptTooLong, ChatError for an unknown model."""
+        name = self.conversation_model(conversation) if conversation else self.chosen_model(model)
         history = self.history(conversation["id"]) if conversation else []
-        prompt = self.check_prompt(history + [{"role": "user", "content": content, "status": "complete"}], sampling)
-        return Turn(conversation, prompt, sampling, user_text=content)
+        prompt = self.check_prompt(history + [{"role": "user", "content": content, "status": "complete"}], sampling,
+                                   name)
+        return Turn(conversation, prompt, sampling, user_text=content, model=name)
 
-    def regenerate_turn(self, conversation: dict, sampling: SamplingParams) -> Turn:
-        """A new version of the last reply, after the same question; the old one stays."""
+    def second_turn(self, turn: Turn, model: str) -> Turn:
+        """`turn`'s question answered by another model too: a second version of its reply, beside the first
+        (where it goes is known once `turn` is saved: `start_both`). Raises PromptTooLong, ChatError."""
+        name = self.chosen_model(model)
+        if name == turn.model:
+            raise ChatError(f"Choose another model than {name} to ask beside it.", 400)
+        history = self.history(turn.conversation["id"]) if turn.conversation else []
+        question = [{"role": "user", "content": turn.user_text or "", "status": "complete"}]
+        return Turn(turn.conversation, self.check_prompt(history + question, turn.sampling, name), turn.sampling,
+                    model=name)
+
+    def start_both(self, owner: str, turn: Turn, second: Turn) -> tuple[dict, int, int | str, bool]:
+        """One question, two models: `turn` saved and queued, then `second` as another version of its reply
+        -> (conversation, first reply id, second reply id or why it was refused, created). Raises what
+        `start` raises for the first; a refused second leaves the first running (nothing is lost)."""
+        conversation, first, created = self.start(owner, turn)
+        message = self.store.message(conversation["id"], first)
+        assert message is not None  # saved above
+        try:
+            _, other, _ = self.start(owner, dataclasses.replace(second, conversation=conversation,
+                                                                   branch_from=message["parent_id"] or ROOT))
+        except (Refused, ChatError) as refused:
+            self.store.show_message(conversation["id"], first)
+            return conversation, first, f"{second.model} could not answer too: {refused}", created
+        return conversation, first, other, created
+
+    def regenerate_turn(self, conversation: dict, sampling: SamplingParams, model: str | None = None) -> Turn:
+        """A new version of the last reply, after the same question; the old one stays. `model`: another
+        model writes it (None: the model that wrote the reply)."""
         history = self.history(conversation["id"])
         if not history or history[-1]["role"] != "assistant" or history[-1]["status"] == "pending":
             raise ChatError("There is no finished reply to regenerate.")
-        return Turn(conversation, self.check_prompt(history[:-1], sampling), sampling,
-                    branch_from=history[-1]["parent_id"] or ROOT)
+        if model:
+            name = self.chosen_model(model)
+        else:
+            self.writer(history[-1])  # its own model, which must still run here (ChatError 409)
+            name = self.writer_name(history[-1])
+        return Turn(conversation, self.check_prompt(history[:-1], sampling, name), sampling,
+                    branch_from=history[-1]["parent_id"] or ROOT, model=name)
 
     def edit_turn(self, conversation: dict, message: dict, content: str, sampling: SamplingParams) -> Turn:
         """A new version of a question (and a reply to it); the old one stays with what followed it."""
@@ -138,14 +209,16 @@ class ChatService:
         if message["id"] not in shown:
             raise ChatError("That message is on a branch not shown; show it first.")
         history = path[:shown.index(message["id"])] + [{**message, "content": content}]
-        return Turn(conversation, self.check_prompt(history, sampling), sampling, user_text=content,
-                    branch_from=message["parent_id"] or ROOT)
+        name = self.conversation_model(conversation)
+        return Turn(conversation, self.check_prompt(history, sampling, name), sampling, user_text=content,
+                    branch_from=message["parent_id"] or ROOT, model=name)
 
     def branch_turn(self, conversation: dict, message: dict, forced: Forced) -> Turn:
         """A new version of a reply that starts with `forced` (its tokens before one, then another) and
         goes on with the reply's own settings and prompt."""
         if any(m["status"] == "pending" for m in self.history(conversation["id"])):
             raise ChatError("Stop the running reply before branching.")
+        self.writer(message)  # the tokens are that model's: it goes on, or nobody does (ChatError 409)
         details = self.details(message["id"])
         if not details["odds"] or not details["prompt"]:
             raise ChatError("This reply was saved before Glassbox kept its tokens, so it cannot be branched.")
@@ -155,18 +228,19 @@ class ChatService:
             raise ChatError(f"That continuation is longer than the reply may be ({sampling.max_new_tokens} tokens).",
                             400)
         return Turn(conversation, PromptReport.from_dict(details["prompt"]), sampling,
-                    branch_from=message["parent_id"] or ROOT, forced=forced)
+                    branch_from=message["parent_id"] or ROOT, forced=forced, model=self.writer_name(message))
 
     def start(self, owner: str, turn: Turn) -> tuple[dict, int, bool]:
         """Save the turn and queue the job that writes its reply -> (conversation, reply id, created).
         Raises ChatError (400) for a conversation at its limit of messages, nothing saved. A refused job
         (Refused) or a failure takes back everything saved for it, and re-raises."""
         conversation = turn.conversation
+        name = turn.model or self.models.default
         try:
             ids = self.store.begin_turn(owner, conversation["id"] if conversation else None,
                                         user_text=turn.user_text, branch_from=turn.branch_from,
                                         settings=turn.sampling.as_dict(), prompt=turn.prompt.as_dict(),
-                                        max_messages=self.max_messages)
+                                        max_messages=self.max_messages, model=self.models.record(name))
         except ConversationFull as full:
             raise ChatError(str(full), 400) from None
         forced = turn.forced or Forced()
@@ -174,7 +248,7 @@ class ChatService:
         reply_id = ids.reply_id
         self._leases.hold(reply_id)
         try:
-            self.submit_reply(owner, request, ref=reply_id, on_finish=self._saver(reply_id),
+            self.submit_reply(owner, request, model=name, ref=reply_id, on_finish=self._saver(reply_id),
                               on_progress=self._progress_saver(reply_id))
         except Exception:
             self._leases.let_go(reply_id)
@@ -190,15 +264,21 @@ class ChatService:
             raise ChatError("Stop the running reply before switching versions.")
         self.store.show_message(conversation_id, message_id)
 
-    def submit_reply(self, owner: str, request: ChatRequest, *, ref: object = None,
+    def submit_reply(self, owner: str, request: ChatRequest, *, model: str | None = None, ref: object = None,
                      on_finish: Callable[[Job, str, str | None], None] | None = None,
                      on_progress: Callable[[Job], None] | None = None) -> Job:
-        """Queue a reply job (its result a ChatResult) -> the job; raises Refused when the core will not take it."""
-        return self.core.submit(Job("chat", owner, request, on_finish=on_finish, on_progress=on_progress, ref=ref,
+        """Queue a reply job (its result a ChatResult) for `model` (None: the default) -> the job; raises
+        Refused when the core will not take it."""
+        kind = self.models.kind(model or self.models.default)
+        return self.core.submit(Job(kind, owner, request, on_finish=on_finish, on_progress=on_progress, ref=ref,
                                     result=ChatResult()))
 
     def job_for(self, message_id: int) -> Job | None:
-        return self.core.find("chat", message_id)
+        for name in self.models.names():
+            job = self.core.find(self.models.kind(name), message_id)
+            if job is not None:
+                return job
+        return None
 
     def stop(self, message_id: int) -> None:
         job = self.job_for(message_id)

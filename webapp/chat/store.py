@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass
 
 from webapp.chat.decode.types import ReplyStats
+from webapp.chat.registry import ModelRecord
 from webapp.db import AnyDatabase
 
 TITLE_CHARS = 60
@@ -201,12 +202,14 @@ class ChatStore:
                            (json.dumps(odds, separators=(",", ":")), message_id))
 
     def begin_turn(self, owner: str, conversation_id: str | None, *, user_text: str | None,
-                   branch_from: int | None, settings: dict, prompt: dict, max_messages: int = 0) -> TurnIds:
+                   branch_from: int | None, settings: dict, prompt: dict, max_messages: int = 0,
+                   model: ModelRecord | None = None) -> TurnIds:
         """Save what a new reply needs, in one transaction: its conversation (when new), the question
         (when there is one), the pending reply and its prompt. The reply follows the branch shown, or
         is a new version after `branch_from` (ROOT: a new first message). Both are shown from now on.
         Raises ConversationFull when the conversation would keep more than `max_messages` messages,
-        every version counted (0: no limit); checked under the write lock, so no two turns pass it at once."""
+        every version counted (0: no limit); checked under the write lock, so no two turns pass it at once.
+        `model`: who writes the reply, kept with it (and, for a new conversation, the conversation's model)."""
         now = time.time()
         adding = 1 if user_text is None else 2
         with self.db.transaction() as db:
@@ -217,9 +220,9 @@ class ChatStore:
                 raise ConversationFull(max_messages)
             if created:
                 conversation_id = uuid.uuid4().hex[:16]
-                db.execute("INSERT INTO conversations (id, owner, title, created_at, updated_at)"
-                           " VALUES (?, ?, ?, ?, ?)",
-                           (conversation_id, owner, _title(user_text or ""), now, now))
+                db.execute("INSERT INTO conversations (id, owner, title, created_at, updated_at, model)"
+                           " VALUES (?, ?, ?, ?, ?, ?)",
+                           (conversation_id, owner, _title(user_text or ""), now, now, model and model.name))
             shown = db.execute("SELECT leaf_id FROM conversations WHERE id = ?", (conversation_id,)).fetchone()[0]
             title = None
             if branch_from == ROOT and user_text is not None and not created:  # the first question, edited
@@ -233,10 +236,11 @@ class ChatStore:
                                      (conversation_id, user_text, now, parent)).fetchone()[0]
                 parent = user_id
             reply_id = db.execute("INSERT INTO messages (conversation_id, role, content, status, settings, created_at,"
-                                  " parent_id, runner, lease_until)"
-                                  " VALUES (?, 'assistant', '', 'pending', ?, ?, ?, ?, ?) RETURNING id",
+                                  " parent_id, runner, lease_until, model, model_file, model_precision)"
+                                  " VALUES (?, 'assistant', '', 'pending', ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                                   (conversation_id, json.dumps(settings), now, parent,
-                                   self.db.runner, now + REPLY_LEASE_SECONDS)).fetchone()[0]
+                                   self.db.runner, now + REPLY_LEASE_SECONDS, model and model.name,
+                                   model and model.file_id, model and model.precision)).fetchone()[0]
             db.execute("INSERT INTO reply_details (message_id, prompt) VALUES (?, ?)",
                        (reply_id, json.dumps(prompt, separators=(",", ":"))))
             db.execute("UPDATE conversations SET updated_at = ?, leaf_id = ? WHERE id = ?",

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from webapp.chat.decode.odds import TOP_ALTERNATIVES
 from webapp.chat.decode.types import SamplingParams
 from webapp.chat.model.prompt import PromptTooLong
+from webapp.chat.registry import DEFAULT_NAME
 from webapp.v1.errors import ApiError
 
-MODEL_ID = "glassbox"  # the one model this server has: its chat model, whatever checkpoint is loaded
 DEFAULT_TOP_K = SamplingParams().top_k  # the chat page's default, so a request without top_k is answered alike
 MAX_STOPS = 4  # as OpenAI
 MAX_TOP_LOGPROBS = 20  # accepted as OpenAI does; at most TOP_ALTERNATIVES (10) are returned
@@ -39,6 +39,7 @@ class Ask:
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
     stops: tuple[str, ...] = ()
     logprobs: int | None = None  # alternatives to report per token; None: no logprobs asked for
+    model: str = DEFAULT_NAME  # the registry name of the model that answers
 
 
 # -- fields ------------------------------------------------------------------------------------
@@ -110,16 +111,30 @@ def _refuse_unless(body: dict, name: str, fine, why: str) -> None:
         raise ApiError(400, f"Unsupported value for '{name}': {why}", param=name, code="unsupported_value")
 
 
-def _common(body: dict) -> dict:
-    """What both endpoints take alike: the model, sampling, stop sequences, streaming; refusals."""
+def requested_model(body, names: list[str]) -> str:
+    """The registry name a request's `model` picks (none given: the first, the default). 404 naming the
+    models there are."""
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _type_error("model", "a string", model)
-    if model is not None and model != MODEL_ID:
-        raise ApiError(404, f"The model '{model}' does not exist. This server has one model: '{MODEL_ID}'.",
-                       param="model", code="model_not_found")
+    if model is None:
+        return names[0]
+    if model not in names:
+        raise unknown_model(model, names)
+    return model
+
+
+def unknown_model(model: str, names: list[str]) -> ApiError:
+    there = (f"This server has one model: '{names[0]}'." if len(names) == 1
+             else "This server has these models: " + ", ".join(f"'{n}'" for n in names) + ".")
+    return ApiError(404, f"The model '{model}' does not exist. {there}", param="model", code="model_not_found")
+
+
+def _common(body: dict, names: list[str]) -> dict:
+    """What both endpoints take alike: the model, sampling, stop sequences, streaming; refusals."""
+    model = requested_model(body, names)
     _refuse_unless(body, "n", lambda v: v == 1, "Glassbox generates one choice per request (n=1); "
                    "send several requests, with different seeds, for more.")
     _refuse_unless(body, "top_p", lambda v: v == 1, "nucleus sampling is not implemented; leave top_p at 1 "
@@ -151,17 +166,19 @@ def _common(body: dict) -> dict:
             # an empty stop sequence would end every reply at once
             "stops": tuple(valid_text(s, "stop") for s in stops if s),
             "stream": stream,
-            "include_usage": boolean(options or {}, "include_usage")}
+            "include_usage": boolean(options or {}, "include_usage"), "model": model}
 
 
 def _ask(kind: str, ids, max_tokens: int, common: dict, logprobs: int | None) -> Ask:
     params = SamplingParams(max_tokens, common["temperature"], common["top_k"], common["seed"])
-    return Ask(kind, tuple(ids), params, common["stream"], common["include_usage"], common["stops"], logprobs)
+    return Ask(kind, tuple(ids), params, common["stream"], common["include_usage"], common["stops"], logprobs,
+               common["model"])
 
 
 # -- /v1/chat/completions ------------------------------------------------------------------------
-def parse_chat(body, loaded, settings) -> Ask:
-    common = _common(body)
+def parse_chat(body, loaded, settings, names: list[str] | None = None) -> Ask:
+    """`loaded`: the model `body` asks for, among `names` (the registry's; None: the one default)."""
+    common = _common(body, names or [DEFAULT_NAME])
     _refuse_unless(body, "tools", lambda v: v == [], "tools are not implemented.")
     _refuse_unless(body, "functions", lambda v: v == [], "functions are not implemented.")
     _refuse_unless(body, "response_format", lambda v: isinstance(v, dict) and v.get("type") == "text",
@@ -244,8 +261,8 @@ def chat_turns(messages: list[tuple[str, str]]) -> list[dict]:
 
 
 # -- /v1/completions -------------------------------------------------------------------------------
-def parse_text(body, loaded, settings) -> Ask:
-    common = _common(body)
+def parse_text(body, loaded, settings, names: list[str] | None = None) -> Ask:
+    common = _common(body, names or [DEFAULT_NAME])
     _refuse_unless(body, "best_of", lambda v: v == 1, "Glassbox generates one choice per request (best_of=1).")
     _refuse_unless(body, "echo", lambda v: v is False, "echo is not implemented.")
     _refuse_unless(body, "suffix", lambda v: v == "", "suffix (insertion) is not implemented.")

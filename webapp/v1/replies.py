@@ -25,8 +25,7 @@ from webapp.core.jobs import DONE, FAILED, Job
 from webapp.v1 import shapes
 from webapp.v1.auth import api_owner
 from webapp.v1.errors import ApiError
-from webapp.v1.params import MODEL_ID, Ask
-from webapp.web import get_core
+from webapp.v1.params import Ask
 from webapp.web.sse import comment
 from webapp.web.streams import StreamSlot, held_slot, long_response
 
@@ -129,7 +128,7 @@ class Follow:
         return "length" if self.generated >= self.ask.params.max_new_tokens else "stop"
 
     def logprobs(self, tokens: list) -> dict | None:
-        tokenizer = get_core().models["chat"].tokenizer
+        tokenizer = chat_service().models.get(self.ask.model).tokenizer
         return shapes.logprobs_of(self.ask.kind, tokens, self.ask.logprobs, tokenizer)
 
     def usage(self) -> dict:
@@ -142,11 +141,11 @@ def respond(ask: Ask) -> Response:
     try:
         # before the job: a refusal leaves nothing queued. A whole (non-streamed) reply takes the bulk share
         with held_slot(bulk=not ask.stream) as slot:
-            job = chat.submit_reply(api_owner(), ChatRequest(ask.prompt_ids, ask.params, odds=ask.logprobs is not None))
+            job = chat.submit_reply(api_owner(), ChatRequest(ask.prompt_ids, ask.params, odds=ask.logprobs is not None),
+                                    model=ask.model)
     except Refused as error:
         raise ApiError.refused(error) from None
-    loaded = chat.model
-    meta = shapes.Meta.new("chatcmpl" if ask.kind == "chat" else "cmpl", job.id, MODEL_ID, loaded)
+    meta = shapes.Meta.new("chatcmpl" if ask.kind == "chat" else "cmpl", job.id, ask.model, chat.models.get(ask.model))
     follow = Follow(job, ask, current_app.config["GLASSBOX"].heartbeat_seconds)
     if ask.stream:
         return long_response(_stream(follow, meta), "text/event-stream", slot)

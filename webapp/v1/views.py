@@ -7,20 +7,21 @@ import time
 
 from flask import current_app, jsonify, request
 
+from webapp.chat.registry import ChatModels
 from webapp.v1 import params, replies, shapes
 from webapp.v1.blueprint import bp
 from webapp.v1.errors import ApiError, not_found_url
-from webapp.web import get_core
+from webapp.v1.replies import chat_service
 from webapp.web.security import csrf_exempt
 
 STARTED = int(time.time())  # a model's `created`: when this server loaded it
 
 
-def chat_model():
-    loaded = get_core().models.get("chat")
-    if loaded is None:
+def chat_models() -> ChatModels:
+    models = chat_service().models
+    if not models:
         raise ApiError(404, "This server has no chat model loaded.", code="model_not_found")
-    return loaded
+    return models
 
 
 def json_body() -> dict:
@@ -36,31 +37,33 @@ def json_body() -> dict:
 
 @bp.get("/models")
 def models():
-    loaded = get_core().models.get("chat")
-    cards = [] if loaded is None else [shapes.model_card(params.MODEL_ID, loaded, STARTED)]
+    registry = chat_service().models
+    cards = [shapes.model_card(name, registry.get(name), STARTED) for name in registry.names()]
     return jsonify({"object": "list", "data": cards})
 
 
 @bp.get("/models/<path:model>")
 def model(model: str):
-    if model != params.MODEL_ID:
-        raise ApiError(404, f"The model '{model}' does not exist. This server has one model: "
-                            f"'{params.MODEL_ID}'.", param="model", code="model_not_found")
-    return jsonify(shapes.model_card(params.MODEL_ID, chat_model(), STARTED))
+    registry = chat_models()
+    if model not in registry:
+        raise params.unknown_model(model, registry.names())
+    return jsonify(shapes.model_card(model, registry.get(model), STARTED))
 
 
 @bp.post("/chat/completions")
 @csrf_exempt
 def chat_completions():
-    loaded = chat_model()
-    return replies.respond(params.parse_chat(json_body(), loaded, current_app.config["GLASSBOX"]))
+    body, registry = json_body(), chat_models()
+    loaded = registry.get(params.requested_model(body, registry.names()))
+    return replies.respond(params.parse_chat(body, loaded, current_app.config["GLASSBOX"], registry.names()))
 
 
 @bp.post("/completions")
 @csrf_exempt
 def completions():
-    loaded = chat_model()
-    return replies.respond(params.parse_text(json_body(), loaded, current_app.config["GLASSBOX"]))
+    body, registry = json_body(), chat_models()
+    loaded = registry.get(params.requested_model(body, registry.names()))
+    return replies.respond(params.parse_text(body, loaded, current_app.config["GLASSBOX"], registry.names()))
 
 
 @bp.route("/<path:rest>", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])

@@ -43,6 +43,8 @@ class LoadedChatModel:
     checkpoint_id: str  # "model.safetensors@1a2b3c4d5e6f" (file name + sha256 prefix)
     description: str  # one line for the UI/logs: architecture, size, tokenizer, where the config came from
     prompt: PromptBuilder  # few-shot encoded once for this tokenizer and window
+    precision: str = "float32"  # as webapp/chat/model/precision.py names it: float32, bfloat16, float16, int8
+    n_params: int = 0  # parameters, counted before int8 turns weights into buffers
     torch_threads: int = 0  # intra-op threads for its replies; 0 = the core worker's setting
     remote: bool = False  # replies come from a remote backend (GLASSBOX_CHAT_BACKEND): this model gives the prompts
 
@@ -243,4 +245,4 @@ def load_chat_model(checkpoint: str, *, arch: str | None = None, tokenizer_spec:
                    f"config from {source}, {'KV cache' if kv else 'full recompute'}")
     return LoadedChatModel(model=model, tokenizer=tokenizer, block_size=block_size, supports_kv_cache=kv,
                            checkpoint_id=_file_id(path), description=description,
-                           prompt=PromptBuilder(tokenizer, block_size))
+                           prompt=PromptBuilder(tokenizer, block_size), precision=precision, n_params=n_params)

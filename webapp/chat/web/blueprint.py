@@ -17,6 +17,12 @@ def service() -> ChatService:
     return current_app.extensions["glassbox.chat"]
 
 
+@bp.context_processor
+def models_context() -> dict:
+    """The chat models this server runs (memory only, no I/O): the picker, each reply's label, the card."""
+    return {"chat_models": service().models}
+
+
 def settings() -> Settings:
     return current_app.config["GLASSBOX"]
 

@@ -26,21 +26,39 @@ def with_token_views(messages: list[dict]) -> list[dict]:
     """The replies their owner reads as tokens get their tokens (and odds) to show."""
     for m in messages:
         if m.get("token_view") and m["role"] == "assistant" and m["status"] != "pending":
-            views, _ = token_views.readable_token_views(service().model.tokenizer, service().details(m["id"]))
+            try:
+                tokenizer = service().writer(m).tokenizer
+            except ChatError:  # its model is not run here: shown as text, which needs no tokenizer
+                continue
+            views, _ = token_views.readable_token_views(tokenizer, service().details(m["id"]))
             if views:
                 m["token_views"] = views
     return messages
 
 
 def render_page(conversation: dict | None, *, draft: str = "", errors: dict | None = None,
-                sampling: SamplingParams | None = None, status: int = 200, typed: dict | None = None):
+                sampling: SamplingParams | None = None, status: int = 200, typed: dict | None = None,
+                beside: int | None = None):
     svc = service()
     messages = with_token_views(svc.history(conversation["id"])) if conversation else []
     body = render_template("chat/page.html", conversation=conversation, messages=messages,
                            conversations=svc.conversations(owner_id()), draft=draft,
                            errors=errors or {}, sampling=sampling or default_sampling(),
-                           max_new_tokens_limit=sampling_limit(), typed=typed or {})
+                           max_new_tokens_limit=sampling_limit(), typed=typed or {},
+                           beside=beside_reply(messages, beside), chosen_model=typed and typed.get("model"))
     return body, status
+
+
+def beside_reply(messages: list[dict], beside: int | None) -> dict | None:
+    """The other version of the last reply to show beside it (two models asked at once), when `beside`
+    names one; anything else is no pair."""
+    if beside is None or not messages or messages[-1]["role"] != "assistant":
+        return None
+    last = messages[-1]
+    if beside == last["id"] or beside not in (last.get("versions") or []):
+        return None
+    other = service().message(last["conversation_id"], beside)
+    return with_token_views([other])[0] if other else None
 
 
 def default_sampling() -> SamplingParams:
@@ -75,6 +93,7 @@ def composer_error(conversation, draft, error: FormError | str, sampling=None, s
     """Bad input: say what is wrong beside each field and give everything typed back, nothing saved."""
     errors = error.errors if isinstance(error, FormError) else {field: error}
     typed = submitted_sampling(request.form)
+    typed.update({name: request.form.get(name, "")[:100] for name in ("model", "also_model")})
     if is_htmx():
         html = render_template("chat/_composer.html", conversation=conversation, draft=draft, errors=errors,
                                sampling=sampling or default_sampling(), max_new_tokens_limit=sampling_limit(),
@@ -95,14 +114,23 @@ def too_long(error: PromptTooLong) -> FormErrors:
     return FormErrors({"content": str(error), "max_new_tokens": tokens})
 
 
-def start_reply(turn: Turn, draft: str = ""):
-    """Save and queue a checked turn (ChatService.start); answer htmx with the conversation, a form (no
-    JavaScript: it waits for the whole reply, holding a stream slot) with the page."""
+def start_reply(turn: Turn, draft: str = "", second: Turn | None = None):
+    """Save and queue a checked turn (ChatService.start; with `second`, another model's reply to the same
+    question beside it); answer htmx with the conversation, a form (no JavaScript: it waits for the whole
+    reply, holding a stream slot) with the page."""
     owner = owner_id()
     quotas.check_chat(owner, new_conversation=turn.conversation is None)  # the browser's quotas (403)
+    beside, notice = None, None
     try:
         with held_slot(not is_htmx()) as slot:  # no JavaScript: the form waits for the whole reply
-            conversation, reply_id, created = service().start(owner, turn)
+            if second is None:
+                conversation, reply_id, created = service().start(owner, turn)
+            else:
+                conversation, first, other, created = service().start_both(owner, turn, second)
+                if isinstance(other, int):
+                    reply_id, beside = other, first
+                else:  # the second model was refused: the first answers alone, and the page says why
+                    reply_id, notice = first, other
     except Refused as error:  # the service took back what it saved for it
         return composer_error(turn.conversation, draft, str(error), turn.sampling, refusal_status(error),
                               headers=refusal_headers(error))
@@ -110,21 +138,25 @@ def start_reply(turn: Turn, draft: str = ""):
         return composer_error(turn.conversation, draft, str(error), turn.sampling, error.status)
     session["sampling"] = turn.sampling.as_dict()  # this browser's settings, until it resets them
     if slot is None:
-        return reply_fragment(conversation, created, turn.sampling)
+        return reply_fragment(conversation, created, turn.sampling, beside=beside, notice=notice)
     with slot:
-        wait_for_reply(reply_id)
-    return redirect(url_for("chat.conversation", conversation_id=conversation["id"]), 303)
+        for waited in (reply_id, beside):
+            if waited is not None:
+                wait_for_reply(waited)
+    return redirect(url_for("chat.conversation", conversation_id=conversation["id"], beside=beside), 303)
 
 
-def reply_fragment(conversation, created, sampling):
+def reply_fragment(conversation, created, sampling, beside: int | None = None, notice: str | None = None):
     svc = service()
+    messages = with_token_views(svc.history(conversation["id"]))
     response = current_app.make_response(render_template(
         "chat/_conversation_swap.html", conversation=conversation,
         # the replies read as tokens stay so (‹ › switching versions once showed them as text until a reload)
-        messages=with_token_views(svc.history(conversation["id"])), conversations=svc.conversations(owner_id()),
-        sampling=sampling, max_new_tokens_limit=sampling_limit(), draft="", errors={}))
-    if created:
-        response.headers["HX-Push-Url"] = url_for("chat.conversation", conversation_id=conversation["id"])
+        messages=messages, conversations=svc.conversations(owner_id()), beside=beside_reply(messages, beside),
+        notice=notice, sampling=sampling, max_new_tokens_limit=sampling_limit(), draft="", errors={}))
+    if created or beside is not None:  # the address shows the pair too, so a reload keeps it
+        response.headers["HX-Push-Url"] = url_for("chat.conversation", conversation_id=conversation["id"],
+                                                  beside=beside)
     return response
 
 

@@ -50,7 +50,8 @@ def index():
 
 @bp.get("/c/<conversation_id>")
 def conversation(conversation_id: str):
-    return render_page(owned_conversation(conversation_id))
+    """A conversation; ?beside=<reply id> shows that version of the last reply beside it (two models)."""
+    return render_page(owned_conversation(conversation_id), beside=request.args.get("beside", type=int))
 
 
 # -- sending and replying ---------------------------------------------------------------------
@@ -66,13 +67,16 @@ def send():
                                           max_new_tokens_limit=sampling_limit())
     except FormError as error:  # every field's error at once
         return composer_error(conversation, draft, error)
+    also = form.get("also_model", "")
     try:
-        turn = svc.send_turn(conversation, content, sampling)
+        turn = svc.send_turn(conversation, content, sampling, model=form.get("model") or None)
+        second = svc.second_turn(turn, also) if also else None  # ask two models at once
     except PromptTooLong as error:
         return composer_error(conversation, draft, too_long(error), sampling)
     except ChatError as error:
-        return composer_error(conversation, draft, str(error), sampling, error.status)
-    return start_reply(turn, draft=draft)
+        field = "model" if error.status == 400 else "content"
+        return composer_error(conversation, draft, str(error), sampling, error.status, field=field)
+    return start_reply(turn, draft=draft, second=second)
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/stream")
@@ -129,7 +133,7 @@ def regenerate(conversation_id: str):
     except FormError as error:
         return composer_error(conversation, "", error)
     try:
-        turn = service().regenerate_turn(conversation, sampling)
+        turn = service().regenerate_turn(conversation, sampling, model=request.form.get("model") or None)
     except PromptTooLong as error:
         return composer_error(conversation, "", str(error), sampling)
     except ChatError as error:

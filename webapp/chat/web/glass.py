@@ -12,6 +12,15 @@ from webapp.chat.web.composer import default_sampling, reply_fragment, start_rep
 from webapp.web import is_htmx
 
 
+def tokenizer_of(message: dict):
+    """The tokenizer of the model that wrote a reply: its ids read as another model's would be wrong
+    text. 409 naming that model when this server does not run it (or runs another file under its name)."""
+    try:
+        return service().writer(message).tokenizer
+    except ChatError as error:
+        abort(error.status, str(error))
+
+
 def reply_details(conversation_id: str, message_id: int) -> tuple[dict, dict]:
     message = owned_message(conversation_id, message_id)
     if message["role"] != "assistant":
@@ -23,7 +32,7 @@ def reply_details(conversation_id: str, message_id: int) -> tuple[dict, dict]:
 def tokens(conversation_id: str, message_id: int):
     """Every token of a reply shaded by its probability; ?t=N shows token N's alternatives (no JS needed)."""
     message, details = reply_details(conversation_id, message_id)
-    views, damaged = glass.readable_token_views(service().model.tokenizer, details)
+    views, damaged = glass.readable_token_views(tokenizer_of(message), details)
     selected = request.args.get("t", type=int)
     selected = selected if selected is not None and 0 <= selected < len(views) else None
     return render_template("chat/tokens.html", conversation=owned_conversation(conversation_id), message=message,
@@ -34,7 +43,7 @@ def tokens(conversation_id: str, message_id: int):
 def token_panel(conversation_id: str, message_id: int, index: int):
     """One token's alternatives, as the fragment htmx puts in the token view's panel."""
     message, details = reply_details(conversation_id, message_id)
-    views, damaged = glass.readable_token_views(service().model.tokenizer, details)
+    views, damaged = glass.readable_token_views(tokenizer_of(message), details)
     if not 0 <= index < len(views):
         abort(404, damaged or "No such token in this reply.")
     return render_template("chat/_token_panel.html", token=views[index], message=message)
@@ -48,10 +57,11 @@ def branch(conversation_id: str, message_id: int):
     conversation = owned_conversation(conversation_id)
     message, details = reply_details(conversation_id, message_id)
     svc = service()
-    if glass.readable_token_views(svc.model.tokenizer, details)[1] or "prompt" in details["damaged"]:
+    tokenizer = tokenizer_of(message)
+    if glass.readable_token_views(tokenizer, details)[1] or "prompt" in details["damaged"]:
         abort(409, "This reply's saved tokens or prompt are damaged, so it cannot be branched.")
     try:
-        forced = glass.branch_tokens(svc.model.tokenizer, details["odds"] or [], request.form,
+        forced = glass.branch_tokens(tokenizer, details["odds"] or [], request.form,
                                      settings().max_message_chars)
         turn = svc.branch_turn(conversation, message, forced)
     except ValueError as error:  # the form asked for no token the reply has
@@ -68,9 +78,9 @@ def compare(conversation_id: str, message_id: int, other_id: int):
     other, other_details = reply_details(conversation_id, other_id)
     if message["parent_id"] != other["parent_id"]:
         abort(404, "These replies answer different messages.")
-    tokenizer = service().model.tokenizer
-    a, b = (glass.readable_token_views(tokenizer, d)[0] for d in (details, other_details))
-    first = glass.first_difference(a, b)
+    tokenizers = tokenizer_of(message), tokenizer_of(other)
+    a, b = (glass.readable_token_views(t, d)[0] for t, d in zip(tokenizers, (details, other_details)))
+    first = glass.first_difference(a, b, same_vocabulary=tokenizers[0].name == tokenizers[1].name)
     return render_template("chat/compare.html", conversation=owned_conversation(conversation_id),
                            sides=[(message, a), (other, b)], first=first)
 
@@ -84,7 +94,7 @@ def prompt(conversation_id: str, message_id: int):
     if details["prompt"] is None:
         abort(404, "This reply was saved before Glassbox kept prompts.")
     try:
-        report, parts = glass.prompt_view(service().model.tokenizer, details["prompt"])
+        report, parts = glass.prompt_view(tokenizer_of(message), details["prompt"])
     except (TypeError, ValueError, IndexError, KeyError):  # JSON, but not what this code wrote
         abort(404, glass.DAMAGED_PROMPT)
     return render_template("chat/prompt.html", conversation=owned_conversation(conversation_id), message=message,

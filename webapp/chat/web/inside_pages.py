@@ -86,7 +86,7 @@ def inside_answer(message: dict, index: int) -> Response | tuple:
         report = resolve(message, index)
     except InsideError as error:
         return jsonify({"error": str(error)}), error.status, error.headers
-    return jsonify(inside_view.as_json(service().model.tokenizer, report))
+    return jsonify(inside_view.as_json(service().writer(message).tokenizer, report))
 
 
 def inside_page(conversation: dict, message: dict, index: int, shared: str | None = None):
@@ -100,7 +100,7 @@ def inside_page(conversation: dict, message: dict, index: int, shared: str | Non
         if error.status != 409:
             abort(error.status, str(error))
         return render_template("chat/inside.html", problem=str(error), **common), 409
-    tokenizer = service().model.tokenizer
+    tokenizer = service().writer(message).tokenizer  # resolve() checked that it runs here
     n_layer, n_head, positions = report.attention.shape
     chosen_head = inside_view.parse_head(request.args.get("head"), n_layer, n_head)
     prompt_length = positions - min(index, positions)
@@ -119,21 +119,25 @@ def resolve(message: dict, index: int) -> InsideReport:
     Raises InsideError: 404 (no such token), 409 (cannot run here, or the reply is not finished),
     429/503 (refused: limits, a full queue, no stream slot free), 500 (the job failed)."""
     inside = inside_service()
-    problem = inside.unavailable()
+    try:
+        model = inside.writer(message)  # the model that wrote the reply, or 409 naming it
+    except ChatError as error:
+        raise InsideError(str(error), error.status) from None
+    problem = inside.unavailable(model)
     if problem is not None:
         raise InsideError(problem, 409)
     try:
         inside_request = inside.request_for(message, service().details(message["id"]), index)
     except ChatError as error:
         raise InsideError(str(error), error.status) from None
-    report = inside.report(inside_request)
+    report = inside.report(model, inside_request)
     if report is not None:
         return report
     try:
         # before the job: a refusal leaves nothing queued. A wait of many seconds that nobody watches token
         # by token: the bulk share, so a flood of cold reports leaves the other slots to live replies
         with held_slot(bulk=True) as slot:
-            job = inside.start(owner_id(), inside_request)
+            job = inside.start(owner_id(), model, inside_request)
     except Refused as error:
         raise InsideError(str(error), refusal_status(error), refusal_headers(error)) from None
     assert slot is not None

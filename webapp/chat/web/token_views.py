@@ -136,10 +136,11 @@ def readable_token_views(tokenizer, details: dict) -> tuple[list[TokenView], str
         return [], DAMAGED_ODDS
 
 
-def first_difference(a: list[TokenView], b: list[TokenView]) -> int | None:
-    """The index of the first token where two replies differ (None: one is the other's start, or equal)."""
+def first_difference(a: list[TokenView], b: list[TokenView], same_vocabulary: bool = True) -> int | None:
+    """The index of the first token where two replies differ (None: one is the other's start, or equal).
+    Two models with other vocabularies (an id means another text in each) are compared by the tokens' text."""
     for i, (x, y) in enumerate(zip(a, b)):
-        if x.token != y.token:
+        if (x.token != y.token) if same_vocabulary else (x.text != y.text):
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
 
