@@ -1,9 +1,9 @@
 """Single-stream decoding: Glassbox (PyTorch, CPU) vs llama.cpp on the same random weights.
 
-    .venv/bin/python -m bench.llamacpp              # gpt2-254m, threads 1,2, contexts 300,800, 200 new, 3 reps
-    .venv/bin/python -m bench.llamacpp --size gpt2 --threads 2 --contexts 300 --reps 1 --new 50 --no-doc
-    .venv/bin/python -m bench.llamacpp --batched    # batched steps, both engines (bench/llamacpp_batched.py)
-    .venv/bin/python -m bench.llamacpp --setup-only # build the llama.cpp environment and the GGUF files
+    .venv/bin/python -m bench.peers.llamacpp              # gpt2-254m, threads 1,2, contexts 300,800, 200 new, 3 reps
+    .venv/bin/python -m bench.peers.llamacpp --size gpt2 --threads 2 --contexts 300 --reps 1 --new 50 --no-doc
+    .venv/bin/python -m bench.peers.llamacpp --batched    # batched steps, both engines (llamacpp_batched.py)
+    .venv/bin/python -m bench.peers.llamacpp --setup-only # build the llama.cpp environment and the GGUF files
 
 What it measures: single-stream greedy decoding (one sequence, batch 1, on the CPU) of Glassbox's own
 path (forward_cached over the prompt, then decode_step with one KVCache per token, in this process) against
@@ -39,7 +39,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.llamacpp_env import CMAKE_ARGS, LLAMA_CPP_PYTHON, VPY, OtherLoad, export_and_convert, setup
+from bench.peers.llamacpp_env import CMAKE_ARGS, LLAMA_CPP_PYTHON, VPY, OtherLoad, export_and_convert, setup
 
 # real stdout to itself.
 WORKER = r"""
@@ -194,7 +194,7 @@ def main(argv=None):
     args = parse_args(argv)
     setup(converter=args.gguf_writer == "llamacpp")
     if args.batched and not args.setup_only:
-        from bench import llamacpp_batched
+        from bench.peers import llamacpp_batched
         return llamacpp_batched.main(args)
     import torch
 

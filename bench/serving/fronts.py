@@ -1,7 +1,7 @@
 """One front end against two, on the bundled models, the same load: page latency and streams held.
 
-    .venv/bin/python -m bench.fronts                 # 1 then 2 front ends, 40 browsers, 3 replies each
-    .venv/bin/python -m bench.fronts --browsers 20 --markdown
+    .venv/bin/python -m bench.serving.fronts                 # 1 then 2 front ends, 40 browsers, 3 replies each
+    .venv/bin/python -m bench.serving.fronts --browsers 20 --markdown
 
 Each run starts a throwaway PostgreSQL cluster (tests/support/postgres.py: Debian's server binaries), N
 gunicorn front ends (gunicorn.conf.py) on one fresh database and nginx before them with deploy/nginx.conf's
@@ -191,7 +191,7 @@ def main() -> int:
     if args.markdown:
         revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                   cwd=ROOT).stdout.strip()
-        print(f"\n`.venv/bin/python -m bench.fronts {' '.join(sys.argv[1:])}` at {revision}\n")
+        print(f"\n`.venv/bin/python -m bench.serving.fronts {' '.join(sys.argv[1:])}` at {revision}\n")
         print("| front ends | browsers x replies | streams held at once | refused (503) | replies complete | failed "
               "| page p50 ms | page p95 ms | page max ms | seconds |")
         print("|---|---|---|---|---|---|---|---|---|---|")

@@ -1,8 +1,8 @@
 """Decode speed: the seed's full-recompute loop vs Glassbox's generator vs transformers' generate, on
 the same random weights, against the machine's memory roofline.
 
-    .venv/bin/python -m bench.decode                       # GPT-2 small and 254M, prompts 300 and 800
-    .venv/bin/python -m bench.decode --sizes gpt2 --prompts 300 --reps 1 --no-doc   # a quick look
+    .venv/bin/python -m bench.decode.decoders                       # GPT-2 small and 254M, prompts 300 and 800
+    .venv/bin/python -m bench.decode.decoders --sizes gpt2 --prompts 300 --reps 1 --no-doc   # a quick look
 
 Variants run interleaved (seed, glassbox, hf, glassbox-bf16, seed, glassbox, ...) and each figure is
 the median over --reps. The seed loop pays a whole prefill per token, so it makes only --seed-new
