@@ -31,7 +31,7 @@ def parse_args(argv=None):
     p.add_argument("--variants", default="seed,glassbox,hf,glassbox-bf16")
     p.add_argument("--device", default="cpu")
     p.add_argument("--config", default="", help="n_layer,n_head,n_embd: a custom size (dry runs)")
-    p.add_argument("--no-doc", action="store_true", help="print only; do not append to docs/benchmarks.md")
+    p.add_argument("--no-doc", action="store_true", help="print only; do not append to docs/benchmarks-history.md")
     return p.parse_args(argv)
 
 

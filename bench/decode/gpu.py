@@ -8,7 +8,7 @@ What it runs: bench.decode.decoders with --device cuda --sizes gpt2-254m --promp
 variants glassbox (fp32), glassbox-bf16 and transformers (fp32); then bench.decode.batch_step in bf16 for
 batches 1 to 64 (the batched decoder's step, each row with its own cache). The seed loop is left out
 (minutes of prefills for nothing new). TF32 stays off, so fp32 means fp32. Results are appended to
-docs/benchmarks.md like every bench.
+docs/benchmarks-history.md like every bench.
 
 On a GPU a 254M decode step is launch-bound, not bandwidth-bound (about 300 small kernels per token, each
 a few microseconds to launch from Python): expect eager decoding far below the roofline, and batching to

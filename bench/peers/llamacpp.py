@@ -16,7 +16,7 @@ context: prefill seconds, decode tokens/s (--new single-token steps / their seco
 --reps with the variants interleaved, and Glassbox ÷ llama.cpp. Also how far the two agree: the largest
 |logit difference| after the prompt (fp32 vs f32, the first 50257 ids) and, for each variant, how many
 greedy tokens match Glassbox fp32's before the first difference. The table is printed and, unless
---no-doc, appended to docs/benchmarks.md (bench.common.report).
+--no-doc, appended to docs/benchmarks-history.md (bench.common.report).
 
 Its environment is its own, under .bench/llamacpp/ (gitignored), made on first use and reused: a venv
 (torch==2.13.0 CPU first, for the converter; numpy, safetensors, transformers, pyyaml, tqdm), the
@@ -179,7 +179,7 @@ def parse_args(argv=None):
                    help="who writes the GGUF files: llama.cpp's convert_hf_to_gguf.py (needs torch and "
                    "transformers in the bench venv) or webapp.chat.model.gguf (in this process)")
     p.add_argument("--setup-only", action="store_true", help="build the environment and the GGUF files; time nothing")
-    p.add_argument("--no-doc", action="store_true", help="print only; do not append to docs/benchmarks.md")
+    p.add_argument("--no-doc", action="store_true", help="print only; do not append to docs/benchmarks-history.md")
     return p.parse_args(argv)
 
 

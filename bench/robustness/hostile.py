@@ -221,7 +221,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32, help="the good user's reply length")
     parser.add_argument("--max-held", type=int, default=120, help="never-read sockets held at once, all attacks")
     parser.add_argument("--slowloris", type=int, default=60, help="slowloris connections held")
-    parser.add_argument("--no-report", action="store_true", help="print, do not append to docs/benchmarks.md")
+    parser.add_argument("--no-report", action="store_true", help="print, do not append to docs/benchmarks-history.md")
     parser.add_argument("--each", action="store_true",
                         help="issue 25's attacks one at a time, through nginx and direct (hostile_attacks.py)")
     parser.add_argument("--only", action="append", help="with --each: the attacks whose name contains this")

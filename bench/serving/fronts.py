@@ -169,7 +169,7 @@ def main() -> int:
     parser.add_argument("--fronts", default="1,2", help="front-end counts to run, in turn")
     parser.add_argument("--time-limit", type=float, default=300)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", action="store_true", help="print a table for docs/benchmarks.md")
+    parser.add_argument("--markdown", action="store_true", help="print a table for docs/benchmarks-history.md")
     args = parser.parse_args()
     if args.browsers > 120 or args.time_limit > 900:
         parser.error("bounded on purpose: at most 120 browsers and 900 s")
