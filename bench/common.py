@@ -1,5 +1,6 @@
 """What the decode benchmarks share: random models, the three decoders timed alike, memory bandwidth,
-and the report (a table on stdout, appended to docs/benchmarks.md with date, machine, command, revision).
+and the report (a table on stdout, appended to docs/benchmarks-history.md with date, machine, command,
+revision; docs/benchmarks.md's current table is updated by hand from it).
 
 Every decoder is timed the same way: t0 at the call, a timestamp when each new token is known on the
 host. Time to first token = first timestamp - t0 (the prefill included); decode tokens/s = (tokens - 1)
@@ -23,7 +24,7 @@ import torch
 from torch.nn import functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "benchmarks.md"
+DOC = ROOT / "docs" / "benchmarks-history.md"  # every run, appended; the current figures: docs/benchmarks.md
 GPT2_RANKS = ROOT / "webapp" / "chat" / "model" / "data" / "gpt2.tiktoken"  # packaged GPT-2 ranks
 VOCAB = 50257  # GPT-2's real tokens; prompts are drawn from these
 
@@ -287,7 +288,7 @@ def table(header: list[str], rows: list[list]) -> str:
 
 
 def report(title: str, body: str, *, load_before: str, write_doc: bool = True) -> None:
-    """Print, and append a dated section to docs/benchmarks.md (other sections are never touched)."""
+    """Print, and append a dated section to docs/benchmarks-history.md (other sections are never touched)."""
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     section = (f"\n## {title} ({stamp})\n\n"
                f"- command: `{command_line()}`\n- revision: {revision()}\n- machine: {machine()}\n"
@@ -295,7 +296,7 @@ def report(title: str, body: str, *, load_before: str, write_doc: bool = True) -
     print(section)
     if write_doc:
         if not DOC.exists():
-            DOC.write_text("# Benchmarks\n\nEvery section was appended by the command it names "
-                           "(see README, \"Benchmarks\").\n")
+            DOC.write_text("# Benchmark history\n\nEvery section was appended by the command it names "
+                           "(the current figures: docs/benchmarks.md).\n")
         with open(DOC, "a") as f:
             f.write(section)

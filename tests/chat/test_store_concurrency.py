@@ -4,7 +4,7 @@ Every write goes through (no "database is locked", no serialization failure) and
 
 The rates are the issue's (8 browsers each sending every second, 4 regenerating), compressed: each
 "browser" sends its turns back to back, so the writers collide far more often than they would a second apart.
-bench/store_load.py runs the same load paced, for a minute.
+bench/store/load.py runs the same load paced, for a minute.
 """
 
 from __future__ import annotations

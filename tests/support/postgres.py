@@ -45,7 +45,7 @@ def require_postgres() -> Path:
 class Cluster:
     def __init__(self, binaries: Path, fsync: bool = False) -> None:
         self.binaries = binaries
-        self.fsync = fsync  # on: as deployed (bench.store_load); off: the tests, faster
+        self.fsync = fsync  # on: as deployed (bench.store.load); off: the tests, faster
         self.folder = Path(tempfile.mkdtemp(prefix="glassbox-pg-"))
         self.data = self.folder / "data"
         self.port = free_port()

@@ -1,7 +1,7 @@
 """`python -m webapp.chat.export gguf OUT.gguf`: read back with gguf's own reader (llama.cpp's gguf-py), the
 file has llama.cpp's GPT-2 tensors with Glassbox's weights (f32 exact, f16 and q8_0 within their rounding),
 the vocabulary (the byte-level one with its never-applying merge, GPT-2's BPE with its 50,000 merges), the
-chat specials as CONTROL tokens and the chat template. Loading it in llama.cpp itself: bench/engines.py."""
+chat specials as CONTROL tokens and the chat template. Loading it in llama.cpp itself: bench/peers/engines.py."""
 
 from __future__ import annotations
 

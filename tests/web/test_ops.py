@@ -102,6 +102,6 @@ def test_metrics_describe_the_batched_steps_and_the_kv_cache(chat_app):
     assert value("glassbox_step_prefill_tokens_sum") > 0
     assert value("glassbox_kv_cache_bytes") > 0  # the finished replies' caches, kept for a next turn
     assert value("glassbox_running_jobs") == 0
-    # where the worker's time went, for bench.concurrency's served-against-step profile
+    # where the worker's time went, for bench.serving.concurrency's served-against-step profile
     for phase in ("prefill", "decode", "publish", "step other", "finish", "admit", "waiting"):
         assert value(f'glassbox_worker_seconds_total{{phase="{phase}"}}') > 0, phase

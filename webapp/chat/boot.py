@@ -24,7 +24,7 @@ from webapp.db import AnyDatabase
 
 # Below this much weight a reply runs on one intra-op thread: a small model is about as fast on one as
 # on two on a quiet machine, but many times slower on two when another process holds a core (each operator
-# then waits a scheduler slice for its second thread; docs/benchmarks.md, "intra-op threads").
+# then waits a scheduler slice for its second thread; docs/benchmarks.md, "Intra-op threads").
 SMALL_MODEL_BYTES = 64 * 2**20
 
 

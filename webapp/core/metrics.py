@@ -100,7 +100,7 @@ class StepMetrics:
         self.admitted = 0
         self.retired = 0
         # the worker thread's seconds by what it did: the step's own phases (prefill, decode, publish, the
-        # rest of the step), admitting, finishing (saving results), waiting for work. bench.concurrency
+        # rest of the step), admitting, finishing (saving results), waiting for work. bench.serving.concurrency
         # reads them to say where a served step loses time against the bare one.
         self._lock = threading.Lock()
         self.worker: dict[str, float] = {}

@@ -27,5 +27,6 @@ def one_torch_thread() -> AbstractContextManager[None]:
     libgomp gives each thread that runs parallel work its own pool; once a process has more pool
     threads than CPUs, idle pool threads stop spinning after ~100 spins and sleep between operations.
     A model loaded with parallel work on the main thread (a factory's random init, a dtype
-    conversion) made the core's worker decode measurably slower on 2 cores (docs/benchmarks.md)."""
+    conversion) made the core's worker decode measurably slower on 2 cores (docs/benchmarks-history.md,
+    "Fast decoding (#5)")."""
     return torch_threads(1)

@@ -25,7 +25,7 @@ class LoopRuns(WholeJobs):
 
     def __init__(self, bundle, torch_threads: int = 1, extra: dict | None = None) -> None:
         # The bundled model's loop is hundreds of tiny operators: one intra-op thread runs it faster than
-        # two on a 2-core machine (docs/benchmarks.md, Loop lab).
+        # two on a 2-core machine (docs/benchmarks-history.md, "Fast decoding (#5)", Loop lab).
         self.bundle, self.torch_threads = bundle, torch_threads
         self.bundles = {MAIN: bundle, **(extra or {})}  # what the page's model picker offers
 

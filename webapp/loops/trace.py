@@ -45,7 +45,7 @@ def observations(batch: list[tuple], pairs=None) -> tuple[list[dict], bool]:
     or None) per loop; with attention (and the prompt's rules, `pairs`) a row also says which rule
     it read and keeps the weights.  The
     tensor work runs once per batch, not once per loop: a loop of the bundled model is so short that a
-    dozen small operations and host reads per loop showed up whole (docs/benchmarks.md, Loop lab).
+    dozen small operations and host reads per loop showed up whole (docs/benchmarks-history.md, "Fast decoding (#5)").
     -> (rows up to the first nonfinite loop, whether there was one)."""
     loops, loop_scores, loop_stops, states, seconds, attentions = zip(*batch)
     n = len(batch)

@@ -17,7 +17,8 @@ def frame(event: str, data: str) -> str:
     """One SSE event: every line of the fragment is its own `data: ` line."""
     if "\r" in data:  # \r\n and a lone \r end lines too: make every line end \n
         data = _LINE_BREAK.sub("\n", data)
-    # str.replace, not a split and join per line: much faster on a batch of Loop-lab rows (docs/benchmarks.md)
+    # str.replace, not a split and join per line: much faster on a batch of Loop-lab rows
+    # (docs/benchmarks-history.md, "Fast decoding (#5)")
     return f"event: {event}\ndata: " + data.replace("\n", "\ndata: ") + "\n\n"
 
 

@@ -254,7 +254,8 @@ def test_decode_fast_paths_match_the_plain_ones():
                     reason="needs 2+ CPUs (one starts no thread pool anyway) and Linux's /proc")
 def test_loading_under_one_torch_thread_starts_no_thread_pool():
     """The core's worker must be the only thread with an OpenMP pool, or libgomp's threads sleep
-    between operations (docs/benchmarks.md: 17% slower decoding). Checked in a fresh process."""
+    between operations (docs/benchmarks-history.md, "Fast decoding (#5)": 0.86-0.91 of the speed). Checked
+    in a fresh process."""
     code = """if True:
         import os, torch
         from webapp.core.threads import one_torch_thread

@@ -1,7 +1,7 @@
 """A Glassbox front before each real server's wire (tests/support/fake_openai.py reproduces llama-cpp-python's
 and vLLM's streams): a front whose tokenizer differs from the backend's, tokens sent without their bytes,
 a stream ended by `[DONE]` with no finish_reason, the backend's own finish_reason, and the sampling fields
-that make each server sample as Glassbox does. The real servers: bench/engines.py."""
+that make each server sample as Glassbox does. The real servers: bench/peers/engines.py."""
 
 from __future__ import annotations
 

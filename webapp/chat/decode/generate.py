@@ -49,7 +49,7 @@ from webapp.chat.model.loading import LoadedChatModel
 # streams never wait long for their next token. How a prompt is cut into chunks changes its keys and
 # values in the last bits, so the cut depends on the model alone, never on timing: a seeded reply is
 # then the same every time, alone or batched. A chunk is about PREFILL_FLOPS of work: what the other rows'
-# streams may stall for (docs/architecture.md; its time on this machine: docs/benchmarks.md).
+# streams may stall for (docs/architecture.md; prefill times: docs/benchmarks.md, "One-stream decode").
 PREFILL_FLOPS = 6e10
 MIN_CHUNK, MAX_CHUNK = 16, 1024
 

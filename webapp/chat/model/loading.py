@@ -156,7 +156,7 @@ def _load_strict(model: nn.Module, state: dict, path: Path, hint: str):
     if on_meta:
         # assign would keep the checkpoint's own tensors, which a .safetensors file maps from disk: a
         # decode step then reads its weights through the page cache's mapping, measurably slower than
-        # from ordinary memory (docs/benchmarks.md). Own copies, one tensor at a time.
+        # from ordinary memory (not recorded in docs/benchmarks-history.md). Own copies, one tensor at a time.
         state = {k: v.clone() for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=on_meta)
     if tied and on_meta:  # assign gives each key its own Parameter: tie them again

@@ -1,12 +1,12 @@
 """A Glassbox front before a real llama.cpp server (llama-cpp-python's `python -m llama_cpp.server`), checked
 as a user would meet it: the checks that tests/chat/decode/test_remote_servers.py makes against a fake server.
 
-    .venv/bin/python -m bench.engines              # setup (first run ~15-40 min), then every check
-    .venv/bin/python -m bench.engines --setup-only # build the environment and the GGUF files only
-    .venv/bin/python -m bench.engines --no-doc     # do not append the results to docs/scaling.md
+    .venv/bin/python -m bench.peers.engines              # setup (first run ~15-40 min), then every check
+    .venv/bin/python -m bench.peers.engines --setup-only # build the environment and the GGUF files only
+    .venv/bin/python -m bench.peers.engines --no-doc     # do not append the results to docs/scaling.md
 
 Its environment is its own, under .bench/engines/ (gitignored): a venv with llama-cpp-python
-(bench.llamacpp's version and CMAKE_ARGS) built from its sdist with the `server` extras, and the GGUF files
+(bench.peers.llamacpp's version and CMAKE_ARGS) built from its sdist with the `server` extras, and the GGUF files
 made by `python -m webapp.chat.export gguf`: the bundled byte-level chat model (f32) and a small GPT-2-BPE
 model with random weights (f32; its checkpoint written beside it so a Glassbox can load it too).
 
@@ -40,9 +40,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.llamacpp_env import CMAKE_ARGS, LLAMA_CPP_PYTHON, _run, _step, sdist_tarball
+from bench.peers.llamacpp_env import CMAKE_ARGS, LLAMA_CPP_PYTHON, _run, _step, sdist_tarball
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HOME = ROOT / ".bench" / "engines"  # gitignored
 VENV = HOME / "venv"
 VPY = VENV / "bin" / "python"
@@ -351,7 +351,7 @@ def check_other_tokenizer(check, front) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.engines")
+    parser = argparse.ArgumentParser(prog="python -m bench.peers.engines")
     parser.add_argument("--setup-only", action="store_true")
     parser.add_argument("--no-doc", action="store_true")
     args = parser.parse_args(argv)
@@ -376,7 +376,7 @@ def main(argv=None) -> int:
         doc = ROOT / "docs" / "scaling.md"
         stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         with open(doc, "a") as out:
-            out.write(f"\n### bench.engines {stamp}\n\n`{common.command_line()}` at {common.revision()}, "
+            out.write(f"\n### bench.peers.engines {stamp}\n\n`{common.command_line()}` at {common.revision()}, "
                       f"{common.machine()}.\n\n{body}\n")
     return 0 if all(r[1] == "pass" for r in results) else 1
 

@@ -1,9 +1,9 @@
 """Load and fault run against real gunicorn, on loopback only, bounded in count and time.
 
-    .venv/bin/python bench/load.py                      # starts gunicorn itself on the bundled models
-    .venv/bin/python bench/load.py --models test        # tiny random models, 30 ms a token / 50 ms a loop
-    .venv/bin/python bench/load.py --nginx              # the same, through nginx (deploy/nginx.conf) at /glassbox/
-    .venv/bin/python bench/load.py --url http://127.0.0.1:8000 --instance ./instance   # a running server
+    .venv/bin/python -m bench.robustness.load                # starts gunicorn itself on the bundled models
+    .venv/bin/python -m bench.robustness.load --models test  # tiny random models, 30 ms a token / 50 ms a loop
+    .venv/bin/python -m bench.robustness.load --nginx        # the same, through nginx (deploy/nginx.conf) at /glassbox/
+    .venv/bin/python -m bench.robustness.load --url http://127.0.0.1:8000 --instance ./instance   # a running server
 
 16 browsers each ask for a chat reply and 4 run the Loop lab, all at once, while 2 more keep loading
 pages; a quarter of the 20 hang up at a random moment. Then it checks, and exits 1 if any check fails:
@@ -28,7 +28,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.support.servers import Client, Gunicorn, Nginx, model_env, parse_metrics, stream_url  # noqa: E402

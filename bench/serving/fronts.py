@@ -1,7 +1,7 @@
 """One front end against two, on the bundled models, the same load: page latency and streams held.
 
-    .venv/bin/python -m bench.fronts                 # 1 then 2 front ends, 40 browsers, 3 replies each
-    .venv/bin/python -m bench.fronts --browsers 20 --markdown
+    .venv/bin/python -m bench.serving.fronts                 # 1 then 2 front ends, 40 browsers, 3 replies each
+    .venv/bin/python -m bench.serving.fronts --browsers 20 --markdown
 
 Each run starts a throwaway PostgreSQL cluster (tests/support/postgres.py: Debian's server binaries), N
 gunicorn front ends (gunicorn.conf.py) on one fresh database and nginx before them with deploy/nginx.conf's
@@ -169,7 +169,7 @@ def main() -> int:
     parser.add_argument("--fronts", default="1,2", help="front-end counts to run, in turn")
     parser.add_argument("--time-limit", type=float, default=300)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", action="store_true", help="print a table for docs/benchmarks.md")
+    parser.add_argument("--markdown", action="store_true", help="print a table for docs/benchmarks-history.md")
     args = parser.parse_args()
     if args.browsers > 120 or args.time_limit > 900:
         parser.error("bounded on purpose: at most 120 browsers and 900 s")
@@ -191,7 +191,7 @@ def main() -> int:
     if args.markdown:
         revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                   cwd=ROOT).stdout.strip()
-        print(f"\n`.venv/bin/python -m bench.fronts {' '.join(sys.argv[1:])}` at {revision}\n")
+        print(f"\n`.venv/bin/python -m bench.serving.fronts {' '.join(sys.argv[1:])}` at {revision}\n")
         print("| front ends | browsers x replies | streams held at once | refused (503) | replies complete | failed "
               "| page p50 ms | page p95 ms | page max ms | seconds |")
         print("|---|---|---|---|---|---|---|---|---|---|")

@@ -1,8 +1,8 @@
 """Inside this token: the first render of the Inside page for the last token of a 1,000-token context
 (prompt + reply so far) on the 254M model, through the real app (job on the core, page rendered).
 
-    .venv/bin/python -m bench.inside                  # 254M, float32, 1,000-token context
-    .venv/bin/python -m bench.inside --size gpt2 --context 300 --reps 1 --no-doc
+    .venv/bin/python -m bench.serving.inside                  # 254M, float32, 1,000-token context
+    .venv/bin/python -m bench.serving.inside --size gpt2 --context 300 --reps 1 --no-doc
 
 Three cases, each a GET of the page (shared link, so no cookie is needed):
 - cold: no KV cache kept for the conversation: the whole context runs through the model, block by block;
@@ -22,7 +22,7 @@ import time
 import torch
 
 from bench import common
-from bench.prefix import long_message
+from bench.decode.prefix import long_message
 
 
 def parse_args(argv=None):

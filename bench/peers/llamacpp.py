@@ -1,9 +1,9 @@
 """Single-stream decoding: Glassbox (PyTorch, CPU) vs llama.cpp on the same random weights.
 
-    .venv/bin/python -m bench.llamacpp              # gpt2-254m, threads 1,2, contexts 300,800, 200 new, 3 reps
-    .venv/bin/python -m bench.llamacpp --size gpt2 --threads 2 --contexts 300 --reps 1 --new 50 --no-doc
-    .venv/bin/python -m bench.llamacpp --batched    # batched steps, both engines (bench/llamacpp_batched.py)
-    .venv/bin/python -m bench.llamacpp --setup-only # build the llama.cpp environment and the GGUF files
+    .venv/bin/python -m bench.peers.llamacpp              # gpt2-254m, threads 1,2, contexts 300,800, 200 new, 3 reps
+    .venv/bin/python -m bench.peers.llamacpp --size gpt2 --threads 2 --contexts 300 --reps 1 --new 50 --no-doc
+    .venv/bin/python -m bench.peers.llamacpp --batched    # batched steps, both engines (llamacpp_batched.py)
+    .venv/bin/python -m bench.peers.llamacpp --setup-only # build the llama.cpp environment and the GGUF files
 
 What it measures: single-stream greedy decoding (one sequence, batch 1, on the CPU) of Glassbox's own
 path (forward_cached over the prompt, then decode_step with one KVCache per token, in this process) against
@@ -16,7 +16,7 @@ context: prefill seconds, decode tokens/s (--new single-token steps / their seco
 --reps with the variants interleaved, and Glassbox ÷ llama.cpp. Also how far the two agree: the largest
 |logit difference| after the prompt (fp32 vs f32, the first 50257 ids) and, for each variant, how many
 greedy tokens match Glassbox fp32's before the first difference. The table is printed and, unless
---no-doc, appended to docs/benchmarks.md (bench.common.report).
+--no-doc, appended to docs/benchmarks-history.md (bench.common.report).
 
 Its environment is its own, under .bench/llamacpp/ (gitignored), made on first use and reused: a venv
 (torch==2.13.0 CPU first, for the converter; numpy, safetensors, transformers, pyyaml, tqdm), the
@@ -39,7 +39,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.llamacpp_env import CMAKE_ARGS, LLAMA_CPP_PYTHON, VPY, OtherLoad, export_and_convert, setup
+from bench.peers.llamacpp_env import CMAKE_ARGS, LLAMA_CPP_PYTHON, VPY, OtherLoad, export_and_convert, setup
 
 # real stdout to itself.
 WORKER = r"""
@@ -179,7 +179,7 @@ def parse_args(argv=None):
                    help="who writes the GGUF files: llama.cpp's convert_hf_to_gguf.py (needs torch and "
                    "transformers in the bench venv) or webapp.chat.model.gguf (in this process)")
     p.add_argument("--setup-only", action="store_true", help="build the environment and the GGUF files; time nothing")
-    p.add_argument("--no-doc", action="store_true", help="print only; do not append to docs/benchmarks.md")
+    p.add_argument("--no-doc", action="store_true", help="print only; do not append to docs/benchmarks-history.md")
     return p.parse_args(argv)
 
 
@@ -194,7 +194,7 @@ def main(argv=None):
     args = parse_args(argv)
     setup(converter=args.gguf_writer == "llamacpp")
     if args.batched and not args.setup_only:
-        from bench import llamacpp_batched
+        from bench.peers import llamacpp_batched
         return llamacpp_batched.main(args)
     import torch
 

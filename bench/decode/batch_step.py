@@ -3,9 +3,9 @@ KV cache at its own position (as the core's batched decoder runs them), whether 
 are the same, bit for bit, as that row decoded alone, and what each token's odds (webapp/chat/decode/odds.py,
 computed for the whole batch after sampling) add to a step.
 
-    .venv/bin/python -m bench.batch_step                          # 254M, fp32, CPU, batches 1 2 4 8 16
-    .venv/bin/python -m bench.batch_step --dtype int8             # a precision of webapp/chat/model/precision.py
-    .venv/bin/python -m bench.batch_step --dtype bfloat16 --device cuda --batches 1 2 4 8 16 32 64
+    .venv/bin/python -m bench.decode.batch_step                          # 254M, fp32, CPU, batches 1 2 4 8 16
+    .venv/bin/python -m bench.decode.batch_step --dtype int8             # a precision of webapp/chat/model/precision.py
+    .venv/bin/python -m bench.decode.batch_step --dtype bfloat16 --device cuda --batches 1 2 4 8 16 32 64
 
 On the CPU each batch size runs with Glassbox's decode kernel and with torch's (`kernels.disabled()`, the
 fallback and the path before the kernel), interleaved, so the kernel's single-stream gain can be checked
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
             f"median of {args.steps} steps; kernel `glassbox`: webapp/chat/model/kernels, `torch`: torch's kernels.\n\n"
             + common.table(["kernel", "batch", "ms per step", "tokens/s", "tokens/s vs batch 1",
                             "rows equal alone, bit for bit", "odds ms", "odds / step"], rows))
-    common.report(f"bench.batch_step: {args.size} {args.dtype} {args.device}", body, load_before=load_before,
+    common.report(f"bench.decode.batch_step: {args.size} {args.dtype} {args.device}", body, load_before=load_before,
                   write_doc=not args.no_doc)
     return 0
 

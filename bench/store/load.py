@@ -1,9 +1,9 @@
 """A busy room on one SQLite file (or one PostgreSQL database), through the real chat store, for a minute:
 the issue's rates.
 
-    .venv/bin/python -m bench.store_load                          # 60 s, this checkout
-    .venv/bin/python -m bench.store_load --code /tmp/before       # the same with another revision's webapp/
-    .venv/bin/python -m bench.store_load --database-url postgresql://…/empty   # on PostgreSQL
+    .venv/bin/python -m bench.store.load                          # 60 s, this checkout
+    .venv/bin/python -m bench.store.load --code /tmp/before       # the same with another revision's webapp/
+    .venv/bin/python -m bench.store.load --database-url postgresql://…/empty   # on PostgreSQL
 
 Two processes write the one database at once (as two servers, or a server and a script, would):
 - process 1: 8 browsers each sending a message every second, and 4 browsers regenerating their last
@@ -137,7 +137,7 @@ def main() -> None:
             + common.table(["process", "load", "turns", "errors", "begin_turn p50 ms", "p99 ms", "max ms"], rows)
             + f"\n\nMessages missing at the end (turns reported saved): {missing}."
             + (f" Errors seen: {'; '.join(errors[:3])}." if errors else " No errors."))
-    title = (f"bench.store_load: the issue's writers for a minute on {'PostgreSQL' if args.database_url else 'SQLite'}"
+    title = (f"bench.store.load: the issue's writers for a minute on {'PostgreSQL' if args.database_url else 'SQLite'}"
              + (f", {args.label}" if args.label else ""))
     common.report(title, body, load_before=load, write_doc=not args.no_doc)
 

@@ -1,8 +1,8 @@
 """Decode speed by precision and kernel, and what the reduced precisions change: one stream through the
 app's generator (webapp.chat.decode.generate), the 254M shape, random GPT-2-init weights.
 
-    .venv/bin/python -m bench.precisions                        # 1 and 2 threads, 800-token prompt
-    .venv/bin/python -m bench.precisions --threads 2 --reps 1 --new 50 --no-doc   # a quick look
+    .venv/bin/python -m bench.decode.precisions                        # 1 and 2 threads, 800-token prompt
+    .venv/bin/python -m bench.decode.precisions --threads 2 --reps 1 --new 50 --no-doc   # a quick look
 
 Variants, interleaved in every repetition: float32, bfloat16 (weights; float32 activations) and int8
 (one scale per output row; the kernel multiplies by int8 activations, torch's by bfloat16 ones), each
@@ -90,7 +90,7 @@ def main(argv=None):
             + "kernel: `glassbox` = webapp/chat/model/kernels "
             + f"({'compiled' if kernels.library() else 'unavailable: ' + str(kernels.unavailable_reason)}), "
             + "`torch` = torch's kernels (oneDNN, torch's weight-only int8).\n")
-    common.report(f"bench.precisions: {args.size}, decode by precision and kernel", body,
+    common.report(f"bench.decode.precisions: {args.size}, decode by precision and kernel", body,
                   load_before=load_before, write_doc=not args.no_doc)
 
 

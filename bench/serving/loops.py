@@ -1,7 +1,7 @@
 """Loop lab: per-loop time of the bare model loop vs the observed and streamed loop.
 
-    .venv/bin/python -m bench.loops                 # the bundled model (models/loops), 5 rounds
-    .venv/bin/python -m bench.loops --steps 40 --reps 2 --no-doc
+    .venv/bin/python -m bench.serving.loops                 # the bundled model (models/loops), 5 rounds
+    .venv/bin/python -m bench.serving.loops --steps 40 --reps 2 --no-doc
 
 Interleaved per round, on the same request (so the same number of loops):
   bare, main thread    model(..., loop_callback=None) in the bench's main thread

@@ -1,8 +1,8 @@
 """Decode speed: the seed's full-recompute loop vs Glassbox's generator vs transformers' generate, on
 the same random weights, against the machine's memory roofline.
 
-    .venv/bin/python -m bench.decode                       # GPT-2 small and 254M, prompts 300 and 800
-    .venv/bin/python -m bench.decode --sizes gpt2 --prompts 300 --reps 1 --no-doc   # a quick look
+    .venv/bin/python -m bench.decode.decoders                       # GPT-2 small and 254M, prompts 300 and 800
+    .venv/bin/python -m bench.decode.decoders --sizes gpt2 --prompts 300 --reps 1 --no-doc   # a quick look
 
 Variants run interleaved (seed, glassbox, hf, glassbox-bf16, seed, glassbox, ...) and each figure is
 the median over --reps. The seed loop pays a whole prefill per token, so it makes only --seed-new
@@ -31,7 +31,7 @@ def parse_args(argv=None):
     p.add_argument("--variants", default="seed,glassbox,hf,glassbox-bf16")
     p.add_argument("--device", default="cpu")
     p.add_argument("--config", default="", help="n_layer,n_head,n_embd: a custom size (dry runs)")
-    p.add_argument("--no-doc", action="store_true", help="print only; do not append to docs/benchmarks.md")
+    p.add_argument("--no-doc", action="store_true", help="print only; do not append to docs/benchmarks-history.md")
     return p.parse_args(argv)
 
 

@@ -1,11 +1,11 @@
 """The served path: one reply through gunicorn (and nginx) over SSE, against the bare generator on the
 same model, on the main thread and on a worker thread.
 
-    .venv/bin/python -m bench.served                        # 254M config, 200 new tokens, 3 rounds
-    .venv/bin/python -m bench.served --size gpt2 --reps 1 --no-doc
+    .venv/bin/python -m bench.serving.served                        # 254M config, 200 new tokens, 3 rounds
+    .venv/bin/python -m bench.serving.served --size gpt2 --reps 1 --no-doc
 
 The model is random (fixed seed), saved as a checkpoint that gunicorn loads through the app's own loader
-with GLASSBOX_CHAT_FACTORY=bench.served:build_model, which masks the special ids so every reply runs to
+with GLASSBOX_CHAT_FACTORY=bench.serving.served:build_model, which masks the special ids so every reply runs to
 max_new_tokens. The bare runs load the same checkpoint the same way (webapp.chat.service.load_model).
 
 Per round, interleaved: the bare generator in fresh processes (so no other thread of theirs has an
@@ -72,7 +72,7 @@ def write_checkpoint(directory: Path, size: str) -> Path:
 
 def model_env(checkpoint: Path, size: str) -> dict:
     return {"GLASSBOX_CHAT_CHECKPOINT": str(checkpoint), "GLASSBOX_CHAT_ARCH": size,
-            "GLASSBOX_CHAT_FACTORY": "bench.served:build_model"}
+            "GLASSBOX_CHAT_FACTORY": "bench.serving.served:build_model"}
 
 
 def child(mode: str, checkpoint: str, size: str, new_tokens: int, seed: int) -> None:
@@ -81,7 +81,8 @@ def child(mode: str, checkpoint: str, size: str, new_tokens: int, seed: int) -> 
     from webapp.chat.decode.generate import generate
     from webapp.config import Settings
     from webapp.core.threads import one_torch_thread
-    loaded = load_model(Settings(chat_checkpoint=checkpoint, chat_arch=size, chat_factory="bench.served:build_model"))
+    loaded = load_model(Settings(chat_checkpoint=checkpoint, chat_arch=size,
+                                 chat_factory="bench.serving.served:build_model"))
     ids = loaded.prompt.build([{"role": "user", "content": f"Tell me a story about round {seed}."}], new_tokens)
 
     def reply(n):
@@ -111,7 +112,7 @@ def child(mode: str, checkpoint: str, size: str, new_tokens: int, seed: int) -> 
 
 
 def bare(mode: str, checkpoint: Path, size: str, new_tokens: int, seed: int) -> float:
-    cmd = [sys.executable, "-m", "bench.served", "--child", mode, "--checkpoint", str(checkpoint),
+    cmd = [sys.executable, "-m", "bench.serving.served", "--child", mode, "--checkpoint", str(checkpoint),
            "--size", size, "--new", str(new_tokens), "--seed", str(seed)]
     done = subprocess.run(cmd, cwd=common.ROOT, capture_output=True, text=True, timeout=900)
     if done.returncode:

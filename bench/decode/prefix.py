@@ -1,8 +1,8 @@
 """Prefix reuse: time to first token of a follow-up turn with the previous turn's KV cache vs a cold
 prefill of the same prompt, and a check that both sample the same tokens with the same seed.
 
-    .venv/bin/python -m bench.prefix                  # 254M config, ~800-token follow-up prompt
-    .venv/bin/python -m bench.prefix --size gpt2 --reps 1 --no-doc
+    .venv/bin/python -m bench.decode.prefix                  # 254M config, ~800-token follow-up prompt
+    .venv/bin/python -m bench.decode.prefix --size gpt2 --reps 1 --no-doc
 
 Per round: turn 1 (a long user message) is generated through the prefix cache, as the chat service does;
 then turn 2 = few-shot + turn 1 + its reply (as text, re-tokenized like the app does) + a short new

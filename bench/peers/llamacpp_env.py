@@ -1,5 +1,5 @@
-"""bench.llamacpp's environment, shared by its single-stream and batched benchmarks (bench/llamacpp.py,
-bench/llamacpp_batched.py) and by bench.engines: the venv with llama-cpp-python built from source under
+"""bench.peers.llamacpp's environment, shared by its single-stream and batched benchmarks (bench/peers/llamacpp.py,
+bench/peers/llamacpp_batched.py) and by bench.peers.engines: the venv with llama-cpp-python built from source under
 .bench/llamacpp/, the GGUF files of the exported model, and how busy other processes kept the machine."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import tarfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HOME = ROOT / ".bench" / "llamacpp"  # gitignored; nothing here is part of `make test`
 VENV = HOME / "venv"
 VPY = VENV / "bin" / "python"

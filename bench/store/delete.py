@@ -1,7 +1,7 @@
 """Deleting a large conversation: how long the delete takes and how long another writer waits meanwhile.
 
-    .venv/bin/python -m bench.store_delete                        # 20k and 50k messages, this checkout
-    .venv/bin/python -m bench.store_delete --code /tmp/before     # the same with another revision's webapp/
+    .venv/bin/python -m bench.store.delete                        # 20k and 50k messages, this checkout
+    .venv/bin/python -m bench.store.delete --code /tmp/before     # the same with another revision's webapp/
 
 A conversation of N messages (turns in a chain, each reply with 499 more versions, as Regenerate makes
 them; every reply with a reply_details row) is written straight into a fresh database made by the
@@ -112,7 +112,7 @@ def main() -> None:
             "5 ms during the delete; its longest wait is how long the delete held the write lock.\n\n"
             + common.table(["messages", "delete s", "other writer's longest wait ms", "other writes",
                             "other writer's errors", "rows left", "the delete's own error"], rows))
-    title = "bench.store_delete: deleting a large conversation" + (f", {args.label}" if args.label else "")
+    title = "bench.store.delete: deleting a large conversation" + (f", {args.label}" if args.label else "")
     common.report(title, body, load_before=load, write_doc=not args.no_doc)
 
 

@@ -2,18 +2,18 @@
 (and once through nginx), with the batched core and with GLASSBOX_MAX_BATCH=1 (one reply at a time),
 same commit, interleaved.
 
-    .venv/bin/python -m bench.concurrency                      # 254M config, N = 1 2 4 8 16, one round
-    .venv/bin/python -m bench.concurrency --size gpt2 --users 1 4 --no-doc
+    .venv/bin/python -m bench.serving.concurrency                      # 254M config, N = 1 2 4 8 16, one round
+    .venv/bin/python -m bench.serving.concurrency --size gpt2 --users 1 4 --no-doc
 
 Both servers load the same random checkpoint (fixed seed) through the app's own loader with
-GLASSBOX_CHAT_FACTORY=bench.served:build_model, which masks the special ids so every reply runs to
+GLASSBOX_CHAT_FACTORY=bench.serving.served:build_model, which masks the special ids so every reply runs to
 max_new_tokens. Each browser has its own cookie jar; all send at once (a barrier), then read their
 stream. Per user: time to first token (send -> first token event), tokens/s after the first; overall:
 aggregate tokens/s (all tokens / time until the last reply is complete) and that time. Loopback only,
 bounded: every request has a timeout and the run stops by itself.
 
 Served against the step (issue 23): after the servers stop, the bare batched decode step
-(bench.batch_step's) runs in this process at B = N with the served rows' mean context (their prompts
+(bench.decode.batch_step's) runs in this process at B = N with the served rows' mean context (their prompts
 plus half a reply), and each batched round's aggregate is divided by it. Where the worker's time went
 during each batched round (GLASSBOX's /metrics `glassbox_worker_seconds_total`: prefill, decode,
 publish, the rest of the step, finishing and saving, admitting) is reported beside it.
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from bench import common
-from bench.served import model_env, write_checkpoint
+from bench.serving.served import model_env, write_checkpoint
 from tests.support.servers import Client, Gunicorn, Nginx, parse_metrics
 
 MODES = {"batched": {}, "one at a time": {"GLASSBOX_MAX_BATCH": "1"}}
@@ -92,10 +92,10 @@ def round_of(server: Gunicorn, base: str, prefix: str, users: int, new_tokens: i
 
 
 def step_seconds(model, batch: int, context: int, steps: int = 7) -> float:
-    """Seconds of the bare batched decode step at this batch and context (bench.batch_step's rows)."""
+    """Seconds of the bare batched decode step at this batch and context (bench.decode.batch_step's rows)."""
     import torch
 
-    from bench.batch_step import caches_for
+    from bench.decode.batch_step import caches_for
     idx, caches, positions = caches_for(model, batch, context, torch.device("cpu"))
     times = []
     with torch.inference_mode():
@@ -118,7 +118,7 @@ def against_the_step(args, served: list[tuple[int, str, dict]]) -> str:
         rows.append([users, via, round(med["prompt"] + args.new / 2), med["aggregate"], step, med["aggregate"] / step,
                      med["ttft_p95"], 1000 * med["step s"], med["decode ms"], med["rows per step"]]
                     + [100 * med.get(f"worker {phase}", 0.0) for phase in PHASES])
-    return ("Served against the bare batched step (bench.batch_step's decode_step in this process, the servers "
+    return ("Served against the bare batched step (bench.decode.batch_step's decode_step in this process, the servers "
             "idle, right after each round) at B = N and the served rows' mean context (prompt + half a reply); the "
             "worker's time in each round as % of the round's wall time (/metrics glassbox_worker_seconds_total), and "
             "its decoding steps' mean time and rows (fewer rows than N: the batch filling up or emptying).\n\n"
@@ -212,7 +212,7 @@ def main(argv=None) -> int:
               for u in args.users if one[u]]
     body = (f"{args.size}, {args.new}-token replies, {args.reps} round(s), median per cell.\n\n{table}\n\n"
             + "\n".join(f"- {line}" for line in ratios) + "\n\n" + against_the_step(args, served))
-    common.report(f"bench.concurrency: {args.size}, N users at once", body, load_before=load_before,
+    common.report(f"bench.serving.concurrency: {args.size}, N users at once", body, load_before=load_before,
                   write_doc=not args.no_doc)
     return 0
 

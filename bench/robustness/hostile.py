@@ -1,10 +1,10 @@
 """A hostile-client run against real gunicorn behind real nginx, loopback only, bounded in count and
 time; it stops by itself.
 
-    .venv/bin/python -m bench.hostile                  # ~2 minutes on the tiny test models
-    .venv/bin/python -m bench.hostile --attack-seconds 30 --no-report
-    .venv/bin/python -m bench.hostile --each --attack-seconds 20   # issue 25's attacks one at a time
-    .venv/bin/python -m bench.hostile --each --postgres            # the same, the history in PostgreSQL
+    .venv/bin/python -m bench.robustness.hostile                  # ~2 minutes on the tiny test models
+    .venv/bin/python -m bench.robustness.hostile --attack-seconds 30 --no-report
+    .venv/bin/python -m bench.robustness.hostile --each --attack-seconds 20   # issue 25's attacks one at a time
+    .venv/bin/python -m bench.robustness.hostile --each --postgres            # the same, the history in PostgreSQL
 
 All the attacks at once, each from its own loopback address (127.0.0.2, .3, ...; nginx reports it in
 X-Forwarded-For, so the per-address limits see six clients): stream hogs that open streams and never
@@ -33,11 +33,11 @@ import time
 import urllib.parse
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import load_average, report, table  # noqa: E402
-from bench.hostile_kit import LETTERS, LIMITS, PREFIX, GoodUser, Raw, Tally, mapping, percentile  # noqa: E402
+from bench.robustness.hostile_kit import LETTERS, LIMITS, PREFIX, GoodUser, Raw, Tally, mapping, percentile  # noqa: E402
 from tests.support.servers import Client, Gunicorn, Nginx, model_env, parse_metrics, stream_url  # noqa: E402
 
 ATTACKERS = {"hogs": "127.0.0.2", "floods": "127.0.0.3", "replays": "127.0.0.4", "uploads": "127.0.0.5",
@@ -221,9 +221,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32, help="the good user's reply length")
     parser.add_argument("--max-held", type=int, default=120, help="never-read sockets held at once, all attacks")
     parser.add_argument("--slowloris", type=int, default=60, help="slowloris connections held")
-    parser.add_argument("--no-report", action="store_true", help="print, do not append to docs/benchmarks.md")
+    parser.add_argument("--no-report", action="store_true", help="print, do not append to docs/benchmarks-history.md")
     parser.add_argument("--each", action="store_true",
-                        help="issue 25's attacks one at a time, through nginx and direct (bench/hostile_attacks.py)")
+                        help="issue 25's attacks one at a time, through nginx and direct (hostile_attacks.py)")
     parser.add_argument("--only", action="append", help="with --each: the attacks whose name contains this")
     parser.add_argument("--postgres", action="store_true",
                         help="with --each: the history in a throwaway PostgreSQL cluster (GLASSBOX_DATABASE_URL)")
@@ -231,7 +231,7 @@ def main() -> int:
     if args.attack_seconds > 300 or args.max_held > 200 or args.slowloris > 150:
         parser.error("bounded on purpose: at most 300 s of attack, 200 held sockets, 150 slowloris connections")
     if args.each:
-        from bench.hostile_attacks import main_each
+        from bench.robustness.hostile_attacks import main_each
         return main_each(args)
     load_before = load_average()
     workdir = Path(tempfile.mkdtemp(prefix="glassbox-hostile-"))
@@ -326,7 +326,7 @@ def main() -> int:
                 *[[k, v] for k, v in sorted(attack.counts.items())]]) + "\n\n"
             + table(["kept at the end", "owners", "rows", "MiB", "most one owner keeps (MiB)"], stored) + "\n\n"
             + table(["check", "result", "detail"], [[n, "PASS" if p else "FAIL", d] for n, p, d in checks]))
-    report("Hostile clients (bench.hostile)", body, load_before=load_before, write_doc=not args.no_report)
+    report("Hostile clients (bench.robustness.hostile)", body, load_before=load_before, write_doc=not args.no_report)
     return 0 if all(p for _, p, _ in checks) else 1
 
 

@@ -1,7 +1,7 @@
 """Intra-op threads for chat decoding, on a quiet machine and with another process holding a core.
 
-    .venv/bin/python -m bench.threads                   # bundled model and the 254M config
-    .venv/bin/python -m bench.threads --sizes bundled --reps 2 --no-doc
+    .venv/bin/python -m bench.decode.threads                   # bundled model and the 254M config
+    .venv/bin/python -m bench.decode.threads --sizes bundled --reps 2 --no-doc
 
 Per model and per machine state, 1 thread and all threads (torch's default) alternate, A B A B.
 "Busy" starts a second process that multiplies matrices on one thread for as long as the state

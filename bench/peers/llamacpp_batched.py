@@ -1,15 +1,15 @@
-"""Batched decode: Glassbox's batched step (bench.batch_step.measure) beside llama.cpp's continuous batching
+"""Batched decode: Glassbox's batched step (bench.decode.batch_step.measure) beside llama.cpp's continuous batching
 (one llama_decode carrying one token of each of B sequences), per precision, in one run, interleaved.
 
-    .venv/bin/python -m bench.llamacpp --batched --gguf-writer glassbox    # gpt2-254m, 2 threads, B 1 8 16
-    .venv/bin/python -m bench.llamacpp --batched --threads 2 --batches 1,8,16 --reps 3 --steps 10
+    .venv/bin/python -m bench.peers.llamacpp --batched --gguf-writer glassbox    # gpt2-254m, 2 threads, B 1 8 16
+    .venv/bin/python -m bench.peers.llamacpp --batched --threads 2 --batches 1,8,16 --reps 3 --steps 10
 
 Each row of both engines holds its own context (--contexts' first value + 7 r tokens of seed r, as
-bench.batch_step's caches_for makes them) and every step decodes at that same context again. For each
+bench.decode.batch_step's caches_for makes them) and every step decodes at that same context again. For each
 precision pair (float32 / f32, bfloat16 / f16, int8 / q8_0) the Glassbox model and a llama.cpp worker are
 loaded, then for each rep and batch size Glassbox's steps and llama.cpp's run one after the other; tokens/s
 = B / the median step, and each rep's own ratio (median and range over reps). llama.cpp's environment and
-GGUF files are bench.llamacpp's.
+GGUF files are bench.peers.llamacpp's.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ import json
 import subprocess
 from pathlib import Path
 
-from bench.llamacpp_env import VPY, OtherLoad, export_and_convert
+from bench.peers.llamacpp_env import VPY, OtherLoad, export_and_convert
 
 # Runs as `VPY -c BATCH_WORKER GGUF THREADS MAX_BATCH CONTEXT`: llama.cpp's own continuous batching through
 # llama-cpp-python's low-level API. It prefills MAX_BATCH sequences (sequence r: CONTEXT + 7 r prompt ids of
-# seed r, as bench.batch_step's rows; ids given on stdin first), each into its own KV cells, then answers one
+# seed r, as bench.decode.batch_step's rows; ids given on stdin first), each into its own KV cells, then answers one
 # JSON line per request line ({"batch": B, "steps": S}) with the seconds of S timed llama_decode calls (after
 # one warm-up), each carrying one token of each of the first B sequences at its own next position, logits for
 # every row. After each call the new token is dropped again (llama_memory_seq_rm), so every step decodes at
-# the same context, as bench.batch_step's steps do.
+# the same context, as bench.decode.batch_step's steps do.
 BATCH_WORKER = r"""
 import json, os, sys, time
 proto = os.fdopen(os.dup(1), "w")
@@ -125,7 +125,7 @@ def main(args) -> int:
     import torch
 
     from bench import common
-    from bench.batch_step import caches_for, measure
+    from bench.decode.batch_step import caches_for, measure
     from webapp.chat.model.precision import apply_precision
     load_before = common.load_average()
     threads = [int(t) for t in args.threads.split(",")]
@@ -170,7 +170,7 @@ def main(args) -> int:
             + f"- one decode step of B rows, each with its own context of {context} + 7 r tokens, decoded at that "
             + f"context again each step; {args.steps} timed steps (after a warm-up) per batch size and rep, their "
             + f"median; {args.reps} reps, the two engines one after the other in each; tokens/s = B / step\n"
-            + "- Glassbox: bench.batch_step.measure (model.decode_step over B KV caches, logits for every row, "
+            + "- Glassbox: bench.decode.batch_step.measure (model.decode_step over B KV caches, logits for every row, "
             + "no odds); webapp.chat.model.precision.apply_precision\n"
             + f"- llama.cpp: llama-cpp-python {info.get('version')}, one llama_decode with one token of each of B "
             + f"sequences (n_seq_max {max(batches)}, n_ctx {info.get('n_ctx')}, logits for every row, "

@@ -1,7 +1,7 @@
-"""bench.hostile --each: the attacks of issue 25 one at a time, through nginx and straight to gunicorn.
+"""bench.robustness.hostile --each: the attacks of issue 25 one at a time, through nginx and straight to gunicorn.
 
-    .venv/bin/python -m bench.hostile --each                       # ~8 minutes on the tiny test models
-    .venv/bin/python -m bench.hostile --each --attack-seconds 10 --no-report
+    .venv/bin/python -m bench.robustness.hostile --each                       # ~8 minutes on the tiny test models
+    .venv/bin/python -m bench.robustness.hostile --each --attack-seconds 10 --no-report
 
 For each way in (nginx at /glassbox/, as deploy/nginx.conf is deployed; gunicorn's own port), a good
 user on 127.0.0.1 first runs alone, then beside each attack in turn: concurrent writers (8 browsers
@@ -28,7 +28,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 
-from bench.hostile_kit import LETTERS, LIMITS, PREFIX, GoodUser, Raw, Tally, mapping, percentile
+from bench.robustness.hostile_kit import LETTERS, LIMITS, PREFIX, GoodUser, Raw, Tally, mapping, percentile
 from tests.support.servers import Client, parse_metrics
 
 PAGE_P95_BOUND = 0.200  # seconds, through nginx
@@ -451,7 +451,7 @@ def main_each(args) -> int:
             + table(["way in", "attack", "who", "statuses"], statuses) + "\n\n"
             + (table(["way in", "attack", "undocumented 5xx"], undocumented) + "\n\n" if undocumented else "")
             + table(["check", "result", "detail"], [[n, "PASS" if p else "FAIL", d] for n, p, d in checks]))
-    report("Hostile clients, one attack at a time (bench.hostile --each"
+    report("Hostile clients, one attack at a time (bench.robustness.hostile --each"
            + (" --postgres)" if args.postgres else ")"), body, load_before=load_before,
            write_doc=not args.no_report)
     return 0 if all(p for _, p, _ in checks) else 1

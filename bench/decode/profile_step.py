@@ -1,8 +1,8 @@
 """Where one decode step's time goes: torch's profiler over Glassbox's KV-cached step, by operator, with the
 bandwidth each weight-reading operator reached.
 
-    .venv/bin/python -m bench.profile_step                       # 254M, fp32, 800 cached positions
-    .venv/bin/python -m bench.profile_step --dtype int8 --context 300 --threads 1 --no-doc
+    .venv/bin/python -m bench.decode.profile_step                       # 254M, fp32, 800 cached positions
+    .venv/bin/python -m bench.decode.profile_step --dtype int8 --context 300 --threads 1 --no-doc
 
 The step is the app's: GPT.decode_step on one row (webapp/chat/decode/generate.py decodes with it, alone or
 batched), at a precision of webapp/chat/model/precision.py.
