@@ -68,8 +68,8 @@ def test_v1_lists_both_models_and_each_answers_as_it_does_served_alone(tmp_path,
         app.extensions["glassbox.core"].shutdown()
     assert both["first"] != both["second"]  # other weights: the test could tell them apart
     for name in ("first", "second"):
-        alone = make_app(tmp_path / f"alone-{name}",
-                         {"chat": boot.load_model(Settings(chat_checkpoint=str(tmp_path / name / "model.safetensors")))})
+        checkpoint = str(tmp_path / name / "model.safetensors")
+        alone = make_app(tmp_path / f"alone-{name}", {"chat": boot.load_model(Settings(chat_checkpoint=checkpoint))})
         try:
             assert greedy(alone.test_client()) == both[name]
         finally:
