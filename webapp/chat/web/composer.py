@@ -172,8 +172,10 @@ def wait_for_reply(message_id: int) -> None:
 def render_message(conversation_id: str, message_id: int, job: Job | None = None) -> str:
     messages = service().history(conversation_id)
     message = next((m for m in messages if m["id"] == message_id), None)
-    if message is None:
-        return ""
+    if message is None:  # a version beside the branch shown (two models asked at once), or gone
+        message = service().message(conversation_id, message_id)
+        if message is None:
+            return ""
     if message["status"] == "pending" and job is not None and job.finished_state:
         # Its job ended but the reply could not be saved (disk full, read-only database): show the
         # job's own outcome, never a pending reply whose stream the browser would reopen for ever.
