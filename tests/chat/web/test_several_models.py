@@ -184,3 +184,23 @@ def test_asking_an_unknown_or_the_same_model_twice_is_refused_beside_the_picker_
         assert "/chat/c/" not in client.get("/chat/").get_data(as_text=True)  # no conversation was saved
     finally:
         app.extensions["glassbox.core"].shutdown()
+
+
+def test_a_reply_saved_before_replies_kept_their_model_says_so_and_is_read_with_the_default(tmp_path, registry):
+    app = app_on(tmp_path, None, registry)
+    try:
+        client = app.test_client()
+        sent = send(client, "Hello", model="first", max_new_tokens="4", temperature="0")
+        finish(client, sent.get_data(as_text=True))
+        cid = conversation_id_of(sent)
+        reply = messages(app, cid)[-1]
+        assert "**Assistant** · `first`" in client.get(f"/chat/c/{cid}/export.md").get_data(as_text=True)
+        from webapp.chat.web.blueprint import service
+        with app.app_context(), service().store.db.transaction() as db:  # as a row from before the migration
+            db.execute("UPDATE messages SET model = NULL, model_file = NULL, model_precision = NULL WHERE id = ?",
+                       (reply["id"],))
+        assert 'class="model-name unknown">model not recorded' in client.get(f"/chat/c/{cid}").get_data(as_text=True)
+        assert "**Assistant** · model not recorded" in client.get(f"/chat/c/{cid}/export.md").get_data(as_text=True)
+        assert client.get(f"/chat/c/{cid}/m/{reply['id']}/inside/0.json").status_code == 200
+    finally:
+        app.extensions["glassbox.core"].shutdown()

@@ -14,6 +14,7 @@ Shapes: B batch, T time (tokens), C n_embd, nh n_head, hs head size (C // nh), V
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,11 +127,29 @@ def onednn_linear(x, weight, bias):
     n = rows.size(0)
     if n == 1:
         rows = rows.expand(2, -1)
-    y = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), weight, bias, "none", [], "")
+    if rows.dtype == torch.bfloat16 and not _onednn_bfloat16():
+        # a CPU without bfloat16 inner products (AVX2 only): the same weights widened exactly to float32,
+        # whose inner product computes each row alike too; the result rounded back to bfloat16
+        y = torch.ops.mkldnn._linear_pointwise(rows.float().contiguous(), weight.float(),
+                                               None if bias is None else bias.float(), "none", [], "")
+        y = y.to(torch.bfloat16)
+    else:
+        y = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), weight, bias, "none", [], "")
     return y[:n].view(*x.shape[:-1], -1)
 
 
 _ONEDNN = torch.backends.mkldnn.is_available()
+
+
+@functools.cache
+def _onednn_bfloat16() -> bool:
+    """Whether oneDNN has a bfloat16 inner product on this CPU (it refuses to create one without AVX-512)."""
+    try:
+        ones = torch.ones(2, 16, dtype=torch.bfloat16)
+        torch.ops.mkldnn._linear_pointwise(ones, ones, None, "none", [], "")
+    except RuntimeError:
+        return False
+    return True
 
 
 def _batch_invariant(x, weight) -> bool:
