@@ -14,7 +14,7 @@ from webapp.chat.decode.types import ChatRequest, ChatResult, Forced, SamplingPa
 from webapp.chat.follow import follow_reply
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.prompt import PromptBuilder, PromptReport
-from webapp.chat.store import LEASE_RENEW_SECONDS, ROOT, ChatStore, ConversationFull, ReplySignals
+from webapp.chat.store import LEASE_RENEW_SECONDS, ROOT, ChatPage, ChatStore, ConversationFull, ReplySignals, TurnIds
 from webapp.core import InferenceCore
 from webapp.core.jobs import CANCELLED, DONE, Event, Job
 
@@ -78,6 +78,19 @@ class ChatService:
     def conversation(self, owner: str, conversation_id: str) -> dict | None:
         return self.store.conversation(owner, conversation_id)
 
+    def page(self, owner: str, conversation_id: str | None) -> ChatPage | None:
+        """What a chat page shows, read once (ChatStore.page); None when the conversation is not the owner's."""
+        return self.store.page(owner, conversation_id)
+
+    def page_after(self, owner: str, before: ChatPage | None, turn: TurnIds) -> ChatPage:
+        """The page once a turn was saved: the page before and what the turn saved, or read again when
+        the conversation changed meanwhile (or there was no page before)."""
+        page = before.after(turn) if before is not None else None
+        if page is None:
+            page = self.store.page(owner, turn.conversation_id)
+        assert page is not None  # saved by this owner
+        return page
+
     def history(self, conversation_id: str) -> list[dict]:
         """The branch shown, oldest first (see ChatStore.messages)."""
         return self.store.messages(conversation_id)
@@ -113,25 +126,32 @@ class ChatService:
         self.store.delete_conversation(owner, conversation_id)
 
     # -- turns: check, then save in one transaction, submit, take back if refused ----------------
-    def send_turn(self, conversation: dict | None, content: str, sampling: SamplingParams) -> Turn:
-        """A new question in a conversation (None: a new one). Raises PromptTooLong."""
-        history = self.history(conversation["id"]) if conversation else []
+    def send_turn(self, conversation: dict | None, content: str, sampling: SamplingParams,
+                  history: list[dict] | None = None) -> Turn:
+        """A new question in a conversation (None: a new one), after `history` (the branch shown, when the
+        caller read it already). Raises PromptTooLong."""
+        if history is None:
+            history = self.history(conversation["id"]) if conversation else []
         prompt = self.check_prompt(history + [{"role": "user", "content": content, "status": "complete"}], sampling)
         return Turn(conversation, prompt, sampling, user_text=content)
 
-    def regenerate_turn(self, conversation: dict, sampling: SamplingParams) -> Turn:
-        """A new version of the last reply, after the same question; the old one stays."""
-        history = self.history(conversation["id"])
+    def regenerate_turn(self, conversation: dict, sampling: SamplingParams, history: list[dict] | None = None) -> Turn:
+        """A new version of the last reply, after the same question; the old one stays. (`history`: the
+        branch shown, when the caller read it already.)"""
+        if history is None:
+            history = self.history(conversation["id"])
         if not history or history[-1]["role"] != "assistant" or history[-1]["status"] == "pending":
             raise ChatError("There is no finished reply to regenerate.")
         return Turn(conversation, self.check_prompt(history[:-1], sampling), sampling,
                     branch_from=history[-1]["parent_id"] or ROOT)
 
-    def edit_turn(self, conversation: dict, message: dict, content: str, sampling: SamplingParams) -> Turn:
-        """A new version of a question (and a reply to it); the old one stays with what followed it."""
+    def edit_turn(self, conversation: dict, message: dict, content: str, sampling: SamplingParams,
+                  history: list[dict] | None = None) -> Turn:
+        """A new version of a question (and a reply to it); the old one stays with what followed it.
+        (`history`: the branch shown, when the caller read it already.)"""
         if message["role"] != "user":
             raise ChatError("Only your own messages can be edited.")
-        path = self.history(conversation["id"])
+        path = self.history(conversation["id"]) if history is None else history
         if any(m["status"] == "pending" for m in path):
             raise ChatError("Stop the running reply before editing.")
         shown = [m["id"] for m in path]
@@ -141,10 +161,13 @@ class ChatService:
         return Turn(conversation, self.check_prompt(history, sampling), sampling, user_text=content,
                     branch_from=message["parent_id"] or ROOT)
 
-    def branch_turn(self, conversation: dict, message: dict, forced: Forced) -> Turn:
+    def branch_turn(self, conversation: dict, message: dict, forced: Forced, history: list[dict] | None = None) -> Turn:
         """A new version of a reply that starts with `forced` (its tokens before one, then another) and
-        goes on with the reply's own settings and prompt."""
-        if any(m["status"] == "pending" for m in self.history(conversation["id"])):
+        goes on with the reply's own settings and prompt. (`history`: the branch shown, when the caller
+        read it already.)"""
+        if history is None:
+            history = self.history(conversation["id"])
+        if any(m["status"] == "pending" for m in history):
             raise ChatError("Stop the running reply before branching.")
         details = self.details(message["id"])
         if not details["odds"] or not details["prompt"]:
@@ -158,7 +181,14 @@ class ChatService:
                     branch_from=message["parent_id"] or ROOT, forced=forced)
 
     def start(self, owner: str, turn: Turn) -> tuple[dict, int, bool]:
-        """Save the turn and queue the job that writes its reply -> (conversation, reply id, created).
+        """Save the turn and queue the job that writes its reply -> (conversation, reply id, created);
+        see start_turn."""
+        ids = self.start_turn(owner, turn)
+        assert ids.conversation is not None  # saved by begin_turn
+        return ids.conversation, ids.reply_id, ids.created
+
+    def start_turn(self, owner: str, turn: Turn) -> TurnIds:
+        """Save the turn and queue the job that writes its reply -> what was saved (ChatStore.begin_turn).
         Raises ChatError (400) for a conversation at its limit of messages, nothing saved. A refused job
         (Refused) or a failure takes back everything saved for it, and re-raises."""
         conversation = turn.conversation
@@ -180,9 +210,7 @@ class ChatService:
             self._leases.let_go(reply_id)
             self.store.take_back_turn(owner, ids)
             raise
-        conversation = self.store.conversation(owner, ids.conversation_id)
-        assert conversation is not None  # saved above, by this owner
-        return conversation, reply_id, ids.created
+        return ids
 
     def show_version(self, conversation_id: str, message_id: int) -> None:
         """Show another version of a message, and the branch below it."""

@@ -63,7 +63,6 @@ def statements(monkeypatch) -> Statements:
     return heard
 
 
-@pytest.mark.xfail(strict=True, reason="51 statements and 3 tree reads until the page model")
 def test_the_fifth_send_runs_at_most_15_statements_and_reads_the_tree_once(chat_app, statements):
     client = chat_app.test_client()
     csrf = csrf_of(client, "/chat/")
@@ -77,5 +76,5 @@ def test_the_fifth_send_runs_at_most_15_statements_and_reads_the_tree_once(chat_
     assert fifth.status_code == 200 and "Turn 5" in fifth.get_data(as_text=True)
     said = f"{len(statements.run)} statements, {len(statements.tree_reads())} tree reads:\n" + "\n".join(
         s[:160] for s in statements.run)
-    assert len(statements.run) <= 15, said  # before the page model: 51 statements, 3 tree reads
+    assert len(statements.run) <= 15, said  # before the page model: 51 statements, 3 tree reads; now 14 (PostgreSQL 13)
     assert len(statements.tree_reads()) == 1, said

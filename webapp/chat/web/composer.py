@@ -9,8 +9,9 @@ from webapp.chat.decode.publish import chat_result
 from webapp.chat.decode.types import SamplingParams
 from webapp.chat.model.prompt import PromptTooLong
 from webapp.chat.service import ChatError, Turn
+from webapp.chat.store import ChatPage
 from webapp.chat.web import token_views
-from webapp.chat.web.blueprint import bp, service, settings
+from webapp.chat.web.blueprint import service, settings
 from webapp.chat.web.forms import FormError, FormErrors, remembered_sampling, submitted_sampling
 from webapp.core import Job, Refused
 from webapp.web import is_htmx, quotas, refusal_headers, refusal_status
@@ -32,15 +33,24 @@ def with_token_views(messages: list[dict]) -> list[dict]:
     return messages
 
 
-def render_page(conversation: dict | None, *, draft: str = "", errors: dict | None = None,
+def render_page(page: ChatPage, *, draft: str = "", errors: dict | None = None,
                 sampling: SamplingParams | None = None, status: int = 200, typed: dict | None = None):
-    svc = service()
-    messages = with_token_views(svc.history(conversation["id"])) if conversation else []
-    body = render_template("chat/page.html", conversation=conversation, messages=messages,
-                           conversations=svc.conversations(owner_id()), draft=draft,
-                           errors=errors or {}, sampling=sampling or default_sampling(),
-                           max_new_tokens_limit=sampling_limit(), typed=typed or {})
+    with_token_views(page.messages)
+    body = render_template("chat/page.html", **page_context(page, sampling or default_sampling(), draft=draft,
+                                                            errors=errors, typed=typed))
     return body, status
+
+
+def page_context(page: ChatPage | None, sampling: SamplingParams, *, draft: str = "", errors: dict | None = None,
+                 typed: dict | None = None, **more) -> dict:
+    """What the chat templates render, all of it from the page read once (ChatStore.page): the templates
+    read nothing themselves. `page` None: the composer of a new chat."""
+    messages = page.messages if page else []
+    return {"conversation": page.conversation if page else None, "messages": messages,
+            "conversations": page.conversations if page else [], "share_token": page.share_token if page else None,
+            "draft": draft, "errors": errors or {}, "sampling": sampling, "typed": typed or {},
+            "max_new_tokens_limit": sampling_limit(), "budget": token_budget(messages, sampling.max_new_tokens),
+            **more}
 
 
 def default_sampling() -> SamplingParams:
@@ -51,16 +61,11 @@ def default_sampling() -> SamplingParams:
             or SamplingParams(max_new_tokens=min(settings().max_new_tokens, limit)))
 
 
-@bp.context_processor
-def composer_context():
-    return {"token_budget": token_budget}
-
-
-def token_budget(conversation: dict | None, max_new_tokens) -> dict:
-    """The window arithmetic the composer explains beside Max new tokens (webapp/chat/model/prompt.py)."""
+def token_budget(history: list[dict], max_new_tokens) -> dict:
+    """The window arithmetic the composer explains beside Max new tokens (webapp/chat/model/prompt.py),
+    for a conversation whose branch shown is `history` ([]: a new chat)."""
     prompts = service().prompts
     fixed = prompts.block_size - prompts.budget(0)  # examples and markers, whatever the reply asks
-    history = service().history(conversation["id"]) if conversation else []
     used = sum(len(prompts.encode_turn(m["role"], m["content"])) for m in history
                if m["role"] == "user" or m["status"] in ("complete", "stopped"))
     asked = max_new_tokens if isinstance(max_new_tokens, int) else None
@@ -70,18 +75,16 @@ def token_budget(conversation: dict | None, max_new_tokens) -> dict:
             "left": None if asked is None else prompts.block_size - fixed - asked}
 
 
-def composer_error(conversation, draft, error: FormError | str, sampling=None, status=400, field="content",
+def composer_error(page: ChatPage, draft, error: FormError | str, sampling=None, status=400, field="content",
                    headers: dict | None = None):
     """Bad input: say what is wrong beside each field and give everything typed back, nothing saved."""
     errors = error.errors if isinstance(error, FormError) else {field: error}
     typed = submitted_sampling(request.form)
     if is_htmx():
-        html = render_template("chat/_composer.html", conversation=conversation, draft=draft, errors=errors,
-                               sampling=sampling or default_sampling(), max_new_tokens_limit=sampling_limit(),
-                               typed=typed)
+        html = render_template("chat/_composer.html", **page_context(page, sampling or default_sampling(),
+                                                                     draft=draft, errors=errors, typed=typed))
         return html, status, {"HX-Retarget": "#composer", "HX-Reswap": "outerHTML", **(headers or {})}
-    body, status = render_page(conversation, draft=draft, errors=errors, sampling=sampling, status=status,
-                               typed=typed)
+    body, status = render_page(page, draft=draft, errors=errors, sampling=sampling, status=status, typed=typed)
     return body, status, headers or {}
 
 
@@ -95,36 +98,36 @@ def too_long(error: PromptTooLong) -> FormErrors:
     return FormErrors({"content": str(error), "max_new_tokens": tokens})
 
 
-def start_reply(turn: Turn, draft: str = ""):
-    """Save and queue a checked turn (ChatService.start); answer htmx with the conversation, a form (no
-    JavaScript: it waits for the whole reply, holding a stream slot) with the page."""
+def start_reply(turn: Turn, page: ChatPage, draft: str = ""):
+    """Save and queue a checked turn (ChatService.start_turn) asked from `page` (what the browser was shown,
+    read before the turn); answer htmx with the conversation, a form (no JavaScript: it waits for the whole
+    reply, holding a stream slot) with the page."""
     owner = owner_id()
     quotas.check_chat(owner, new_conversation=turn.conversation is None)  # the browser's quotas (403)
     try:
         with held_slot(not is_htmx()) as slot:  # no JavaScript: the form waits for the whole reply
-            conversation, reply_id, created = service().start(owner, turn)
+            ids = service().start_turn(owner, turn)
     except Refused as error:  # the service took back what it saved for it
-        return composer_error(turn.conversation, draft, str(error), turn.sampling, refusal_status(error),
+        return composer_error(page, draft, str(error), turn.sampling, refusal_status(error),
                               headers=refusal_headers(error))
     except ChatError as error:  # the conversation is at its limit of messages: nothing was saved
-        return composer_error(turn.conversation, draft, str(error), turn.sampling, error.status)
+        return composer_error(page, draft, str(error), turn.sampling, error.status)
     session["sampling"] = turn.sampling.as_dict()  # this browser's settings, until it resets them
     if slot is None:
-        return reply_fragment(conversation, created, turn.sampling)
+        return reply_fragment(service().page_after(owner, page, ids), ids.created, turn.sampling)
     with slot:
-        wait_for_reply(reply_id)
-    return redirect(url_for("chat.conversation", conversation_id=conversation["id"]), 303)
+        wait_for_reply(ids.reply_id)
+    return redirect(url_for("chat.conversation", conversation_id=ids.conversation_id), 303)
 
 
-def reply_fragment(conversation, created, sampling):
-    svc = service()
-    response = current_app.make_response(render_template(
-        "chat/_conversation_swap.html", conversation=conversation,
-        # the replies read as tokens stay so (‹ › switching versions once showed them as text until a reload)
-        messages=with_token_views(svc.history(conversation["id"])), conversations=svc.conversations(owner_id()),
-        sampling=sampling, max_new_tokens_limit=sampling_limit(), draft="", errors={}))
+def reply_fragment(page: ChatPage, created: bool, sampling: SamplingParams):
+    # the replies read as tokens stay so (‹ › switching versions once showed them as text until a reload)
+    with_token_views(page.messages)
+    response = current_app.make_response(render_template("chat/_conversation_swap.html",
+                                                         **page_context(page, sampling)))
     if created:
-        response.headers["HX-Push-Url"] = url_for("chat.conversation", conversation_id=conversation["id"])
+        assert page.conversation is not None
+        response.headers["HX-Push-Url"] = url_for("chat.conversation", conversation_id=page.conversation["id"])
     return response
 
 
