@@ -100,15 +100,11 @@ class ChatService:
 
     def details(self, message_id: int) -> dict:
         return self.store.details(message_id)
-
     def all_messages(self, conversation_id: str) -> list[dict]:
         return self.store.all_messages(conversation_id)
 
     def share(self, owner: str, conversation_id: str) -> str | None:
         return self.store.share_conversation(owner, conversation_id)
-
-    def share_token(self, owner: str, conversation_id: str) -> str | None:
-        return self.store.conversation_share(owner, conversation_id)
 
     def stop_sharing(self, owner: str, conversation_id: str) -> None:
         self.store.stop_sharing(owner, conversation_id)
@@ -179,13 +175,6 @@ class ChatService:
                             400)
         return Turn(conversation, PromptReport.from_dict(details["prompt"]), sampling,
                     branch_from=message["parent_id"] or ROOT, forced=forced)
-
-    def start(self, owner: str, turn: Turn) -> tuple[dict, int, bool]:
-        """Save the turn and queue the job that writes its reply -> (conversation, reply id, created);
-        see start_turn."""
-        ids = self.start_turn(owner, turn)
-        assert ids.conversation is not None  # saved by begin_turn
-        return ids.conversation, ids.reply_id, ids.created
 
     def start_turn(self, owner: str, turn: Turn) -> TurnIds:
         """Save the turn and queue the job that writes its reply -> what was saved (ChatStore.begin_turn).
