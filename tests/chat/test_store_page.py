@@ -85,3 +85,13 @@ def test_a_conversation_changed_between_the_page_and_the_turn_is_read_again(data
     finish(store, turn(store, "me", first.conversation_id, None, branch_from=mine.user_id))
     store.show_message(first.conversation_id, before.leaf)
     assert before.after(turn(store, "me", first.conversation_id, "again")) is None
+
+
+def test_the_details_of_several_replies_are_read_at_once_as_one_by_one(database_location):
+    store = a_store(database_location)
+    first = turn(store, "me", None)
+    store.finish_reply(first.reply_id, "a", "complete", None, ReplyStats(), odds=[[1, 0.5]])
+    second = turn(store, "me", first.conversation_id)
+    ids = [first.reply_id, second.reply_id, second.user_id]  # a question has no details
+    assert store.details_of(ids) == {i: store.details(i) for i in ids}
+    assert store.details_of([]) == {}

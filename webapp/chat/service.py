@@ -100,6 +100,10 @@ class ChatService:
 
     def details(self, message_id: int) -> dict:
         return self.store.details(message_id)
+
+    def details_of(self, message_ids: list[int]) -> dict[int, dict]:
+        return self.store.details_of(message_ids)
+
     def all_messages(self, conversation_id: str) -> list[dict]:
         return self.store.all_messages(conversation_id)
 

@@ -383,19 +383,18 @@ class ChatStore:
         a disk or a hand that changed the row), which the views then say instead of failing."""
         with self.db.connect() as db:
             row = db.execute("SELECT prompt, odds FROM reply_details WHERE message_id = ?", (message_id,)).fetchone()
-        details: dict = {"prompt": None, "odds": None, "damaged": []}
-        for field, kind in (("prompt", dict), ("odds", list)):
-            if row is None or not row[field]:
-                continue
-            try:
-                value = json.loads(row[field])
-            except ValueError:
-                value = None
-            if isinstance(value, kind):
-                details[field] = value
-            else:
-                details["damaged"].append(field)
-        return details
+        return _details(row)
+
+    def details_of(self, message_ids: list[int]) -> dict[int, dict]:
+        """details() of several replies, read in one statement."""
+        if not message_ids:
+            return {}
+        marks = ", ".join("?" * len(message_ids))
+        with self.db.connect() as db:
+            rows = {r["message_id"]: r for r in db.execute(
+                f"SELECT message_id, prompt, odds FROM reply_details WHERE message_id IN ({marks})",
+                tuple(message_ids)).fetchall()}
+        return {message_id: _details(rows.get(message_id)) for message_id in message_ids}
 
 
     # -- what the quotas ask (webapp/web/quotas.py) --------------------------------------------------
@@ -416,6 +415,22 @@ class ChatStore:
 
 def _title(text: str) -> str:
     return " ".join(text.split())[:TITLE_CHARS] or "New chat"
+
+
+def _details(row) -> dict:
+    details: dict = {"prompt": None, "odds": None, "damaged": []}
+    for field, kind in (("prompt", dict), ("odds", list)):
+        if row is None or not row[field]:
+            continue
+        try:
+            value = json.loads(row[field])
+        except ValueError:
+            value = None
+        if isinstance(value, kind):
+            details[field] = value
+        else:
+            details["damaged"].append(field)
+    return details
 
 
 def _message(row) -> dict:

@@ -24,12 +24,13 @@ def sampling_limit() -> int:
 
 
 def with_token_views(messages: list[dict]) -> list[dict]:
-    """The replies their owner reads as tokens get their tokens (and odds) to show."""
-    for m in messages:
-        if m.get("token_view") and m["role"] == "assistant" and m["status"] != "pending":
-            views, _ = token_views.readable_token_views(service().model.tokenizer, service().details(m["id"]))
-            if views:
-                m["token_views"] = views
+    """The replies their owner reads as tokens get their tokens (and odds) to show (read in one statement)."""
+    shown = [m for m in messages if m.get("token_view") and m["role"] == "assistant" and m["status"] != "pending"]
+    details = service().details_of([m["id"] for m in shown])
+    for m in shown:
+        views, _ = token_views.readable_token_views(service().model.tokenizer, details[m["id"]])
+        if views:
+            m["token_views"] = views
     return messages
 
 
