@@ -83,3 +83,18 @@ def test_the_fifth_send_runs_at_most_15_statements_and_reads_the_tree_once(chat_
         s[:160] for s in statements.run)
     assert len(statements.run) <= 15, said  # before the page model: 51 statements, 3 tree reads; now 14 (PostgreSQL 13)
     assert len(statements.tree_reads()) == 1, said
+
+
+def test_a_conversation_page_reads_its_tree_once_and_nothing_from_its_templates(chat_app, statements, monkeypatch):
+    from webapp.web import retention
+    monkeypatch.setattr(retention, "today", lambda: 1)
+    chat_app.extensions["glassbox.browsers"].purged_at = float("inf")
+    client = chat_app.test_client()
+    csrf = csrf_of(client, "/chat/")
+    sent = send(client, "Hello", csrf, htmx=False, max_new_tokens="5", seed="1")
+    client.post(f"{sent.headers['Location']}/share", data={"csrf_token": csrf})
+    with statements:
+        page = client.get(sent.headers["Location"]).get_data(as_text=True)
+    assert "/chat/shared/" in page and "this conversation so far" in page  # the link, the window arithmetic
+    said = "\n".join(s[:160] for s in statements.run)
+    assert len(statements.tree_reads()) == 1 and len(statements.run) <= 3, said  # now 2
