@@ -38,20 +38,19 @@ class Browsers:
         """What the browsers made from `owner`'s address in the last NEW_BROWSER_SECONDS keep (characters
         of stored text, as the per-browser quota counts); None when `owner` itself is not new."""
         since = (time.time() if now is None else now) - NEW_BROWSER_SECONDS
-        with self.db.connect() as db:
-            row = db.execute("SELECT address FROM browsers WHERE owner = ? AND created_at > ?",
-                             (owner, since)).fetchone()
-            if row is None:
-                return None
-            young = "SELECT owner FROM browsers WHERE address = ? AND created_at > ?"
-            chat = db.execute("SELECT COALESCE(SUM(LENGTH(m.content) + COALESCE(LENGTH(d.prompt), 0)"
-                              " + COALESCE(LENGTH(d.odds), 0)), 0) FROM conversations c"
-                              " JOIN messages m ON m.conversation_id = c.id"
-                              f" LEFT JOIN reply_details d ON d.message_id = m.id WHERE c.owner IN ({young})",
-                              (row[0], since)).fetchone()[0]
-            traces = db.execute(f"SELECT COALESCE(SUM(LENGTH(snapshot)), 0) FROM traces WHERE owner IN ({young})",
-                                (row[0], since)).fetchone()[0]
-        return int(chat) + int(traces)
+        address = "(SELECT address FROM browsers WHERE owner = ? AND created_at > ?)"  # NULL: not new
+        young = f"SELECT owner FROM browsers WHERE address = {address} AND created_at > ?"
+        with self.db.connect() as db:  # one statement
+            row = db.execute(f"SELECT {address},"
+                             " (SELECT COALESCE(SUM(LENGTH(m.content) + COALESCE(LENGTH(d.prompt), 0)"
+                             " + COALESCE(LENGTH(d.odds), 0)), 0) FROM conversations c"
+                             " JOIN messages m ON m.conversation_id = c.id"
+                             f" LEFT JOIN reply_details d ON d.message_id = m.id WHERE c.owner IN ({young})),"
+                             f" (SELECT COALESCE(SUM(LENGTH(snapshot)), 0) FROM traces WHERE owner IN ({young}))",
+                             (owner, since, owner, since, since, owner, since, since)).fetchone()
+        if row[0] is None:
+            return None
+        return int(row[1]) + int(row[2])
 
     def idle(self, before: float, limit: int) -> list[str]:
         """Browsers last seen before `before`, the longest idle first."""

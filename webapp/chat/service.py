@@ -15,7 +15,7 @@ from webapp.chat.follow import follow_reply
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.prompt import PromptBuilder, PromptReport
 from webapp.chat.registry import ChatModels, model_record
-from webapp.chat.store import LEASE_RENEW_SECONDS, ROOT, ChatStore, ConversationFull, ReplySignals
+from webapp.chat.store import LEASE_RENEW_SECONDS, ROOT, ChatPage, ChatStore, ConversationFull, ReplySignals, TurnIds
 from webapp.core import InferenceCore, Refused
 from webapp.core.jobs import CANCELLED, DONE, Event, Job
 
@@ -113,6 +113,19 @@ class ChatService:
     def conversation(self, owner: str, conversation_id: str) -> dict | None:
         return self.store.conversation(owner, conversation_id)
 
+    def page(self, owner: str, conversation_id: str | None) -> ChatPage | None:
+        """What a chat page shows, read once (ChatStore.page); None when the conversation is not the owner's."""
+        return self.store.page(owner, conversation_id)
+
+    def page_after(self, owner: str, before: ChatPage | None, turn: TurnIds) -> ChatPage:
+        """The page once a turn was saved: the page before and what the turn saved, or read again when
+        the conversation changed meanwhile (or there was no page before)."""
+        page = before.after(turn) if before is not None else None
+        if page is None:
+            page = self.store.page(owner, turn.conversation_id)
+        assert page is not None  # saved by this owner
+        return page
+
     def history(self, conversation_id: str) -> list[dict]:
         """The branch shown, oldest first (see ChatStore.messages)."""
         return self.store.messages(conversation_id)
@@ -123,14 +136,14 @@ class ChatService:
     def details(self, message_id: int) -> dict:
         return self.store.details(message_id)
 
+    def details_of(self, message_ids: list[int]) -> dict[int, dict]:
+        return self.store.details_of(message_ids)
+
     def all_messages(self, conversation_id: str) -> list[dict]:
         return self.store.all_messages(conversation_id)
 
     def share(self, owner: str, conversation_id: str) -> str | None:
         return self.store.share_conversation(owner, conversation_id)
-
-    def share_token(self, owner: str, conversation_id: str) -> str | None:
-        return self.store.conversation_share(owner, conversation_id)
 
     def stop_sharing(self, owner: str, conversation_id: str) -> None:
         self.store.stop_sharing(owner, conversation_id)
@@ -149,45 +162,50 @@ class ChatService:
 
     # -- turns: check, then save in one transaction, submit, take back if refused ----------------
     def send_turn(self, conversation: dict | None, content: str, sampling: SamplingParams,
-                  model: str | None = None) -> Turn:
+                  history: list[dict] | None = None, model: str | None = None) -> Turn:
         """A new question in a conversation (None: a new one, with `model`, None: the default; a
-        conversation's replies use its own). Raises PromptTooLong, ChatError for an unknown model."""
+        conversation's replies use its own), after `history` (the branch shown, when the caller read it
+        already). Raises PromptTooLong, ChatError for an unknown model."""
+        if history is None:
+            history = self.history(conversation["id"]) if conversation else []
         name = self.conversation_model(conversation) if conversation else self.chosen_model(model)
-        history = self.history(conversation["id"]) if conversation else []
         prompt = self.check_prompt(history + [{"role": "user", "content": content, "status": "complete"}], sampling,
                                    name)
         return Turn(conversation, prompt, sampling, user_text=content, model=name)
 
-    def second_turn(self, turn: Turn, model: str) -> Turn:
+    def second_turn(self, turn: Turn, model: str, history: list[dict]) -> Turn:
         """`turn`'s question answered by another model too: a second version of its reply, beside the first
-        (where it goes is known once `turn` is saved: `start_both`). Raises PromptTooLong, ChatError."""
+        (where it goes is known once `turn` is saved: `start_both`); `history`: the branch `turn` follows.
+        Raises PromptTooLong, ChatError."""
         name = self.chosen_model(model)
         if name == turn.model:
             raise ChatError(f"Choose another model than {name} to ask beside it.", 400)
-        history = self.history(turn.conversation["id"]) if turn.conversation else []
         question = [{"role": "user", "content": turn.user_text or "", "status": "complete"}]
         return Turn(turn.conversation, self.check_prompt(history + question, turn.sampling, name), turn.sampling,
                     model=name)
 
-    def start_both(self, owner: str, turn: Turn, second: Turn) -> tuple[dict, int, int | str, bool]:
+    def start_both(self, owner: str, turn: Turn, second: Turn) -> tuple[TurnIds, int | str]:
         """One question, two models: `turn` saved and queued, then `second` as another version of its reply
-        -> (conversation, first reply id, second reply id or why it was refused, created). Raises what
-        `start` raises for the first; a refused second leaves the first running (nothing is lost)."""
-        conversation, first, created = self.start(owner, turn)
-        message = self.store.message(conversation["id"], first)
-        assert message is not None  # saved above
+        -> (what the first saved, the second reply's id or why it was refused). Raises what `start_turn`
+        raises for the first; a refused second leaves the first running (nothing is lost)."""
+        ids = self.start_turn(owner, turn)
+        question = ids.user_id if ids.user_id is not None else ROOT
+        conversation = ids.conversation or self.store.conversation(owner, ids.conversation_id)
         try:
-            _, other, _ = self.start(owner, dataclasses.replace(second, conversation=conversation,
-                                                                   branch_from=message["parent_id"] or ROOT))
+            other = self.start_turn(owner, dataclasses.replace(second, conversation=conversation,
+                                                               branch_from=question, user_text=None))
         except (Refused, ChatError) as refused:
-            self.store.show_message(conversation["id"], first)
-            return conversation, first, f"{second.model} could not answer too: {refused}", created
-        return conversation, first, other, created
+            self.store.show_message(ids.conversation_id, ids.reply_id)
+            return ids, f"{second.model} could not answer too: {refused}"
+        return ids, other.reply_id
 
-    def regenerate_turn(self, conversation: dict, sampling: SamplingParams, model: str | None = None) -> Turn:
+    def regenerate_turn(self, conversation: dict, sampling: SamplingParams, history: list[dict] | None = None,
+                        model: str | None = None) -> Turn:
         """A new version of the last reply, after the same question; the old one stays. `model`: another
-        model writes it (None: the model that wrote the reply)."""
-        history = self.history(conversation["id"])
+        model writes it (None: the model that wrote the reply). (`history`: the branch shown, when the
+        caller read it already.)"""
+        if history is None:
+            history = self.history(conversation["id"])
         if not history or history[-1]["role"] != "assistant" or history[-1]["status"] == "pending":
             raise ChatError("There is no finished reply to regenerate.")
         if model:
@@ -198,11 +216,13 @@ class ChatService:
         return Turn(conversation, self.check_prompt(history[:-1], sampling, name), sampling,
                     branch_from=history[-1]["parent_id"] or ROOT, model=name)
 
-    def edit_turn(self, conversation: dict, message: dict, content: str, sampling: SamplingParams) -> Turn:
-        """A new version of a question (and a reply to it); the old one stays with what followed it."""
+    def edit_turn(self, conversation: dict, message: dict, content: str, sampling: SamplingParams,
+                  history: list[dict] | None = None) -> Turn:
+        """A new version of a question (and a reply to it); the old one stays with what followed it.
+        (`history`: the branch shown, when the caller read it already.)"""
         if message["role"] != "user":
             raise ChatError("Only your own messages can be edited.")
-        path = self.history(conversation["id"])
+        path = self.history(conversation["id"]) if history is None else history
         if any(m["status"] == "pending" for m in path):
             raise ChatError("Stop the running reply before editing.")
         shown = [m["id"] for m in path]
@@ -213,10 +233,13 @@ class ChatService:
         return Turn(conversation, self.check_prompt(history, sampling, name), sampling, user_text=content,
                     branch_from=message["parent_id"] or ROOT, model=name)
 
-    def branch_turn(self, conversation: dict, message: dict, forced: Forced) -> Turn:
+    def branch_turn(self, conversation: dict, message: dict, forced: Forced, history: list[dict] | None = None) -> Turn:
         """A new version of a reply that starts with `forced` (its tokens before one, then another) and
-        goes on with the reply's own settings and prompt."""
-        if any(m["status"] == "pending" for m in self.history(conversation["id"])):
+        goes on with the reply's own settings and prompt. (`history`: the branch shown, when the caller
+        read it already.)"""
+        if history is None:
+            history = self.history(conversation["id"])
+        if any(m["status"] == "pending" for m in history):
             raise ChatError("Stop the running reply before branching.")
         self.writer(message)  # the tokens are that model's: it goes on, or nobody does (ChatError 409)
         details = self.details(message["id"])
@@ -230,8 +253,8 @@ class ChatService:
         return Turn(conversation, PromptReport.from_dict(details["prompt"]), sampling,
                     branch_from=message["parent_id"] or ROOT, forced=forced, model=self.writer_name(message))
 
-    def start(self, owner: str, turn: Turn) -> tuple[dict, int, bool]:
-        """Save the turn and queue the job that writes its reply -> (conversation, reply id, created).
+    def start_turn(self, owner: str, turn: Turn) -> TurnIds:
+        """Save the turn and queue the job that writes its reply -> what was saved (ChatStore.begin_turn).
         Raises ChatError (400) for a conversation at its limit of messages, nothing saved. A refused job
         (Refused) or a failure takes back everything saved for it, and re-raises."""
         conversation = turn.conversation
@@ -254,9 +277,7 @@ class ChatService:
             self._leases.let_go(reply_id)
             self.store.take_back_turn(owner, ids)
             raise
-        conversation = self.store.conversation(owner, ids.conversation_id)
-        assert conversation is not None  # saved above, by this owner
-        return conversation, reply_id, ids.created
+        return ids
 
     def show_version(self, conversation_id: str, message_id: int) -> None:
         """Show another version of a message, and the branch below it."""

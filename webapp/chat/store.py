@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import time
@@ -47,6 +48,10 @@ class TurnIds:
     user_id: int | None
     reply_id: int
     title: str | None = None  # the title before, when the turn changed it (an edited first question)
+    # What the page after the turn needs, read back by the writes themselves (ChatPage.after):
+    kept: int = 0  # the conversation's messages before the turn
+    saved: tuple[dict, ...] = ()  # the messages saved (the question, the reply), as read back
+    conversation: dict | None = None  # the conversation after the turn
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,52 @@ class ReplySignals:
 
     stop_requested: bool = False
     followed: bool = False
+
+
+@dataclass
+class ChatPage:
+    """What a chat page shows, read at once (ChatStore.page): the conversation (None: a new chat), the
+    owner's conversations newest first, every message of it by id and the leaf shown, its read-only link."""
+
+    conversation: dict | None
+    conversations: list[dict]
+    tree: dict[int, dict]
+    leaf: int | None
+    share_token: str | None = None
+    messages: list[dict] = dataclasses.field(init=False)  # the branch shown, oldest first (see branch)
+
+    def __post_init__(self) -> None:
+        self.messages = branch(self.tree, self.leaf)
+
+    def after(self, turn: TurnIds) -> ChatPage | None:
+        """The page once `turn` was saved, from what was read before and what the turn saved; None when
+        the conversation changed between the two (another tab's turn): read it again then."""
+        current = self.conversation is None if turn.created else (
+            self.conversation is not None and self.conversation["id"] == turn.conversation_id
+            and turn.shown == self.leaf and turn.kept == len(self.tree))
+        if not current or turn.conversation is None or not turn.saved:
+            return None
+        conversation = turn.conversation
+        others = [c for c in self.conversations if c["id"] != conversation["id"]]
+        conversations = sorted([conversation, *others], key=lambda c: c["updated_at"], reverse=True)
+        tree = {**self.tree, **{m["id"]: m for m in turn.saved}}
+        return ChatPage(conversation, conversations, tree, turn.reply_id, self.share_token)
+
+
+def branch(everything: dict[int, dict], leaf: int | None) -> list[dict]:
+    """The branch that ends at `leaf`, oldest first; each message says which version of its place it is."""
+    path, node = [], everything.get(leaf) if leaf is not None else None
+    while node is not None:
+        path.append(node)
+        node = everything.get(node["parent_id"])
+    path.reverse()
+    siblings: dict = {}
+    for m in everything.values():
+        siblings.setdefault((m["parent_id"], m["role"]), []).append(m["id"])
+    for m in path:
+        m["versions"] = siblings[(m["parent_id"], m["role"])]
+        m["version"] = m["versions"].index(m["id"]) + 1
+    return path
 
 
 class ChatStore:
@@ -114,30 +165,42 @@ class ChatStore:
     # the first message to the conversation's leaf.
     def messages(self, conversation_id: str) -> list[dict]:
         """The branch shown, oldest first; each message says which version of its place it is."""
-        everything, leaf = self._tree(conversation_id)
-        path, node = [], everything.get(leaf)
-        while node is not None:
-            path.append(node)
-            node = everything.get(node["parent_id"])
-        path.reverse()
-        siblings: dict = {}
-        for m in everything.values():
-            siblings.setdefault((m["parent_id"], m["role"]), []).append(m["id"])
-        for m in path:
-            m["versions"] = siblings[(m["parent_id"], m["role"])]
-            m["version"] = m["versions"].index(m["id"]) + 1
-        return path
+        return branch(*self._tree(conversation_id))
 
     def all_messages(self, conversation_id: str) -> list[dict]:
         """Every version of every message (each with its parent_id), oldest first."""
         return list(self._tree(conversation_id)[0].values())
 
-    def _tree(self, conversation_id: str) -> tuple[dict, int | None]:
-        with self.db.snapshot() as db:  # the leaf is one of the rows read, whatever commits meanwhile
-            rows = db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id",
-                              (conversation_id,)).fetchall()
-            leaf = db.execute("SELECT leaf_id FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
-        return {r["id"]: _message(r) for r in rows}, (leaf[0] if leaf else None)
+    def _tree(self, conversation_id: str, db=None) -> tuple[dict, int | None]:
+        """Every message of a conversation by id, and the leaf shown: one statement, so the leaf is one of
+        the rows read, whatever commits meanwhile (no conversation, or no message: no leaf)."""
+        if db is None:
+            with self.db.connect() as db:
+                return self._tree(conversation_id, db)
+        rows = db.execute("SELECT *, (SELECT leaf_id FROM conversations WHERE id = ?) AS shown_leaf FROM messages"
+                          " WHERE conversation_id = ? ORDER BY id", (conversation_id, conversation_id)).fetchall()
+        everything = {r["id"]: _message(r) for r in rows}
+        leaf = None
+        for m in everything.values():
+            leaf = m.pop("shown_leaf")
+        return everything, leaf
+
+    def page(self, owner: str, conversation_id: str | None) -> ChatPage | None:
+        """What a chat page shows, in two statements: the owner's conversations (the one shown with its
+        read-only link, if shared) and the shown one's messages -> None when it is not the owner's."""
+        with self.db.connect() as db:
+            rows = db.execute("SELECT c.*, s.token AS share_token FROM conversations c LEFT JOIN conversation_shares s"
+                              " ON s.conversation_id = c.id AND c.id = ? WHERE c.owner = ? ORDER BY c.updated_at DESC",
+                              (conversation_id, owner)).fetchall()
+            conversations = [dict(r) for r in rows]
+            shown = next((c for c in conversations if c["id"] == conversation_id), None)
+            if conversation_id is not None and shown is None:
+                return None
+            tree, leaf = self._tree(shown["id"], db) if shown else ({}, None)
+        token = shown["share_token"] if shown else None
+        for c in conversations:
+            del c["share_token"]
+        return ChatPage(shown, conversations, tree, leaf, token)
 
     def message(self, conversation_id: str, message_id: int) -> dict | None:
         with self.db.connect() as db:
@@ -208,45 +271,48 @@ class ChatStore:
         (when there is one), the pending reply and its prompt. The reply follows the branch shown, or
         is a new version after `branch_from` (ROOT: a new first message). Both are shown from now on.
         Raises ConversationFull when the conversation would keep more than `max_messages` messages,
-        every version counted (0: no limit); checked under the write lock, so no two turns pass it at once.
-        `model`: who writes the reply, kept with it (and, for a new conversation, the conversation's model)."""
+        every version counted (0: no limit); checked under the write lock, so no two turns pass it at once."""
         now = time.time()
         adding = 1 if user_text is None else 2
         with self.db.transaction() as db:
             created = conversation_id is None
-            if max_messages and (adding > max_messages or not created and db.execute(
-                    "SELECT COUNT(*) FROM messages WHERE conversation_id = ?",
-                    (conversation_id,)).fetchone()[0] + adding > max_messages):
+            kept, shown, title = 0, None, None  # its messages, the leaf shown, its title (one statement)
+            if not created:
+                kept, shown, title = db.execute(
+                    "SELECT (SELECT COUNT(*) FROM messages WHERE conversation_id = c.id), leaf_id, title"
+                    " FROM conversations c WHERE id = ?", (conversation_id,)).fetchone()
+            if max_messages and kept + adding > max_messages:
                 raise ConversationFull(max_messages)
             if created:
                 conversation_id = uuid.uuid4().hex[:16]
                 db.execute("INSERT INTO conversations (id, owner, title, created_at, updated_at, model)"
                            " VALUES (?, ?, ?, ?, ?, ?)",
                            (conversation_id, owner, _title(user_text or ""), now, now, model and model.name))
-            shown = db.execute("SELECT leaf_id FROM conversations WHERE id = ?", (conversation_id,)).fetchone()[0]
-            title = None
             if branch_from == ROOT and user_text is not None and not created:  # the first question, edited
-                title = db.execute("SELECT title FROM conversations WHERE id = ?", (conversation_id,)).fetchone()[0]
                 db.execute("UPDATE conversations SET title = ? WHERE id = ?", (_title(user_text), conversation_id))
+            else:
+                title = None
             parent = shown if branch_from is None else (branch_from or None)
-            user_id = None
+            saved, user_id = [], None
             if user_text is not None:
-                user_id = db.execute("INSERT INTO messages (conversation_id, role, content, status, created_at,"
-                                     " parent_id) VALUES (?, 'user', ?, 'complete', ?, ?) RETURNING id",
-                                     (conversation_id, user_text, now, parent)).fetchone()[0]
-                parent = user_id
-            reply_id = db.execute("INSERT INTO messages (conversation_id, role, content, status, settings, created_at,"
-                                  " parent_id, runner, lease_until, model, model_file, model_precision)"
-                                  " VALUES (?, 'assistant', '', 'pending', ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                                  (conversation_id, json.dumps(settings), now, parent,
-                                   self.db.runner, now + REPLY_LEASE_SECONDS, model and model.name,
-                                   model and model.file_id, model and model.precision)).fetchone()[0]
+                saved.append(_message(db.execute(
+                    "INSERT INTO messages (conversation_id, role, content, status, created_at,"
+                    " parent_id) VALUES (?, 'user', ?, 'complete', ?, ?) RETURNING *",
+                    (conversation_id, user_text, now, parent)).fetchone()))
+                parent = user_id = saved[-1]["id"]
+            saved.append(_message(db.execute(
+                "INSERT INTO messages (conversation_id, role, content, status, settings, created_at,"
+                " parent_id, runner, lease_until, model, model_file, model_precision)"
+                " VALUES (?, 'assistant', '', 'pending', ?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
+                (conversation_id, json.dumps(settings), now, parent, self.db.runner, now + REPLY_LEASE_SECONDS,
+                 model and model.name, model and model.file_id, model and model.precision)).fetchone()))
+            reply_id = saved[-1]["id"]
             db.execute("INSERT INTO reply_details (message_id, prompt) VALUES (?, ?)",
                        (reply_id, json.dumps(prompt, separators=(",", ":"))))
-            db.execute("UPDATE conversations SET updated_at = ?, leaf_id = ? WHERE id = ?",
-                       (now, reply_id, conversation_id))
+            conversation = dict(db.execute("UPDATE conversations SET updated_at = ?, leaf_id = ? WHERE id = ?"
+                                           " RETURNING *", (now, reply_id, conversation_id)).fetchone())
         assert conversation_id is not None and reply_id is not None  # made above when not given
-        return TurnIds(conversation_id, created, shown, user_id, reply_id, title)
+        return TurnIds(conversation_id, created, shown, user_id, reply_id, title, kept, tuple(saved), conversation)
 
     def take_back_turn(self, owner: str, turn: TurnIds) -> None:
         """Undo begin_turn, in one transaction: the branch shown is the one shown before."""
@@ -319,19 +385,18 @@ class ChatStore:
         a disk or a hand that changed the row), which the views then say instead of failing."""
         with self.db.connect() as db:
             row = db.execute("SELECT prompt, odds FROM reply_details WHERE message_id = ?", (message_id,)).fetchone()
-        details: dict = {"prompt": None, "odds": None, "damaged": []}
-        for field, kind in (("prompt", dict), ("odds", list)):
-            if row is None or not row[field]:
-                continue
-            try:
-                value = json.loads(row[field])
-            except ValueError:
-                value = None
-            if isinstance(value, kind):
-                details[field] = value
-            else:
-                details["damaged"].append(field)
-        return details
+        return _details(row)
+
+    def details_of(self, message_ids: list[int]) -> dict[int, dict]:
+        """details() of several replies, read in one statement."""
+        if not message_ids:
+            return {}
+        marks = ", ".join("?" * len(message_ids))
+        with self.db.connect() as db:
+            rows = {r["message_id"]: r for r in db.execute(
+                f"SELECT message_id, prompt, odds FROM reply_details WHERE message_id IN ({marks})",
+                tuple(message_ids)).fetchall()}
+        return {message_id: _details(rows.get(message_id)) for message_id in message_ids}
 
 
     # -- what the quotas ask (webapp/web/quotas.py) --------------------------------------------------
@@ -352,6 +417,22 @@ class ChatStore:
 
 def _title(text: str) -> str:
     return " ".join(text.split())[:TITLE_CHARS] or "New chat"
+
+
+def _details(row) -> dict:
+    details: dict = {"prompt": None, "odds": None, "damaged": []}
+    for field, kind in (("prompt", dict), ("odds", list)):
+        if row is None or not row[field]:
+            continue
+        try:
+            value = json.loads(row[field])
+        except ValueError:
+            value = None
+        if isinstance(value, kind):
+            details[field] = value
+        else:
+            details["damaged"].append(field)
+    return details
 
 
 def _message(row) -> dict:

@@ -40,6 +40,7 @@ class Database:
 
     def init(self) -> None:
         with self.connect() as db:
+            _for_writes(db)
             db.execute("PRAGMA journal_mode=WAL")
             _add_branch_columns(db)  # a database made before messages formed a tree
             _add_column(db, "messages", "token_view", "INTEGER NOT NULL DEFAULT 0")
@@ -53,6 +54,7 @@ class Database:
                        " WHERE owner NOT LIKE '%:%' GROUP BY owner")
         migrations.apply(self, self.dialect)
         with self.connect() as db:
+            _for_writes(db)
             # A reply that was being generated when the process died will never finish (one process uses
             # the file, so every pending reply was the dead process's).
             db.execute("UPDATE messages SET status = 'stopped' WHERE status = 'pending'")
@@ -93,13 +95,10 @@ class Database:
 
     @contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:
-        """A connection in autocommit mode, for reads (writes: transaction())."""
+        """A connection in autocommit mode, for reads (writes: transaction(), which sets what writes need;
+        a read runs no statement but its own)."""
         db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
         db.row_factory = sqlite3.Row
-        db.execute("PRAGMA foreign_keys=ON")
-        # WAL's recommended durability: a commit survives the process dying (kill -9) but not a power cut
-        # before the next checkpoint; FULL would fsync every commit, and the write lock is held meanwhile.
-        db.execute("PRAGMA synchronous=NORMAL")
         try:
             yield db
         finally:
@@ -120,6 +119,7 @@ class Database:
         """A write transaction holding the write lock from its first statement: committed at the end of
         the block, rolled back if it raises."""
         with self.connect() as db:
+            _for_writes(db)
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
@@ -128,6 +128,14 @@ class Database:
                     db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
+
+
+def _for_writes(db: sqlite3.Connection) -> None:
+    """What a connection that writes needs (each connection's own settings; reads need neither)."""
+    db.execute("PRAGMA foreign_keys=ON")
+    # WAL's recommended durability: a commit survives the process dying (kill -9) but not a power cut
+    # before the next checkpoint; FULL would fsync every commit, and the write lock is held meanwhile.
+    db.execute("PRAGMA synchronous=NORMAL")
 
 
 def _add_branch_columns(db: sqlite3.Connection) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from flask import Blueprint, abort, current_app
 
 from webapp.chat.service import ChatService
+from webapp.chat.store import ChatPage
 from webapp.config import Settings
 from webapp.web.security import owner_id
 
@@ -32,6 +33,14 @@ def owned_conversation(conversation_id: str) -> dict:
     if conversation is None:
         abort(404, "No such conversation.")
     return conversation
+
+
+def owned_page(conversation_id: str | None) -> ChatPage:
+    """The page of one of the browser's conversations (None: a new chat), read once (ChatService.page)."""
+    page = service().page(owner_id(), conversation_id or None)
+    if page is None:
+        abort(404, "No such conversation.")
+    return page
 
 
 def owned_message(conversation_id: str, message_id: int) -> dict:

@@ -9,8 +9,9 @@ from webapp.chat.decode.publish import chat_result
 from webapp.chat.decode.types import SamplingParams
 from webapp.chat.model.prompt import PromptTooLong
 from webapp.chat.service import ChatError, Turn
+from webapp.chat.store import ChatPage
 from webapp.chat.web import token_views
-from webapp.chat.web.blueprint import bp, service, settings
+from webapp.chat.web.blueprint import service, settings
 from webapp.chat.web.forms import FormError, FormErrors, remembered_sampling, submitted_sampling
 from webapp.core import Job, Refused
 from webapp.web import is_htmx, quotas, refusal_headers, refusal_status
@@ -23,42 +24,56 @@ def sampling_limit() -> int:
 
 
 def with_token_views(messages: list[dict]) -> list[dict]:
-    """The replies their owner reads as tokens get their tokens (and odds) to show."""
-    for m in messages:
-        if m.get("token_view") and m["role"] == "assistant" and m["status"] != "pending":
-            try:
-                tokenizer = service().writer(m).tokenizer
-            except ChatError:  # its model is not run here: shown as text, which needs no tokenizer
-                continue
-            views, _ = token_views.readable_token_views(tokenizer, service().details(m["id"]))
-            if views:
-                m["token_views"] = views
+    """The replies their owner reads as tokens get their tokens (and odds) to show (read in one statement)."""
+    shown = [m for m in messages if m.get("token_view") and m["role"] == "assistant" and m["status"] != "pending"]
+    details = service().details_of([m["id"] for m in shown])
+    for m in shown:
+        try:
+            tokenizer = service().writer(m).tokenizer
+        except ChatError:  # its model is not run here: shown as text, which needs no tokenizer
+            continue
+        views, _ = token_views.readable_token_views(tokenizer, details[m["id"]])
+        if views:
+            m["token_views"] = views
     return messages
 
 
-def render_page(conversation: dict | None, *, draft: str = "", errors: dict | None = None,
+def render_page(page: ChatPage, *, draft: str = "", errors: dict | None = None,
                 sampling: SamplingParams | None = None, status: int = 200, typed: dict | None = None,
                 beside: int | None = None):
-    svc = service()
-    messages = with_token_views(svc.history(conversation["id"])) if conversation else []
-    body = render_template("chat/page.html", conversation=conversation, messages=messages,
-                           conversations=svc.conversations(owner_id()), draft=draft,
-                           errors=errors or {}, sampling=sampling or default_sampling(),
-                           max_new_tokens_limit=sampling_limit(), typed=typed or {},
-                           beside=beside_reply(messages, beside), chosen_model=typed and typed.get("model"))
+    """The chat page; `beside`: the version of the last reply shown beside it (two models asked at once)."""
+    with_token_views(page.messages)
+    body = render_template("chat/page.html", **page_context(page, sampling or default_sampling(), draft=draft,
+                                                            errors=errors, typed=typed, beside=beside))
     return body, status
 
 
-def beside_reply(messages: list[dict], beside: int | None) -> dict | None:
-    """The other version of the last reply to show beside it (two models asked at once), when `beside`
-    names one; anything else is no pair."""
+def beside_reply(page: ChatPage | None, beside: int | None) -> dict | None:
+    """The other version of the last reply to show beside it, when `beside` names one (from the page's
+    tree, read with it); anything else is no pair."""
+    messages = page.messages if page else []
     if beside is None or not messages or messages[-1]["role"] != "assistant":
         return None
     last = messages[-1]
     if beside == last["id"] or beside not in (last.get("versions") or []):
         return None
-    other = service().message(last["conversation_id"], beside)
-    return with_token_views([other])[0] if other else None
+    assert page is not None
+    return with_token_views([page.tree[beside]])[0]
+
+
+def page_context(page: ChatPage | None, sampling: SamplingParams, *, draft: str = "", errors: dict | None = None,
+                 typed: dict | None = None, beside: int | None = None, **more) -> dict:
+    """What the chat templates render, all of it from the page read once (ChatStore.page): the templates
+    read nothing themselves. `page` None: the composer of a new chat."""
+    messages = page.messages if page else []
+    conversation = page.conversation if page else None
+    model = service().conversation_model(conversation) if conversation else None
+    return {"conversation": conversation, "messages": messages,
+            "conversations": page.conversations if page else [], "share_token": page.share_token if page else None,
+            "draft": draft, "errors": errors or {}, "sampling": sampling, "typed": typed or {},
+            "max_new_tokens_limit": sampling_limit(),
+            "budget": token_budget(messages, sampling.max_new_tokens, model),
+            "beside": beside_reply(page, beside), **more}
 
 
 def default_sampling() -> SamplingParams:
@@ -69,16 +84,11 @@ def default_sampling() -> SamplingParams:
             or SamplingParams(max_new_tokens=min(settings().max_new_tokens, limit)))
 
 
-@bp.context_processor
-def composer_context():
-    return {"token_budget": token_budget}
-
-
-def token_budget(conversation: dict | None, max_new_tokens) -> dict:
-    """The window arithmetic the composer explains beside Max new tokens (webapp/chat/model/prompt.py)."""
-    prompts = service().prompts
+def token_budget(history: list[dict], max_new_tokens, model: str | None = None) -> dict:
+    """The window arithmetic the composer explains beside Max new tokens (webapp/chat/model/prompt.py),
+    for a conversation whose branch shown is `history` ([]: a new chat), on `model` (None: the default)."""
+    prompts = service().models.get(model).prompt
     fixed = prompts.block_size - prompts.budget(0)  # examples and markers, whatever the reply asks
-    history = service().history(conversation["id"]) if conversation else []
     used = sum(len(prompts.encode_turn(m["role"], m["content"])) for m in history
                if m["role"] == "user" or m["status"] in ("complete", "stopped"))
     asked = max_new_tokens if isinstance(max_new_tokens, int) else None
@@ -88,19 +98,17 @@ def token_budget(conversation: dict | None, max_new_tokens) -> dict:
             "left": None if asked is None else prompts.block_size - fixed - asked}
 
 
-def composer_error(conversation, draft, error: FormError | str, sampling=None, status=400, field="content",
+def composer_error(page: ChatPage, draft, error: FormError | str, sampling=None, status=400, field="content",
                    headers: dict | None = None):
     """Bad input: say what is wrong beside each field and give everything typed back, nothing saved."""
     errors = error.errors if isinstance(error, FormError) else {field: error}
     typed = submitted_sampling(request.form)
     typed.update({name: request.form.get(name, "")[:100] for name in ("model", "also_model")})
     if is_htmx():
-        html = render_template("chat/_composer.html", conversation=conversation, draft=draft, errors=errors,
-                               sampling=sampling or default_sampling(), max_new_tokens_limit=sampling_limit(),
-                               typed=typed)
+        html = render_template("chat/_composer.html", **page_context(page, sampling or default_sampling(),
+                                                                     draft=draft, errors=errors, typed=typed))
         return html, status, {"HX-Retarget": "#composer", "HX-Reswap": "outerHTML", **(headers or {})}
-    body, status = render_page(conversation, draft=draft, errors=errors, sampling=sampling, status=status,
-                               typed=typed)
+    body, status = render_page(page, draft=draft, errors=errors, sampling=sampling, status=status, typed=typed)
     return body, status, headers or {}
 
 
@@ -114,48 +122,51 @@ def too_long(error: PromptTooLong) -> FormErrors:
     return FormErrors({"content": str(error), "max_new_tokens": tokens})
 
 
-def start_reply(turn: Turn, draft: str = "", second: Turn | None = None):
-    """Save and queue a checked turn (ChatService.start; with `second`, another model's reply to the same
-    question beside it); answer htmx with the conversation, a form (no JavaScript: it waits for the whole
-    reply, holding a stream slot) with the page."""
+def start_reply(turn: Turn, page: ChatPage, draft: str = "", second: Turn | None = None):
+    """Save and queue a checked turn (ChatService.start_turn; with `second`, another model's reply to the same
+    question beside it) asked from `page` (what the browser was shown, read before the turn); answer htmx
+    with the conversation, a form (no JavaScript: it waits for the whole reply, holding a stream slot) with
+    the page."""
     owner = owner_id()
     quotas.check_chat(owner, new_conversation=turn.conversation is None)  # the browser's quotas (403)
     beside, notice = None, None
     try:
         with held_slot(not is_htmx()) as slot:  # no JavaScript: the form waits for the whole reply
             if second is None:
-                conversation, reply_id, created = service().start(owner, turn)
+                ids = service().start_turn(owner, turn)
+                replies = [ids.reply_id]
             else:
-                conversation, first, other, created = service().start_both(owner, turn, second)
+                ids, other = service().start_both(owner, turn, second)
                 if isinstance(other, int):
-                    reply_id, beside = other, first
+                    beside, replies = ids.reply_id, [ids.reply_id, other]
                 else:  # the second model was refused: the first answers alone, and the page says why
-                    reply_id, notice = first, other
+                    notice, replies = other, [ids.reply_id]
     except Refused as error:  # the service took back what it saved for it
-        return composer_error(turn.conversation, draft, str(error), turn.sampling, refusal_status(error),
+        return composer_error(page, draft, str(error), turn.sampling, refusal_status(error),
                               headers=refusal_headers(error))
     except ChatError as error:  # the conversation is at its limit of messages: nothing was saved
-        return composer_error(turn.conversation, draft, str(error), turn.sampling, error.status)
+        return composer_error(page, draft, str(error), turn.sampling, error.status)
     session["sampling"] = turn.sampling.as_dict()  # this browser's settings, until it resets them
     if slot is None:
-        return reply_fragment(conversation, created, turn.sampling, beside=beside, notice=notice)
+        # two replies were saved: the page is read again rather than put together from the first turn
+        after = service().page_after(owner, page, ids) if second is None else service().page(owner, ids.conversation_id)
+        assert after is not None  # saved by this owner
+        return reply_fragment(after, ids.created, turn.sampling, beside=beside, notice=notice)
     with slot:
-        for waited in (reply_id, beside):
-            if waited is not None:
-                wait_for_reply(waited)
-    return redirect(url_for("chat.conversation", conversation_id=conversation["id"], beside=beside), 303)
+        for reply in replies:
+            wait_for_reply(reply)
+    return redirect(url_for("chat.conversation", conversation_id=ids.conversation_id, beside=beside), 303)
 
 
-def reply_fragment(conversation, created, sampling, beside: int | None = None, notice: str | None = None):
-    svc = service()
-    messages = with_token_views(svc.history(conversation["id"]))
-    response = current_app.make_response(render_template(
-        "chat/_conversation_swap.html", conversation=conversation,
-        # the replies read as tokens stay so (‹ › switching versions once showed them as text until a reload)
-        messages=messages, conversations=svc.conversations(owner_id()), beside=beside_reply(messages, beside),
-        notice=notice, sampling=sampling, max_new_tokens_limit=sampling_limit(), draft="", errors={}))
+def reply_fragment(page: ChatPage, created: bool, sampling: SamplingParams, beside: int | None = None,
+                   notice: str | None = None):
+    # the replies read as tokens stay so (‹ › switching versions once showed them as text until a reload)
+    with_token_views(page.messages)
+    response = current_app.make_response(render_template("chat/_conversation_swap.html",
+                                                         **page_context(page, sampling, beside=beside, notice=notice)))
     if created or beside is not None:  # the address shows the pair too, so a reload keeps it
-        response.headers["HX-Push-Url"] = url_for("chat.conversation", conversation_id=conversation["id"],
+        assert page.conversation is not None
+        response.headers["HX-Push-Url"] = url_for("chat.conversation", conversation_id=page.conversation["id"],
                                                   beside=beside)
     return response
 

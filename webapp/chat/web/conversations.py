@@ -10,10 +10,11 @@ from flask import Response, abort, current_app, redirect, render_template, reque
 from webapp.chat.model.prompt import PromptTooLong
 from webapp.chat.service import ChatError
 from webapp.chat.web import token_views
-from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service, settings
+from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, owned_page, service, settings
 from webapp.chat.web.composer import (
     composer_error,
     default_sampling,
+    page_context,
     render_message,
     render_page,
     sampling_limit,
@@ -32,12 +33,11 @@ def reset_sampling():
     """Forget this browser's sampling settings; the draft stays."""
     session.pop("sampling", None)
     conversation_id = request.form.get("conversation_id", "")
-    conversation = owned_conversation(conversation_id) if conversation_id else None
+    page = owned_page(conversation_id) if conversation_id else None
     if is_htmx():
-        return render_template("chat/_composer.html", conversation=conversation, draft=request.form.get("content", ""),
-                               errors={}, sampling=default_sampling(), max_new_tokens_limit=sampling_limit(),
-                               typed={}, reset=True)
-    target = (url_for("chat.conversation", conversation_id=conversation["id"]) if conversation
+        return render_template("chat/_composer.html", **page_context(page, default_sampling(),
+                                                                     draft=request.form.get("content", ""), reset=True))
+    target = (url_for("chat.conversation", conversation_id=conversation_id) if page
               else url_for("chat.index"))
     return redirect(target, 303)
 
@@ -45,38 +45,38 @@ def reset_sampling():
 # -- pages ------------------------------------------------------------------------------------
 @bp.get("/")
 def index():
-    return render_page(None)
+    return render_page(owned_page(None))
 
 
 @bp.get("/c/<conversation_id>")
 def conversation(conversation_id: str):
     """A conversation; ?beside=<reply id> shows that version of the last reply beside it (two models)."""
-    return render_page(owned_conversation(conversation_id), beside=request.args.get("beside", type=int))
+    return render_page(owned_page(conversation_id), beside=request.args.get("beside", type=int))
 
 
 # -- sending and replying ---------------------------------------------------------------------
 @bp.post("/send")
 def send():
     svc, form = service(), request.form
-    conversation_id = form.get("conversation_id", "")
-    conversation = owned_conversation(conversation_id) if conversation_id else None
+    page = owned_page(form.get("conversation_id", ""))  # the conversation, its branch shown, the sidebar: once
     draft = form.get("content", "")
     try:
         content, sampling = parse_message(form, settings().max_message_chars,
                                           default_max_new_tokens=settings().max_new_tokens,
                                           max_new_tokens_limit=sampling_limit())
     except FormError as error:  # every field's error at once
-        return composer_error(conversation, draft, error)
+        return composer_error(page, draft, error)
     also = form.get("also_model", "")
     try:
-        turn = svc.send_turn(conversation, content, sampling, model=form.get("model") or None)
-        second = svc.second_turn(turn, also) if also else None  # ask two models at once
+        turn = svc.send_turn(page.conversation, content, sampling, history=page.messages,
+                             model=form.get("model") or None)
+        second = svc.second_turn(turn, also, page.messages) if also else None  # ask two models at once
     except PromptTooLong as error:
-        return composer_error(conversation, draft, too_long(error), sampling)
+        return composer_error(page, draft, too_long(error), sampling)
     except ChatError as error:
         field = "model" if error.status == 400 else "content"
-        return composer_error(conversation, draft, str(error), sampling, error.status, field=field)
-    return start_reply(turn, draft=draft, second=second)
+        return composer_error(page, draft, str(error), sampling, error.status, field=field)
+    return start_reply(turn, page, draft=draft, second=second)
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/stream")
@@ -126,39 +126,44 @@ def stop(conversation_id: str, message_id: int):
 @bp.post("/c/<conversation_id>/regenerate")
 def regenerate(conversation_id: str):
     """A new version of the last reply, after the same question; the old one stays, a click away."""
-    conversation = owned_conversation(conversation_id)
+    page = owned_page(conversation_id)
+    assert page.conversation is not None
     try:
         sampling = parse_sampling(request.form, default_max_new_tokens=settings().max_new_tokens,
                                   max_new_tokens_limit=sampling_limit())
     except FormError as error:
-        return composer_error(conversation, "", error)
+        return composer_error(page, "", error)
     try:
-        turn = service().regenerate_turn(conversation, sampling, model=request.form.get("model") or None)
+        turn = service().regenerate_turn(page.conversation, sampling, history=page.messages,
+                                         model=request.form.get("model") or None)
     except PromptTooLong as error:
-        return composer_error(conversation, "", str(error), sampling)
+        return composer_error(page, "", str(error), sampling)
     except ChatError as error:
         abort(error.status, str(error))
-    return start_reply(turn)
+    return start_reply(turn, page)
 
 
 @bp.post("/c/<conversation_id>/m/<int:message_id>/edit")
 def edit(conversation_id: str, message_id: int):
     """A new version of a question, beside the old one (kept, with the replies that followed it)."""
-    conversation = owned_conversation(conversation_id)
-    message = owned_message(conversation_id, message_id)
+    page = owned_page(conversation_id)
+    assert page.conversation is not None
+    message = page.tree.get(message_id)  # every version of every message, read with the page
+    if message is None:
+        abort(404, "No such message.")
     try:
         content = parse_content(request.form, settings().max_message_chars)
         sampling = parse_sampling(request.form, default_max_new_tokens=settings().max_new_tokens,
                                   max_new_tokens_limit=sampling_limit())
     except FormError as error:
-        return composer_error(conversation, request.form.get("content", ""), error)
+        return composer_error(page, request.form.get("content", ""), error)
     try:
-        turn = service().edit_turn(conversation, message, content, sampling)
+        turn = service().edit_turn(page.conversation, message, content, sampling, history=page.messages)
     except PromptTooLong as error:
-        return composer_error(conversation, content, str(error), sampling)
+        return composer_error(page, content, str(error), sampling)
     except ChatError as error:
         abort(error.status, str(error))
-    return start_reply(turn, draft=content)
+    return start_reply(turn, page, draft=content)
 
 
 @bp.get("/c/<conversation_id>/delete")

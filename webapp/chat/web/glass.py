@@ -7,7 +7,7 @@ from flask import abort, redirect, render_template, request, url_for
 
 from webapp.chat.service import ChatError
 from webapp.chat.web import token_views as glass
-from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service, settings
+from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, owned_page, service, settings
 from webapp.chat.web.composer import default_sampling, reply_fragment, start_reply
 from webapp.web import is_htmx
 
@@ -54,7 +54,8 @@ def branch(conversation_id: str, message_id: int):
     """Continue a reply from one of its tokens with another token (an alternative, or text typed): the
     tokens before it are kept, the new one is forced, the model goes on with the reply's settings. The
     result is a new version of the reply; the old one stays."""
-    conversation = owned_conversation(conversation_id)
+    page = owned_page(conversation_id)
+    assert page.conversation is not None
     message, details = reply_details(conversation_id, message_id)
     svc = service()
     tokenizer = tokenizer_of(message)
@@ -63,12 +64,12 @@ def branch(conversation_id: str, message_id: int):
     try:
         forced = glass.branch_tokens(tokenizer, details["odds"] or [], request.form,
                                      settings().max_message_chars)
-        turn = svc.branch_turn(conversation, message, forced)
+        turn = svc.branch_turn(page.conversation, message, forced, history=page.messages)
     except ValueError as error:  # the form asked for no token the reply has
         abort(400, str(error))
     except ChatError as error:
         abort(error.status, str(error))
-    return start_reply(turn)
+    return start_reply(turn, page)
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/compare/<int:other_id>")
@@ -104,12 +105,11 @@ def prompt(conversation_id: str, message_id: int):
 @bp.post("/c/<conversation_id>/m/<int:message_id>/show")
 def show(conversation_id: str, message_id: int):
     """Show another version of a message (‹ 2/3 ›), and the branch that follows it."""
-    conversation = owned_conversation(conversation_id)
     owned_message(conversation_id, message_id)
     try:
         service().show_version(conversation_id, message_id)
     except ChatError as error:
         abort(error.status, str(error))
     if is_htmx():
-        return reply_fragment(conversation, False, default_sampling())
+        return reply_fragment(owned_page(conversation_id), False, default_sampling())
     return redirect(url_for("chat.conversation", conversation_id=conversation_id) + f"#message-{message_id}", 303)

@@ -11,11 +11,6 @@ from webapp.chat.web.blueprint import bp, owned_conversation, service
 from webapp.web.security import owner_id
 
 
-@bp.app_context_processor
-def sharing_context():
-    return {"conversation_share": lambda conversation_id: service().share_token(owner_id(), conversation_id)}
-
-
 @bp.post("/c/<conversation_id>/share")
 def share(conversation_id: str):
     owned_conversation(conversation_id)
