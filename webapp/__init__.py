@@ -32,6 +32,7 @@ from webapp.loops.web import api as loops_api_bp
 from webapp.loops.web import bp as loops_bp
 from webapp.v1 import bp as v1_bp
 from webapp.web import bodies, pages, prefs, retention, storage_errors, wording
+from webapp.web.api_keys import load as load_api_keys
 from webapp.web.ops import bp as ops_bp
 from webapp.web.security import GlassboxSessions, NewSessions, TrustedProxies, check_csrf, csrf_token
 
@@ -58,6 +59,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
         db = open_database(settings.database_url or str(folder / "glassbox.sqlite3"),
                            runner=instance.front_end_id(folder), timeout=settings.database_timeout)
         db.open_checked()
+        api_keys = load_api_keys(settings)  # a bad keys file stops start-up, like a bad checkpoint
     except BaseException:
         lock.release()
         raise
@@ -79,6 +81,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     app.extensions["glassbox.lock"] = lock
     app.extensions["glassbox.latency"] = LatencyHistogram()
     app.extensions["glassbox.new_sessions"] = NewSessions(settings.max_new_sessions_per_minute)
+    app.extensions["glassbox.api_keys"] = api_keys
     try:
         core, chat_models = _start_core(settings, models)
         app.extensions["glassbox.core"] = core
@@ -91,7 +94,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     app.extensions["glassbox.inside"] = chat_boot.inside_service(core, chat_models, settings)
     app.extensions["glassbox.loops"] = loops_boot.service(core, db)
 
-    # v1 also puts the API-key check in front of /api/loops (webapp/v1/blueprint.py)
+    # the API blueprints (/v1, /api/loops) put the API-key check in front of their own routes
     for blueprint in (ops_bp, pages.bp, chat_bp, loops_bp, loops_api_bp, v1_bp):
         app.register_blueprint(blueprint)
     prefs.init_app(app)  # the colour theme each browser chose
