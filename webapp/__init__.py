@@ -93,6 +93,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     app.extensions["glassbox.chat"] = chat_boot.service(core, db, chat_models, settings.max_messages)
     app.extensions["glassbox.inside"] = chat_boot.inside_service(core, chat_models, settings)
     app.extensions["glassbox.loops"] = loops_boot.service(core, db)
+    app.extensions["glassbox.stores"] = (app.extensions["glassbox.chat"].store, app.extensions["glassbox.loops"].store)
 
     # the API blueprints (/v1, /api/loops) put the API-key check in front of their own routes
     for blueprint in (ops_bp, pages.bp, chat_bp, loops_bp, loops_api_bp, v1_bp):

@@ -92,9 +92,10 @@ def test_api_runs_without_a_cookie_set_none_and_are_purged_after_the_retention(a
     keeper.post("/api/loops/trace", json={"mapping": CYCLE, "start": "A", "steps": 2}).get_data()
     with app.app_context():
         hours = app.config["GLASSBOX"].api_retention_hours
-        assert quotas.purge_api_runs(now=time.time() + hours * 3600 - 60) == 0  # not yet
+        loops_store = app.extensions["glassbox.loops"].store
+        assert quotas.purge_api_runs(loops_store, now=time.time() + hours * 3600 - 60) == 0  # not yet
         quotas._purged["at"] = 0.0
-        assert quotas.purge_api_runs(now=time.time() + hours * 3600 + 60) == 1
+        assert quotas.purge_api_runs(loops_store, now=time.time() + hours * 3600 + 60) == 1
     [(left,)] = rows(app, "SELECT owner FROM traces")
     assert not left.startswith("api:")
 

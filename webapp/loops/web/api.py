@@ -59,10 +59,10 @@ def api_trace():
     # A key is its own owner (the per-owner limit counts per key). Without keys, a script without a
     # cookie gets a throwaway owner, not a session: its traces are purged after
     # GLASSBOX_API_RETENTION_HOURS (webapp/web/quotas.py), and no cookie is minted per request.
-    owner = quotas.api_owner(key_owner())
+    owner = quotas.api_owner(service().store, key_owner())
     try:
         with held_slot() as slot:  # before the job: a refusal leaves nothing queued
-            quotas.check_traces(owner)
+            quotas.check_traces(service().store, owner)
             job = service().start(owner, demo_request)
     except Refused as error:
         return {"error": str(error)}, refusal_status(error), refusal_headers(error)
