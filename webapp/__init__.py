@@ -11,7 +11,7 @@ from types import ModuleType
 from typing import Any
 
 import psycopg
-from flask import Flask, current_app, g, request
+from flask import Flask, g, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import IntegerConverter
 
@@ -25,7 +25,6 @@ from webapp.config import ROOT, Settings
 from webapp.core import InferenceCore
 from webapp.core.executors import Executor
 from webapp.core.jobs import CLIENT
-from webapp.core.metrics import LatencyHistogram
 from webapp.db import open_database
 from webapp.loops import boot as loops_boot
 from webapp.loops.web import api as loops_api_bp
@@ -33,8 +32,10 @@ from webapp.loops.web import bp as loops_bp
 from webapp.v1 import bp as v1_bp
 from webapp.web import bodies, pages, prefs, retention, storage_errors, wording
 from webapp.web.api_keys import load as load_api_keys
+from webapp.web.counts import NewSessions
 from webapp.web.ops import bp as ops_bp
-from webapp.web.security import GlassboxSessions, NewSessions, TrustedProxies, check_csrf, csrf_token
+from webapp.web.security import GlassboxSessions, TrustedProxies, check_csrf, csrf_token
+from webapp.web.state import Glassbox, glassbox
 
 log = logging.getLogger("glassbox")
 
@@ -76,24 +77,21 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     # instead of overflowing (500).
     app.url_map.converters["int"] = SqliteInteger
 
-    app.extensions["glassbox.db"] = db
-    app.extensions["glassbox.browsers"] = Browsers(db)
-    app.extensions["glassbox.lock"] = lock
-    app.extensions["glassbox.latency"] = LatencyHistogram()
-    app.extensions["glassbox.new_sessions"] = NewSessions(settings.max_new_sessions_per_minute)
-    app.extensions["glassbox.api_keys"] = api_keys
     try:
         core, chat_models = _start_core(settings, models)
-        app.extensions["glassbox.core"] = core
     except BaseException:
         lock.release()
         raise
     core.on_shutdown.extend([db.close, lock.release])  # a process that stops (or a test's app) frees the folder
 
-    app.extensions["glassbox.chat"] = chat_boot.service(core, db, chat_models, settings.max_messages)
-    app.extensions["glassbox.inside"] = chat_boot.inside_service(core, chat_models, settings)
-    app.extensions["glassbox.loops"] = loops_boot.service(core, db)
-    app.extensions["glassbox.stores"] = (app.extensions["glassbox.chat"].store, app.extensions["glassbox.loops"].store)
+    chat = chat_boot.service(core, db, chat_models, settings.max_messages)
+    inside = chat_boot.inside_service(core, chat_models, settings)
+    loops = loops_boot.service(core, db)
+    # The one application state (webapp/web/state.py), read through glassbox()
+    app.extensions["glassbox"] = Glassbox(db=db, browsers=Browsers(db), lock=lock, core=core,
+                                          new_sessions=NewSessions(settings.max_new_sessions_per_minute),
+                                          api_keys=api_keys, services=(chat, inside, loops),
+                                          stores=(chat.store, loops.store))
 
     # the API blueprints (/v1, /api/loops) put the API-key check in front of their own routes
     for blueprint in (ops_bp, pages.bp, chat_bp, loops_bp, loops_api_bp, v1_bp):
@@ -174,5 +172,5 @@ def _after(response):
     response.headers.setdefault("Referrer-Policy", "same-origin")
     response.headers.setdefault("X-Frame-Options", "DENY")
     if "started" in g and response.mimetype != "text/event-stream":
-        current_app.extensions["glassbox.latency"].observe(time.perf_counter() - g.started)
+        glassbox().latency.observe(time.perf_counter() - g.started)
     return response

@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from flask import Blueprint, current_app, g, request
+from flask import Blueprint, g, request
 from flask.typing import ResponseReturnValue
 
-from webapp.web.api_keys import ApiKeys
+from webapp.web.state import glassbox
 
 log = logging.getLogger("glassbox.api")
 
@@ -33,7 +33,7 @@ def bearer_token() -> str | None:
 
 def authenticate() -> tuple[str | None, str | None]:
     """-> (owner, None) for a request that may go on, or (None, why not). Keeps the owner in g."""
-    keys: ApiKeys | None = current_app.extensions.get("glassbox.api_keys")
+    keys = glassbox().api_keys
     if keys is None:
         g.api_owner = OWNER_PREFIX + (request.remote_addr or "local")
         return g.api_owner, None

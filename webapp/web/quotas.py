@@ -21,6 +21,7 @@ from typing import Protocol
 from flask import abort, current_app, session
 
 from webapp.browsers import Browsers, OwnerStore
+from webapp.web.state import glassbox
 
 API_OWNER_PREFIX = "api:"  # owners of JSON-API runs made without a session cookie
 _purged = {"at": 0.0}
@@ -47,11 +48,11 @@ class Traces(Protocol):
 
 
 def _stores() -> tuple[OwnerStore, ...]:
-    return current_app.extensions["glassbox.stores"]
+    return glassbox().stores
 
 
 def _browsers() -> Browsers:
-    return current_app.extensions["glassbox.browsers"]
+    return glassbox().browsers
 
 
 def stored_bytes(owner: str) -> int:

@@ -13,6 +13,7 @@ from flask import current_app, request, session
 
 from webapp.browsers import DAY, Browsers, OwnerStore
 from webapp.db import DATABASE_ERRORS
+from webapp.web.state import glassbox
 
 log = logging.getLogger("glassbox")
 PURGE_EVERY_SECONDS = 60.0
@@ -21,11 +22,11 @@ _purge_lock = threading.Lock()
 
 
 def browsers() -> Browsers:
-    return current_app.extensions["glassbox.browsers"]
+    return glassbox().browsers
 
 
 def stores() -> tuple[OwnerStore, ...]:
-    return current_app.extensions["glassbox.stores"]
+    return glassbox().stores
 
 
 def today() -> int:
