@@ -215,6 +215,9 @@ def test_with_keys_every_api_request_needs_one(keyed_app):
     # the Loop-lab JSON API takes the same key, and answers in its own error shape
     loops = client.post("/api/loops/trace", json=LOOP_REQUEST)
     assert loops.status_code == 401 and loops.json == {"error": missing.json["error"]["message"]}
+    assert loops.headers["WWW-Authenticate"] == missing.headers["WWW-Authenticate"]
+    for url in ("/api/loops/trace", "/v1/chat/completions"):  # the key is checked first, whatever was sent
+        assert client.post(url, data="not JSON", headers={"Authorization": "Bearer wrong"}).status_code == 401
     ok = client.post("/api/loops/trace", json=LOOP_REQUEST, headers={"Authorization": f"Bearer {KEY}"})
     assert ok.status_code == 200 and json.loads(ok.get_data(as_text=True).splitlines()[-1])["status"] == "complete"
     assert client.get("/chat/").status_code == 200  # the pages need no key
