@@ -55,10 +55,10 @@ class Browsers:
     def new_browsers_bytes(self, owner: str, stores: Iterable[OwnerStore], now: float | None = None) -> int | None:
         """What the browsers made from `owner`'s address in the last NEW_BROWSER_SECONDS keep in `stores`
         (characters of stored text, as the per-browser quota counts); None when `owner` itself is not new."""
-        young = self.made_with(owner, now)
+        young = self.new_from_address_of(owner, now)
         return None if young is None else sum(store.stored_bytes(*young) for store in stores)
 
-    def made_with(self, owner: str, now: float | None = None) -> list[str] | None:
+    def new_from_address_of(self, owner: str, now: float | None = None) -> list[str] | None:
         """The browsers made from `owner`'s address in the last NEW_BROWSER_SECONDS, `owner` among them;
         None when `owner` itself is not new."""
         since = (time.time() if now is None else now) - NEW_BROWSER_SECONDS
