@@ -95,7 +95,8 @@ def when_ready(server):
 
 def _core(worker):
     # worker.wsgi is the Flask app itself (proxy handling wraps app.wsgi_app, not the app)
-    return getattr(worker.wsgi, "extensions", {}).get("glassbox.core")
+    state = getattr(worker.wsgi, "extensions", {}).get("glassbox")  # the app's state (webapp/web/state.py)
+    return getattr(state, "core", None)
 
 
 def post_worker_init(worker):

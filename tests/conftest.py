@@ -10,6 +10,7 @@ import pytest
 
 from webapp import create_app
 from webapp.config import Settings
+from webapp.web.state import glassbox
 
 # the PostgreSQL cluster and the database_location fixture (every store test on SQLite and PostgreSQL)
 pytest_plugins = ["tests.support.databases"]
@@ -24,7 +25,7 @@ def make_app(tmp_path, models, **overrides):
     settings = Settings(instance_path=str(tmp_path / "instance"), secret_key="test-secret",
                         heartbeat_seconds=0.05, **overrides)
     app = create_app(settings, models=models, test_config={"TESTING": True})
-    app.extensions["glassbox.core"].ready.wait(10)
+    glassbox(app).core.ready.wait(10)
     return app
 
 
@@ -65,7 +66,7 @@ def loop_app(tmp_path):
     from tests.support.loop_models import bundle
     app = make_app(tmp_path, {"loops": bundle()})
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 @pytest.fixture
@@ -74,7 +75,7 @@ def chat_app(tmp_path):
     from tests.support.loop_models import bundle
     app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat"), "loops": bundle()})
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 @pytest.fixture
@@ -83,4 +84,4 @@ def slow_chat_app(tmp_path):
     from tests.support.chat_models import tiny_chat_model
     app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat", seconds_per_step=0.02)})
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()

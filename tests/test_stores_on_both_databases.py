@@ -42,6 +42,9 @@ def test_traces_roll_expire_and_are_shared_once(database_location):
     api = traces.save("api:x", snapshot(7))
     assert traces.delete_older("api:", time.time() + 1) == 1 and traces.get("api:x", api) is None
     assert traces.stored_bytes("me") == sum(len(json.dumps(snapshot(n))) for n in (3, 4))
+    many = [f"owner{n}" for n in range(1200)]  # more owners than one IN (...) binds
+    assert traces.stored_bytes(*many, "me", "you") == traces.stored_bytes("me") + len(json.dumps(snapshot(9)))
+    assert traces.forget_owner("me") == 2 and traces.stored_bytes("me") == 0 and traces.get("you", other)
 
 
 def test_a_conversation_is_shared_once_and_its_link_stops(database_location):
@@ -55,11 +58,16 @@ def test_a_conversation_is_shared_once_and_its_link_stops(database_location):
     assert chat.shared_conversation(token) is None
     chat.take_back_turn("me", turn)
     assert chat.conversations("me") == []
+    for owner in ("me", "you", "me"):
+        chat.begin_turn(owner, None, user_text="hello", branch_from=None, settings={}, prompt={})
+    assert chat.stored_bytes("me", "you") == 3 * len("hello{}")  # each question and its reply's prompt
+    assert chat.forget_owner("me") == 2 and chat.conversations("me") == [] and len(chat.conversations("you")) == 1
 
 
 def test_browsers_are_recorded_counted_by_address_and_forgotten(database_location):
     database = opened(database_location)
     browsers, chat = Browsers(database), ChatStore(database)
+    stores = (chat, TraceStore(database))
     now = time.time()
     browsers.made("old", "10.0.0.1", now - NEW_BROWSER_SECONDS - 60)
     browsers.made("new1", "10.0.0.1", now)
@@ -67,8 +75,8 @@ def test_browsers_are_recorded_counted_by_address_and_forgotten(database_locatio
     browsers.made("new2", "10.0.0.1", now)
     chat.begin_turn("new1", None, user_text="x" * 10, branch_from=None, settings={}, prompt={})
     chat.begin_turn("old", None, user_text="y" * 100, branch_from=None, settings={}, prompt={})
-    assert browsers.new_browsers_bytes("new2", now) == 10 + len("{}")  # the question and the reply's prompt
-    assert browsers.new_browsers_bytes("old", now) is None
+    assert browsers.new_browsers_bytes("new2", stores, now) == 10 + len("{}")  # the question and the reply's prompt
+    assert browsers.new_browsers_bytes("old", stores, now) is None
     browsers.seen("old", "10.0.0.1", now)
     browsers.seen("unknown", "10.0.0.2", now - 10 * NEW_BROWSER_SECONDS)
     assert browsers.idle(now - 1, 10) == ["unknown"]

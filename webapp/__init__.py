@@ -11,7 +11,7 @@ from types import ModuleType
 from typing import Any
 
 import psycopg
-from flask import Flask, current_app, g, request
+from flask import Flask, g, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import IntegerConverter
 
@@ -25,15 +25,17 @@ from webapp.config import ROOT, Settings
 from webapp.core import InferenceCore
 from webapp.core.executors import Executor
 from webapp.core.jobs import CLIENT
-from webapp.core.metrics import LatencyHistogram
 from webapp.db import open_database
 from webapp.loops import boot as loops_boot
 from webapp.loops.web import api as loops_api_bp
 from webapp.loops.web import bp as loops_bp
 from webapp.v1 import bp as v1_bp
 from webapp.web import bodies, pages, prefs, retention, storage_errors, wording
+from webapp.web.api_keys import load as load_api_keys
+from webapp.web.counts import NewSessions
 from webapp.web.ops import bp as ops_bp
-from webapp.web.security import GlassboxSessions, NewSessions, TrustedProxies, check_csrf, csrf_token
+from webapp.web.security import GlassboxSessions, TrustedProxies, check_csrf, csrf_token
+from webapp.web.state import Glassbox, glassbox
 
 log = logging.getLogger("glassbox")
 
@@ -58,6 +60,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
         db = open_database(settings.database_url or str(folder / "glassbox.sqlite3"),
                            runner=instance.front_end_id(folder), timeout=settings.database_timeout)
         db.open_checked()
+        api_keys = load_api_keys(settings)  # a bad keys file stops start-up, like a bad checkpoint
     except BaseException:
         lock.release()
         raise
@@ -74,24 +77,23 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     # instead of overflowing (500).
     app.url_map.converters["int"] = SqliteInteger
 
-    app.extensions["glassbox.db"] = db
-    app.extensions["glassbox.browsers"] = Browsers(db)
-    app.extensions["glassbox.lock"] = lock
-    app.extensions["glassbox.latency"] = LatencyHistogram()
-    app.extensions["glassbox.new_sessions"] = NewSessions(settings.max_new_sessions_per_minute)
     try:
         core, chat_models = _start_core(settings, models)
-        app.extensions["glassbox.core"] = core
     except BaseException:
         lock.release()
         raise
     core.on_shutdown.extend([db.close, lock.release])  # a process that stops (or a test's app) frees the folder
 
-    app.extensions["glassbox.chat"] = chat_boot.service(core, db, chat_models, settings.max_messages)
-    app.extensions["glassbox.inside"] = chat_boot.inside_service(core, chat_models, settings)
-    app.extensions["glassbox.loops"] = loops_boot.service(core, db)
+    chat = chat_boot.service(core, db, chat_models, settings.max_messages)
+    inside = chat_boot.inside_service(core, chat_models, settings)
+    loops = loops_boot.service(core, db)
+    # The one application state (webapp/web/state.py), read through glassbox()
+    app.extensions["glassbox"] = Glassbox(db=db, browsers=Browsers(db), lock=lock, core=core,
+                                          new_sessions=NewSessions(settings.max_new_sessions_per_minute),
+                                          api_keys=api_keys, services=(chat, inside, loops),
+                                          stores=(chat.store, loops.store))
 
-    # v1 also puts the API-key check in front of /api/loops (webapp/v1/blueprint.py)
+    # the API blueprints (/v1, /api/loops) put the API-key check in front of their own routes
     for blueprint in (ops_bp, pages.bp, chat_bp, loops_bp, loops_api_bp, v1_bp):
         app.register_blueprint(blueprint)
     prefs.init_app(app)  # the colour theme each browser chose
@@ -170,5 +172,5 @@ def _after(response):
     response.headers.setdefault("Referrer-Policy", "same-origin")
     response.headers.setdefault("X-Frame-Options", "DENY")
     if "started" in g and response.mimetype != "text/event-stream":
-        current_app.extensions["glassbox.latency"].observe(time.perf_counter() - g.started)
+        glassbox().latency.observe(time.perf_counter() - g.started)
     return response

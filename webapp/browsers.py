@@ -4,16 +4,34 @@ There are no accounts: a browser is the owner id in its session cookie. This tab
 bounded where a per-browser quota cannot reach: one address making new browsers (each with a fresh
 quota), and browsers that never come back (their rows kept for ever). "Seen" is written at most once a
 day per browser (the day is kept in its cookie), so recording it costs one small write a day.
+
+What a browser keeps is in the demos' stores (webapp/chat/store.py, webapp/loops/store.py), each of which
+answers `OwnerStore`: this table's SQL reads and writes this table only.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
+from typing import Protocol
 
 from webapp.db import AnyDatabase
 
 DAY = 86400.0
 NEW_BROWSER_SECONDS = DAY  # a browser counts as new, for its address's limit, this long after it is made
+
+
+class OwnerStore(Protocol):
+    """What a demo's store answers about the rows an owner (a browser, an API key) keeps there: the
+    quotas (webapp/web/quotas.py) and the retention of idle browsers (webapp/web/retention.py) ask it."""
+
+    def stored_bytes(self, *owners: str) -> int:
+        """Characters of stored text these owners keep, together."""
+        ...
+
+    def forget_owner(self, owner: str) -> int:
+        """Delete everything the owner keeps -> how many things (conversations, traces) went."""
+        ...
 
 
 class Browsers:
@@ -34,23 +52,21 @@ class Browsers:
             db.execute("INSERT INTO browsers (owner, address, created_at, seen_at) VALUES (?, ?, ?, ?)"
                        " ON CONFLICT (owner) DO UPDATE SET seen_at = excluded.seen_at", (owner, address, now, now))
 
-    def new_browsers_bytes(self, owner: str, now: float | None = None) -> int | None:
-        """What the browsers made from `owner`'s address in the last NEW_BROWSER_SECONDS keep (characters
-        of stored text, as the per-browser quota counts); None when `owner` itself is not new."""
+    def new_browsers_bytes(self, owner: str, stores: Iterable[OwnerStore], now: float | None = None) -> int | None:
+        """What the browsers made from `owner`'s address in the last NEW_BROWSER_SECONDS keep in `stores`
+        (characters of stored text, as the per-browser quota counts); None when `owner` itself is not new."""
+        young = self.new_from_address_of(owner, now)
+        return None if young is None else sum(store.stored_bytes(*young) for store in stores)
+
+    def new_from_address_of(self, owner: str, now: float | None = None) -> list[str] | None:
+        """The browsers made from `owner`'s address in the last NEW_BROWSER_SECONDS, `owner` among them;
+        None when `owner` itself is not new."""
         since = (time.time() if now is None else now) - NEW_BROWSER_SECONDS
-        address = "(SELECT address FROM browsers WHERE owner = ? AND created_at > ?)"  # NULL: not new
-        young = f"SELECT owner FROM browsers WHERE address = {address} AND created_at > ?"
-        with self.db.connect() as db:  # one statement
-            row = db.execute(f"SELECT {address},"
-                             " (SELECT COALESCE(SUM(LENGTH(m.content) + COALESCE(LENGTH(d.prompt), 0)"
-                             " + COALESCE(LENGTH(d.odds), 0)), 0) FROM conversations c"
-                             " JOIN messages m ON m.conversation_id = c.id"
-                             f" LEFT JOIN reply_details d ON d.message_id = m.id WHERE c.owner IN ({young})),"
-                             f" (SELECT COALESCE(SUM(LENGTH(snapshot)), 0) FROM traces WHERE owner IN ({young}))",
-                             (owner, since, owner, since, since, owner, since, since)).fetchone()
-        if row[0] is None:
-            return None
-        return int(row[1]) + int(row[2])
+        with self.db.connect() as db:  # one statement: `owner` is among them when it is new, so none: not new
+            rows = db.execute("SELECT owner FROM browsers WHERE created_at > ? AND address ="
+                              " (SELECT address FROM browsers WHERE owner = ? AND created_at > ?)",
+                              (since, owner, since)).fetchall()
+        return [r[0] for r in rows] or None
 
     def idle(self, before: float, limit: int) -> list[str]:
         """Browsers last seen before `before`, the longest idle first."""
@@ -60,7 +76,6 @@ class Browsers:
         return [r[0] for r in rows]
 
     def forget(self, owner: str) -> None:
-        """The browser's traces and its row (its conversations are deleted by the chat store first)."""
+        """The browser's row (what it keeps in the stores is deleted first: webapp/web/retention.py)."""
         with self.db.transaction() as db:
-            db.execute("DELETE FROM traces WHERE owner = ?", (owner,))
             db.execute("DELETE FROM browsers WHERE owner = ?", (owner,))

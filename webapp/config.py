@@ -75,7 +75,7 @@ class Settings:
     session_days: int = 30                 # lifetime of the session cookie
     max_body_bytes: int = 256 * 1024
     forwarded_allow_ips: str = ""  # TCP proxies whose X-Forwarded-* are believed (a Unix socket's peer always is)
-    api_keys: str = ""           # a file of bearer keys for /v1 and /api/ (webapp/v1/auth.py); empty: open
+    api_keys: str = ""           # a file of bearer keys for /v1 and /api/ (webapp/web/api_keys.py); empty: open
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

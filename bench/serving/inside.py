@@ -66,20 +66,22 @@ def main(argv=None):
     args = parse_args(argv)
     from webapp import create_app
     from webapp.chat.decode.prefix_cache import prefix_cache_for
+    from webapp.chat.inside import InsideService
     from webapp.chat.model.precision import apply_precision
     from webapp.config import Settings
+    from webapp.web.state import glassbox
     load_before = common.load_average()
     model = apply_precision(common.random_gpt(args.size), args.dtype)
     loaded = common.loaded(model)
     with tempfile.TemporaryDirectory() as folder:
         app = create_app(Settings(instance_path=folder, secret_key="bench-secret-key-0123"), models={"chat": loaded})
-        core = app.extensions["glassbox.core"]
+        core = glassbox(app).core
         core.ready.wait(600)
         try:
             token, mid, index, context = saved_reply(app, loaded, args.context)
             url = f"/chat/shared/{token}/m/{mid}/inside/{index}"
             client = app.test_client()
-            inside = app.extensions["glassbox.inside"]
+            inside = glassbox(app).service(InsideService)
             cold = timed_get(client, url)
             kept, again = [], []
             for _ in range(args.reps):

@@ -132,6 +132,7 @@ def main(argv=None):
     from webapp.core.threads import torch_threads
     from webapp.loops.model.checkpoint import load_bundle
     from webapp.loops.request import DemoRequest
+    from webapp.web.state import glassbox
     load_before = common.load_average()
     bundle = load_bundle(args.model or None)
     request = DemoRequest.parse(request_payload(args.steps))
@@ -140,7 +141,7 @@ def main(argv=None):
                         max_jobs_per_owner=100, loop_torch_threads=settings.loop_torch_threads,
                         torch_threads=settings.torch_threads)
     app = create_app(settings, models={"loops": bundle}, test_config={"TESTING": True})
-    core = app.extensions["glassbox.core"]
+    core = glassbox(app).core
     core.ready.wait(60)
     core.executors["bench"] = bench_jobs()
     threads = settings.loop_torch_threads

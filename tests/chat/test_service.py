@@ -11,6 +11,7 @@ from tests.support.executors import FunctionJobs
 from webapp.chat.boot import SMALL_MODEL_BYTES, load_model, reply_threads
 from webapp.config import Settings
 from webapp.core import Job
+from webapp.web.state import glassbox
 
 
 def test_small_models_reply_on_one_thread_large_ones_on_the_workers():
@@ -31,7 +32,7 @@ def test_a_reply_runs_on_the_models_threads_and_the_worker_gets_its_own_back(tmp
     seen = []
     loaded.model.lm_head.register_forward_hook(lambda *args: seen.append(torch.get_num_threads()))
     app = make_app(tmp_path, {"chat": loaded}, torch_threads=2)
-    core = app.extensions["glassbox.core"]
+    core = glassbox(app).core
     try:
         client = app.test_client()
         sent = client.post("/chat/send", data={"csrf_token": csrf_of(client, "/chat/"), "content": "hi",
@@ -53,7 +54,7 @@ def test_a_new_version_whose_saving_fails_is_taken_back(tmp_path, monkeypatch):
     from webapp.chat.store import ChatStore
     app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat")})
     app.config["PROPAGATE_EXCEPTIONS"] = False  # answer 500, as in production
-    core = app.extensions["glassbox.core"]
+    core = glassbox(app).core
     try:
         client = app.test_client()
         first = client.post("/chat/send", data={"csrf_token": csrf_of(client, "/chat/"), "content": "hi",

@@ -18,6 +18,7 @@ from tests.conftest import csrf_of, make_app, wait_for
 from tests.integration.helpers import as_sse_text, message_id, read_until, saved_message, start_reply
 from tests.support.chat_models import tiny_chat_model
 from tests.support.servers import Client, Gunicorn, model_env
+from webapp.web.state import glassbox
 
 pytestmark = pytest.mark.integration
 
@@ -107,7 +108,7 @@ def test_a_full_disk_fails_the_reply_with_the_reason_and_ends_the_stream(tmp_pat
         final = text.split("event: done")[1]
         assert "database or disk is full" in final and "Could not save" in final
         assert 'sse-connect' not in final  # the browser does not reopen it
-        core = app.extensions["glassbox.core"]
+        core = glassbox(app).core
         assert wait_for(lambda: core.counters["failed"] == 1)
 
         ready = client.get("/readyz")  # a real write is tried: the disk is still full
@@ -121,4 +122,4 @@ def test_a_full_disk_fails_the_reply_with_the_reason_and_ends_the_stream(tmp_pat
         saved = saved_message(small_filesystem / "instance", reply)  # never left pending: saved as the user was told
         assert "Could not save" in saved["error"] and "database or disk is full" in saved["error"]
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()

@@ -13,7 +13,8 @@ from tests.support.chat_models import tiny_chat_model
 from tests.support.executors import FunctionJobs
 from tests.support.loop_models import bundle
 from webapp.core import InferenceCore, Job
-from webapp.web.security import NEW_SESSIONS_FULL
+from webapp.web.counts import NEW_SESSIONS_FULL
+from webapp.web.state import glassbox
 
 LETTERS = list(string.ascii_uppercase)
 CYCLE = [[a, b] for a, b in zip(LETTERS, LETTERS[1:] + LETTERS[:1])]
@@ -24,7 +25,7 @@ def app(tmp_path, request):
     models = {"chat": tiny_chat_model(tmp_path / "chat", seconds_per_step=0.02), "loops": bundle(delay=0.05)}
     app = make_app(tmp_path, models, **getattr(request, "param", {}))
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 def run_from(app, address, proxy_says=None):
@@ -103,7 +104,7 @@ def test_the_queue_is_round_robin_across_clients():
 
 @pytest.mark.parametrize("app", [{"max_batch": 1}], indirect=True)
 def test_a_burst_of_replies_from_one_address_does_not_delay_anothers_first_token(app):
-    core = app.extensions["glassbox.core"]
+    core = glassbox(app).core
     burst = [app.test_client() for _ in range(4)]
     for client in burst:
         csrf = csrf_of(client, "/chat/")

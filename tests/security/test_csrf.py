@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import csrf_of
+from webapp.web.state import glassbox
 
 STATE_CHANGING = {"POST", "PUT", "PATCH", "DELETE"}
 KNOWN = {"chat.send", "chat.stop", "chat.regenerate", "chat.edit", "chat.delete", "loops.editor", "loops.run",
@@ -41,7 +42,7 @@ def test_without_the_right_token_every_state_change_is_refused(chat_app, token):
             continue
         assert response.status_code == 403, (endpoint, path, response.status_code)
         assert "expired" in response.get_data(as_text=True)
-    assert chat_app.extensions["glassbox.core"].counters["submitted"] == 0
+    assert glassbox(chat_app).core.counters["submitted"] == 0
     assert client.get("/chat/").get_data(as_text=True).count("/chat/c/") == 0  # no conversation made
 
 

@@ -13,6 +13,7 @@ from markupsafe import escape
 from tests.conftest import csrf_of, make_app, sse_events
 from tests.support.chat_models import tiny_checkpoint
 from webapp.web.sse import frame
+from webapp.web.state import glassbox
 
 HOSTILE = '<script>alert("x")</script>\'" onmouseover=alert(1) \r\nevent: done\ndata: <img src=x>\n\n: c\r\rid: 9'
 HX = {"HX-Request": "true"}
@@ -31,7 +32,7 @@ def parrot_app(tmp_path):
                             factory="tests.support.served_models:build_chat_model")
     app = make_app(tmp_path, {"chat": model})
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 def assert_frames_only(body: str) -> None:

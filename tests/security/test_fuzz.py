@@ -16,6 +16,7 @@ from tests.conftest import make_app
 from webapp.chat.decode.types import SamplingParams
 from webapp.chat.web.forms import SEED_MAX, TOP_K_MAX, FormError, parse_content, parse_sampling
 from webapp.loops.request import DemoRequest, RequestError
+from webapp.web.state import glassbox
 
 LETTERS = string.ascii_uppercase
 LOOP_MESSAGES = ["Supply exactly mapping, start, and steps", "Supply all 26 A–Z rules, with one destination per node",
@@ -128,7 +129,7 @@ def app(tmp_path_factory):
     app = make_app(tmp, {"chat": tiny_chat_model(tmp / "chat"), "loops": bundle()},
                    max_jobs_per_owner=10_000, max_queue=10_000)
     yield app
-    app.extensions["glassbox.core"].shutdown(timeout=5)
+    glassbox(app).core.shutdown(timeout=5)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ import pytest
 from tests.conftest import csrf_of, make_app, wait_for
 from tests.support.chat_models import tiny_chat_model
 from tests.support.loop_models import bundle
+from webapp.chat.service import ChatService
+from webapp.web.state import glassbox
 
 HX = {"HX-Request": "true"}
 LETTERS = list(string.ascii_uppercase)
@@ -23,7 +25,7 @@ def limited(tmp_path, request):
     models = {"chat": tiny_chat_model(tmp_path / "chat", seconds_per_step=0.02), "loops": bundle(delay=0.02)}
     app = make_app(tmp_path, models, **getattr(request, "param", {}))
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 def send(client, content="hi", **fields):
@@ -55,7 +57,7 @@ def test_a_conversation_is_limited_in_messages(limited):
     client = limited.test_client()
     first = send(client, "one", max_new_tokens="2")
     cid = re.search(r'name="conversation_id" value="(\w+)"', text(first)).group(1)
-    core = limited.extensions["glassbox.core"]
+    core = glassbox(limited).core
     assert wait_for(lambda: core.counters["done"] == 1)
     assert send(client, "two", conversation_id=cid, max_new_tokens="2").status_code == 200
     assert wait_for(lambda: core.counters["done"] == 2)
@@ -70,7 +72,7 @@ def test_every_version_counts_toward_the_limit_of_messages(limited):
     client = limited.test_client()
     first = send(client, "one", max_new_tokens="2")
     cid = re.search(r'name="conversation_id" value="(\w+)"', text(first)).group(1)
-    core = limited.extensions["glassbox.core"]
+    core = glassbox(limited).core
     for done in (1, 2, 3):
         assert wait_for(lambda done=done: core.counters["done"] == done)
         if done < 3:
@@ -80,7 +82,7 @@ def test_every_version_counts_toward_the_limit_of_messages(limited):
     refused = client.post(f"/chat/c/{cid}/regenerate", data={"csrf_token": csrf_of(client, "/chat/")}, headers=HX)
     assert refused.status_code == 400 and "reached its limit of 4 messages. Start a new chat." in text(refused)
     assert "Every version counts" in text(refused)
-    store = limited.extensions["glassbox.chat"].store
+    store = glassbox(limited).service(ChatService).store
     assert len(store.all_messages(cid)) == 4 and core.counters["done"] == 3
 
 
@@ -97,7 +99,7 @@ def test_request_bodies_are_limited(limited):
     page = text(upload)
     assert 'id="trace-file-error" role="alert" tabindex="-1" autofocus>That file is too large: the limit is 4 KiB.' \
         in page and 'id="editor"' in page and '<details class="saved" open' in page
-    assert limited.extensions["glassbox.core"].counters["submitted"] == 0
+    assert glassbox(limited).core.counters["submitted"] == 0
 
 
 @pytest.mark.parametrize("limited", [{"max_streams": 1}], indirect=True)
@@ -135,7 +137,7 @@ def test_a_refused_regenerate_or_edit_loses_nothing(limited):
     client = limited.test_client()
     first = send(client, "first question", max_new_tokens="3")
     cid = re.search(r'name="conversation_id" value="(\w+)"', text(first)).group(1)
-    core = limited.extensions["glassbox.core"]
+    core = glassbox(limited).core
     assert wait_for(lambda: core.counters["done"] == 1)
     before = text(client.get(f"/chat/c/{cid}"))
     user_id, reply_id = re.findall(r'id="message-(\d+)"', before)
@@ -156,7 +158,7 @@ def test_a_refused_regenerate_or_edit_loses_nothing(limited):
 def test_the_shared_queue_is_limited(limited):
     clients = [limited.test_client() for _ in range(3)]
     assert send(clients[0], max_new_tokens="200").status_code == 200  # runs
-    core = limited.extensions["glassbox.core"]
+    core = glassbox(limited).core
     assert wait_for(lambda: core.running_jobs())
     assert send(clients[1], max_new_tokens="200").status_code == 200  # waits
     busy = send(clients[2])

@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import make_app, wait_for
+from webapp.web.state import glassbox
 
 # derandomize: CI explores the same examples every run (a random find must not decide whether a commit
 # lands); set it to False locally to explore afresh.
@@ -47,7 +48,7 @@ def app(tmp_path_factory):
                    max_jobs_per_owner=10_000, max_jobs_per_client=10_000, max_queue=10_000,
                    max_new_sessions_per_minute=0)
     yield app
-    app.extensions["glassbox.core"].shutdown(timeout=5)
+    glassbox(app).core.shutdown(timeout=5)
 
 
 def _csrf(client, path="/loops/") -> str:
@@ -60,7 +61,7 @@ def world(app):
     """An owner with a conversation (a finished reply), a trace, a share link and a Loop-lab job."""
     owner = app.test_client()
     token = _csrf(owner)
-    db = app.extensions["glassbox.db"]
+    db = glassbox(app).db
     world = {"app": app, "owner": owner, "token": token}
     conversation(world)
     mapping = [[a, LETTERS[(i + 3) % 26]] for i, a in enumerate(LETTERS)]
@@ -80,7 +81,7 @@ def world(app):
 
 def conversation(world) -> None:
     """The owner's conversation with a finished reply, made again when a fuzzed delete removed it."""
-    db = world["app"].extensions["glassbox.db"]
+    db = glassbox(world["app"]).db
     with db.connect() as c:
         row = c.execute("SELECT id FROM conversations WHERE owner = ? ORDER BY created_at DESC",
                         (world.get("owner_id", ""),)).fetchone()
@@ -265,7 +266,7 @@ def _rules():
                 out.append((rule.rule, method))
         return out
     finally:
-        app.extensions["glassbox.core"].shutdown(timeout=5)
+        glassbox(app).core.shutdown(timeout=5)
 
 
 RULES = _rules()

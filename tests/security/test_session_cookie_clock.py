@@ -13,6 +13,7 @@ from itsdangerous import TimestampSigner
 
 from tests.conftest import csrf_of, make_app, wait_for
 from tests.support.chat_models import tiny_chat_model
+from webapp.web.state import glassbox
 
 DAY = 86400
 
@@ -21,7 +22,7 @@ DAY = 86400
 def app(tmp_path):
     app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat")}, torch_threads=1)
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 def signed_at(app, data: dict, when: float) -> str:
@@ -41,7 +42,7 @@ def a_browser_with_a_conversation(app):
     sent = client.post("/chat/send", data={"csrf_token": csrf_of(client, "/chat/"), "content": "remember me",
                                            "max_new_tokens": "2"}, headers={"HX-Request": "true"})
     assert sent.status_code == 200
-    assert wait_for(lambda: app.extensions["glassbox.core"].counters["done"] == 1)
+    assert wait_for(lambda: glassbox(app).core.counters["done"] == 1)
     with client.session_transaction() as session:
         return dict(session)
 

@@ -12,6 +12,7 @@ import pytest
 from tests.support.loop_models import bundle
 from webapp import create_app
 from webapp.config import ConfigError, Settings
+from webapp.web.state import glassbox
 
 
 def start(instance, **overrides):
@@ -20,7 +21,7 @@ def start(instance, **overrides):
 
 
 def stop(app):
-    app.extensions["glassbox.core"].shutdown(timeout=5)
+    glassbox(app).core.shutdown(timeout=5)
 
 
 @pytest.mark.parametrize("content, says", [(b"", "is empty"), (b"short", "is too short"),

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from tests.support.postgres import Cluster, require_postgres
+from webapp.web.state import glassbox
 
 # Where the apps the behaviour tests make (tests.conftest.make_app) keep their history: "sqlite" (the
 # instance folder's file, the default) or "postgres" (a fresh database of the session's cluster each).
@@ -38,7 +39,7 @@ def apps_on_postgres(request):
 
 def app_rows(app, sql: str, *args) -> list[tuple]:
     """A statement on an app's own database, whichever it is (`?` placeholders) -> its rows as tuples."""
-    with app.extensions["glassbox.db"].transaction() as db:
+    with glassbox(app).db.transaction() as db:
         cursor = db.execute(sql, args)
         return [tuple(row) for row in cursor.fetchall()] if cursor.description is not None else []
 

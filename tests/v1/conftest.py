@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import make_app
+from webapp.web.state import glassbox
 
 KEY = "test-key-0123456789abcdef"
 OTHER_KEY = "other-key-0123456789abcdef"
@@ -20,7 +21,7 @@ def api_app(tmp_path):
     from tests.support.chat_models import tiny_chat_model
     app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat")})
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 @pytest.fixture
@@ -31,12 +32,12 @@ def keyed_app(tmp_path):
     keys = write_keys(tmp_path / "api_keys", KEY, OTHER_KEY)
     app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat"), "loops": bundle()}, api_keys=str(keys))
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 def submitted_jobs(app) -> list:
     """Record the jobs the core is given (their owners, their requests)."""
-    core = app.extensions["glassbox.core"]
+    core = glassbox(app).core
     seen, submit = [], core.submit
 
     def recording(job):
@@ -61,4 +62,4 @@ def scripted_chat_model(directory, text: str = SCRIPT):
 def script_app(tmp_path):
     app = make_app(tmp_path, {"chat": scripted_chat_model(tmp_path / "chat")})
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()

@@ -13,6 +13,7 @@ from tests.conftest import make_app, sse_events
 from tests.v1.conftest import KEY, OTHER_KEY, SCRIPT, submitted_jobs, write_keys
 from webapp.chat.decode.generate import generate
 from webapp.config import ConfigError
+from webapp.web.state import glassbox
 
 HI = [{"role": "user", "content": "Hi"}]
 
@@ -70,7 +71,7 @@ def test_the_model_list_names_files_never_the_servers_folders(tmp_path, how):
                  "factory file": "factory factory.py:build('arch.json')"}[how]
         assert named in card["description"]
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()
 
 
 def test_a_reply_has_openais_shape_and_the_same_tokens_and_odds_as_alone(api_app):
@@ -81,7 +82,7 @@ def test_a_reply_has_openais_shape_and_the_same_tokens_and_odds_as_alone(api_app
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     assert body["system_fingerprint"].startswith("fp_") and body["model"] == "glassbox"
     assert choice["message"]["role"] == "assistant"
-    loaded = api_app.extensions["glassbox.core"].models["chat"]
+    loaded = glassbox(api_app).core.models["chat"]
     prompt = loaded.prompt.build(HI, 12)
     pieces = [p for p in generate(loaded, prompt, max_new_tokens=12, temperature=0.8, top_k=20, seed=3, odds=True)]
     alone = [p for p in pieces if p.token is not None]
@@ -149,7 +150,7 @@ def test_errors_have_openais_shape_and_status(api_app):
 
 
 def test_a_model_failure_mid_stream_is_an_error_chunk(api_app):
-    loaded = api_app.extensions["glassbox.core"].models["chat"]
+    loaded = glassbox(api_app).core.models["chat"]
     calls = {"n": 0}
 
     def fail_later(module, args, logits):
@@ -185,7 +186,7 @@ def test_the_per_owner_limit_answers_429_rate_limit(tmp_path):
     from tests.support.chat_models import tiny_chat_model
     app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat", seconds_per_step=0.02)}, max_jobs_per_owner=1)
     try:
-        core = app.extensions["glassbox.core"]
+        core = glassbox(app).core
         first = chat(app.test_client(), max_tokens=200, stream=True)  # its body is not read yet: still running
         stream = first.response
         next(stream)
@@ -194,7 +195,7 @@ def test_the_per_owner_limit_answers_429_rate_limit(tmp_path):
         first.close()
         assert core.open_streams == 0
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()
 
 
 # -- API keys -------------------------------------------------------------------------------------
@@ -214,6 +215,9 @@ def test_with_keys_every_api_request_needs_one(keyed_app):
     # the Loop-lab JSON API takes the same key, and answers in its own error shape
     loops = client.post("/api/loops/trace", json=LOOP_REQUEST)
     assert loops.status_code == 401 and loops.json == {"error": missing.json["error"]["message"]}
+    assert loops.headers["WWW-Authenticate"] == missing.headers["WWW-Authenticate"]
+    for url in ("/api/loops/trace", "/v1/chat/completions"):  # the key is checked first, whatever was sent
+        assert client.post(url, data="not JSON", headers={"Authorization": "Bearer wrong"}).status_code == 401
     ok = client.post("/api/loops/trace", json=LOOP_REQUEST, headers={"Authorization": f"Bearer {KEY}"})
     assert ok.status_code == 200 and json.loads(ok.get_data(as_text=True).splitlines()[-1])["status"] == "complete"
     assert client.get("/chat/").status_code == 200  # the pages need no key
@@ -264,4 +268,4 @@ def test_the_per_owner_limit_counts_loop_api_runs_per_key(tmp_path):
         for r in reversed(runs + [other]):  # streamed contexts end in the reverse order they began
             r.close()
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()

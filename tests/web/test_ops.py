@@ -11,6 +11,7 @@ from tests.support.loop_models import bundle
 from webapp import create_app
 from webapp.config import Settings
 from webapp.core.metrics import JobMetrics, LatencyHistogram
+from webapp.web.state import glassbox
 
 
 def test_readiness_follows_the_warm_up_and_the_shutdown(tmp_path, monkeypatch):
@@ -29,7 +30,7 @@ def test_readiness_follows_the_warm_up_and_the_shutdown(tmp_path, monkeypatch):
         assert client.get("/readyz").get_json() == {"status": "ready", "models": ["loops"]}
     finally:
         gate.set()
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()
     stopping = client.get("/readyz")
     assert stopping.status_code == 503 and stopping.get_json()["reason"] == "shutting down"
     assert "glassbox_accepting_jobs 0" in client.get("/metrics").get_data(as_text=True)

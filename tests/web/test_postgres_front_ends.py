@@ -14,7 +14,9 @@ from tests.conftest import csrf_of, make_app, wait_for
 from tests.support.chat_models import tiny_chat_model
 from tests.support.loop_models import bundle
 from webapp import create_app
+from webapp.chat.service import ChatService
 from webapp.config import Settings
+from webapp.web.state import glassbox
 
 SESSION = "glassbox_session"
 
@@ -26,7 +28,7 @@ def front_ends(tmp_path, postgres_url, request):
     apps = [make_app(tmp_path / name, {"chat": model}, database_url=postgres_url, **overrides) for name in "ab"]
     yield apps
     for app in apps:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()
 
 
 def send(client, content="hi"):
@@ -42,8 +44,8 @@ def same_browser(client, other_app):
 
 
 def finished(app, location):
-    return wait_for(lambda: "pending" not in app.extensions["glassbox.chat"].store.messages(location.rsplit("/", 1)[1])
-                    [-1]["status"], timeout=10)
+    store = glassbox(app).service(ChatService).store
+    return wait_for(lambda: "pending" not in store.messages(location.rsplit("/", 1)[1])[-1]["status"], timeout=10)
 
 
 def test_a_conversation_made_through_one_front_end_is_read_through_the_other(front_ends):
@@ -62,7 +64,7 @@ def test_a_conversation_made_through_one_front_end_is_read_through_the_other(fro
 def test_the_instance_lock_is_sqlites_only(front_ends, tmp_path):
     assert not (tmp_path / "a" / "instance" / "glassbox.lock").exists()
     a, b = front_ends
-    assert a.extensions["glassbox.db"].runner != b.extensions["glassbox.db"].runner
+    assert glassbox(a).db.runner != glassbox(b).db.runner
 
 
 @pytest.mark.parametrize("front_ends", [{"max_conversations": 1}], indirect=True)
@@ -91,24 +93,24 @@ def test_a_running_reply_is_saved_as_it_grows_and_read_so_through_the_other_fron
         made = on_a.post("/chat/send", data={"csrf_token": csrf_of(on_a, "/chat/"), "content": "go",
                                               "max_new_tokens": "200"}, headers={"HX-Request": "true"})
         conversation = re.search(r'name="conversation_id" value="([0-9a-f]+)"', made.get_data(as_text=True))[1]
-        through_b = b.extensions["glassbox.chat"].store
+        through_b = glassbox(b).service(ChatService).store
 
         def growing():
             reply = through_b.messages(conversation)[-1]
             return reply["status"] == "pending" and reply["content"] != ""
         assert wait_for(growing, timeout=10)
         partial = through_b.messages(conversation)[-1]
-        assert partial["runner"] == a.extensions["glassbox.db"].runner
+        assert partial["runner"] == glassbox(a).db.runner
         assert wait_for(lambda: through_b.messages(conversation)[-1]["status"] == "complete", timeout=20)
         assert through_b.messages(conversation)[-1]["content"].startswith(partial["content"])
     finally:
         for app in (a, b):
-            app.extensions["glassbox.core"].shutdown()
+            glassbox(app).core.shutdown()
 
 
 def test_a_front_end_on_postgres_without_a_shared_key_says_so(tmp_path, postgres_url, caplog):
     settings = Settings(instance_path=str(tmp_path / "instance"), database_url=postgres_url)
     with caplog.at_level("WARNING", logger="glassbox"):
         app = create_app(settings, models={"loops": bundle()}, test_config={"TESTING": True})
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
     assert "Give every front end the same GLASSBOX_SECRET_KEY" in caplog.text

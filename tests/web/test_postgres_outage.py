@@ -17,6 +17,7 @@ from tests.support.postgres import Cluster, require_postgres
 from tests.support.servers import free_port
 from webapp.config import ConfigError
 from webapp.db.postgres import WRITER_LOCK
+from webapp.web.state import glassbox
 
 TIMEOUT = 2.0
 
@@ -67,7 +68,7 @@ def test_a_database_that_goes_away_answers_503_then_works_again_when_it_is_back(
         again = client.post("/chat/send", data={"csrf_token": csrf, "content": "again", "max_new_tokens": "2"})
         assert again.status_code == 303
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()
 
 
 def test_the_first_request_after_a_restart_works_though_connections_were_kept(cluster, tmp_path):
@@ -76,13 +77,13 @@ def test_the_first_request_after_a_restart_works_though_connections_were_kept(cl
     try:
         client = app.test_client()
         assert client.get("/chat/").status_code == 200 and client.get("/readyz").status_code == 200
-        assert app.extensions["glassbox.db"].idle.connections  # kept for the next request
+        assert glassbox(app).db.idle.connections  # kept for the next request
         cluster.stop()
         cluster.start()  # nothing asked meanwhile: the kept connections are to the server that stopped
         assert client.get("/readyz").status_code == 200
         assert client.get("/chat/").status_code == 200
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()
 
 
 def test_a_writer_kept_waiting_past_the_timeout_answers_503_and_saves_nothing(postgres_url, tmp_path):
@@ -97,9 +98,9 @@ def test_a_writer_kept_waiting_past_the_timeout_answers_503_and_saves_nothing(po
             assert busy.status_code == 503 and "The database is busy" in busy.get_data(as_text=True)
             assert client.get("/chat/").status_code == 200  # reads take no lock
             other.execute("SELECT pg_advisory_unlock(%s)", (WRITER_LOCK,))
-        with app.extensions["glassbox.db"].connect() as db:
+        with glassbox(app).db.connect() as db:
             assert db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0
         sent = client.post("/chat/send", data={"csrf_token": csrf, "content": "now", "max_new_tokens": "2"})
         assert sent.status_code == 303
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()

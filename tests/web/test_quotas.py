@@ -14,7 +14,9 @@ from tests.conftest import csrf_of, make_app
 from tests.support.chat_models import tiny_chat_model
 from tests.support.databases import app_rows
 from tests.support.loop_models import bundle
+from webapp.loops.service import LoopService
 from webapp.web import quotas
+from webapp.web.state import glassbox
 
 LETTERS = list(string.ascii_uppercase)
 CYCLE = [[a, b] for a, b in zip(LETTERS, LETTERS[1:] + LETTERS[:1])]
@@ -26,7 +28,7 @@ def app(tmp_path, request):
     models = {"chat": tiny_chat_model(tmp_path / "chat"), "loops": bundle()}
     app = make_app(tmp_path, models, **getattr(request, "param", {}))
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 def rows(app, sql, *args):
@@ -92,9 +94,10 @@ def test_api_runs_without_a_cookie_set_none_and_are_purged_after_the_retention(a
     keeper.post("/api/loops/trace", json={"mapping": CYCLE, "start": "A", "steps": 2}).get_data()
     with app.app_context():
         hours = app.config["GLASSBOX"].api_retention_hours
-        assert quotas.purge_api_runs(now=time.time() + hours * 3600 - 60) == 0  # not yet
+        loops_store = glassbox(app).service(LoopService).store
+        assert quotas.purge_api_runs(loops_store, now=time.time() + hours * 3600 - 60) == 0  # not yet
         quotas._purged["at"] = 0.0
-        assert quotas.purge_api_runs(now=time.time() + hours * 3600 + 60) == 1
+        assert quotas.purge_api_runs(loops_store, now=time.time() + hours * 3600 + 60) == 1
     [(left,)] = rows(app, "SELECT owner FROM traces")
     assert not left.startswith("api:")
 

@@ -14,7 +14,9 @@ from tests.support.chat_models import tiny_chat_model
 from tests.support.databases import app_rows
 from tests.support.loop_models import bundle
 from webapp.browsers import DAY
+from webapp.chat.service import ChatService
 from webapp.web.retention import today
+from webapp.web.state import glassbox
 
 LETTERS = list(string.ascii_uppercase)
 
@@ -24,7 +26,7 @@ def app(tmp_path, request):
     models = {"chat": tiny_chat_model(tmp_path / "chat"), "loops": bundle()}
     app = make_app(tmp_path, models, torch_threads=1, max_jobs_per_client=0, **getattr(request, "param", {}))
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 def sql(app, query, *args):
@@ -37,11 +39,11 @@ def owner_of(client) -> str:
 
 
 def chat(app, client, content="hello"):
-    done = app.extensions["glassbox.core"].counters["done"]
+    done = glassbox(app).core.counters["done"]
     answer = client.post("/chat/send", data={"csrf_token": csrf_of(client, "/chat/"), "content": content,
                                              "max_new_tokens": "1"})
     if answer.status_code == 303:
-        assert wait_for(lambda: app.extensions["glassbox.core"].counters["done"] == done + 1)
+        assert wait_for(lambda: glassbox(app).core.counters["done"] == done + 1)
     return answer
 
 
@@ -57,12 +59,12 @@ def a_browser_with_rows(app):
 @pytest.mark.parametrize("app", [{"retention_days": 30}], indirect=True)
 def test_a_browser_idle_past_the_retention_loses_its_rows_and_no_one_else(app):
     idle_client, idle = a_browser_with_rows(app)
-    [conversation] = app.extensions["glassbox.chat"].store.conversations(idle)
-    token = app.extensions["glassbox.chat"].store.share_conversation(idle, conversation["id"])
+    [conversation] = glassbox(app).service(ChatService).store.conversations(idle)
+    token = glassbox(app).service(ChatService).store.share_conversation(idle, conversation["id"])
     _, active = a_browser_with_rows(app)
     sql(app, "UPDATE browsers SET seen_at = ? WHERE owner = ?", time.time() - 31 * DAY, idle)
     sql(app, "UPDATE browsers SET seen_at = ? WHERE owner = ?", time.time() - 29 * DAY, active)
-    app.extensions["glassbox.browsers"].purged_at = 0.0
+    glassbox(app).browsers.purged_at = 0.0
     assert app.test_client().get("/").status_code == 200  # any request runs the purge
     for table in ("conversations", "traces", "browsers"):
         assert sql(app, f"SELECT owner FROM {table} ORDER BY owner") == [(active,)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from tests.conftest import make_app
+from webapp.web.state import glassbox
 
 
 def cookies(response) -> dict[str, str]:
@@ -33,5 +34,5 @@ def test_a_browser_keeps_one_route_on_every_front_end_while_its_session_cookie_c
         assert cookies(stranger.get("/loops/"))["glassbox_route"] != route  # another browser, another key
         assert "glassbox_route" not in cookies(first.test_client().get("/healthz"))  # no session, no route
     finally:
-        first.extensions["glassbox.core"].shutdown()
-        other.extensions["glassbox.core"].shutdown()
+        glassbox(first).core.shutdown()
+        glassbox(other).core.shutdown()

@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import csrf_of, make_app, wait_for
 from tests.support.chat_models import tiny_chat_model
 from tests.support.loop_models import bundle
+from webapp.web.state import glassbox
 
 HX = {"HX-Request": "true"}
 CYCLE = [[a, b] for a, b in zip(string.ascii_uppercase, string.ascii_uppercase[1:] + "A")]
@@ -29,11 +30,11 @@ def app(tmp_path):
     # SQLite always: its full disk is what is simulated (PostgreSQL's outages: tests/test_stores_on_both_databases.py)
     app = make_app(tmp_path, models, torch_threads=1, database_url="")
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 def fill_the_disk(app, monkeypatch) -> None:
-    database = app.extensions["glassbox.db"]
+    database = glassbox(app).db
     with database.connect() as db:
         pages = db.execute("PRAGMA page_count").fetchone()[0]
     opened = database.connect
@@ -48,7 +49,7 @@ def fill_the_disk(app, monkeypatch) -> None:
 
 
 def counts(app) -> tuple[int, int, int]:
-    with sqlite3.connect(app.extensions["glassbox.db"].path) as db:
+    with sqlite3.connect(glassbox(app).db.path) as db:
         return tuple(db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
                      for t in ("conversations", "messages", "traces"))
 
@@ -59,7 +60,7 @@ def test_a_full_disk_answers_507_with_a_message_and_saves_nothing(app, monkeypat
     first = client.post("/chat/send", data={"csrf_token": csrf, "content": "hello", "max_new_tokens": "2"})
     assert first.status_code == 303
     conversation = first.headers["Location"].rsplit("/", 1)[-1]
-    core = app.extensions["glassbox.core"]
+    core = glassbox(app).core
     assert wait_for(lambda: core.counters["done"] == 1)
     snapshot = client.post("/api/loops/trace?stream=snapshots", json={"mapping": CYCLE, "start": "A", "steps": 60})
     trace = snapshot.get_data(as_text=True).splitlines()[-1].encode()

@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import csrf_of, make_app, wait_for
 from tests.support.chat_models import tiny_chat_model
 from tests.support.loop_models import bundle
+from webapp.web.state import glassbox
 from webapp.web.streams import BULK_FULL
 
 LETTERS = list(string.ascii_uppercase)
@@ -27,7 +28,7 @@ def shared(tmp_path):
     app = make_app(tmp_path, models, max_streams=TOTAL, max_bulk_streams=BULK, max_streams_per_client=0,
                    max_jobs_per_owner=50, max_jobs_per_client=50, max_new_sessions_per_minute=0)
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 def open_replay(app, address: str):
@@ -58,7 +59,7 @@ def bulk_refused(response) -> bool:
 
 
 def test_replays_fill_their_share_and_a_live_reply_still_gets_a_slot(shared):
-    core = shared.extensions["glassbox.core"]
+    core = glassbox(shared).core
     held = [open_replay(shared, f"10.0.0.{i}") for i in range(BULK)]
     assert [r.status_code for r in held] == [200] * BULK and core.open_streams == BULK
     for i in range(TOTAL - BULK):  # as many more as would take every slot left
@@ -90,12 +91,12 @@ def test_an_inside_report_being_worked_out_takes_the_bulk_share(shared):
     assert live_reply(shared).status_code == 200
     for response in reversed(held):
         response.close()
-    assert wait_for(lambda: shared.extensions["glassbox.core"].open_streams == 0)
+    assert wait_for(lambda: glassbox(shared).core.open_streams == 0)
     assert client.get(inside).status_code == 200
 
 
 def test_whole_v1_replies_fill_their_share_and_live_replies_still_get_slots(shared):
-    core = shared.extensions["glassbox.core"]
+    core = glassbox(shared).core
     body = {"model": "glassbox", "prompt": "Once", "max_tokens": 100}  # 2 s each at 20 ms a token
     answers: list[int] = []
 
@@ -136,8 +137,8 @@ def test_live_replies_may_use_every_slot(tmp_path):
             assert stream.status_code == 200
             next(iter(stream.response))
             streams.append(stream)
-        assert app.extensions["glassbox.core"].open_streams == TOTAL
+        assert glassbox(app).core.open_streams == TOTAL
         for stream in reversed(streams):
             stream.close()
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()

@@ -15,6 +15,7 @@ from tests.conftest import csrf_of, make_app, wait_for
 from tests.support.chat_models import tiny_chat_model
 from tests.support.loop_models import bundle
 from webapp.loops.web.traces import REPLAY_MAX_GAP_SECONDS, REPLAY_MAX_SECONDS, replay_frames, replay_schedule
+from webapp.web.state import glassbox
 
 LETTERS = list(string.ascii_uppercase)
 CYCLE = [[a, b] for a, b in zip(LETTERS, LETTERS[1:] + LETTERS[:1])]
@@ -26,7 +27,7 @@ def one_slot(tmp_path):
     models = {"chat": tiny_chat_model(tmp_path / "chat", seconds_per_step=0.02), "loops": bundle(delay=0.02)}
     app = make_app(tmp_path, models, max_streams=1)
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 def hold_slot(app):
@@ -47,7 +48,7 @@ def refused(response) -> bool:
 
 
 def test_every_long_lived_route_is_counted_and_refused_when_no_slot_is_free(one_slot):
-    core = one_slot.extensions["glassbox.core"]
+    core = glassbox(one_slot).core
     holder, streaming, _ = hold_slot(one_slot)
     assert core.open_streams == 1
     other = one_slot.test_client()
@@ -72,7 +73,7 @@ def test_every_long_lived_route_is_counted_and_refused_when_no_slot_is_free(one_
 
 
 def test_slots_are_freed_when_streams_end_and_when_waits_end(one_slot):
-    core = one_slot.extensions["glassbox.core"]
+    core = glassbox(one_slot).core
     client = one_slot.test_client()
     api = client.post("/api/loops/trace", json={"mapping": CYCLE, "start": "A", "steps": 2})
     assert api.status_code == 200 and api.get_data(as_text=True).count("\n") >= 3
@@ -130,11 +131,11 @@ def test_a_hostile_replay_ends_within_the_bound(tmp_path):
         replay = client.get(up.headers["Location"] + "/replay").get_data(as_text=True)
         assert "event: done" in replay and time.monotonic() - started < 2 * REPLAY_MAX_GAP_SECONDS + 3
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()
 
 
 def test_concurrent_takers_never_exceed_the_limit(one_slot):
-    core = one_slot.extensions["glassbox.core"]
+    core = glassbox(one_slot).core
     won, barrier = [], threading.Barrier(8)
 
     def take():
@@ -168,7 +169,7 @@ def test_one_client_address_cannot_take_every_slot(tmp_path):
         assert again.status_code == 200
         again.close()
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()
 
 
 def open_replay(client, address):

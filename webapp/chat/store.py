@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from webapp.chat.decode.types import ReplyStats
 from webapp.chat.registry import ModelRecord
-from webapp.db import AnyDatabase
+from webapp.db import AnyDatabase, in_batches
 
 TITLE_CHARS = 60
 ROOT = 0  # begin_turn(branch_from=ROOT): a new version of the first message (it has no parent)
@@ -399,16 +399,23 @@ class ChatStore:
         return {message_id: _details(rows.get(message_id)) for message_id in message_ids}
 
 
-    # -- what the quotas ask (webapp/web/quotas.py) --------------------------------------------------
-    def stored_bytes(self, owner: str) -> int:
-        """Characters this owner keeps in messages and reply details."""
+    # -- what the quotas and the retention ask (OwnerStore, webapp/browsers.py) -----------------------
+    def stored_bytes(self, *owners: str) -> int:
+        """Characters these owners keep in messages and reply details, together."""
+        total = 0
         with self.db.connect() as db:
-            row = db.execute(
-                "SELECT COALESCE(SUM(LENGTH(m.content) + COALESCE(LENGTH(d.prompt), 0)"
-                " + COALESCE(LENGTH(d.odds), 0)), 0)"
-                " FROM conversations c JOIN messages m ON m.conversation_id = c.id"
-                " LEFT JOIN reply_details d ON d.message_id = m.id WHERE c.owner = ?", (owner,)).fetchone()
-        return int(row[0])
+            for marks, batch in in_batches(owners):
+                total += int(db.execute(
+                    "SELECT COALESCE(SUM(LENGTH(m.content) + COALESCE(LENGTH(d.prompt), 0)"
+                    " + COALESCE(LENGTH(d.odds), 0)), 0)"
+                    " FROM conversations c JOIN messages m ON m.conversation_id = c.id"
+                    f" LEFT JOIN reply_details d ON d.message_id = m.id WHERE c.owner IN ({marks})",
+                    batch).fetchone()[0])
+        return total
+
+    def forget_owner(self, owner: str) -> int:
+        """Delete every conversation of `owner`, each as delete_conversation does -> how many."""
+        return sum(self.delete_conversation(owner, c["id"]) for c in self.conversations(owner))
 
     def count_conversations(self, owner: str) -> int:
         with self.db.connect() as db:

@@ -6,6 +6,7 @@ same SQL from the stores, and version their schema alike (webapp/db/migrations.p
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator, Sequence
 
 import psycopg
 
@@ -16,9 +17,10 @@ AnyDatabase = Database | PostgresDatabase
 # What any database access may raise: a page that can go on without the write catches these
 DATABASE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, psycopg.Error)
 URL_SCHEMES = ("postgresql://", "postgres://")
+IN_BATCH = 500  # values bound in one `IN (?, ...)`: well within SQLite's and PostgreSQL's limits on parameters
 
 __all__ = ["BUSY_TIMEOUT_SECONDS", "DATABASE_ERRORS", "SCHEMA", "AnyDatabase", "Database", "PostgresDatabase",
-           "is_url", "open_database"]
+           "in_batches", "is_url", "open_database"]
 
 
 def is_url(location: str) -> bool:
@@ -30,3 +32,10 @@ def open_database(location: str, *, runner: str = "", timeout: float = BUSY_TIME
     if is_url(location):
         return PostgresDatabase(location, runner=runner, timeout=timeout)
     return Database(location, runner=runner)
+
+
+def in_batches(values: Sequence[str]) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """`values` IN_BATCH at a time, each with its placeholders: (\"?, ?, ?\", (a, b, c))."""
+    for start in range(0, len(values), IN_BATCH):
+        batch = tuple(values[start:start + IN_BATCH])
+        yield ", ".join("?" * len(batch)), batch

@@ -7,7 +7,7 @@ import secrets
 import time
 import uuid
 
-from webapp.db import AnyDatabase
+from webapp.db import AnyDatabase, in_batches
 
 
 class TraceStore:
@@ -65,13 +65,20 @@ class TraceStore:
                              " WHERE s.token = ?", (token,)).fetchone()
         return json.loads(row["snapshot"]) if row else None
 
-    # -- what the quotas ask (webapp/web/quotas.py) --------------------------------------------------
-    def stored_bytes(self, owner: str) -> int:
-        """Characters of saved snapshots this owner keeps."""
+    # -- what the quotas and the retention ask (OwnerStore, webapp/browsers.py; webapp/web/quotas.py) -
+    def stored_bytes(self, *owners: str) -> int:
+        """Characters of saved snapshots these owners keep, together."""
+        total = 0
         with self.db.connect() as db:
-            row = db.execute("SELECT COALESCE(SUM(LENGTH(snapshot)), 0) FROM traces WHERE owner = ?",
-                             (owner,)).fetchone()
-        return int(row[0])
+            for marks, batch in in_batches(owners):
+                total += int(db.execute("SELECT COALESCE(SUM(LENGTH(snapshot)), 0) FROM traces"
+                                        f" WHERE owner IN ({marks})", batch).fetchone()[0])
+        return total
+
+    def forget_owner(self, owner: str) -> int:
+        """Delete every trace of `owner` (and so their read-only links) -> how many."""
+        with self.db.transaction() as db:
+            return db.execute("DELETE FROM traces WHERE owner = ?", (owner,)).rowcount
 
     def keep_newest(self, owner: str, keep: int) -> None:
         """Delete this owner's traces but the `keep` newest."""

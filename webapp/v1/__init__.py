@@ -1,7 +1,7 @@
 """OpenAI's API (/v1) for scripts and apps, on the same core, queue and limits as the pages.
 
-Registering the blueprint also puts the optional bearer-token check (GLASSBOX_API_KEYS,
-webapp/v1/auth.py) in front of the Loop-lab JSON API (/api/loops/...), so scripts use one key for both.
+The optional bearer-token check (GLASSBOX_API_KEYS, webapp/web/api_auth.py) is in front of its routes,
+as in front of the Loop-lab JSON API's (/api/loops/...), so scripts use one key for both.
 No cookie is read or set for /v1: its owner is the key (or the client address), never a browser's.
 """
 

@@ -1,42 +1,31 @@
-"""The /v1 blueprint: its API-key check (also in front of /api/loops, so scripts use one key for both),
-no session for /v1, and errors of every kind in OpenAI's shape.
+"""The /v1 blueprint: the API-key check in front of its routes (webapp/web/api_auth.py), no session for
+/v1, and errors of every kind in OpenAI's shape.
 """
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, Response, current_app, request
 from flask.globals import request_ctx
 from werkzeug.exceptions import HTTPException
 
-from webapp.v1 import auth
 from webapp.v1.errors import ApiError, error_response, from_http
+from webapp.web.api_auth import CHALLENGE, require_key
 
 bp = Blueprint("v1", __name__, url_prefix="/v1")
-GUARDED = ("v1", "loops_api")  # the blueprints a key opens when keys are set
-
-
-@bp.record_once
-def _setup(state) -> None:
-    # At registration, so a bad keys file stops start-up like a bad checkpoint does.
-    state.app.extensions["glassbox.api_keys"] = auth.load(state.app.config["GLASSBOX"])
 
 
 @bp.before_app_request
-def _authenticate():
-    """Runs before the app's CSRF check: a request without a valid key hears 401, whatever it sent."""
-    if request.blueprint not in GUARDED:
-        return None
-    if request.blueprint == "v1":
+def _no_session() -> None:
+    """Before the key check (below) and the app's own before-request functions: /v1 has no session."""
+    if request.blueprint == bp.name:
         _without_session()
-    owner, refusal = auth.authenticate()
-    if owner is not None:
-        return None
-    auth.log.info("api request refused: %s", "no key" if auth.bearer_token() is None else "wrong key")
-    headers = {"WWW-Authenticate": 'Bearer realm="glassbox"'}
-    if request.blueprint == "v1":
-        code = "invalid_api_key" if auth.bearer_token() is not None else None
-        return error_response(ApiError(401, refusal or "Unauthorized", code=code, headers=headers))
-    return jsonify({"error": refusal}), 401, headers  # the Loop-lab API's own error shape
+
+
+def _refuse(why: str, key_sent: bool) -> Response:
+    return error_response(ApiError(401, why, code="invalid_api_key" if key_sent else None, headers=dict(CHALLENGE)))
+
+
+require_key(bp, _refuse)
 
 
 def _without_session() -> None:

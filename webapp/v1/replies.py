@@ -23,9 +23,9 @@ from webapp.chat.web.blueprint import service as chat_service
 from webapp.core import Refused
 from webapp.core.jobs import DONE, FAILED, Job
 from webapp.v1 import shapes
-from webapp.v1.auth import api_owner
 from webapp.v1.errors import ApiError
 from webapp.v1.params import Ask
+from webapp.web.api_auth import api_owner
 from webapp.web.sse import comment
 from webapp.web.streams import StreamSlot, held_slot, long_response
 

@@ -5,9 +5,10 @@ the same way."""
 
 from __future__ import annotations
 
-from flask import current_app, request
+from flask import request
 
 from webapp.core import InferenceCore, Refused
+from webapp.web.state import glassbox
 
 # A refusal's HTTP status: the browser's own limit is "too many requests"; the rest is the server's
 # state, which passes ("service unavailable", with a hint when to retry).
@@ -16,7 +17,7 @@ RETRY_AFTER_SECONDS = 5
 
 
 def get_core() -> InferenceCore:
-    return current_app.extensions["glassbox.core"]
+    return glassbox().core
 
 
 def refusal_status(error: Refused) -> int:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import threading
 
-from flask import Blueprint, Response, current_app, jsonify
+from flask import Blueprint, Response, jsonify
 
 from webapp.core import InferenceCore
 from webapp.core.metrics import OUTCOMES, LatencyHistogram, gauge, head
 from webapp.web import get_core
+from webapp.web.state import glassbox
 
 bp = Blueprint("ops", __name__)
 
@@ -27,7 +28,7 @@ def readyz():
     core = get_core()
     if core.ready.is_set() and core.accepting:
         # A process whose database cannot be written (disk full, read-only) would lose every reply.
-        problem = current_app.extensions["glassbox.db"].writable()
+        problem = glassbox().db.writable()
         if problem is None:
             return jsonify(status="ready", models=sorted(core.models))
         return jsonify(status="not ready", reason=f"the database cannot be written: {problem}"), 503
@@ -37,7 +38,7 @@ def readyz():
 
 @bp.get("/metrics")
 def metrics():
-    body = exposition(get_core(), current_app.extensions["glassbox.latency"])
+    body = exposition(get_core(), glassbox().latency)
     return Response(body, mimetype="text/plain; version=0.0.4")
 
 

@@ -1,6 +1,7 @@
 """Storage bounded across browsers (webapp/browsers.py): each browser is recorded when it is made and
 when it comes back (once a day), and the rows of a browser not seen for GLASSBOX_RETENTION_DAYS are
-deleted, a few browsers at a time, at most once a minute, by whichever request comes along."""
+deleted, a few browsers at a time, at most once a minute, by whichever request comes along: each store
+create_app registered forgets the browser (OwnerStore, webapp/browsers.py), then its row goes."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import time
 
 from flask import current_app, request, session
 
-from webapp.browsers import DAY, Browsers
+from webapp.browsers import DAY, Browsers, OwnerStore
 from webapp.db import DATABASE_ERRORS
+from webapp.web.state import glassbox
 
 log = logging.getLogger("glassbox")
 PURGE_EVERY_SECONDS = 60.0
@@ -20,7 +22,11 @@ _purge_lock = threading.Lock()
 
 
 def browsers() -> Browsers:
-    return current_app.extensions["glassbox.browsers"]
+    return glassbox().browsers
+
+
+def stores() -> tuple[OwnerStore, ...]:
+    return glassbox().stores
 
 
 def today() -> int:
@@ -61,13 +67,12 @@ def purge_idle(now: float | None = None) -> int:
         if not days or now - browsers().purged_at < PURGE_EVERY_SECONDS:
             return 0
         browsers().purged_at = now
-    chat = current_app.extensions["glassbox.chat"].store
     gone = 0
     try:
         for owner in browsers().idle(now - days * DAY, PURGE_BROWSERS):
-            for conversation in chat.conversations(owner):
-                chat.delete_conversation(owner, conversation["id"])
-            browsers().forget(owner)
+            for store in stores():
+                store.forget_owner(owner)
+            browsers().forget(owner)  # last: a purge stopped halfway is taken up again by the next
             gone += 1
     except DATABASE_ERRORS as error:
         log.warning("Idle browsers could not be deleted now: %s", error)

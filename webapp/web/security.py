@@ -8,12 +8,10 @@ Every state-changing request must carry the session's CSRF token, in the form fi
 
 from __future__ import annotations
 
-import collections
 import hmac
 import ipaddress
 import logging
 import secrets
-import threading
 import time
 
 from flask import abort, current_app, request, session
@@ -23,6 +21,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 
 from webapp.config import ConfigError
 from webapp.web import retention
+from webapp.web.state import glassbox
 
 log = logging.getLogger("glassbox")
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -30,49 +29,11 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 def owner_id() -> str:
     if "owner" not in session:
-        current_app.extensions["glassbox.new_sessions"].take(request.remote_addr or "")
+        glassbox().new_sessions.take(request.remote_addr or "")
         session["owner"] = secrets.token_urlsafe(18)
         session.permanent = True
         retention.record_made(session["owner"])
     return session["owner"]
-
-
-NEW_SESSIONS_FULL = ("Too many new sessions from your address in the last minute. Keep the session cookie "
-                     "between requests (a browser does), or wait a minute.")
-
-
-class NewSessions:
-    """At most GLASSBOX_MAX_NEW_SESSIONS_PER_MINUTE new owners per client address: per-browser limits
-    assume the browser keeps its cookie, and a script that drops it would otherwise get a fresh
-    identity, and fresh quotas, with every request."""
-
-    WINDOW = 60.0
-    MAX_ADDRESSES = 10_000  # memory stays bounded whatever addresses arrive
-
-    def __init__(self, per_minute: int) -> None:
-        self.per_minute = per_minute
-        self._seen: dict[str, collections.deque] = {}
-        self._lock = threading.Lock()
-
-    def take(self, address: str) -> None:
-        if not self.per_minute:
-            return
-        now = time.monotonic()
-        with self._lock:
-            if len(self._seen) >= self.MAX_ADDRESSES:
-                self._forget(now)
-            times = self._seen.setdefault(address, collections.deque())
-            while times and now - times[0] > self.WINDOW:
-                times.popleft()
-            if len(times) >= self.per_minute:
-                abort(429, NEW_SESSIONS_FULL)
-            times.append(now)
-
-    def _forget(self, now: float) -> None:
-        for address in [a for a, t in self._seen.items() if not t or now - t[-1] > self.WINDOW]:
-            del self._seen[address]
-        if len(self._seen) >= self.MAX_ADDRESSES:  # a flood of live addresses: start over rather than grow
-            self._seen.clear()
 
 
 # What nginx hashes to send each browser to one front end (deploy/nginx.conf, docs/scaling.md). Not the

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from flask import Response, abort, current_app, request, stream_with_context
 
 from webapp.web import get_core
+from webapp.web.counts import BulkShare, ClientStreams
+from webapp.web.state import glassbox
 
 STREAMS_FULL = "Too many open streams; reload the page in a moment."
 
@@ -26,49 +28,6 @@ BULK_FULL = ("Too many replays and whole-reply API calls are running; try again 
              "(live replies keep their own slots).")
 STREAMS_PER_CLIENT = ("This address already holds {n} open streams (GLASSBOX_MAX_STREAMS_PER_CLIENT). "
                       "Close a tab, or wait for a reply to end.")
-
-
-class ClientStreams:
-    """Open streams per client address (as a trusted proxy reports it): one browser, or a script that
-    drops its cookie, cannot take every slot from everyone else."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._open: dict[str, int] = {}
-
-    def take(self, client: str, limit: int) -> bool:
-        with self._lock:
-            if limit and self._open.get(client, 0) >= limit:
-                return False
-            self._open[client] = self._open.get(client, 0) + 1
-            return True
-
-    def give_back(self, client: str) -> None:
-        with self._lock:
-            left = self._open.get(client, 1) - 1
-            if left:
-                self._open[client] = left
-            else:
-                self._open.pop(client, None)
-
-
-class BulkShare:
-    """How many bulk slots (replays, non-streamed /v1 calls) are held: at most GLASSBOX_MAX_BULK_STREAMS."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.held = 0
-
-    def take(self, limit: int) -> bool:
-        with self._lock:
-            if limit and self.held >= limit:  # 0: no share of their own, only GLASSBOX_MAX_STREAMS
-                return False
-            self.held += 1
-            return True
-
-    def give_back(self) -> None:
-        with self._lock:
-            self.held -= 1
 
 
 class StreamSlot:
@@ -100,8 +59,8 @@ def take_slot(bulk: bool = False) -> StreamSlot:
     Take it before queueing anything, so a refusal leaves nothing behind. `bulk`: a replay or a
     non-streamed API call, which also needs one of GLASSBOX_MAX_BULK_STREAMS."""
     core, settings = get_core(), current_app.config["GLASSBOX"]
-    clients = current_app.extensions.setdefault("glassbox.client_streams", ClientStreams())
-    share = current_app.extensions.setdefault("glassbox.bulk_streams", BulkShare()) if bulk else None
+    clients = glassbox().client_streams
+    share = glassbox().bulk_streams if bulk else None
     client = request.remote_addr or ""
     if not clients.take(client, settings.max_streams_per_client):
         abort(429, STREAMS_PER_CLIENT.format(n=settings.max_streams_per_client))

@@ -11,6 +11,7 @@ from webapp.chat.decode.generate import generate
 from webapp.chat.decode.prefill import pin_prompt_head
 from webapp.chat.decode.prefix_cache import PrefixCache, common_prefix, prefix_cache_for
 from webapp.chat.model.precision import apply_precision
+from webapp.web.state import glassbox
 
 BIG = dataclasses.replace(TINY, block_size=384)
 
@@ -128,7 +129,7 @@ def test_one_holder_per_model():
 
 def test_a_follow_up_message_in_the_app_reuses_the_first_turn(chat_app):
     from tests.chat.web.test_conversations import csrf_of, send
-    loaded = chat_app.extensions["glassbox.core"].models["chat"]
+    loaded = glassbox(chat_app).core.models["chat"]
     holder = prefix_cache_for(loaded.model)
     client = chat_app.test_client()
     first = send(client, "first question", htmx=False, seed="1", max_new_tokens="10")

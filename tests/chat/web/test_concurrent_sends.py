@@ -10,6 +10,8 @@ import pytest
 
 from tests.conftest import csrf_of, make_app
 from tests.support.chat_models import tiny_chat_model
+from webapp.chat.service import ChatService
+from webapp.web.state import glassbox
 
 SENDERS = 8
 REGENERATORS = 4
@@ -22,7 +24,7 @@ def app(tmp_path):
     app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat")}, max_jobs_per_client=0,
                    max_streams_per_client=0, torch_threads=1)
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 def browser(app, name: str, regenerate: bool, answers: list) -> None:
@@ -51,7 +53,7 @@ def test_concurrent_sends_and_regenerations_all_succeed_and_nothing_is_lost(app)
     for t in threads:
         t.join()
     assert answers == [303] * ((SENDERS + REGENERATORS) * TURNS)
-    store = app.extensions["glassbox.chat"].store
+    store = glassbox(app).service(ChatService).store
     with store.db.connect() as db:
         questions = [r[0] for r in db.execute("SELECT content FROM messages WHERE role = 'user'")]
         replies = db.execute("SELECT status, COUNT(*) FROM messages WHERE role = 'assistant' GROUP BY status")

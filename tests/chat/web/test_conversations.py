@@ -6,6 +6,7 @@ import re
 import pytest
 
 from tests.conftest import csrf_of, sse_events, wait_for
+from webapp.web.state import glassbox
 
 HX = {"HX-Request": "true"}
 
@@ -95,11 +96,11 @@ def test_a_finished_reply_stream_replays_and_closes_without_rerunning(chat_app):
     response = send(client, "Hi", seed="5", max_new_tokens="20")
     url = stream_url(response.get_data(as_text=True))
     first = sse_events(client.get(url).get_data(as_text=True))
-    submitted = chat_app.extensions["glassbox.core"].counters["submitted"]
+    submitted = glassbox(chat_app).core.counters["submitted"]
     again = sse_events(client.get(url).get_data(as_text=True))
     assert [n for n, _ in again][-1] == "done"
     assert again[-1][1] == first[-1][1]
-    assert chat_app.extensions["glassbox.core"].counters["submitted"] == submitted
+    assert glassbox(chat_app).core.counters["submitted"] == submitted
 
 
 @pytest.mark.parametrize("fields, field, message", [
@@ -123,9 +124,9 @@ def test_bad_input_is_refused_inline_and_the_draft_is_kept(chat_app, fields, fie
     assert f'id="{field}-error"' in html and message in html
     if content.strip() and len(content) < 100:
         assert content in html
-    with chat_app.extensions["glassbox.db"].connect() as db:  # nothing was saved
+    with glassbox(chat_app).db.connect() as db:  # nothing was saved
         assert db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0
-    assert chat_app.extensions["glassbox.core"].counters["submitted"] == 0
+    assert glassbox(chat_app).core.counters["submitted"] == 0
 
 
 def test_a_message_too_long_for_the_window_says_by_how_much(chat_app):
@@ -184,7 +185,7 @@ def test_closing_the_stream_cancels_the_job_and_frees_the_model(slow_chat_app):
     while "event: token" not in next(chunks).decode():
         pass
     stream.close()
-    core = slow_chat_app.extensions["glassbox.core"]
+    core = glassbox(slow_chat_app).core
     assert wait_for(lambda: core.counters["cancelled"] == 1, timeout=1.0)
     assert wait_for(lambda: messages(slow_chat_app, cid)[-1]["status"] == "stopped")
     assert wait_for(lambda: not core.running_jobs())
@@ -197,7 +198,7 @@ def one_row_app(tmp_path):
     from tests.support.chat_models import tiny_chat_model
     app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat", seconds_per_step=0.02)}, max_batch=1)
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 def test_waiting_reply_reports_its_queue_position_then_how_long_it_waited(one_row_app):
@@ -317,7 +318,7 @@ def test_every_state_change_needs_the_csrf_token(chat_app):
     client.get("/chat/")
     assert client.post("/chat/send", data={"content": "hi"}).status_code == 403
     assert client.post("/chat/send", data={"content": "hi", "csrf_token": "forged"}).status_code == 403
-    assert chat_app.extensions["glassbox.core"].counters["submitted"] == 0
+    assert glassbox(chat_app).core.counters["submitted"] == 0
 
 
 def test_without_javascript_delete_asks_first(chat_app):

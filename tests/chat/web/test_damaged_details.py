@@ -10,6 +10,8 @@ from markupsafe import escape
 from tests.conftest import csrf_of, make_app, wait_for
 from tests.support.chat_models import tiny_chat_model
 from tests.support.databases import app_rows
+from webapp.chat.service import ChatService
+from webapp.web.state import glassbox
 
 DAMAGED = "The token odds saved with this reply are damaged and cannot be read, so it is shown without them."
 
@@ -18,7 +20,7 @@ DAMAGED = "The token odds saved with this reply are damaged and cannot be read, 
 def app(tmp_path):
     app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat")}, torch_threads=1)
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 def a_reply(app):
@@ -26,8 +28,8 @@ def a_reply(app):
     csrf = csrf_of(client, "/chat/")
     sent = client.post("/chat/send", data={"csrf_token": csrf, "content": "hello", "max_new_tokens": "3"})
     conversation = sent.headers["Location"].rsplit("/", 1)[-1]
-    assert wait_for(lambda: app.extensions["glassbox.core"].counters["done"] == 1)
-    reply = app.extensions["glassbox.chat"].store.messages(conversation)[-1]
+    assert wait_for(lambda: glassbox(app).core.counters["done"] == 1)
+    reply = glassbox(app).service(ChatService).store.messages(conversation)[-1]
     return client, csrf, conversation, reply
 
 

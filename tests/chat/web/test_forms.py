@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import csrf_of
 from webapp.chat.web.forms import FormErrors, parse_message, parse_sampling, remembered_sampling
+from webapp.web.state import glassbox
 
 BAD = {"temperature": "5", "top_k": "-3", "max_new_tokens": "99999", "seed": "abc"}
 
@@ -61,7 +62,7 @@ def test_all_four_errors_show_beside_their_fields_with_the_values_kept(chat_app,
         assert f'id="{name}-error"' in field and 'aria-invalid="true"' in field
     assert re.search(r'<details class="sampling" id="sampling" open', html)  # the panel is opened
     assert "keep me" in html
-    assert chat_app.extensions["glassbox.core"].counters["submitted"] == 0
+    assert glassbox(chat_app).core.counters["submitted"] == 0
 
 
 def test_a_message_error_alone_leaves_the_panel_closed(chat_app):

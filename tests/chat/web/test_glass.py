@@ -10,6 +10,7 @@ import torch
 
 from tests.chat.web.test_conversations import conversation_id_of, send, stream_url
 from tests.conftest import csrf_of, make_app, sse_events
+from webapp.web.state import glassbox
 
 
 @pytest.fixture
@@ -22,7 +23,7 @@ def chat_app(tmp_path):
         -1, torch.arange(first_special, logits.size(-1)), float("-inf")))
     app = make_app(tmp_path, {"chat": loaded})
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 def reply(client, content, **fields):
@@ -63,7 +64,7 @@ def test_the_token_view_shows_every_token_with_its_odds_and_a_panel_without_java
 
 def test_the_prompt_view_lists_exactly_the_ids_the_model_received(chat_app):
     client = chat_app.test_client()
-    core = chat_app.extensions["glassbox.core"]
+    core = glassbox(chat_app).core
     cid, first, _ = reply(client, "x" * 200, max_new_tokens="5", temperature="0")
     # a second turn asking for a long reply: the 202-token first turn no longer fits the 512-token window
     sent = send(client, "And now?", conversation_id=cid, max_new_tokens="150", temperature="0")
@@ -75,7 +76,7 @@ def test_the_prompt_view_lists_exactly_the_ids_the_model_received(chat_app):
     shown = [int(i) for i in re.findall(r'<span class="tokid">(\d+)</span>', page)]
     assert shown == given
     assert "Left out to fit the window" in page and html_lib.escape("x" * 200) in page
-    fewshot = chat_app.extensions["glassbox.core"].models["chat"].prompt.fewshot_ids
+    fewshot = glassbox(chat_app).core.models["chat"].prompt.fewshot_ids
     assert f"512 − 150 − 2 − {len(fewshot)} = <strong>{512 - 150 - 2 - len(fewshot)}</strong>" in page
     assert "earlier turn" in page and "Few-shot example" in page and "The reply starts here" in page
 
@@ -131,7 +132,7 @@ def test_a_special_token_among_the_alternatives_says_it_ends_the_reply_before_it
             original = service().store.message(cid, mid)
         assert branch["id"] != mid and branch["tokens"] == 3 and branch["content"] == original["content"][:3]
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()
 
 
 def test_glass_views_belong_to_the_browser_that_made_the_reply(chat_app):
@@ -166,7 +167,7 @@ def test_a_branch_from_a_token_is_the_fresh_generation_from_that_prefix_and_a_ne
         new_ids = [row[0] for row in service().store.details(new["id"])["odds"]]
     assert new["id"] != mid and new["versions"] == [mid, new["id"]] and new["version"] == 2
     assert new_ids[:index + 1] == ids[:index] + [other] and len(new_ids) == 12
-    loaded = chat_app.extensions["glassbox.core"].models["chat"]
+    loaded = glassbox(chat_app).core.models["chat"]
     fresh = [p.token for p in generate(loaded, prompt + new_ids[:index + 1], max_new_tokens=12 - index - 1,
                                        temperature=0.9, top_k=20, seed=3) if p.token is not None]
     assert new_ids[index + 1:] == fresh
@@ -248,7 +249,7 @@ def test_counts_agree_with_their_nouns_and_the_composer_and_prompt_page_tell_the
     cid, mid, _ = reply(client, "One", max_new_tokens="1")
     page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
     assert '<span class="stats">1 token' in page and "1 tokens" not in page
-    fewshot = len(chat_app.extensions["glassbox.core"].models["chat"].prompt.fewshot_ids)
+    fewshot = len(glassbox(chat_app).core.models["chat"].prompt.fewshot_ids)
     composer = re.sub(r"\s+", " ", page)
     assert (f"The model reads 512 tokens at a time; {fewshot} are its built-in (few-shot) examples and 2 the start "
             f"and reply markers, so your message, the reply and the earlier turns share {512 - fewshot - 2}.") \

@@ -17,6 +17,7 @@ from tests.conftest import csrf_of, make_app
 from webapp.chat.model.gpt import GPTConfig
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.tokenizer import ByteTokenizer
+from webapp.web.state import glassbox
 
 chat_app = test_glass.chat_app  # the fixture: the same tiny model, made to never stop before max_new_tokens
 
@@ -29,7 +30,7 @@ def test_the_json_answers_the_documented_contract_and_its_last_row_is_the_token_
     with chat_app.app_context():
         details = service().details(mid)
     odds, prompt = details["odds"], details["prompt"]["ids"]
-    config = chat_app.extensions["glassbox.core"].models["chat"].model.config
+    config = glassbox(chat_app).core.models["chat"].model.config
     for i, row in enumerate(odds):
         answer = client.get(f"/chat/c/{cid}/m/{mid}/inside/{i}.json")
         assert answer.status_code == 200
@@ -56,7 +57,7 @@ def test_the_page_works_without_javascript_and_lists_a_chosen_heads_positions(ch
     url = f"/chat/c/{cid}/m/{mid}/inside/1"
     assert f'href="{url}"' in tokens  # "Inside this token", in the token panel
     page = client.get(url).get_data(as_text=True)  # no HX-Request: the request waits for the job
-    config = chat_app.extensions["glassbox.core"].models["chat"].model.config
+    config = glassbox(chat_app).core.models["chat"].model.config
     lens = page[page.index('<table class="lens"'):page.index("</table>")]
     assert lens.count('<th scope="row">') == config.n_layer + 1 and "embeddings" in lens
     assert len(re.findall(r'<td class="cell s\d chosen">', lens)) >= 1  # greedy: the pick is in the top 5
@@ -95,7 +96,7 @@ def test_bad_indices_and_other_browsers_get_404_and_share_links_read_only(chat_a
 def test_a_remote_backend_answers_409_with_the_reason(chat_app):
     client = chat_app.test_client()
     cid, mid, _ = reply(client, "Hello", max_new_tokens="2")
-    chat_app.extensions["glassbox.core"].models["chat"].remote = True
+    glassbox(chat_app).core.models["chat"].remote = True
     answer = client.get(f"/chat/c/{cid}/m/{mid}/inside/0.json")
     assert answer.status_code == 409 and "remote server" in answer.get_json()["error"]
     page = client.get(f"/chat/c/{cid}/m/{mid}/inside/0")
@@ -135,7 +136,7 @@ def test_a_model_without_nanogpts_layout_says_so_and_the_json_answers_409(tmp_pa
         page = client.get(f"/chat/c/{cid}/m/{mid}/inside/0").get_data(as_text=True)
         assert "cannot look into this model" in page
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()
 
 
 def test_inside_jobs_count_against_the_browsers_job_limit(tmp_path):
@@ -149,4 +150,4 @@ def test_inside_jobs_count_against_the_browsers_job_limit(tmp_path):
         answer = client.get(f"/chat/c/{cid}/m/{mid}/inside/0.json")
         assert answer.status_code == 429 and answer.get_json()["error"]
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()

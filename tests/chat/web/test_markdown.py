@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tests.conftest import csrf_of, make_app, sse_events
 from tests.support.chat_models import tiny_checkpoint
 from webapp.chat.web.markdown import MAX_MARKDOWN_CHARS, render_markdown
+from webapp.web.state import glassbox
 
 # Everything the renderer may write: anything else in its output is a bug.
 TAGS = {"p", "br", "em", "strong", "s", "code", "pre", "span", "a", "ul", "ol", "li", "blockquote", "hr",
@@ -199,7 +200,7 @@ def markdown_app(tmp_path):
                             factory="tests.support.served_models:build_chat_model")
     app = make_app(tmp_path, {"chat": model})  # create_app registers the `markdown` filter
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 def assert_rendered_reply(html: str) -> None:

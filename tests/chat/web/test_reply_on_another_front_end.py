@@ -12,6 +12,8 @@ import time
 from tests.chat.web.test_conversations import HX, conversation_id_of, messages, send, store, stream_url
 from tests.conftest import csrf_of, sse_events, wait_for
 from webapp.chat.decode.types import ReplyStats
+from webapp.chat.service import ChatService
+from webapp.web.state import glassbox
 
 
 def pending_reply_run_elsewhere(app, client) -> tuple[str, int]:
@@ -111,7 +113,7 @@ def test_a_job_followed_from_another_front_end_is_not_abandoned_as_an_orphan(slo
     response = send(client, "Tell me a story", max_new_tokens="150", temperature="0")  # >= 3 s; nobody here reads it
     cid, html = conversation_id_of(response), response.get_data(as_text=True)
     reply_id = int(re.search(r"/m/(\d+)/stream", stream_url(html)).group(1))
-    job = slow_chat_app.extensions["glassbox.chat"].job_for(reply_id)
+    job = glassbox(slow_chat_app).service(ChatService).job_for(reply_id)
     job.orphan_seconds = 2.0  # its first save comes within PROGRESS_SECONDS (1 s), before
     store(slow_chat_app).mark_followed(reply_id)  # another front end streams it
     assert wait_for(lambda: messages(slow_chat_app, cid)[-1]["status"] != "pending", timeout=60)
@@ -154,7 +156,7 @@ def test_the_leases_of_replies_waiting_in_line_are_renewed_while_they_wait(tmp_p
         assert not chat.reply_progress(waiting)["abandoned"]
         client.get(stream_url(first.get_data(as_text=True))).close()  # the first stops: the row frees
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()
 
 
 def test_a_stop_recorded_by_another_front_end_stops_a_reply_still_waiting_in_line(tmp_path, monkeypatch):
@@ -173,4 +175,4 @@ def test_a_stop_recorded_by_another_front_end_stops_a_reply_still_waiting_in_lin
         assert messages(app, conversation_id_of(first))[-1]["status"] == "pending"  # it never waited for a row
         client.get(stream_url(first.get_data(as_text=True))).close()
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()

@@ -13,6 +13,7 @@ from tests.conftest import csrf_of, make_app, sse_events, wait_for
 from tests.support.chat_models import tiny_checkpoint
 from webapp.chat import boot
 from webapp.config import Settings
+from webapp.web.state import glassbox
 
 HI = [{"role": "user", "content": "Hello there"}]
 
@@ -65,7 +66,7 @@ def test_v1_lists_both_models_and_each_answers_as_it_does_served_alone(tmp_path,
         assert unknown.status_code == 404
         assert "'first', 'second'" in unknown.json["error"]["message"]
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()
     assert both["first"] != both["second"]  # other weights: the test could tell them apart
     for name in ("first", "second"):
         checkpoint = str(tmp_path / name / "model.safetensors")
@@ -73,7 +74,7 @@ def test_v1_lists_both_models_and_each_answers_as_it_does_served_alone(tmp_path,
         try:
             assert greedy(alone.test_client()) == both[name]
         finally:
-            alone.extensions["glassbox.core"].shutdown()
+            glassbox(alone).core.shutdown()
 
 
 def test_a_conversation_keeps_its_model_and_a_restart_without_it_answers_409_naming_it(tmp_path, registry):
@@ -98,7 +99,7 @@ def test_a_conversation_keeps_its_model_and_a_restart_without_it_answers_409_nam
         finish(client, followed.get_data(as_text=True))
         assert [m["model"] for m in messages(app, cid) if m["role"] == "assistant"] == ["second", "second"]
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()
 
 
 def test_after_a_restart_without_the_model_its_replies_answer_409_and_never_another_models_numbers(tmp_path,
@@ -112,7 +113,7 @@ def test_after_a_restart_without_the_model_its_replies_answer_409_and_never_anot
         reply = [m for m in messages(app, cid) if m["role"] == "assistant"][-1]
         cookie = client.get_cookie("glassbox_session")
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()
 
     app = app_on(tmp_path, "[models.first]\ncheckpoint = 'first/model.safetensors'\n", registry)
     client = app.test_client()
@@ -133,7 +134,7 @@ def test_after_a_restart_without_the_model_its_replies_answer_409_and_never_anot
         conversation = client.get(f"/chat/c/{cid}").get_data(as_text=True)
         assert "second (not run here now)" in conversation  # the page is still read, its reply labelled
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()
 
 
 @pytest.mark.parametrize("htmx", [True, False])
@@ -168,7 +169,7 @@ def test_one_message_asks_two_models_at_once_each_reply_a_version(tmp_path, regi
         finish(client, regenerated.get_data(as_text=True))
         assert [m["model"] for m in messages(app, cid) if m["role"] == "assistant"] == ["first", "second", "first"]
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()
 
 
 def test_asking_an_unknown_or_the_same_model_twice_is_refused_beside_the_picker_nothing_saved(tmp_path, registry):
@@ -183,7 +184,7 @@ def test_asking_an_unknown_or_the_same_model_twice_is_refused_beside_the_picker_
         assert 'id="model-error"' in same.get_data(as_text=True)
         assert "/chat/c/" not in client.get("/chat/").get_data(as_text=True)  # no conversation was saved
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()
 
 
 def test_a_reply_saved_before_replies_kept_their_model_says_so_and_is_read_with_the_default(tmp_path, registry):
@@ -203,4 +204,4 @@ def test_a_reply_saved_before_replies_kept_their_model_says_so_and_is_read_with_
         assert "**Assistant** · model not recorded" in client.get(f"/chat/c/{cid}/export.md").get_data(as_text=True)
         assert client.get(f"/chat/c/{cid}/m/{reply['id']}/inside/0.json").status_code == 200
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()

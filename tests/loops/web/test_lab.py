@@ -10,6 +10,7 @@ from tests.conftest import csrf_of, make_app, sse_events
 from tests.support.executors import FunctionJobs
 from webapp.core import Job
 from webapp.loops.task import SYMBOLS
+from webapp.web.state import glassbox
 
 CYCLE = [[s, SYMBOLS[(i + 1) % 26]] for i, s in enumerate(SYMBOLS)]
 
@@ -50,7 +51,7 @@ def test_loop_runs_use_their_own_thread_count_and_give_the_worker_back_its_own(t
     from tests.support.loop_models import bundle
     b = bundle()
     app = make_app(tmp_path, {"loops": b}, torch_threads=2, loop_torch_threads=loop_threads)
-    core = app.extensions["glassbox.core"]
+    core = glassbox(app).core
     try:
         client = app.test_client()
         run_live(client, csrf_of(client, "/loops/"))
@@ -220,7 +221,7 @@ def test_a_replay_keeps_the_recorded_pace_and_batches(tmp_path):
         replay = sse_events(client.get(f"{trace_url}/replay").get_data(as_text=True))
         assert [n for n, _ in replay] == ["rows", "rows", "rows", "done"]  # one loop each, as they arrived
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()
 
 
 def test_a_run_this_front_end_does_not_run_ends_its_stream_with_a_message_and_its_stop_with_404(loop_app):

@@ -15,6 +15,7 @@ from tests.conftest import csrf_of, make_app, sse_events
 from tests.loops.web.test_lab import CYCLE, run_live
 from webapp.loops.model.checkpoint import load_bundle
 from webapp.loops.task import preset, render_prompt
+from webapp.web.state import glassbox
 
 ROW_KEYS = {"loop", "prediction", "direct_prediction", "stop_probability", "top3", "arrival_seconds",
             "expected", "correct", "edge_valid"}
@@ -24,7 +25,7 @@ ROW_KEYS = {"loop", "prediction", "direct_prediction", "stop_probability", "top3
 def bundled_app(tmp_path):
     app = make_app(tmp_path, {"loops": load_bundle()})
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 def lines_of(response) -> list[dict]:
@@ -140,4 +141,4 @@ def test_a_run_to_the_cap_downloads_small_enough_to_upload_again(tmp_path):
         again = client.get(up.headers["Location"] + ".json").data                # and once more
         assert len(again) < app.config["MAX_CONTENT_LENGTH"] and upload(client, again).status_code == 303
     finally:
-        app.extensions["glassbox.core"].shutdown()
+        glassbox(app).core.shutdown()

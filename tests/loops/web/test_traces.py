@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import csrf_of, make_app
 from tests.loops.web.test_lab import form, run_live
+from webapp.web.state import glassbox
 
 
 def saved_trace(client, csrf, **kw) -> str:
@@ -96,7 +97,7 @@ def two_model_app(tmp_path, monkeypatch):
     monkeypatch.setenv("GLASSBOX_LOOP_EXTRA_MODELS", "early=tests.loops.early_model:load")
     app = make_app(tmp_path, {"loops": bundle()})
     yield app
-    app.extensions["glassbox.core"].shutdown()
+    glassbox(app).core.shutdown()
 
 
 def test_the_model_picker_runs_the_chosen_model_and_the_trace_records_it(two_model_app):

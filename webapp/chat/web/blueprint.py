@@ -9,13 +9,14 @@ from webapp.chat.service import ChatService
 from webapp.chat.store import ChatPage
 from webapp.config import Settings
 from webapp.web.security import owner_id
+from webapp.web.state import glassbox
 
 bp = Blueprint("chat", __name__, url_prefix="/chat")
 
 
 def service() -> ChatService:
     """The chat service create_app built (webapp/chat/boot.py)."""
-    return current_app.extensions["glassbox.chat"]
+    return glassbox().service(ChatService)
 
 
 @bp.context_processor

@@ -128,7 +128,7 @@ def start_reply(turn: Turn, page: ChatPage, draft: str = "", second: Turn | None
     with the conversation, a form (no JavaScript: it waits for the whole reply, holding a stream slot) with
     the page."""
     owner = owner_id()
-    quotas.check_chat(owner, new_conversation=turn.conversation is None)  # the browser's quotas (403)
+    quotas.check_chat(service().store, owner, new_conversation=turn.conversation is None)  # the browser's quotas (403)
     beside, notice = None, None
     try:
         with held_slot(not is_htmx()) as slot:  # no JavaScript: the form waits for the whole reply

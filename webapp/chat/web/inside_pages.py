@@ -9,7 +9,7 @@ from collections.abc import Generator
 from contextlib import closing
 from typing import cast
 
-from flask import Response, abort, current_app, jsonify, render_template, request
+from flask import Response, abort, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException
 
 from webapp.chat.decode.inside import InsideReport
@@ -23,6 +23,7 @@ from webapp.core import Refused
 from webapp.core.jobs import CANCELLED, DONE
 from webapp.web import refusal_headers, refusal_status
 from webapp.web.security import owner_id
+from webapp.web.state import glassbox
 from webapp.web.streams import held_slot
 
 STILL_WORKING = "Still working this token out; reload the page in a moment."
@@ -35,7 +36,7 @@ class InsideError(Exception):
 
 
 def inside_service() -> InsideService:
-    return current_app.extensions["glassbox.inside"]
+    return glassbox().service(InsideService)
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/inside/<int:index>")

@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import json
 
-from flask import request
+from flask import jsonify, request
 
 from webapp.core import Refused
 from webapp.loops.request import DemoRequest, RequestError
 from webapp.loops.trace import metadata
 from webapp.loops.web.blueprint import api, service, settings
-from webapp.v1 import auth
 from webapp.web import get_core, quotas, refusal_headers, refusal_status
+from webapp.web.api_auth import CHALLENGE, key_owner, require_key
 from webapp.web.security import csrf_exempt
 from webapp.web.streams import held_slot, long_response
 
 API_STREAMS = ("rows", "snapshots")
 ATTENTION_FIELDS = ("read", "attention")  # in rows only with ?attention=1: up to ~1.3 kB a loop
+
+
+def _refuse(why: str, key_sent: bool):
+    return jsonify({"error": why}), 401, CHALLENGE  # the Loop-lab API's own error shape
+
+
+require_key(api, _refuse)  # with GLASSBOX_API_KEYS set, the same keys as /v1
 
 
 def plain(row: dict) -> dict:
@@ -52,10 +59,10 @@ def api_trace():
     # A key is its own owner (the per-owner limit counts per key). Without keys, a script without a
     # cookie gets a throwaway owner, not a session: its traces are purged after
     # GLASSBOX_API_RETENTION_HOURS (webapp/web/quotas.py), and no cookie is minted per request.
-    owner = quotas.api_owner(auth.key_owner())
+    owner = quotas.api_owner(service().store, key_owner())
     try:
         with held_slot() as slot:  # before the job: a refusal leaves nothing queued
-            quotas.check_traces(owner)
+            quotas.check_traces(service().store, owner)
             job = service().start(owner, demo_request)
     except Refused as error:
         return {"error": str(error)}, refusal_status(error), refusal_headers(error)

@@ -10,6 +10,7 @@ from webapp.loops.runs import LoopRuns
 from webapp.loops.service import LoopService
 from webapp.web import get_core
 from webapp.web.security import owner_id
+from webapp.web.state import glassbox
 
 bp = Blueprint("loops", __name__, url_prefix="/loops")
 api = Blueprint("loops_api", __name__, url_prefix="/api/loops")
@@ -19,7 +20,7 @@ RUN_GONE = ("This run is no longer here (the server restarted, or another front 
 
 def service() -> LoopService:
     """The Loop-lab service create_app built (webapp/loops/boot.py)."""
-    return current_app.extensions["glassbox.loops"]
+    return glassbox().service(LoopService)
 
 
 def settings() -> Settings:

@@ -48,7 +48,7 @@ def run():
         return render_lab(state, status=400)
     try:  # without JavaScript the request waits for the whole run, holding a stream slot
         with held_slot(not is_htmx()) as slot:
-            quotas.check_traces(owner_id())
+            quotas.check_traces(service().store, owner_id())
             job = service().start(owner_id(), demo_request)
     except Refused as error:
         abort(refusal_status(error), str(error))

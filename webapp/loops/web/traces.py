@@ -129,7 +129,7 @@ def upload():
     except TraceFileError as error:  # said beside the upload field, on the lab's own page
         return render_lab(EditorState.default(), upload_error=str(error), status=400)
     rescored = rescore(snapshot)
-    quotas.check_traces(owner_id(), len(json.dumps(rescored)))
+    quotas.check_traces(service().store, owner_id(), len(json.dumps(rescored)))
     trace_id = service().store.save(owner_id(), rescored)
     return redirect(url_for("loops.trace", trace_id=trace_id), 303)
 

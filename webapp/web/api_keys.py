@@ -1,9 +1,5 @@
-"""Who a script is: an API key (GLASSBOX_API_KEYS, a file of keys) or, with no keys, its address.
-
-With the setting unset, /v1 and the Loop-lab JSON API are as open as the pages, and a script is known
-by its client address (as the trusted proxy reports it). With it set, every request to them needs
-`Authorization: Bearer <key>` with a key from the file, and the key is the script's identity: the
-per-owner limit (GLASSBOX_MAX_JOBS_PER_OWNER) then counts per key.
+"""The API keys (GLASSBOX_API_KEYS, a file of keys): read at start-up and again when the file changes.
+Who a request is, and each API blueprint's check, are in webapp/web/api_auth.py.
 
 The file has one key per line; blank lines and lines starting with # are ignored, and anything after
 the key on its line (a name, a note) too. It is read again when it changes, so keys are added and
@@ -19,14 +15,11 @@ import os
 import threading
 from pathlib import Path
 
-from flask import current_app, g, request
-
 from webapp.config import ConfigError
 
 log = logging.getLogger("glassbox.api")
 
 MIN_KEY_CHARS = 16  # a key is a password a script sends: too short is guessable
-OWNER_PREFIX = "api:"  # never a session owner (token_urlsafe has no colon): /v1 never sees a browser's data
 
 
 def _digest(key: str) -> str:
@@ -95,39 +88,3 @@ class ApiKeys:
 
 def load(settings) -> ApiKeys | None:
     return ApiKeys(settings.api_keys) if getattr(settings, "api_keys", "") else None
-
-
-def bearer_token() -> str | None:
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return token.strip() or None
-
-
-def authenticate() -> tuple[str | None, str | None]:
-    """-> (owner, None) for a request that may go on, or (None, why not). Keeps the owner in g."""
-    keys: ApiKeys | None = current_app.extensions.get("glassbox.api_keys")
-    if keys is None:
-        g.api_owner = OWNER_PREFIX + (request.remote_addr or "local")
-        return g.api_owner, None
-    token = bearer_token()
-    if token is None:
-        return None, ("You didn't provide an API key. This server needs one: send it in the Authorization "
-                      "header as 'Authorization: Bearer YOUR_KEY'.")
-    digest = keys.identify(token)
-    if digest is None:
-        return None, "Incorrect API key provided."
-    g.api_owner = OWNER_PREFIX + "key-" + digest[:16]
-    return g.api_owner, None
-
-
-def api_owner() -> str:
-    """The owner of this request's jobs (set by authenticate, which runs before every API view)."""
-    return g.get("api_owner") or OWNER_PREFIX + (request.remote_addr or "local")
-
-
-def key_owner() -> str | None:
-    """The owner of the API key this request was authenticated with; None when no keys are set."""
-    owner = g.get("api_owner")
-    return owner if isinstance(owner, str) and owner.startswith(OWNER_PREFIX + "key-") else None

@@ -1,0 +1,91 @@
+"""What one process counts in memory to keep one client from taking everything: new sessions per address
+a minute (webapp/web/security.py), open streams per address and the bulk slots held (webapp/web/streams.py).
+Each app has one of each (webapp/web/state.py)."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+from flask import abort
+
+NEW_SESSIONS_FULL = ("Too many new sessions from your address in the last minute. Keep the session cookie "
+                     "between requests (a browser does), or wait a minute.")
+
+
+class NewSessions:
+    """At most GLASSBOX_MAX_NEW_SESSIONS_PER_MINUTE new owners per client address: per-browser limits
+    assume the browser keeps its cookie, and a script that drops it would otherwise get a fresh
+    identity, and fresh quotas, with every request."""
+
+    WINDOW = 60.0
+    MAX_ADDRESSES = 10_000  # memory stays bounded whatever addresses arrive
+
+    def __init__(self, per_minute: int) -> None:
+        self.per_minute = per_minute
+        self._seen: dict[str, collections.deque] = {}
+        self._lock = threading.Lock()
+
+    def take(self, address: str) -> None:
+        if not self.per_minute:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if len(self._seen) >= self.MAX_ADDRESSES:
+                self._forget(now)
+            times = self._seen.setdefault(address, collections.deque())
+            while times and now - times[0] > self.WINDOW:
+                times.popleft()
+            if len(times) >= self.per_minute:
+                abort(429, NEW_SESSIONS_FULL)
+            times.append(now)
+
+    def _forget(self, now: float) -> None:
+        for address in [a for a, t in self._seen.items() if not t or now - t[-1] > self.WINDOW]:
+            del self._seen[address]
+        if len(self._seen) >= self.MAX_ADDRESSES:  # a flood of live addresses: start over rather than grow
+            self._seen.clear()
+
+
+class ClientStreams:
+    """Open streams per client address (as a trusted proxy reports it): one browser, or a script that
+    drops its cookie, cannot take every slot from everyone else."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, int] = {}
+
+    def take(self, client: str, limit: int) -> bool:
+        with self._lock:
+            if limit and self._open.get(client, 0) >= limit:
+                return False
+            self._open[client] = self._open.get(client, 0) + 1
+            return True
+
+    def give_back(self, client: str) -> None:
+        with self._lock:
+            left = self._open.get(client, 1) - 1
+            if left:
+                self._open[client] = left
+            else:
+                self._open.pop(client, None)
+
+
+class BulkShare:
+    """How many bulk slots (replays, non-streamed /v1 calls) are held: at most GLASSBOX_MAX_BULK_STREAMS."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.held = 0
+
+    def take(self, limit: int) -> bool:
+        with self._lock:
+            if limit and self.held >= limit:  # 0: no share of their own, only GLASSBOX_MAX_STREAMS
+                return False
+            self.held += 1
+            return True
+
+    def give_back(self) -> None:
+        with self._lock:
+            self.held -= 1
