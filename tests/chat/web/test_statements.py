@@ -15,6 +15,7 @@ import pytest
 
 from tests.chat.web.test_conversations import conversation_id_of, send
 from tests.conftest import csrf_of
+from webapp.web.state import glassbox
 
 TREE_READ = re.compile(r"SELECT (\w+\.)?\*.* FROM messages( \w+)? WHERE (\w+\.)?conversation_id = \S+( ORDER BY|$)",
                        re.IGNORECASE | re.DOTALL)
@@ -68,7 +69,7 @@ def test_the_fifth_send_runs_at_most_15_statements_and_reads_the_tree_once(chat_
     # browsers (once a minute) are held off, so that a run across midnight or a slow machine counts the same.
     from webapp.web import retention
     monkeypatch.setattr(retention, "today", lambda: 1)
-    chat_app.extensions["glassbox.browsers"].purged_at = float("inf")
+    glassbox(chat_app).browsers.purged_at = float("inf")
     client = chat_app.test_client()
     csrf = csrf_of(client, "/chat/")
     first = send(client, "Hello", csrf, max_new_tokens="5", seed="1")
@@ -88,7 +89,7 @@ def test_the_fifth_send_runs_at_most_15_statements_and_reads_the_tree_once(chat_
 def test_a_conversation_page_reads_its_tree_once_and_nothing_from_its_templates(chat_app, statements, monkeypatch):
     from webapp.web import retention
     monkeypatch.setattr(retention, "today", lambda: 1)
-    chat_app.extensions["glassbox.browsers"].purged_at = float("inf")
+    glassbox(chat_app).browsers.purged_at = float("inf")
     client = chat_app.test_client()
     csrf = csrf_of(client, "/chat/")
     sent = send(client, "Hello", csrf, htmx=False, max_new_tokens="5", seed="1")

@@ -2,7 +2,7 @@
 bfloat16 or int8 weights (int8 by int8: x quantized in blocks of 32, as llama.cpp's q8_0), each row's result
 the same whatever the other rows are; and (attend.c) one new token's attention over its own KV cache.
 
-It is compiled on first use for the machine it runs on (`cc -O3 -march=native -ffp-contract=off -fopenmp`), cached under
+It is compiled on first use for the machine it runs on (`cc -O3 -march=native -fopenmp`), cached under
 $XDG_CACHE_HOME/glassbox (or ~/.cache/glassbox) by a hash of the source, the compiler and the CPU, and
 called through ctypes: no build step at install time and no Python headers. Without a C compiler (or
 with GLASSBOX_DECODE_KERNEL=torch) decoding uses torch's kernels instead: slower for one row, the same
@@ -32,10 +32,7 @@ log = logging.getLogger("glassbox.kernels")
 
 SOURCES = [Path(__file__).with_name(name) for name in ("linear.c", "attend.c", "amx.c")]  # + vectors.h
 HEADER = Path(__file__).with_name("vectors.h")
-# -ffp-contract=off: GCC may fuse `a * b + c` into one FMA in one instantiation of a tile and not in another
-# (a lone row's and a batch's), and a fused sum rounds differently: a row's bits would depend on its batch.
-# The sums that are FMAs on purpose say so (fmaf, the intrinsics).
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # the kernels' formats (vectors.h, linear.c)
 
 _lock = threading.Lock()

@@ -64,7 +64,9 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) {
             float s = lanes_sum(acc[i][j]);
-            for (int64_t t = k; t < K; t++) s += x[i * ldx + t] * w_at(kind, w, (n0 + j) * K + t);
+            /* fused on purpose: left to the compiler, `s += x * w` was fused in some instantiations of a tile
+             * and not in others (a lone row's, a batch's), and a row's bits then depended on its batch */
+            for (int64_t t = k; t < K; t++) s = fmaf(x[i * ldx + t], w_at(kind, w, (n0 + j) * K + t), s);
             dots[i][j] = s;
         }
 }
