@@ -72,7 +72,6 @@ class InferenceCore:
         self.job_metrics = JobMetrics()  # per-kind outcomes, waits and run times; logs each job
         self.step_metrics = StepMetrics()  # rows per step, step time, prefill tokens, admitted, retired
         self.warmup_seconds: dict[str, float] = {}
-        self.open_streams = 0
         self._last_step = 0.0  # when a batched step last ran (see interleave)
         self._worker_threads = 0
         self._worker = threading.Thread(target=self._work, name="glassbox-core", daemon=True)
@@ -132,18 +131,6 @@ class InferenceCore:
     @property
     def accepting(self) -> bool:
         return not self._closed
-
-    def stream_opened(self, delta: int) -> None:
-        with self._lock:
-            self.open_streams += delta
-
-    def take_stream_slot(self, limit: int) -> bool:
-        """Count one more open stream if fewer than `limit` are open (atomically)."""
-        with self._lock:
-            if self.open_streams >= limit:
-                return False
-            self.open_streams += 1
-            return True
 
     def memory_bytes(self) -> int:
         return sum(ex.memory_bytes() for ex in self._batched().values())
