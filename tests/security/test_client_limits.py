@@ -115,6 +115,6 @@ def test_a_burst_of_replies_from_one_address_does_not_delay_anothers_first_token
     csrf = csrf_of(other, "/chat/")
     other.post("/chat/send", data={"csrf_token": csrf, "content": "hi", "max_new_tokens": "2"},
                headers={"HX-Request": "true"}, environ_base={"REMOTE_ADDR": "192.0.2.51"})
-    waiting = [j for j in core._queue]  # noqa: SLF001 (the scheduler's own view of who is next)
+    waiting = core.scheduler.waiting()  # the scheduler's own view of who is next
     theirs = next(j for j in waiting if j.client == "192.0.2.51")
     assert theirs.position <= 2, [(j.client, j.position) for j in waiting]

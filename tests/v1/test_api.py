@@ -14,6 +14,7 @@ from tests.v1.conftest import KEY, OTHER_KEY, SCRIPT, submitted_jobs, write_keys
 from webapp.chat.decode.generate import generate
 from webapp.config import ConfigError
 from webapp.web.state import glassbox
+from webapp.web.streams import open_streams
 
 HI = [{"role": "user", "content": "Hi"}]
 
@@ -186,14 +187,13 @@ def test_the_per_owner_limit_answers_429_rate_limit(tmp_path):
     from tests.support.chat_models import tiny_chat_model
     app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat", seconds_per_step=0.02)}, max_jobs_per_owner=1)
     try:
-        core = glassbox(app).core
         first = chat(app.test_client(), max_tokens=200, stream=True)  # its body is not read yet: still running
         stream = first.response
         next(stream)
         second = chat(app.test_client(), max_tokens=5)
         assert second.status_code == 429 and second.json["error"]["code"] == "rate_limit_exceeded"
         first.close()
-        assert core.open_streams == 0
+        assert open_streams(app).count == 0
     finally:
         glassbox(app).core.shutdown()
 

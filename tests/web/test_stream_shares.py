@@ -15,7 +15,7 @@ from tests.conftest import csrf_of, make_app, wait_for
 from tests.support.chat_models import tiny_chat_model
 from tests.support.loop_models import bundle
 from webapp.web.state import glassbox
-from webapp.web.streams import BULK_FULL
+from webapp.web.streams import BULK_FULL, open_streams
 
 LETTERS = list(string.ascii_uppercase)
 HX = {"HX-Request": "true"}
@@ -59,19 +59,19 @@ def bulk_refused(response) -> bool:
 
 
 def test_replays_fill_their_share_and_a_live_reply_still_gets_a_slot(shared):
-    core = glassbox(shared).core
+    streams = open_streams(shared)
     held = [open_replay(shared, f"10.0.0.{i}") for i in range(BULK)]
-    assert [r.status_code for r in held] == [200] * BULK and core.open_streams == BULK
+    assert [r.status_code for r in held] == [200] * BULK and streams.count == BULK
     for i in range(TOTAL - BULK):  # as many more as would take every slot left
         extra = open_replay(shared, f"10.0.0.{10 + i}")
         assert bulk_refused(extra), (extra.status_code, extra.get_data(as_text=True)[:300])
         assert BULK_FULL.split(";")[0] in extra.get_data(as_text=True)
-    assert core.open_streams == BULK  # the refusals gave back what they took
+    assert streams.count == BULK  # the refusals gave back what they took
     live = live_reply(shared)
     assert live.status_code == 200 and "event: done" in live.get_data(as_text=True)
     for response in reversed(held):  # the test client's streams hold request contexts: last in, first out
         response.close()
-    assert wait_for(lambda: core.open_streams == 0)
+    assert wait_for(lambda: streams.count == 0)
     again = open_replay(shared, "10.0.0.9")  # the share was given back
     assert again.status_code == 200
     again.close()
@@ -91,12 +91,12 @@ def test_an_inside_report_being_worked_out_takes_the_bulk_share(shared):
     assert live_reply(shared).status_code == 200
     for response in reversed(held):
         response.close()
-    assert wait_for(lambda: glassbox(shared).core.open_streams == 0)
+    assert wait_for(lambda: open_streams(shared).count == 0)
     assert client.get(inside).status_code == 200
 
 
 def test_whole_v1_replies_fill_their_share_and_live_replies_still_get_slots(shared):
-    core = glassbox(shared).core
+    streams = open_streams(shared)
     body = {"model": "glassbox", "prompt": "Once", "max_tokens": 100}  # 2 s each at 20 ms a token
     answers: list[int] = []
 
@@ -107,7 +107,7 @@ def test_whole_v1_replies_fill_their_share_and_live_replies_still_get_slots(shar
     callers = [threading.Thread(target=whole, args=(f"10.0.1.{i}",)) for i in range(BULK)]
     for caller in callers:
         caller.start()
-    assert wait_for(lambda: core.open_streams == BULK, 5)
+    assert wait_for(lambda: streams.count == BULK, 5)
     client = shared.test_client(use_cookies=False)
     extra = client.post("/v1/completions", json=body, environ_base={"REMOTE_ADDR": "10.0.1.9"})
     assert extra.status_code == 503 and extra.headers["Retry-After"] == "5"
@@ -118,7 +118,7 @@ def test_whole_v1_replies_fill_their_share_and_live_replies_still_get_slots(shar
     assert live_reply(shared).status_code == 200
     for caller in callers:
         caller.join(30)
-    assert answers == [200] * BULK and core.open_streams == 0
+    assert answers == [200] * BULK and streams.count == 0
 
 
 def test_live_replies_may_use_every_slot(tmp_path):
@@ -137,7 +137,7 @@ def test_live_replies_may_use_every_slot(tmp_path):
             assert stream.status_code == 200
             next(iter(stream.response))
             streams.append(stream)
-        assert glassbox(app).core.open_streams == TOTAL
+        assert open_streams(app).count == TOTAL
         for stream in reversed(streams):
             stream.close()
     finally:

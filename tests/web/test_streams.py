@@ -16,6 +16,7 @@ from tests.support.chat_models import tiny_chat_model
 from tests.support.loop_models import bundle
 from webapp.loops.web.traces import REPLAY_MAX_GAP_SECONDS, REPLAY_MAX_SECONDS, replay_frames, replay_schedule
 from webapp.web.state import glassbox
+from webapp.web.streams import open_streams
 
 LETTERS = list(string.ascii_uppercase)
 CYCLE = [[a, b] for a, b in zip(LETTERS, LETTERS[1:] + LETTERS[:1])]
@@ -48,9 +49,9 @@ def refused(response) -> bool:
 
 
 def test_every_long_lived_route_is_counted_and_refused_when_no_slot_is_free(one_slot):
-    core = glassbox(one_slot).core
+    core, streams = glassbox(one_slot).core, open_streams(one_slot)
     holder, streaming, _ = hold_slot(one_slot)
-    assert core.open_streams == 1
+    assert streams.count == 1
     other = one_slot.test_client()
     csrf = csrf_of(other, "/chat/")
     started = time.monotonic()
@@ -69,26 +70,26 @@ def test_every_long_lived_route_is_counted_and_refused_when_no_slot_is_free(one_
     assert core.counters["submitted"] == 1  # refusals queued nothing (only the run that made the trace)
     assert "/chat/c/" not in other.get("/chat/").get_data(as_text=True)  # and saved nothing
     streaming.close()  # the replay's client hangs up: its slot is free again
-    assert wait_for(lambda: core.open_streams == 0)
+    assert wait_for(lambda: streams.count == 0)
 
 
 def test_slots_are_freed_when_streams_end_and_when_waits_end(one_slot):
-    core = glassbox(one_slot).core
+    streams = open_streams(one_slot)
     client = one_slot.test_client()
     api = client.post("/api/loops/trace", json={"mapping": CYCLE, "start": "A", "steps": 2})
     assert api.status_code == 200 and api.get_data(as_text=True).count("\n") >= 3
-    assert core.open_streams == 0
+    assert streams.count == 0
     csrf = csrf_of(client, "/chat/")
     sent = client.post("/chat/send", data={"csrf_token": csrf, "content": "hi", "max_new_tokens": "3"})
-    assert sent.status_code == 303 and core.open_streams == 0  # no-JS: waited for the reply, then let go
+    assert sent.status_code == 303 and streams.count == 0  # no-JS: waited for the reply, then let go
     live = client.post("/chat/send", data={"csrf_token": csrf, "content": "hi", "max_new_tokens": "3"}, headers=HX)
     url = re.findall(r'sse-connect="([^"]+)"', live.get_data(as_text=True))[-1]
     assert "event: done" in client.get(url).get_data(as_text=True)
-    assert core.open_streams == 0
+    assert streams.count == 0
     # a stream whose client vanished before the body ran still frees its slot when the server closes it
     never_read = client.get(url.replace("/stream", "/stream"), buffered=False)
     never_read.close()
-    assert core.open_streams == 0
+    assert streams.count == 0
 
 
 def test_a_paced_replay_is_bounded_whatever_the_trace_claims():
@@ -135,20 +136,20 @@ def test_a_hostile_replay_ends_within_the_bound(tmp_path):
 
 
 def test_concurrent_takers_never_exceed_the_limit(one_slot):
-    core = glassbox(one_slot).core
+    streams = open_streams(one_slot)
     won, barrier = [], threading.Barrier(8)
 
     def take():
         barrier.wait()
-        won.append(core.take_stream_slot(1))
+        won.append(streams.take(1))
 
     threads = [threading.Thread(target=take) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert won.count(True) == 1 and core.open_streams == 1
-    core.stream_opened(-1)
+    assert won.count(True) == 1 and streams.count == 1
+    streams.give_back()
 
 
 def test_one_client_address_cannot_take_every_slot(tmp_path):

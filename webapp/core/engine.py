@@ -1,17 +1,19 @@
-"""The shared inference core: one worker owns the device; a step scheduler decides what it runs.
+"""The shared inference core: one worker owns the device and runs what the step scheduler plans.
 
-Views never touch a model. A service submits a Job whose `request` is plain data; the worker runs
-a loop of steps, and each step:
+Views never touch a model. A service submits a Job whose `request` is plain data. The scheduler
+(webapp/core/scheduler.py) holds the waiting jobs and decides; the worker here runs a loop of turns,
+executing each plan by calling the executors (webapp/core/executors.py, which do the device work):
 
-1. admits waiting jobs of a batched kind (chat on a KV-cached model) while their executor has room;
-2. runs at most one whole job (a Loop-lab run, or a chat reply on a model without a KV cache);
-3. runs one step of every batched executor that has rows (one prefill chunk for a newcomer, one
-   decoding step for every running reply), and retires the rows that finished or were cancelled.
+1. admit the waiting jobs of a batched kind (chat on a KV-cached model) while their executor has room;
+2. run at most one whole job (a Loop-lab run, or a chat reply on a model without a KV cache);
+3. step every batched executor that has rows (each chat model's batch, in the order `to_step` says): its
+   newcomers' prefill passes as `prefill_pass` plans them, then one decoding step for every running
+   reply; and finish the rows that finished or were cancelled.
 
 So a Loop-lab run never waits for a whole chat reply; and a run gives the batch a step every
 BATCH_SLICE_SECONDS (InferenceCore.interleave, called between its loops), so running replies never stall
 for a whole run. Waiting jobs keep their order within their lane (the batch, or the whole jobs), and
-their position is their place in that lane. Executors (webapp/core/executors.py) do the device work.
+their position is their place in that lane.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from webapp.core.executors import BatchedJobs, Executor, StepReport, WholeJobs
 from webapp.core.jobs import CANCELLED, DONE, FAILED, QUEUED, RUNNING, Job, JobCancelled
 from webapp.core.metrics import JobMetrics, StepMetrics
 from webapp.core.refusals import CoreClosed, QueueFull, TooManyFromClient, TooManyJobs
+from webapp.core.scheduler import Scheduler, prefill_pass
 from webapp.core.threads import torch_threads
 
 log = logging.getLogger("glassbox.core")
@@ -52,12 +55,10 @@ class InferenceCore:
         self.max_queue = max_queue
         self.max_jobs_per_owner = max_jobs_per_owner  # 0: no per-owner limit
         self.max_jobs_per_client = max_jobs_per_client  # 0: no per-address limit
-        self._turns: dict[str, int] = {}  # client -> when it last had a job taken (fair order)
-        self._turn = 0
         self.on_shutdown: list[Callable[[], None]] = []  # run once the worker has stopped (e.g. unlock the instance)
         self.warmup_error: str | None = None
         self.ready = threading.Event()  # set once every model has run one warm-up pass
-        self._queue: collections.deque[Job] = collections.deque()  # waiting, in order of submission
+        self.scheduler = Scheduler()  # the waiting jobs, and what runs next (under the lock)
         self._running: dict[str, Job] = {}
         self._jobs: collections.OrderedDict[str, Job] = collections.OrderedDict()
         self._keep_finished = keep_finished
@@ -71,7 +72,6 @@ class InferenceCore:
         self.job_metrics = JobMetrics()  # per-kind outcomes, waits and run times; logs each job
         self.step_metrics = StepMetrics()  # rows per step, step time, prefill tokens, admitted, retired
         self.warmup_seconds: dict[str, float] = {}
-        self.open_streams = 0
         self._last_step = 0.0  # when a batched step last ran (see interleave)
         self._worker_threads = 0
         self._worker = threading.Thread(target=self._work, name="glassbox-core", daemon=True)
@@ -90,9 +90,9 @@ class InferenceCore:
             if (self.max_jobs_per_client and job.client
                     and self._active_jobs(job.client, by="client") >= self.max_jobs_per_client):
                 raise TooManyFromClient()
-            if len(self._queue) >= self.max_queue:
+            if len(self.scheduler) >= self.max_queue:
                 raise QueueFull()
-            self._queue.append(job)
+            self.scheduler.add(job)
             self._jobs[job.id] = job
             self.counters["submitted"] += 1
             job.seq = self.counters["submitted"]
@@ -111,7 +111,7 @@ class InferenceCore:
 
     def queue_length(self) -> int:
         with self._lock:
-            return len(self._queue)
+            return len(self.scheduler)
 
     def running_jobs(self) -> list[Job]:
         with self._lock:
@@ -132,27 +132,15 @@ class InferenceCore:
     def accepting(self) -> bool:
         return not self._closed
 
-    def stream_opened(self, delta: int) -> None:
-        with self._lock:
-            self.open_streams += delta
-
-    def take_stream_slot(self, limit: int) -> bool:
-        """Count one more open stream if fewer than `limit` are open (atomically)."""
-        with self._lock:
-            if self.open_streams >= limit:
-                return False
-            self.open_streams += 1
-            return True
-
     def memory_bytes(self) -> int:
-        return sum(ex.memory_bytes() for ex in self._batched())
+        return sum(ex.memory_bytes() for ex in self._batched().values())
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop taking jobs, cancel every queued and running one, and wait for the worker."""
         with self._lock:
             self._closed = True
             self.closing.set()
-            pending = list(self._queue) + list(self._running.values())
+            pending = self.scheduler.waiting() + list(self._running.values())
             self._lock.notify_all()
         for job in pending:
             job.cancel()
@@ -168,20 +156,18 @@ class InferenceCore:
         while True:
             self._retry_saves()
             waited = time.perf_counter()
-            plan = self._plan()
+            turn = self._next_turn()
             spent("waiting", time.perf_counter() - waited)
-            if plan is None:
+            if turn is None:
                 return
-            admitted, whole = plan
+            admitted, whole = turn
             started = time.perf_counter()
             for job in admitted:
                 self._admit(job)
             spent("admit", time.perf_counter() - started)
             if whole is not None:
                 self._run_whole(whole)
-            for executor in self._batched():
-                if executor.rows:
-                    self._step(executor)
+            self._step_batches()
 
     def _warm_up(self) -> None:
         import torch
@@ -199,16 +185,16 @@ class InferenceCore:
             self.warmup_error = f"{type(error).__name__}: {error}"
             log.exception("model warm-up failed")
 
-    def _batched(self) -> list[BatchedJobs]:
-        return [ex for ex in self.executors.values() if isinstance(ex, BatchedJobs)]
+    def _batched(self) -> dict[str, BatchedJobs]:
+        return {kind: ex for kind, ex in self.executors.items() if isinstance(ex, BatchedJobs)}
 
-    def _plan(self) -> tuple[list[Job], Job | None] | None:
-        """Under the lock: the jobs to admit to their batches, and the one whole job to run.
+    def _next_turn(self) -> tuple[list[Job], Job | None] | None:
+        """The jobs to admit to their batches, and the one whole job to run, as the scheduler takes them.
         Waits while there is nothing to do; None once closed and idle."""
         with self._lock:
             while True:
                 admitted, whole = self._take(whole_too=True)
-                busy = any(ex.rows for ex in self._batched())
+                busy = any(ex.rows for ex in self._batched().values())
                 if admitted or whole or busy:
                     return admitted, whole
                 if self._closed:
@@ -219,22 +205,12 @@ class InferenceCore:
 
     def _take(self, whole_too: bool) -> tuple[list[Job], Job | None]:
         """Under the lock: take the waiting jobs the batches have room for (and one whole job)."""
-        for job in [j for j in self._queue if j.cancelled]:
-            self._queue.remove(job)
+        for job in self.scheduler.drop_cancelled():
             self._finish_unstarted(job)
-        room = {kind: ex.max_rows - ex.rows for kind, ex in self.executors.items() if isinstance(ex, BatchedJobs)}
-        admitted, whole = [], None
-        for job in self._fair_order():
-            if job.kind in room:
-                if room[job.kind] > 0:
-                    room[job.kind] -= 1
-                    admitted.append(job)
-            elif whole is None and whole_too:
-                whole = job
+        room = {kind: ex.max_rows - ex.rows for kind, ex in self._batched().items()}
+        admitted, whole = self.scheduler.take(room, whole_too)
         for job in admitted + ([whole] if whole else []):
-            self._queue.remove(job)
             self._running[job.id] = job
-            self._took(job)
         self._renumber()
         return admitted, whole
 
@@ -245,52 +221,23 @@ class InferenceCore:
         thread count, as they do outside a run, so a reply's numbers do not depend on where it stepped."""
         if time.perf_counter() - self._last_step < BATCH_SLICE_SECONDS or not self._batched():
             return
-        self.admit_waiting()
+        self._admit_waiting()
         with torch_threads(self._worker_threads):
-            for executor in self._batched():
-                if executor.rows:
-                    self._step(executor)
+            self._step_batches()
         self._last_step = time.perf_counter()
 
-    def admit_waiting(self) -> None:
-        """On the worker: admit the waiting jobs of a batched kind that their executors have room for (the
-        start of an interleaved step; and within a step, the replies that arrived during its prefill pass)."""
+    def _admit_waiting(self) -> None:
+        """Admit the waiting jobs of a batched kind that their executors have room for (the start of an
+        interleaved step; and within a step, the replies that arrived during its prefill pass)."""
         with self._lock:
             admitted, _ = self._take(whole_too=False)
         for job in admitted:
             self._admit(job)
 
-    def _fair_order(self) -> list[Job]:
-        """The waiting jobs in the order they will be taken: round-robin across clients (by address, else
-        by owner), each client's own jobs oldest first; the client served longest ago goes first (then
-        the one whose oldest job is oldest). So one client's burst cannot push another client's first
-        job behind all of it."""
-        by_client: dict[str, collections.deque[Job]] = {}
-        for job in self._queue:
-            by_client.setdefault(job.client or job.owner, collections.deque()).append(job)
-        clients = sorted(by_client, key=lambda c: self._turns.get(c, 0))  # stable: oldest job breaks ties
-        order, lanes = [], [by_client[c] for c in clients]
-        while lanes:
-            for lane in lanes:
-                order.append(lane.popleft())
-            lanes = [lane for lane in lanes if lane]
-        return order
-
-    def _took(self, job: Job) -> None:
-        """Note that this job's client was served now (under the lock)."""
-        self._turn += 1
-        self._turns[job.client or job.owner] = self._turn
-        if len(self._turns) > 4096:  # bounded: forget clients with nothing waiting (they rank as new)
-            waiting = {j.client or j.owner for j in self._queue}
-            self._turns = {c: t for c, t in self._turns.items() if c in waiting}
-
     def _renumber(self) -> None:
-        """Each waiting job's place in its lane: among the jobs it really waits behind (in fair order)."""
-        places: collections.Counter[str] = collections.Counter()
-        for job in self._fair_order():
-            lane = job.kind if isinstance(self.executors.get(job.kind), BatchedJobs) else "whole"
-            places[lane] += 1
-            job.set_position(places[lane])
+        """Under the lock: each waiting job's place in its lane, as the scheduler counts it."""
+        for job, place in self.scheduler.positions(self._batched()):
+            job.set_position(place)
 
     def _admit(self, job: Job) -> None:
         job.set_state(RUNNING)
@@ -303,13 +250,35 @@ class InferenceCore:
             log.exception("admitting job %s (%s) failed", job.id, job.kind)
             self._finish(job, FAILED, str(exc) or type(exc).__name__)
 
+    def _step_batches(self) -> None:
+        """One step of each batched executor the scheduler says steps this turn."""
+        batched = self._batched()
+        for kind in self.scheduler.to_step({k: ex.rows for k, ex in batched.items()}):
+            self._step(batched[kind])
+
     def _step(self, executor: BatchedJobs) -> None:
+        """One step of a batched executor, as the scheduler plans it: a prefill pass for the newcomers
+        `prefill_pass` picks; if one ran, the replies that arrived during it are admitted and a second
+        pass prefills those that still fit in the step's one chunk's worth of tokens, so a first token
+        waits for the pass under way, not for a whole step; then the rest of the step (decoding)."""
         started = self._last_step = time.perf_counter()
+        report = StepReport()
         try:
-            report = executor.step(self)
+            executor.begin_step()
+            first = prefill_pass(executor.newcomers(), executor.decoding())
+            if first.rows:
+                report.add(executor.prefill(first.rows, self))
+                seen = {row.id for row in executor.newcomers()}
+                admitting = time.perf_counter()
+                self._admit_waiting()
+                report.spent("admit", time.perf_counter() - admitting)
+                late = [row for row in executor.newcomers() if row.id not in seen]
+                second = prefill_pass(late, True, used=first.tokens)
+                if second.rows:
+                    report.add(executor.prefill(second.rows, self))
+            report.add(executor.step(self))
         except Exception:  # an executor must report its rows' failures; never let the worker die
             log.exception("batched step failed")
-            report = StepReport()
         ended = time.perf_counter()
         self.step_metrics.observe(report, ended - started)
         for finished in report.finished:

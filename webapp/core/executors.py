@@ -1,13 +1,16 @@
 """What the core's worker executes: one executor per kind of job, given by the app at start-up.
 
-The core decides what runs at each step; an executor knows how to run one kind of request on the
-device. Two kinds, told apart by type:
+The core decides what runs at each step (its scheduler plans, its worker calls the executors); an
+executor knows how to run one kind of request on the device. Two kinds, told apart by type:
 
 - `WholeJobs`: a job runs from start to end in one call (a Loop-lab run; a chat reply on a model
   without a KV cache). One at a time, between the batched steps.
 - `BatchedJobs`: jobs are rows of a batch. The core admits waiting jobs while there is room, then
-  calls `step()` again and again; each step does a bounded amount of work for every row (a prefill
-  chunk for one newcomer, one decoding step for all) and reports the rows that finished.
+  steps it again and again; each step does a bounded amount of work for every row and reports the rows
+  that finished. A step is driven by the worker, in phases: `begin_step()`; the prefill passes the
+  scheduler plans on `newcomers()` (`prefill(ids)`: the next chunk of each of those rows); then
+  `step()`: one decoding step for every decoding row, and the retired rows. The executor runs what it
+  is told: which newcomers prefill, and when, is the scheduler's (webapp/core/scheduler.py).
 
 Executors run on the worker thread only; they never see Flask, and they publish to their jobs with
 `job.keep(...)` (a cancelled job is retired by the executor at its next step).
@@ -16,10 +19,12 @@ Executors run on the worker thread only; they never see Flask, and they publish 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from webapp.core.jobs import Job
+from webapp.core.scheduler import Newcomer
 
 
 class Worker(Protocol):
@@ -30,9 +35,6 @@ class Worker(Protocol):
 
     def interleave(self) -> None:
         """Between a whole job's units of work: let the batch take a step when it is due."""
-
-    def admit_waiting(self) -> None:
-        """Within a batched step: admit the waiting jobs its executor has room for now (executor.admit)."""
 
 
 class WholeJobs(ABC):
@@ -56,6 +58,17 @@ class StepReport:
     # seconds of the step spent per phase ("prefill", "decode", "publish"): where the worker's time goes
     phases: dict[str, float] = field(default_factory=dict)
 
+    def spent(self, phase: str, seconds: float) -> None:
+        self.phases[phase] = self.phases.get(phase, 0.0) + seconds
+
+    def add(self, other: StepReport) -> None:
+        """Count another phase of the same step in this report."""
+        self.finished += other.finished
+        self.rows += other.rows
+        self.prefill_tokens += other.prefill_tokens
+        for phase, seconds in other.phases.items():
+            self.spent(phase, seconds)
+
 
 class BatchedJobs(ABC):
     max_rows: int
@@ -69,9 +82,26 @@ class BatchedJobs(ABC):
     def admit(self, job: Job) -> None:
         """Take a job into the batch (its work starts at the next step)."""
 
+    def begin_step(self) -> None:  # noqa: B027 (a hook: most executors have nothing to start)
+        """Start a step: the rows whose jobs were cancelled stop (step() retires them)."""
+
+    def newcomers(self) -> list[Newcomer]:
+        """The rows still prefilling their prompts, in order of admission, as the scheduler plans on them
+        (none where the executor prefills nothing)."""
+        return []
+
+    def decoding(self) -> bool:
+        """Whether a row is decoding (then a step's prefill must not stall it for long)."""
+        return False
+
+    def prefill(self, rows: Sequence[str], core: Worker) -> StepReport:
+        """One prefill pass within a step: the next chunk of each of these rows (ids from newcomers())."""
+        raise NotImplementedError(f"{type(self).__name__} has no rows to prefill")
+
     @abstractmethod
     def step(self, core: Worker) -> StepReport:
-        """Do one bounded step of work for the rows; report the ones that finished."""
+        """The rest of the step, after its prefill passes: one bounded step of work for the rows (one
+        decoding step for every decoding row); report the ones that finished."""
 
     def memory_bytes(self) -> int:
         """Device memory the executor holds for rows and kept caches (for /metrics)."""

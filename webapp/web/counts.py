@@ -89,3 +89,23 @@ class BulkShare:
     def give_back(self) -> None:
         with self._lock:
             self.held -= 1
+
+
+class OpenStreams:
+    """How many stream slots are held, of GLASSBOX_MAX_STREAMS (what /metrics shows as glassbox_open_streams)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def take(self, limit: int) -> bool:
+        """Count one more open stream if fewer than `limit` are open (atomically)."""
+        with self._lock:
+            if self.count >= limit:
+                return False
+            self.count += 1
+            return True
+
+    def give_back(self) -> None:
+        with self._lock:
+            self.count -= 1

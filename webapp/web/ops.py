@@ -12,6 +12,7 @@ from webapp.core import InferenceCore
 from webapp.core.metrics import OUTCOMES, LatencyHistogram, gauge, head
 from webapp.web import get_core
 from webapp.web.state import glassbox
+from webapp.web.streams import OpenStreams, open_streams
 
 bp = Blueprint("ops", __name__)
 
@@ -38,7 +39,7 @@ def readyz():
 
 @bp.get("/metrics")
 def metrics():
-    body = exposition(get_core(), glassbox().latency)
+    body = exposition(get_core(), glassbox().latency, open_streams())
     return Response(body, mimetype="text/plain; version=0.0.4")
 
 
@@ -48,13 +49,13 @@ def thread_counts() -> dict[str, int]:
     return {"request_pool": pool, "other": threading.active_count() - pool}
 
 
-def exposition(core: InferenceCore, latency: LatencyHistogram) -> str:
+def exposition(core: InferenceCore, latency: LatencyHistogram, streams: OpenStreams) -> str:
     counters = dict(core.counters)
     lines = (gauge("glassbox_queue_length", core.queue_length(), "Jobs waiting for the device")
              + gauge("glassbox_running_jobs", len(core.running_jobs()), "Jobs running (batched replies, whole runs)")
              + gauge("glassbox_kv_cache_bytes", core.memory_bytes(),
                       "KV-cache memory: running replies and kept prefixes")
-             + gauge("glassbox_open_streams", core.open_streams, "Open SSE streams, each holding a thread")
+             + gauge("glassbox_open_streams", streams.count, "Open SSE streams, each holding a thread")
              + gauge("glassbox_ready", int(core.ready.is_set()), "1 once the models are loaded and warmed up")
              + gauge("glassbox_accepting_jobs", int(core.accepting), "0 once shutdown has begun")
              + head("glassbox_threads", "gauge", "Python threads of the process"))

@@ -19,7 +19,7 @@ from webapp.core.metrics import LatencyHistogram
 from webapp.db import AnyDatabase
 from webapp.instance import InstanceLock, NoLock
 from webapp.web.api_keys import ApiKeys
-from webapp.web.counts import BulkShare, ClientStreams, NewSessions
+from webapp.web.counts import BulkShare, ClientStreams, NewSessions, OpenStreams
 
 Service = TypeVar("Service")
 
@@ -37,6 +37,7 @@ class Glassbox:
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)  # of the pages and API calls (/metrics)
     client_streams: ClientStreams = field(default_factory=ClientStreams)  # webapp/web/streams.py
     bulk_streams: BulkShare = field(default_factory=BulkShare)
+    open_streams: OpenStreams = field(default_factory=OpenStreams)  # of GLASSBOX_MAX_STREAMS
 
     def service(self, kind: type[Service]) -> Service:
         """The service of that class create_app built."""

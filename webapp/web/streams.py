@@ -15,10 +15,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from flask import Response, abort, current_app, request, stream_with_context
+from flask import Flask, Response, abort, current_app, request, stream_with_context
 
-from webapp.web import get_core
-from webapp.web.counts import BulkShare, ClientStreams
+from webapp.web.counts import BulkShare, ClientStreams, OpenStreams
 from webapp.web.state import glassbox
 
 STREAMS_FULL = "Too many open streams; reload the page in a moment."
@@ -30,18 +29,23 @@ STREAMS_PER_CLIENT = ("This address already holds {n} open streams (GLASSBOX_MAX
                       "Close a tab, or wait for a reply to end.")
 
 
+def open_streams(app: Flask | None = None) -> OpenStreams:
+    """The app's count of open streams, of GLASSBOX_MAX_STREAMS (the current app's unless given)."""
+    return glassbox(app).open_streams
+
+
 class StreamSlot:
     """One slot, released exactly once whichever exit path gets there first (the body's end, the
     server closing a response whose body never ran, an exception in a no-JavaScript wait)."""
 
-    def __init__(self, core, clients: ClientStreams | None = None, client: str = "",
+    def __init__(self, streams: OpenStreams, clients: ClientStreams | None = None, client: str = "",
                  bulk: BulkShare | None = None) -> None:
-        self._core, self._clients, self._client, self._bulk = core, clients, client, bulk
+        self._streams, self._clients, self._client, self._bulk = streams, clients, client, bulk
         self._released = threading.Lock()
 
     def release(self) -> None:
         if self._released.acquire(blocking=False):
-            self._core.stream_opened(-1)
+            self._streams.give_back()
             if self._clients is not None:
                 self._clients.give_back(self._client)
             if self._bulk is not None:
@@ -58,7 +62,7 @@ def take_slot(bulk: bool = False) -> StreamSlot:
     """A slot, or a 503 with Retry-After (pages.http_error adds it to every 503) when none is free.
     Take it before queueing anything, so a refusal leaves nothing behind. `bulk`: a replay or a
     non-streamed API call, which also needs one of GLASSBOX_MAX_BULK_STREAMS."""
-    core, settings = get_core(), current_app.config["GLASSBOX"]
+    streams, settings = open_streams(), current_app.config["GLASSBOX"]
     clients = glassbox().client_streams
     share = glassbox().bulk_streams if bulk else None
     client = request.remote_addr or ""
@@ -67,12 +71,12 @@ def take_slot(bulk: bool = False) -> StreamSlot:
     if share is not None and not share.take(settings.max_bulk_streams):
         clients.give_back(client)
         abort(503, BULK_FULL)
-    if not core.take_stream_slot(settings.max_streams):
+    if not streams.take(settings.max_streams):
         clients.give_back(client)
         if share is not None:
             share.give_back()
         abort(503, STREAMS_FULL)
-    return StreamSlot(core, clients, client, share)
+    return StreamSlot(streams, clients, client, share)
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from tests.chat.decode.test_generate import TINY, tiny
 from tests.conftest import wait_for
 from tests.support.executors import FunctionJobs
 from webapp.chat.decode.alone import ChatAlone
-from webapp.chat.decode.batched import ChatBatch, newcomers_this_step
+from webapp.chat.decode.batched import ChatBatch
 from webapp.chat.decode.generate import Sequence, generate, prefill_chunk
 from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.types import ChatRequest, SamplingParams
@@ -23,6 +23,7 @@ from webapp.chat.model.loading import load_chat_model
 from webapp.chat.model.precision import apply_precision
 from webapp.core import InferenceCore, Job
 from webapp.core.jobs import CANCELLED, DONE
+from webapp.core.scheduler import Newcomer, prefill_pass
 
 BUNDLED = Path(__file__).resolve().parents[3] / "models/chat/model.safetensors"
 LONG = dataclasses.replace(TINY, block_size=512)
@@ -309,6 +310,13 @@ def test_a_step_prefills_newcomers_within_one_chunks_worth_of_tokens(monkeypatch
     lengths = [3 * chunk, chunk // 2, chunk, chunk // 4, chunk // 4]
     rows = [(Job("chat", f"u{i}"), Sequence(loaded, tuple(range(1, n + 1)), params))
             for i, n in enumerate(lengths)]
+
+    def newcomers_this_step(rows, others_decoding):  # the scheduler's plan, on the rows as plain data
+        seqs = {job.id: seq for job, seq in rows}
+        planned = prefill_pass([Newcomer(job.id, len(seq.todo), seq.chunk) for job, seq in rows], others_decoding)
+        assert planned.tokens == sum(len(seqs[row].next_chunk) for row in planned.rows)
+        return [(row, seqs[row]) for row in planned.rows]
+
     assert [len(seq.next_chunk) for _, seq in newcomers_this_step(rows, True)] == [chunk]  # the oldest fills it
     rows[0][1].todo = rows[0][1].todo[:chunk // 4]  # now it needs a quarter of a chunk
     chosen = [len(seq.next_chunk) for _, seq in newcomers_this_step(rows, True)]

@@ -1,17 +1,18 @@
 """Chat replies on the core's worker, batched: the executor for a model with a KV cache.
 
 `ChatBatch` is the core's executor for chat on a model with a KV cache (webapp/core/executors.py):
-every running reply is a row (a `Sequence`). Each step it retires cancelled rows, runs one prefill
-chunk for the oldest newcomer and for the next ones that fit beside it in one chunk's worth of tokens
-(for every newcomer when no row is decoding; side by side in one pass where the model can), and one
-decoding step for every row that is decoding, reading the weights once for all of them. Each row keeps
-its own sampling settings, generator, KV cache and text decoder, so a reply is the same, token for
-token, as the same reply generated alone.
+every running reply is a row (a `Sequence`). It runs what the core's worker tells it, step by step:
+the prefill passes the scheduler plans for its newcomers (`newcomers()`, plain data; each pass runs
+the next chunk of the rows it names, side by side in one pass where the model can), then one decoding
+step for every row that is decoding, reading the weights once for all of them, and retires the rows
+that finished, failed or were cancelled. Each row keeps its own sampling settings, generator, KV cache
+and text decoder, so a reply is the same, token for token, as the same reply generated alone.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence as Seq
 
 from webapp.chat.decode.generate import Piece, Sequence, decode_step
 from webapp.chat.decode.prefill import prefill_step
@@ -21,6 +22,7 @@ from webapp.chat.decode.types import ChatRequest
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.core.executors import BatchedJobs, Finished, StepReport, Worker
 from webapp.core.jobs import CANCELLED, DONE, FAILED, Job
+from webapp.core.scheduler import Newcomer
 from webapp.core.threads import torch_threads
 
 
@@ -33,6 +35,7 @@ class ChatBatch(BatchedJobs):
         self.prefix = prefix_cache_for(loaded.model)
         self.prefix.budget_bytes = kv_cache_bytes
         self._rows: dict[str, tuple[Job, Sequence]] = {}  # in order of admission
+        self._errors: dict[str, str] = {}  # this step's failed rows, by job id: retired at its end
 
     @property
     def rows(self) -> int:
@@ -48,55 +51,52 @@ class ChatBatch(BatchedJobs):
                                             odds=request.odds, forced=request.forced,
                                             forced_odds=request.forced_odds))
 
-    def step(self, core: Worker) -> StepReport:
-        report, errors = StepReport(), dict[str, str]()
-        rows = list(self._rows.values())
-        for job, seq in rows:
+    def begin_step(self) -> None:
+        self._errors = {}
+        for job, seq in self._rows.values():
             if job.cancelled:
                 seq.cancel()
-        clock = time.perf_counter()
+
+    def newcomers(self) -> list[Newcomer]:
+        return [Newcomer(job.id, len(seq.todo), seq.chunk) for job, seq in self._rows.values()
+                if seq.prefilling and job.id not in self._errors]
+
+    def decoding(self) -> bool:
+        return any(seq.decoding for _, seq in self._rows.values())
+
+    def prefill(self, rows: Seq[str], core: Worker) -> StepReport:
+        """One prefill pass for these newcomers, their first tokens published at once."""
+        report, clock = StepReport(), time.perf_counter()
+        newcomers = [self._rows[row] for row in rows]
+        report.prefill_tokens = sum(len(seq.next_chunk) for _, seq in newcomers)
         with torch_threads(self.loaded.torch_threads):
-            decoding = any(seq.decoding for _, seq in rows)
-            used, clock = self._prefill(newcomers_this_step([r for r in rows if r[1].prefilling], decoding),
-                                        report, errors, core, clock)
-            if used:
-                # A reply that arrived during that pass need not wait a whole step: it is admitted now and,
-                # while the step's prefill stays within one chunk's worth of tokens, prefilled before the
-                # decoding pass, so its first token waits for one pass at most, not for a step.
-                seen = {job.id for job, _ in rows}
-                core.admit_waiting()
-                clock = _spent(report, "admit", clock)
-                rows = list(self._rows.values())
-                late = [(job, seq) for job, seq in rows if job.id not in seen and seq.prefilling]
-                _, clock = self._prefill(newcomers_this_step(late, True, used=used), report, errors, core, clock)
-            decoding_rows = [(job, seq) for job, seq in rows if seq.decoding and job.id not in errors]
-            if decoding_rows:
+            failed = prefill_step(self.loaded.model, [seq for _, seq in newcomers])
+        self._errors.update({newcomers[i][0].id: _message(exc) for i, exc in failed.items()})
+        clock = _spent(report, "prefill", clock)
+        for job, seq in newcomers:  # their first tokens now, not after the decoding pass
+            self._publish(job, seq.drain(), core)
+        _spent(report, "publish", clock)
+        return report
+
+    def step(self, core: Worker) -> StepReport:
+        report, errors = StepReport(), self._errors
+        rows = list(self._rows.values())
+        clock = time.perf_counter()
+        decoding_rows = [(job, seq) for job, seq in rows if seq.decoding and job.id not in errors]
+        if decoding_rows:
+            with torch_threads(self.loaded.torch_threads):
                 try:
                     decode_step(self.loaded.model, [seq for _, seq in decoding_rows])
                     report.rows = len(decoding_rows)
                 except Exception as exc:  # the step failed for every row in it
                     errors.update({job.id: _message(exc) for job, _ in decoding_rows})
-                clock = _spent(report, "decode", clock)
+            clock = _spent(report, "decode", clock)
         for job, seq in rows:
             self._publish(job, seq.drain(), core)
             if seq.finished or job.id in errors:
                 report.finished.append(self._retire(job, seq, errors.get(job.id), core))
         _spent(report, "publish", clock)
         return report
-
-    def _prefill(self, newcomers: list[tuple[Job, Sequence]], report: StepReport, errors: dict[str, str],
-                 core: Worker, clock: float) -> tuple[int, float]:
-        """One prefill pass for these newcomers, their first tokens published at once -> (tokens, clock)."""
-        if not newcomers:
-            return 0, clock
-        tokens = sum(len(seq.next_chunk) for _, seq in newcomers)
-        report.prefill_tokens += tokens
-        failed = prefill_step(self.loaded.model, [seq for _, seq in newcomers])
-        errors.update({newcomers[i][0].id: _message(exc) for i, exc in failed.items()})
-        clock = _spent(report, "prefill", clock)
-        for job, seq in newcomers:  # their first tokens now, not after the decoding pass
-            self._publish(job, seq.drain(), core)
-        return tokens, _spent(report, "publish", clock)
 
     def _publish(self, job: Job, pieces: list[Piece], core: Worker) -> None:
         for piece in pieces:
@@ -108,30 +108,6 @@ class ChatBatch(BatchedJobs):
         if error is not None:
             return Finished(job, FAILED, error)
         return Finished(job, CANCELLED if seq.stop_reason == "cancelled" else DONE)
-
-
-def newcomers_this_step(newcomers: list[tuple[Job, Sequence]], others_decoding: bool,
-                        used: int = 0) -> list[tuple[Job, Sequence]]:
-    """The newcomers that prefill a chunk in this step, each cut exactly as alone. While other rows are
-    decoding: the oldest, and after it the next ones whose chunks still fit in one chunk's worth of tokens
-    (its `chunk`), so a step never stalls the running rows for more than about one chunk of work, while a
-    crowd of short prompts is still prefilled together instead of one a step. With no row decoding there
-    is nobody to stall: every newcomer's next chunk runs, and a crowd arriving at an idle batch gets its
-    first tokens together, after one pass, rather than each after the others' steps. `used`: tokens this
-    step already prefilled (then even the oldest must fit)."""
-    if not others_decoding:
-        return newcomers
-    if not newcomers:
-        return []
-    budget = newcomers[0][1].chunk
-    chosen: list[tuple[Job, Sequence]] = []
-    for job, seq in newcomers:
-        tokens = len(seq.next_chunk)
-        if (chosen or used) and used + tokens > budget:
-            continue  # a shorter one behind it may still fit
-        chosen.append((job, seq))
-        used += tokens
-    return chosen
 
 
 def _spent(report: StepReport, phase: str, since: float) -> float:

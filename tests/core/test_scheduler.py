@@ -1,0 +1,122 @@
+"""The step scheduler on plain data: fair order, positions per lane, admission given each batch's room,
+which models step, and each step's prefill passes; and the worker carrying out its plan."""
+
+import threading
+
+from tests.conftest import wait_for
+from tests.support.executors import FunctionJobs
+from webapp.core import InferenceCore, Job
+from webapp.core.executors import BatchedJobs, Finished, StepReport
+from webapp.core.jobs import DONE
+from webapp.core.scheduler import Newcomer, Scheduler, prefill_pass
+
+
+def job(kind: str, client: str) -> Job:
+    return Job(kind, "owner", client=client)
+
+
+def test_a_burst_from_one_client_does_not_push_anothers_first_job_behind_it():
+    scheduler = Scheduler()
+    burst = [job("chat", "a") for _ in range(3)]
+    for j in burst:
+        scheduler.add(j)
+    other = job("chat", "b")
+    scheduler.add(other)
+    assert scheduler.fair_order() == [burst[0], other, burst[1], burst[2]]
+    admitted, whole = scheduler.take({"chat": 1}, whole_too=True)
+    assert admitted == [burst[0]] and whole is None
+    assert scheduler.fair_order() == [other, burst[1], burst[2]]  # "a" was served last: "b" goes first
+    assert len(scheduler) == 3
+
+
+def test_positions_count_only_the_jobs_of_the_same_lane():
+    scheduler = Scheduler()
+    jobs = [job("chat", "a"), job("loops", "b"), job("chat:small", "c"), job("chat", "d"), job("loops", "e")]
+    for j in jobs:
+        scheduler.add(j)
+    places = {j.id: place for j, place in scheduler.positions({"chat", "chat:small"})}
+    assert [places[j.id] for j in jobs] == [1, 1, 1, 2, 2]
+
+
+def test_admission_fills_each_batchs_room_and_takes_one_whole_job():
+    scheduler = Scheduler()
+    jobs = [job("chat", "a"), job("chat", "b"), job("loops", "c"), job("chat:small", "d"), job("loops", "e")]
+    for j in jobs:
+        scheduler.add(j)
+    admitted, whole = scheduler.take({"chat": 1, "chat:small": 2}, whole_too=False)
+    assert admitted == [jobs[0], jobs[3]] and whole is None  # no whole job while one is not wanted
+    admitted, whole = scheduler.take({"chat": 0, "chat:small": 2}, whole_too=True)
+    assert admitted == [] and whole is jobs[2]
+    assert scheduler.waiting() == [jobs[1], jobs[4]]
+
+
+def test_cancelled_waiting_jobs_are_dropped():
+    scheduler = Scheduler()
+    kept, gone = job("chat", "a"), job("chat", "b")
+    scheduler.add(kept), scheduler.add(gone)
+    gone.cancel()
+    assert scheduler.drop_cancelled() == [gone] and scheduler.waiting() == [kept]
+
+
+def test_every_model_with_rows_steps_once_a_turn_and_the_first_place_goes_round():
+    scheduler = Scheduler()
+    rows = {"chat": 2, "chat:b": 1, "chat:c": 0, "chat:d": 3}
+    turns = [scheduler.to_step(rows) for _ in range(4)]
+    assert turns == [["chat", "chat:b", "chat:d"], ["chat:b", "chat:d", "chat"], ["chat:d", "chat", "chat:b"],
+                     ["chat", "chat:b", "chat:d"]]
+    assert scheduler.to_step({"chat": 0, "chat:b": 0}) == []
+
+
+def test_a_prefill_pass_stays_within_one_chunks_worth_while_rows_decode():
+    rows = [Newcomer("old", 300, 128), Newcomer("half", 64, 128), Newcomer("whole", 128, 128),
+            Newcomer("quarter", 32, 128)]
+    assert prefill_pass(rows, others_decoding=True) == prefill_pass(rows[:1], True)  # the oldest fills it
+    assert prefill_pass(rows, True).tokens == 128
+    assert prefill_pass(rows[1:], True).rows == ("half", "quarter")  # the whole chunk behind them waits
+    assert prefill_pass(rows, False).rows == ("old", "half", "whole", "quarter")  # nobody to stall: all
+    assert prefill_pass(rows, False).tokens == 128 + 64 + 128 + 32
+    # a second pass in the same step: only what still fits beside what the first one ran
+    assert prefill_pass(rows[1:], True, used=64).rows == ("half",)
+    assert prefill_pass(rows[2:], True, used=120).rows == ()
+    assert prefill_pass([], True) == prefill_pass([], False)
+
+
+class Rows(BatchedJobs):
+    """A batched executor whose rows each need `steps` steps; it records the order it stepped in."""
+
+    def __init__(self, name: str, log: list[str], steps: int = 3) -> None:
+        self.name, self.log, self.steps, self.max_rows = name, log, steps, 4
+        self._left: dict[str, tuple[Job, int]] = {}
+
+    @property
+    def rows(self) -> int:
+        return len(self._left)
+
+    def admit(self, job: Job) -> None:
+        self._left[job.id] = (job, self.steps)
+
+    def step(self, core) -> StepReport:
+        self.log.append(self.name)
+        report = StepReport(rows=len(self._left))
+        for key, (j, left) in list(self._left.items()):
+            if left == 1:
+                del self._left[key]
+                report.finished.append(Finished(j, DONE))
+            else:
+                self._left[key] = (j, left - 1)
+        return report
+
+
+def test_the_worker_steps_each_model_with_rows_in_turn():
+    log: list[str] = []
+    gate = threading.Event()
+    core = InferenceCore({}, {"a": Rows("a", log), "b": Rows("b", log), "gate": FunctionJobs()})
+    try:
+        core.submit(Job("gate", "o", lambda job, core: gate.wait(5)))  # both replies are admitted in one turn
+        jobs = [core.submit(Job("a", "o")), core.submit(Job("b", "o"))]
+        gate.set()
+        assert wait_for(lambda: all(j.state == DONE for j in jobs))
+    finally:
+        core.shutdown(timeout=5)
+    assert log == ["a", "b", "b", "a", "a", "b"]  # each model once a turn; the first place goes round
+
