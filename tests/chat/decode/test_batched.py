@@ -19,6 +19,7 @@ from webapp.chat.decode.generate import Sequence, generate, prefill_chunk
 from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.types import ChatRequest, SamplingParams
 from webapp.chat.model import kernels
+from webapp.chat.model.gpt import Chunk
 from webapp.chat.model.loading import load_chat_model
 from webapp.chat.model.precision import apply_precision
 from webapp.core import InferenceCore, Job
@@ -112,7 +113,7 @@ def rows_alone_and_together(model):
     caches, last = [], []
     for prompt in prompts:
         cache = model.new_cache(1, 512)
-        model.forward_cached(torch.tensor([prompt[:-1]]), cache, 0, logits=False)
+        model.prefill([Chunk(prompt[:-1], cache, 0, logits=False)])
         caches.append(cache)
         last.append(prompt[-1])
     positions = [len(p) - 1 for p in prompts]
@@ -147,8 +148,8 @@ def test_a_newcomers_prefill_is_chunked_between_the_others_steps(monkeypatch):
     monkeypatch.setattr("webapp.chat.decode.generate.PREFILL_FLOPS", 0.0)  # the smallest chunks
     chunk = prefill_chunk(loaded.model)
     core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 4, 2**30)})
-    order, original = [], loaded.model.forward_cached
-    loaded.model.forward_cached = lambda idx, *a, **k: order.append(("prefill", idx.size(1))) or original(idx, *a, **k)
+    order, original = [], loaded.model.prefill
+    loaded.model.prefill = lambda chunks: order.extend(("prefill", len(c.ids)) for c in chunks) or original(chunks)
     step = loaded.model.decode_step
     loaded.model.decode_step = lambda idx, *a: order.append(("decode", idx.size(0))) or step(idx, *a)
     try:
@@ -326,13 +327,13 @@ def test_a_reply_arriving_during_a_prefill_pass_is_prefilled_before_that_steps_d
     first = Job("chat", "a", ChatRequest((1, 2, 3), SamplingParams(200, 0.0, 0)))
     early = Job("chat", "b", ChatRequest((4, 5, 6, 7), SamplingParams(6, 0.0, 0)))
     late = Job("chat", "c", ChatRequest((8, 9, 10, 11, 12), SamplingParams(6, 0.0, 0)))
-    order, prefill, step = [], loaded.model.forward_cached, loaded.model.decode_step
+    order, prefill, step = [], loaded.model.prefill, loaded.model.decode_step
 
-    def prefilling(idx, *a, **k):
-        order.append(("prefill", idx[0, 0].item()))
-        if idx[0, 0].item() == 4:  # the early newcomer's pass: the late one arrives meanwhile
+    def prefilling(chunks):
+        order.extend(("prefill", chunk.ids[0]) for chunk in chunks)
+        if chunks[0].ids[0] == 4:  # the early newcomer's pass: the late one arrives meanwhile
             core.submit(late)
-        return prefill(idx, *a, **k)
+        return prefill(chunks)
 
     def decoding(idx, *a):
         order.append(("decode", idx.size(0)))
@@ -341,7 +342,7 @@ def test_a_reply_arriving_during_a_prefill_pass_is_prefilled_before_that_steps_d
     try:
         core.submit(first)
         assert wait_for(lambda: len(getattr(first.result, "token_ids", [])) >= 2)
-        loaded.model.forward_cached, loaded.model.decode_step = prefilling, decoding
+        loaded.model.prefill, loaded.model.decode_step = prefilling, decoding
         core.submit(early)
         drain(early)
         drain(late)
@@ -349,7 +350,7 @@ def test_a_reply_arriving_during_a_prefill_pass_is_prefilled_before_that_steps_d
         drain(first)
     finally:
         core.shutdown()
-        del loaded.model.forward_cached, loaded.model.decode_step
+        del loaded.model.prefill, loaded.model.decode_step
     at = order.index(("prefill", 4))
     assert order[at + 1:at + 3] == [("prefill", 8), ("decode", 3)]  # no decoding pass between the two
     for job in (early, late):

@@ -88,7 +88,7 @@ def test_a_failed_generation_drops_the_cache():
     def boom(module, args, output):
         raise RuntimeError("device lost")
 
-    handle = loaded.model.transformer.h[1].register_forward_hook(boom)
+    handle = loaded.model.transformer.h[1].attn.c_attn.register_forward_hook(boom)  # mid-forward
     with pytest.raises(RuntimeError, match="device lost"):
         reply(loaded, prompt + [1, 2], prefix)
     handle.remove()

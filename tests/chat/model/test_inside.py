@@ -12,7 +12,7 @@ from torch.nn import functional as F
 
 from webapp.chat.decode.inside import InsideRequest, inside_report
 from webapp.chat.decode.prefix_cache import prefix_cache_for
-from webapp.chat.model.gpt import GPT, GPTConfig
+from webapp.chat.model.gpt import GPT, Chunk, GPTConfig
 from webapp.chat.model.inside import look_inside
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.tokenizer import ByteTokenizer
@@ -90,7 +90,7 @@ def test_a_kept_kv_cache_gives_the_same_lens_and_attention_as_running_the_whole_
     cold = inside_report(loaded, InsideRequest(tuple(ids), ids[0], 0))
     cache = model.new_cache()
     with torch.inference_mode():
-        model.forward_cached(torch.tensor([ids[:kept]]), cache, 0, logits=False)
+        model.prefill([Chunk(ids[:kept], cache, 0, logits=False)])
     prefix_cache_for(model).put(cache, ids[:kept])
     warm = inside_report(loaded, InsideRequest(tuple(ids), ids[0], 0))
     assert (cold.reused_positions, warm.reused_positions) == (0, kept)

@@ -42,7 +42,8 @@ from webapp.chat.decode import sampling
 from webapp.chat.decode.odds import TokenOdds, token_odds
 from webapp.chat.decode.prefix_cache import PrefixCache, common_prefix
 from webapp.chat.decode.types import SamplingParams, decode_rate
-from webapp.chat.model.gpt import KVCache
+from webapp.chat.model.edits import Edit
+from webapp.chat.model.gpt import Chunk, KVCache
 from webapp.chat.model.loading import LoadedChatModel
 
 # Prefill runs in chunks, so a cancel lands quickly and, in the batched decoder, so the other replies'
@@ -112,17 +113,18 @@ class Sequence:
 
     def __init__(self, loaded: LoadedChatModel, prompt_ids: Seq[int], params: SamplingParams,
                  prefix: PrefixCache | None = None, odds: bool = False, forced: Seq[int] = (),
-                 forced_odds: Seq[TokenOdds | None] = ()) -> None:
+                 forced_odds: Seq[TokenOdds | None] = (), edit: Edit | None = None) -> None:
         params.check()
         if len(prompt_ids) == 0:
             raise ValueError("prompt_ids is empty")
         self.t0 = time.perf_counter()
-        self.model: Any = loaded.model  # a GPT with a KV cache (new_cache, forward_cached, decode_step)
+        self.model: Any = loaded.model  # a GPT with a KV cache (new_cache, prefill, decode_step)
         self.tok, self.block_size = loaded.tokenizer, loaded.block_size
         weight = next(self.model.parameters())
         self.device = weight.device
         self.dtype = getattr(self.model, "kv_dtype", None) or weight.dtype  # its KV cache's (prefix reuse)
         self.params, self.prefix, self.want_odds = params, prefix, odds
+        self.edit = edit  # outputs replaced in every forward of this reply (webapp/chat/model/edits.py)
         self.gen = sampling.generator(self.device, params.seed)
         self.decoder = _TextDecoder()
         self.ids = list(prompt_ids)  # the prompt, then the reply
@@ -195,12 +197,17 @@ class Sequence:
     def prefill_chunk(self) -> int:
         """Run the next chunk of the prompt; after the last one, sample the first token. -> tokens run."""
         piece = self.next_chunk
-        idx = torch.tensor([piece], dtype=torch.long, device=self.device)  # (1, T)
         with torch.inference_mode():
             # chunks before the last skip lm_head: only the prompt's last position needs logits
-            logits = self.model.forward_cached(idx, self.cache, self.position, logits=self.last_chunk)
+            logits = self.model.prefill([self.chunk_to_run])[0]
         self.prefilled(logits)
         return len(piece)
+
+    @property
+    def chunk_to_run(self) -> Chunk:
+        """The next prefill chunk as the model runs it (GPT.prefill), alone or beside other replies'."""
+        assert self.cache is not None  # a reply still prefilling has its cache
+        return Chunk(self.next_chunk, self.cache, self.position, self.last_chunk, self.edit)
 
     @property
     def next_chunk(self) -> list[int]:
@@ -280,7 +287,8 @@ def decode_step(model: Any, seqs: list[Sequence]) -> None:
     """One token for every decoding Sequence at once: the weights are read once for all rows."""
     idx = torch.cat([s.next_token for s in seqs if s.next_token is not None])  # (B, 1)
     with torch.inference_mode():
-        logits = model.decode_step(idx, [s.cache for s in seqs], [s.position for s in seqs])  # (B, V)
+        logits = model.decode_step(idx, [s.cache for s in seqs], [s.position for s in seqs],
+                                   [s.edit for s in seqs])  # (B, V)
     picks = [s.sample(logits[row:row + 1]) for row, s in enumerate(seqs)]
     for s, next_id, odds in zip(seqs, picks, _odds(seqs, logits, picks)):
         s.cached.append(s.ids[-1])

@@ -39,7 +39,7 @@ class LoadedChatModel:
     model: nn.Module  # eval mode, on its device; model(idx) -> (logits, loss)
     tokenizer: ChatTokenizer
     block_size: int
-    supports_kv_cache: bool  # has forward_cached/new_cache: generate() uses the fast path
+    supports_kv_cache: bool  # has prefill/new_cache: generate() uses the fast path
     checkpoint_id: str  # "model.safetensors@1a2b3c4d5e6f" (file name + sha256 prefix)
     description: str  # one line for the UI/logs: architecture, size, tokenizer, where the config came from
     prompt: PromptBuilder  # few-shot encoded once for this tokenizer and window
@@ -236,7 +236,7 @@ def load_chat_model(checkpoint: str, *, arch: str | None = None, tokenizer_spec:
     apply_precision(model.to(device=dev), precision).eval()
 
     block_size = int(model.config.block_size)
-    kv = callable(getattr(model, "forward_cached", None)) and callable(getattr(model, "new_cache", None))
+    kv = callable(getattr(model, "prefill", None)) and callable(getattr(model, "new_cache", None))
     c = model.config
     has_shape = all(hasattr(c, a) for a in ("n_layer", "n_head", "n_embd"))
     shape = f"{c.n_layer}L/{c.n_head}H/{c.n_embd}d " if has_shape else ""
