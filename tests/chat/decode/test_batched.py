@@ -56,7 +56,7 @@ def batched(loaded, reqs, max_rows=16, cancel=None):
     """Run the requests through a real core with the batched executor; -> (jobs, batch sizes seen)."""
     sizes, original = [], loaded.model.decode_step
     loaded.model.decode_step = lambda idx, *a: sizes.append(idx.size(0)) or original(idx, *a)
-    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, max_rows, 2**30)})
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, max_rows, PrefixCache(2**30))})
     try:
         jobs = [Job("chat", f"user{i}", r) for i, r in enumerate(reqs)]
         for job in jobs:
@@ -147,7 +147,7 @@ def test_a_newcomers_prefill_is_chunked_between_the_others_steps(monkeypatch):
     loaded = tiny(config=LONG, endless=True)
     monkeypatch.setattr("webapp.chat.decode.generate.PREFILL_FLOPS", 0.0)  # the smallest chunks
     chunk = prefill_chunk(loaded.model)
-    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 4, 2**30)})
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 4, PrefixCache(2**30))})
     order, original = [], loaded.model.prefill
     loaded.model.prefill = lambda chunks: order.extend(("prefill", len(c.ids)) for c in chunks) or original(chunks)
     step = loaded.model.decode_step
@@ -170,7 +170,7 @@ def test_a_newcomers_prefill_is_chunked_between_the_others_steps(monkeypatch):
 def test_a_loop_lab_run_does_not_wait_for_a_whole_reply():
     loaded = tiny(config=LONG, endless=True)
     loaded.model.lm_head.register_forward_hook(lambda m, a, out: time.sleep(0.01))
-    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 4, 2**30), "loops": FunctionJobs()})
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 4, PrefixCache(2**30)), "loops": FunctionJobs()})
     try:
         reply = core.submit(Job("chat", "a", ChatRequest((1, 2, 3), SamplingParams(150, 0.0, 0))))
         assert wait_for(lambda: len(getattr(reply.result, "token_ids", [])) >= 2)
@@ -188,7 +188,7 @@ def test_a_loop_lab_run_does_not_wait_for_a_whole_reply():
 def test_positions_count_the_jobs_a_job_really_waits_behind():
     loaded = tiny(config=LONG, endless=True)
     loaded.model.lm_head.register_forward_hook(lambda m, a, out: time.sleep(0.005))
-    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 1, 2**30), "loops": FunctionJobs()})
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 1, PrefixCache(2**30)), "loops": FunctionJobs()})
     try:
         running = core.submit(Job("chat", "a", ChatRequest((1, 2), SamplingParams(400, 0.0, 0))))
         assert wait_for(lambda: running.state == "running")
@@ -226,13 +226,13 @@ def test_kept_caches_are_the_least_recently_used_within_the_budget():
     one = model.new_cache(1, 32).nbytes
     holder = PrefixCache(budget_bytes=2 * one + one // 2)
     for conversation in range(3):
-        holder.put(model.new_cache(1, 32), [conversation, 1, 2, 3])
+        holder.put(model.new_cache(1, 32), [conversation, 1, 2, 3], model)
     assert len(holder) == 2 and holder.evictions == 1 and holder.nbytes == 2 * one
     p = next(model.parameters())
-    assert holder.take([0, 1, 2, 3, 9], p.device, p.dtype) is None  # the oldest was evicted
-    taken = holder.take([2, 1, 2, 9], p.device, p.dtype)
+    assert holder.take([0, 1, 2, 3, 9], p.device, p.dtype, model) is None  # the oldest was evicted
+    taken = holder.take([2, 1, 2, 9], p.device, p.dtype, model)
     assert taken.ids == [2, 1, 2, 3] and len(holder) == 1  # the longest shared prefix, now the caller's
-    assert holder.take([7, 7], p.device, p.dtype) is None  # nothing shared: no entry is spent on it
+    assert holder.take([7, 7], p.device, p.dtype, model) is None  # nothing shared: no entry is spent on it
 
 
 def test_running_replies_keep_stepping_during_a_long_loop_lab_run():
@@ -244,7 +244,7 @@ def test_running_replies_keep_stepping_during_a_long_loop_lab_run():
     loaded = tiny(config=LONG, endless=True)
     runs = bundle(delay=0.02)  # 20 ms a loop: a 100-loop run holds the worker 2 s
     core = InferenceCore({"chat": loaded, "loops": runs},
-                         {"chat": ChatBatch(loaded, 4, 2**30), "loops": LoopRuns(runs)})
+                         {"chat": ChatBatch(loaded, 4, PrefixCache(2**30)), "loops": LoopRuns(runs)})
     try:
         request = ChatRequest((1, 2, 3), SamplingParams(400, 0.0, 0))
         reply = core.submit(Job("chat", "a", request))
@@ -270,7 +270,7 @@ def test_newcomers_arriving_together_prefill_in_one_step_while_the_running_reply
     by the first decoding step after any newcomer's prefill, every newcomer has its first token; the
     running reply got a token in that step too; every reply is the reply alone."""
     loaded = tiny(config=LONG, endless=True)
-    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 8, 2**30)})
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 8, PrefixCache(2**30))})
     newcomers: list[Job] = []
     seen, step = [], loaded.model.decode_step
 
@@ -323,7 +323,7 @@ def test_a_reply_arriving_during_a_prefill_pass_is_prefilled_before_that_steps_d
     """Its first token waits for the pass under way, not for a whole step: it is admitted when the pass
     ends and prefilled before the decoding pass (within the step's one chunk of prefill tokens)."""
     loaded = tiny(config=LONG, endless=True)
-    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 8, 2**30)})
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 8, PrefixCache(2**30))})
     first = Job("chat", "a", ChatRequest((1, 2, 3), SamplingParams(200, 0.0, 0)))
     early = Job("chat", "b", ChatRequest((4, 5, 6, 7), SamplingParams(6, 0.0, 0)))
     late = Job("chat", "c", ChatRequest((8, 9, 10, 11, 12), SamplingParams(6, 0.0, 0)))

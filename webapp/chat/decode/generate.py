@@ -42,7 +42,7 @@ from webapp.chat.decode import sampling
 from webapp.chat.decode.odds import TokenOdds, token_odds
 from webapp.chat.decode.prefix_cache import PrefixCache, common_prefix
 from webapp.chat.decode.types import SamplingParams, decode_rate
-from webapp.chat.model.edits import Edit
+from webapp.chat.model.edits import Edit, variant
 from webapp.chat.model.gpt import Chunk, KVCache
 from webapp.chat.model.loading import LoadedChatModel
 
@@ -183,7 +183,8 @@ class Sequence:
         window = self.ids[-self.block_size:]
         start = 0
         if self.cache is None:
-            entry = self.prefix.take(window, self.device, self.dtype) if self.prefix is not None else None
+            entry = (self.prefix.take(window, self.device, self.dtype, self.model, variant(self.edit))
+                     if self.prefix is not None else None)
             if entry is not None and entry.cache.max_len >= self.block_size:
                 self.cache = entry.cache
                 # at least the last prompt token is run again: its logits give the first reply token
@@ -268,7 +269,7 @@ class Sequence:
         """End the reply: keep its cache for the next turn (not after a failure) -> the last Piece."""
         if self.prefix is not None and self.cache is not None:
             if keep:
-                self.prefix.put(self.cache, self.cached)
+                self.prefix.put(self.cache, self.cached, self.model, variant(self.edit))
             self.prefix.record(self.reused)
         self.cache = None
         self.cancel()
@@ -321,6 +322,7 @@ def generate(
     odds: bool = False,
     forced: Seq[int] = (),
     forced_odds: Seq[TokenOdds | None] = (),
+    edit: Edit | None = None,
 ) -> Pieces:
     """Yield a Piece per sampled token, then a last Piece carrying GenerationStats.
 
@@ -330,6 +332,8 @@ def generate(
     core's worker may pass one, since the cache lives on the device.
     odds: give each Piece the model's odds for its token (webapp/chat/decode/odds.py).
     forced: the reply's first tokens, given rather than sampled (with their odds, where known).
+    edit: heads' and MLPs' outputs replaced in every forward (webapp/chat/model/edits.py); a model with a
+    KV cache only (its prefix cache keeps the edited run's keys and values apart from the plain runs').
     Raises ValueError for arguments out of range, before any work.
     """
     params = SamplingParams(max_new_tokens, temperature, top_k, seed)
@@ -338,8 +342,10 @@ def generate(
         raise ValueError("prompt_ids is empty")
     should_stop = should_stop or (lambda: False)
     if loaded.supports_kv_cache:
-        return _generate_cached(Sequence(loaded, prompt_ids, params, prefix_cache, odds, forced, forced_odds),
+        return _generate_cached(Sequence(loaded, prompt_ids, params, prefix_cache, odds, forced, forced_odds, edit),
                                 should_stop)
+    if edit is not None:
+        raise ValueError("edits need a model with a KV cache (Glassbox's GPT)")
     return _generate_recompute(loaded, list(prompt_ids), params, should_stop, odds, forced, forced_odds)
 
 

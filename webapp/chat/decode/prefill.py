@@ -9,12 +9,12 @@ from typing import Any
 import torch
 
 from webapp.chat.decode.generate import Sequence, prefill_chunk
-from webapp.chat.decode.prefix_cache import prefix_cache_for
+from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.model.gpt import Chunk
 from webapp.chat.model.loading import LoadedChatModel
 
 
-def pin_prompt_head(loaded: LoadedChatModel, head: Seq[int]) -> None:
+def pin_prompt_head(loaded: LoadedChatModel, head: Seq[int], prefix: PrefixCache) -> None:
     """Run the head every prompt starts with (bos and the few-shot turns) once, in the chunks a prompt's
     prefill cuts, and pin its keys and values in the model's prefix cache (PrefixCache.pin): every reply
     then starts from a copy of them and prefills only its own turns. On the worker (at warm-up)."""
@@ -24,7 +24,7 @@ def pin_prompt_head(loaded: LoadedChatModel, head: Seq[int]) -> None:
     with torch.inference_mode():
         for start in range(0, len(head), chunk):
             model.prefill([Chunk(head[start:start + chunk], cache, start, logits=False)])
-    prefix_cache_for(model).pin(cache, head, loaded.block_size)
+    prefix.pin(cache, head, loaded.block_size, model)
 
 
 def prefill_step(model: Any, seqs: list[Sequence]) -> dict[int, Exception]:

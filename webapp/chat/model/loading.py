@@ -21,6 +21,7 @@ import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -47,6 +48,7 @@ class LoadedChatModel:
     n_params: int = 0  # parameters, counted before int8 turns weights into buffers
     torch_threads: int = 0  # intra-op threads for its replies; 0 = the core worker's setting
     remote: bool = False  # replies come from a remote backend (GLASSBOX_CHAT_BACKEND): this model gives the prompts
+    prefix_cache: Any = None  # its replies' kept KV caches: a PrefixCache built at boot (webapp/chat/boot.py)
 
 
 def _file_id(path: Path) -> str:
