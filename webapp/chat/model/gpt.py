@@ -61,7 +61,8 @@ class KVCache:
     each can be kept for its conversation's next turn (webapp/chat/decode/prefix_cache.py).
     """
 
-    def __init__(self, config: GPTConfig, batch: int, max_len: int, device, dtype):
+    def __init__(self, config: GPTConfig, batch: int, max_len: int, device: torch.device | str | None,
+                 dtype: torch.dtype) -> None:
         hs = config.n_embd // config.n_head
         shape = (batch, config.n_head, max_len, hs)
         # empty, not zeros: only positions already written are ever read
@@ -104,8 +105,10 @@ class DecodingLinear:
     bias: Any  # (out,) or None
     scale: torch.Tensor | None  # one per output row, for int8 weights
     matmul: Callable[[torch.Tensor], torch.Tensor]
+    __call__: Callable[..., Tensor]  # nn.Module's, which calls forward()
 
-    def forward(self, x, decode: bool = False, norm=None, gelu: bool = False, residual=None):
+    def forward(self, x: Tensor, decode: bool = False, norm: nn.LayerNorm | None = None, gelu: bool = False,
+                residual: Tensor | None = None) -> Tensor:
         if not decode:
             return self.matmul(x)
         if kernels.supports(x, self.weight):
@@ -131,18 +134,19 @@ class Linear(DecodingLinear, nn.Linear):
 
     scale = None  # WeightOnlyLinear's int8 weights have one per output row; float weights none
 
-    def matmul(self, x):
+    def matmul(self, x: Tensor) -> Tensor:
         if not _batch_invariant(x, self.weight):
             return F.linear(x, self.weight, self.bias)
         return onednn_linear(x, self.weight, self.bias)
 
 
-def onednn_linear(x, weight, bias):
+def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x @ weightᵀ + bias through oneDNN's inner product, one row run as two (see Linear)."""
     rows = x.reshape(-1, x.size(-1))  # (N, C_in)
     n = rows.size(0)
     if n == 1:
         rows = rows.expand(2, -1)
+    y: Tensor
     if rows.dtype == torch.bfloat16 and not _onednn_bfloat16():
         # a CPU without bfloat16 inner products (AVX2 only): the same weights widened exactly to float32,
         # whose inner product computes each row alike too; the result rounded back to bfloat16
@@ -154,7 +158,7 @@ def onednn_linear(x, weight, bias):
     return y[:n].view(*x.shape[:-1], -1)
 
 
-_ONEDNN = torch.backends.mkldnn.is_available()
+_ONEDNN: bool = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
 
 
 @functools.cache
@@ -168,7 +172,7 @@ def _onednn_bfloat16() -> bool:
     return True
 
 
-def _batch_invariant(x, weight) -> bool:
+def _batch_invariant(x: Tensor, weight: Tensor) -> bool:
     """Whether x @ weight.T may take the batch-invariant oneDNN path."""
     return (_ONEDNN and x.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
             and x.dtype == weight.dtype and not torch.is_grad_enabled()
@@ -206,7 +210,7 @@ class CausalSelfAttention(nn.Module):
         """(B, T, 3C) queries, keys and values -> q, k, v, each (B, nh, T, hs)."""
         B, T, C3 = qkv.size()
         C = C3 // 3
-        q, k, v = qkv.split(self.n_embd, dim=2)
+        q, k, v = qkv.split(self.n_embd, dim=2)  # type: ignore[no-untyped-call]
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
@@ -306,7 +310,8 @@ class Block(nn.Module):
     def prefill(self, x: Tensor, chunks: list[Chunk], layer: int) -> Tensor:
         """x (1, ΣT, C): several sequences' prefill chunks side by side (see GPT.prefill)."""
         x = x + self.attn.prefill(self.ln_1(x), chunks, layer)
-        out, row = self.mlp(self.ln_2(x)), 0  # (1, ΣT, C)
+        out: Tensor = self.mlp(self.ln_2(x))  # (1, ΣT, C)
+        row = 0
         for chunk in chunks:
             T = len(chunk.ids)
             if chunk.edit is not None:
@@ -373,7 +378,7 @@ class GPT(nn.Module):
             if name.endswith("c_proj.weight"):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
-    def _init_weights(self, module):
+    def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if module.bias is not None:
@@ -385,12 +390,13 @@ class GPT(nn.Module):
         """Parameters counted once (wte and lm_head share one tensor)."""
         return sum(p.numel() for p in self.parameters())
 
-    def _embed(self, idx, start_pos: int):
+    def _embed(self, idx: Tensor, start_pos: int) -> Tensor:
         B, T = idx.size()
         if start_pos + T > self.config.block_size:
             raise ValueError(f"positions {start_pos}..{start_pos + T - 1} exceed block_size {self.config.block_size}")
         pos = torch.arange(start_pos, start_pos + T, dtype=torch.long, device=idx.device)  # (T,)
-        return self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        x: Tensor = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        return x
 
     def forward(self, idx: Tensor, targets: Tensor | None = None,
                 edit: Edit | None = None) -> tuple[Tensor, Tensor | None]:
@@ -419,8 +425,9 @@ class GPT(nn.Module):
         """Whether prefill() gives every chunk of several the same bits as that chunk alone: on CPU, with every
         linear layer a float32 `Linear` on oneDNN's inner product, which sums each row the same way
         whatever the number of rows (bfloat16 and int8 prefill kernels do not: tests/chat/model)."""
+        linears: list[nn.Module] = [m for m in self.modules() if isinstance(m, DecodingLinear)]
         return all(type(m) is Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
-                   for m in self.modules() if isinstance(m, DecodingLinear)) and _ONEDNN
+                   for m in linears) and _ONEDNN
 
     def prefill(self, chunks: list[Chunk]) -> list[Tensor | None]:
         """Run each chunk's tokens at its positions start..start+T-1, storing their keys and values in its
@@ -449,7 +456,8 @@ class GPT(nn.Module):
         wanted = [end for end in ends if end is not None]
         if not wanted:
             return [None] * len(chunks)
-        found = iter(self.lm_head(self.transformer.ln_f(x[0, wanted, :])).split(1))  # (1, V) each
+        logits = self.lm_head(self.transformer.ln_f(x[0, wanted, :]))  # (len(wanted), V)
+        found = iter(torch.split(logits, 1))  # (1, V) each
         return [next(found) if end is not None else None for end in ends]
 
     def decode_step(self, idx: Tensor, caches: list[KVCache], positions: list[int],

@@ -128,4 +128,5 @@ def look_inside(model: Any, ids: torch.Tensor, start: int = 0, past: KeysValues 
 @torch.inference_mode()
 def lens_logits(model: Any, residuals: torch.Tensor) -> torch.Tensor:
     """The logit lens: each residual (L, C) through the final layer norm and lm_head -> logits (L, V)."""
-    return model.lm_head(model.transformer.ln_f(residuals))
+    logits: torch.Tensor = model.lm_head(model.transformer.ln_f(residuals))
+    return logits
