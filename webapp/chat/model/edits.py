@@ -28,7 +28,7 @@ from functools import cached_property
 import torch
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq=False: no == over tensors (Edit.key compares what edits do)
 class HeadEdit:
     """Replace head `head` of layer `layer` (0-based blocks): its output (before c_proj) becomes `value`."""
 
@@ -37,7 +37,7 @@ class HeadEdit:
     value: torch.Tensor | None = None  # None: zero; (hs,): at every position; (P, hs): at each position < P
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MlpEdit:
     """Replace the MLP output of layer `layer` (before its residual add) with `value`."""
 
