@@ -19,6 +19,7 @@ from webapp.chat.decode.generate import Sequence, generate, prefill_chunk
 from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.types import ChatRequest, SamplingParams
 from webapp.chat.model import kernels
+from webapp.chat.model.edits import Edit, HeadEdit, MlpEdit
 from webapp.chat.model.gpt import Chunk
 from webapp.chat.model.loading import load_chat_model
 from webapp.chat.model.precision import apply_precision
@@ -44,7 +45,7 @@ def requests(n: int, vocab: int = 256):
 def alone(loaded, request: ChatRequest) -> list[int]:
     p = request.params
     pieces = generate(loaded, request.prompt_ids, max_new_tokens=p.max_new_tokens, temperature=p.temperature,
-                      top_k=p.top_k, seed=p.seed)
+                      top_k=p.top_k, seed=p.seed, edit=request.edit)
     return [piece.token for piece in pieces if piece.token is not None]
 
 
@@ -81,6 +82,17 @@ def test_a_batched_reply_is_the_reply_generated_alone():
     for job, request in zip(jobs, reqs):
         assert job.result.token_ids == alone(loaded, request)
         assert len(job.result.token_ids) == request.params.max_new_tokens
+
+
+def test_an_edited_reply_in_a_batch_is_the_edited_reply_alone_and_the_others_are_their_own():
+    loaded = tiny(config=LONG, endless=True)
+    reqs = requests(4)
+    reqs[2] = dataclasses.replace(reqs[2], edit=Edit(heads=(HeadEdit(layer=0, head=1),), mlps=(MlpEdit(1),)))
+    jobs, sizes = batched(loaded, reqs)
+    assert max(sizes) >= 3
+    assert all(job.state == DONE for job in jobs)
+    for job, request in zip(jobs, reqs):
+        assert job.result.token_ids == alone(loaded, request)
 
 
 @pytest.mark.skipif(not BUNDLED.is_file(), reason="bundled model not trained yet")
