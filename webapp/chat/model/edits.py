@@ -47,7 +47,8 @@ class MlpEdit:
 
 @dataclass(frozen=True, eq=False)
 class Edit:
-    """What one run (one sequence) has replaced: some heads' outputs and some MLPs' outputs."""
+    """What one run (one sequence) has replaced: some heads' outputs and some MLPs' outputs. The values
+    are read as given, on every forward; its `key` is taken once, so they must not change afterwards."""
 
     heads: tuple[HeadEdit, ...] = ()
     mlps: tuple[MlpEdit, ...] = ()
