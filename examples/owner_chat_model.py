@@ -8,7 +8,7 @@ Point the app at it with
 
 The loader calls build_model(arch) exactly as the owner's server does, then loads the checkpoint
 strictly. Any nn.Module works if `model(idx)` returns `(logits, loss)` and it has `config.block_size`;
-without `forward_cached`/`new_cache` replies use the (much slower) full-recompute loop.
+without `prefill`/`new_cache` replies use the (much slower) full-recompute loop.
 """
 
 from webapp.chat.model.gpt import GPT, PRESETS, GPTConfig

@@ -27,6 +27,7 @@ import torch
 from bench import common
 from webapp.chat.decode.odds import token_odds
 from webapp.chat.model import kernels
+from webapp.chat.model.gpt import Chunk
 from webapp.chat.model.precision import apply_precision
 
 
@@ -42,7 +43,7 @@ def caches_for(model, batch: int, context: int, device):
         ids = common.prompt_ids(context + 7 * r, seed=r)
         cache = model.new_cache(1, model.config.block_size)
         with torch.inference_mode():
-            model.forward_cached(torch.tensor([ids[:-1]], device=device), cache, 0, logits=False)
+            model.prefill([Chunk(ids[:-1], cache, 0, logits=False)])
         caches.append(cache)
         positions.append(len(ids) - 1)
         last.append(ids[-1])

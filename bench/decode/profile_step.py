@@ -19,6 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench import common
+from webapp.chat.model.gpt import Chunk
 from webapp.chat.model.precision import PRECISIONS, apply_precision
 
 
@@ -43,7 +44,7 @@ def main(argv=None):
     cache = model.new_cache()
     token = ids[:, :1]
     with torch.inference_mode():
-        model.forward_cached(ids, cache, 0)
+        model.prefill([Chunk(ids[0].tolist(), cache)])
         for i in range(3):
             model.decode_step(token, [cache], [args.context + i])
         times = []

@@ -6,7 +6,7 @@
     .venv/bin/python -m bench.peers.llamacpp --setup-only # build the llama.cpp environment and the GGUF files
 
 What it measures: single-stream greedy decoding (one sequence, batch 1, on the CPU) of Glassbox's own
-path (forward_cached over the prompt, then decode_step with one KVCache per token, in this process) against
+path (prefill over the prompt, then decode_step with one KVCache per token, in this process) against
 llama.cpp (llama-cpp-python's Llama.eval, one token per call, in a subprocess of its own venv), on the same
 random weights (bench.common.random_gpt(--size), seed 0) and the same prompt ids (bench.common.prompt_ids),
 at matching precisions: gb-fp32 / llama-f32, gb-bf16 / llama-f16, gb-int8 / llama-q8_0 (Glassbox's
@@ -137,15 +137,16 @@ def glassbox_model(size: str, precision: str):
 
 
 def glassbox_run(model, ids: list[int], new: int, logits: bool = False) -> dict:
-    """Greedy: the whole prompt through forward_cached, then `new` decode_step calls with a list of one
+    """Greedy: the whole prompt through prefill, then `new` decode_step calls with a list of one
     KVCache (the app's batched path with one row). Token i+1 comes from step i; the last step's pick is
     where llama.cpp's also stops."""
     import torch
+
+    from webapp.chat.model.gpt import Chunk
     with torch.inference_mode():
         cache = model.new_cache(batch=1, max_len=len(ids) + new + 1)
-        x = torch.tensor([ids], dtype=torch.long)
         t0 = time.perf_counter()
-        out = model.forward_cached(x, cache, 0)
+        out = model.prefill([Chunk(ids, cache)])[0]
         tok = out.argmax(dim=-1, keepdim=True)  # (1, 1)
         tokens = [int(tok)]
         t1 = time.perf_counter()
@@ -331,7 +332,7 @@ def main(argv=None):
             + f"- llama.cpp: llama-cpp-python {info.get('version', LLAMA_CPP_PYTHON)} built from source with "
             + f"CMAKE_ARGS=`{CMAKE_ARGS}`; n_threads = n_threads_batch = threads, n_batch 512, n_ctx {n_ctx}; "
             + f"system info: `{system.strip()}`\n"
-            + "- Glassbox: forward_cached over the whole prompt, then decode_step with one KVCache per token, "
+            + "- Glassbox: prefill over the whole prompt, then decode_step with one KVCache per token, "
             + "greedy; torch.set_num_threads(threads); bf16 and int8 through "
             + "webapp.chat.model.precision.apply_precision where it exists\n"
             + f"- decode tok/s = {args.new} single-token steps / their seconds (prefill, the first token's argmax "

@@ -65,8 +65,8 @@ def timed_get(client, url: str) -> float:
 def main(argv=None):
     args = parse_args(argv)
     from webapp import create_app
-    from webapp.chat.decode.prefix_cache import prefix_cache_for
     from webapp.chat.inside import InsideService
+    from webapp.chat.model.gpt import Chunk
     from webapp.chat.model.precision import apply_precision
     from webapp.config import Settings
     from webapp.web.state import glassbox
@@ -88,8 +88,8 @@ def main(argv=None):
                 inside._reports.clear()  # the report is worked out again, from the kept cache
                 cache = model.new_cache()
                 with torch.inference_mode():  # what the finished reply leaves behind
-                    model.forward_cached(torch.tensor([context[:-1]]), cache, 0, logits=False)
-                prefix_cache_for(model).put(cache, context[:-1])
+                    model.prefill([Chunk(context[:-1], cache, 0, logits=False)])
+                loaded.prefix_cache.put(cache, context[:-1], model)
                 kept.append(timed_get(client, url))
                 again.append(timed_get(client, url))
             page = client.get(url).get_data(as_text=True)

@@ -11,6 +11,7 @@ from webapp.chat.decode.batched import ChatBatch
 from webapp.chat.decode.generate import generate
 from webapp.chat.decode.inside import InsideJobs
 from webapp.chat.decode.prefill import pin_prompt_head
+from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.remote.executor import remote_executor
 from webapp.chat.inside import InsideService
 from webapp.chat.model import kernels
@@ -95,8 +96,18 @@ def executor(loaded, settings):
         loaded.remote = True
         return remote
     if loaded.supports_kv_cache:
-        return ChatBatch(loaded, max_rows=settings.max_batch, kv_cache_bytes=settings.kv_cache_mb * 2**20)
+        prefix = prefix_cache(loaded)
+        prefix.budget_bytes = settings.kv_cache_mb * 2**20
+        return ChatBatch(loaded, max_rows=settings.max_batch, prefix=prefix)
     return ChatAlone(loaded)
+
+
+def prefix_cache(loaded) -> PrefixCache:
+    """The loaded model's PrefixCache (finished replies' KV caches), built here once and passed to the
+    batched executor, the warm-up's pinned head and Inside, which share it."""
+    if loaded.prefix_cache is None:
+        loaded.prefix_cache = PrefixCache()
+    return loaded.prefix_cache
 
 
 def warm_up(loaded) -> None:
@@ -108,7 +119,7 @@ def warm_up(loaded) -> None:
         for _ in generate(loaded, ids, max_new_tokens=2, temperature=0.0):
             pass
         if loaded.supports_kv_cache:  # replies arriving together need not each prefill the few-shot turns
-            pin_prompt_head(loaded, [loaded.prompt.bos, *loaded.prompt.fewshot_ids])
+            pin_prompt_head(loaded, [loaded.prompt.bos, *loaded.prompt.fewshot_ids], prefix_cache(loaded))
 
 
 def service(core: InferenceCore, db: AnyDatabase, models: ChatModels, max_messages: int = 0) -> ChatService:
@@ -119,7 +130,7 @@ def service(core: InferenceCore, db: AnyDatabase, models: ChatModels, max_messag
 
 def inside_executor(loaded) -> InsideJobs:
     """The core's executor for "Inside this token" jobs: whole jobs on the local chat model."""
-    return InsideJobs(loaded)
+    return InsideJobs(loaded, prefix_cache(loaded) if loaded.supports_kv_cache else None)
 
 
 def inside_service(core: InferenceCore, models: ChatModels, settings) -> InsideService:

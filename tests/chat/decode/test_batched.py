@@ -19,6 +19,8 @@ from webapp.chat.decode.generate import Sequence, generate, prefill_chunk
 from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.types import ChatRequest, SamplingParams
 from webapp.chat.model import kernels
+from webapp.chat.model.edits import Edit, HeadEdit, MlpEdit
+from webapp.chat.model.gpt import Chunk
 from webapp.chat.model.loading import load_chat_model
 from webapp.chat.model.precision import apply_precision
 from webapp.core import InferenceCore, Job
@@ -44,7 +46,7 @@ def requests(n: int, vocab: int = 256):
 def alone(loaded, request: ChatRequest) -> list[int]:
     p = request.params
     pieces = generate(loaded, request.prompt_ids, max_new_tokens=p.max_new_tokens, temperature=p.temperature,
-                      top_k=p.top_k, seed=p.seed)
+                      top_k=p.top_k, seed=p.seed, edit=request.edit)
     return [piece.token for piece in pieces if piece.token is not None]
 
 
@@ -56,7 +58,7 @@ def batched(loaded, reqs, max_rows=16, cancel=None):
     """Run the requests through a real core with the batched executor; -> (jobs, batch sizes seen)."""
     sizes, original = [], loaded.model.decode_step
     loaded.model.decode_step = lambda idx, *a: sizes.append(idx.size(0)) or original(idx, *a)
-    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, max_rows, 2**30)})
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, max_rows, PrefixCache(2**30))})
     try:
         jobs = [Job("chat", f"user{i}", r) for i, r in enumerate(reqs)]
         for job in jobs:
@@ -81,6 +83,17 @@ def test_a_batched_reply_is_the_reply_generated_alone():
     for job, request in zip(jobs, reqs):
         assert job.result.token_ids == alone(loaded, request)
         assert len(job.result.token_ids) == request.params.max_new_tokens
+
+
+def test_an_edited_reply_in_a_batch_is_the_edited_reply_alone_and_the_others_are_their_own():
+    loaded = tiny(config=LONG, endless=True)
+    reqs = requests(4)
+    reqs[2] = dataclasses.replace(reqs[2], edit=Edit(heads=(HeadEdit(layer=0, head=1),), mlps=(MlpEdit(1),)))
+    jobs, sizes = batched(loaded, reqs)
+    assert max(sizes) >= 3
+    assert all(job.state == DONE for job in jobs)
+    for job, request in zip(jobs, reqs):
+        assert job.result.token_ids == alone(loaded, request)
 
 
 @pytest.mark.skipif(not BUNDLED.is_file(), reason="bundled model not trained yet")
@@ -113,7 +126,7 @@ def rows_alone_and_together(model):
     caches, last = [], []
     for prompt in prompts:
         cache = model.new_cache(1, 512)
-        model.forward_cached(torch.tensor([prompt[:-1]]), cache, 0, logits=False)
+        model.prefill([Chunk(prompt[:-1], cache, 0, logits=False)])
         caches.append(cache)
         last.append(prompt[-1])
     positions = [len(p) - 1 for p in prompts]
@@ -147,9 +160,9 @@ def test_a_newcomers_prefill_is_chunked_between_the_others_steps(monkeypatch):
     loaded = tiny(config=LONG, endless=True)
     monkeypatch.setattr("webapp.chat.decode.generate.PREFILL_FLOPS", 0.0)  # the smallest chunks
     chunk = prefill_chunk(loaded.model)
-    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 4, 2**30)})
-    order, original = [], loaded.model.forward_cached
-    loaded.model.forward_cached = lambda idx, *a, **k: order.append(("prefill", idx.size(1))) or original(idx, *a, **k)
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 4, PrefixCache(2**30))})
+    order, original = [], loaded.model.prefill
+    loaded.model.prefill = lambda chunks: order.extend(("prefill", len(c.ids)) for c in chunks) or original(chunks)
     step = loaded.model.decode_step
     loaded.model.decode_step = lambda idx, *a: order.append(("decode", idx.size(0))) or step(idx, *a)
     try:
@@ -170,7 +183,7 @@ def test_a_newcomers_prefill_is_chunked_between_the_others_steps(monkeypatch):
 def test_a_loop_lab_run_does_not_wait_for_a_whole_reply():
     loaded = tiny(config=LONG, endless=True)
     loaded.model.lm_head.register_forward_hook(lambda m, a, out: time.sleep(0.01))
-    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 4, 2**30), "loops": FunctionJobs()})
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 4, PrefixCache(2**30)), "loops": FunctionJobs()})
     try:
         reply = core.submit(Job("chat", "a", ChatRequest((1, 2, 3), SamplingParams(150, 0.0, 0))))
         assert wait_for(lambda: len(getattr(reply.result, "token_ids", [])) >= 2)
@@ -188,7 +201,7 @@ def test_a_loop_lab_run_does_not_wait_for_a_whole_reply():
 def test_positions_count_the_jobs_a_job_really_waits_behind():
     loaded = tiny(config=LONG, endless=True)
     loaded.model.lm_head.register_forward_hook(lambda m, a, out: time.sleep(0.005))
-    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 1, 2**30), "loops": FunctionJobs()})
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 1, PrefixCache(2**30)), "loops": FunctionJobs()})
     try:
         running = core.submit(Job("chat", "a", ChatRequest((1, 2), SamplingParams(400, 0.0, 0))))
         assert wait_for(lambda: running.state == "running")
@@ -226,13 +239,13 @@ def test_kept_caches_are_the_least_recently_used_within_the_budget():
     one = model.new_cache(1, 32).nbytes
     holder = PrefixCache(budget_bytes=2 * one + one // 2)
     for conversation in range(3):
-        holder.put(model.new_cache(1, 32), [conversation, 1, 2, 3])
+        holder.put(model.new_cache(1, 32), [conversation, 1, 2, 3], model)
     assert len(holder) == 2 and holder.evictions == 1 and holder.nbytes == 2 * one
     p = next(model.parameters())
-    assert holder.take([0, 1, 2, 3, 9], p.device, p.dtype) is None  # the oldest was evicted
-    taken = holder.take([2, 1, 2, 9], p.device, p.dtype)
+    assert holder.take([0, 1, 2, 3, 9], p.device, p.dtype, model) is None  # the oldest was evicted
+    taken = holder.take([2, 1, 2, 9], p.device, p.dtype, model)
     assert taken.ids == [2, 1, 2, 3] and len(holder) == 1  # the longest shared prefix, now the caller's
-    assert holder.take([7, 7], p.device, p.dtype) is None  # nothing shared: no entry is spent on it
+    assert holder.take([7, 7], p.device, p.dtype, model) is None  # nothing shared: no entry is spent on it
 
 
 def test_running_replies_keep_stepping_during_a_long_loop_lab_run():
@@ -244,7 +257,7 @@ def test_running_replies_keep_stepping_during_a_long_loop_lab_run():
     loaded = tiny(config=LONG, endless=True)
     runs = bundle(delay=0.02)  # 20 ms a loop: a 100-loop run holds the worker 2 s
     core = InferenceCore({"chat": loaded, "loops": runs},
-                         {"chat": ChatBatch(loaded, 4, 2**30), "loops": LoopRuns(runs)})
+                         {"chat": ChatBatch(loaded, 4, PrefixCache(2**30)), "loops": LoopRuns(runs)})
     try:
         request = ChatRequest((1, 2, 3), SamplingParams(400, 0.0, 0))
         reply = core.submit(Job("chat", "a", request))
@@ -270,7 +283,7 @@ def test_newcomers_arriving_together_prefill_in_one_step_while_the_running_reply
     by the first decoding step after any newcomer's prefill, every newcomer has its first token; the
     running reply got a token in that step too; every reply is the reply alone."""
     loaded = tiny(config=LONG, endless=True)
-    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 8, 2**30)})
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 8, PrefixCache(2**30))})
     newcomers: list[Job] = []
     seen, step = [], loaded.model.decode_step
 
@@ -330,17 +343,17 @@ def test_a_reply_arriving_during_a_prefill_pass_is_prefilled_before_that_steps_d
     """Its first token waits for the pass under way, not for a whole step: it is admitted when the pass
     ends and prefilled before the decoding pass (within the step's one chunk of prefill tokens)."""
     loaded = tiny(config=LONG, endless=True)
-    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 8, 2**30)})
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 8, PrefixCache(2**30))})
     first = Job("chat", "a", ChatRequest((1, 2, 3), SamplingParams(200, 0.0, 0)))
     early = Job("chat", "b", ChatRequest((4, 5, 6, 7), SamplingParams(6, 0.0, 0)))
     late = Job("chat", "c", ChatRequest((8, 9, 10, 11, 12), SamplingParams(6, 0.0, 0)))
-    order, prefill, step = [], loaded.model.forward_cached, loaded.model.decode_step
+    order, prefill, step = [], loaded.model.prefill, loaded.model.decode_step
 
-    def prefilling(idx, *a, **k):
-        order.append(("prefill", idx[0, 0].item()))
-        if idx[0, 0].item() == 4:  # the early newcomer's pass: the late one arrives meanwhile
+    def prefilling(chunks):
+        order.extend(("prefill", chunk.ids[0]) for chunk in chunks)
+        if chunks[0].ids[0] == 4:  # the early newcomer's pass: the late one arrives meanwhile
             core.submit(late)
-        return prefill(idx, *a, **k)
+        return prefill(chunks)
 
     def decoding(idx, *a):
         order.append(("decode", idx.size(0)))
@@ -349,7 +362,7 @@ def test_a_reply_arriving_during_a_prefill_pass_is_prefilled_before_that_steps_d
     try:
         core.submit(first)
         assert wait_for(lambda: len(getattr(first.result, "token_ids", [])) >= 2)
-        loaded.model.forward_cached, loaded.model.decode_step = prefilling, decoding
+        loaded.model.prefill, loaded.model.decode_step = prefilling, decoding
         core.submit(early)
         drain(early)
         drain(late)
@@ -357,7 +370,7 @@ def test_a_reply_arriving_during_a_prefill_pass_is_prefilled_before_that_steps_d
         drain(first)
     finally:
         core.shutdown()
-        del loaded.model.forward_cached, loaded.model.decode_step
+        del loaded.model.prefill, loaded.model.decode_step
     at = order.index(("prefill", 4))
     assert order[at + 1:at + 3] == [("prefill", 8), ("decode", 3)]  # no decoding pass between the two
     for job in (early, late):

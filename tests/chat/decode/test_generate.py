@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from webapp.chat.decode.generate import MIN_CHUNK, generate, prefill_chunk
-from webapp.chat.model.gpt import GPT, GPTConfig
+from webapp.chat.model.gpt import GPT, Chunk, GPTConfig
 from webapp.chat.model.loading import LoadedChatModel, load_chat_model
 from webapp.chat.model.prompt import PromptBuilder
 from webapp.chat.model.tokenizer import ByteTokenizer
@@ -223,9 +223,9 @@ def test_prefill_chunks_depend_on_the_model_alone(monkeypatch):
     params = sum(p.numel() for p in loaded.model.parameters())
     monkeypatch.setattr("webapp.chat.decode.generate.PREFILL_FLOPS", 2 * params * 64)  # 64-token chunks
     sizes = []
-    original = loaded.model.forward_cached
-    monkeypatch.setattr(loaded.model, "forward_cached",
-                        lambda idx, cache, pos, **kw: sizes.append(idx.size(1)) or original(idx, cache, pos, **kw))
+    original = loaded.model.prefill
+    monkeypatch.setattr(loaded.model, "prefill",
+                        lambda chunks: sizes.extend(len(c.ids) for c in chunks) or original(chunks))
     prompt = [(5 * i) % 256 for i in range(300)]
     first = sampled(loaded, prompt, seed=3, max_new_tokens=5)[:2]
     cut, sizes[:] = list(sizes), []
@@ -246,8 +246,8 @@ def test_decode_fast_paths_match_the_plain_ones():
     model = tiny().model
     idx = torch.randint(0, 256, (1, 12))
     cache = model.new_cache()
-    assert model.forward_cached(idx[:, :8], cache, 0, logits=False) is None  # a chunk before the last
-    assert torch.allclose(model.forward_cached(idx[:, 8:], cache, 8), model(idx)[0][:, -1], atol=1e-5)
+    assert model.prefill([Chunk(idx[0, :8].tolist(), cache, 0, logits=False)]) == [None]  # a chunk before the last
+    assert torch.allclose(model.prefill([Chunk(idx[0, 8:].tolist(), cache, 8)])[0], model(idx)[0][:, -1], atol=1e-5)
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2 or not os.path.isdir("/proc/self/task"),

@@ -11,6 +11,7 @@ from tests.chat.decode.test_generate import tiny
 from tests.conftest import wait_for
 from webapp.chat.decode.batched import ChatBatch
 from webapp.chat.decode.inside import InsideJobs, InsideRequest
+from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.core import InferenceCore, Job
 from webapp.core.engine import BATCH_SLICE_SECONDS
 from webapp.core.jobs import DONE
@@ -26,7 +27,8 @@ def test_running_replies_stay_bit_for_bit_the_same_with_inside_jobs_between_thei
     for block in blocks:
         block.ln_2.register_forward_hook(lambda *a: time.sleep(2 * BATCH_SLICE_SECONDS))
     reqs = [dataclasses.replace(r, params=dataclasses.replace(r.params, max_new_tokens=300)) for r in requests(4)]
-    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 8, 2**30), "inside": InsideJobs(loaded)})
+    prefix = PrefixCache(2**30)
+    core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 8, prefix), "inside": InsideJobs(loaded, prefix)})
     try:
         replies = [core.submit(Job("chat", f"user{i}", r)) for i, r in enumerate(reqs)]
         assert wait_for(lambda: all(len(getattr(j.result, "token_ids", [])) >= 2 for j in replies), timeout=30)

@@ -9,7 +9,8 @@ import torch
 from tests.chat.decode.test_generate import TINY, tiny
 from webapp.chat.decode.generate import generate
 from webapp.chat.decode.prefill import pin_prompt_head
-from webapp.chat.decode.prefix_cache import PrefixCache, common_prefix, prefix_cache_for
+from webapp.chat.decode.prefix_cache import PrefixCache, common_prefix
+from webapp.chat.model.edits import Edit, HeadEdit
 from webapp.chat.model.precision import apply_precision
 from webapp.web.state import glassbox
 
@@ -89,7 +90,7 @@ def test_a_failed_generation_drops_the_cache():
     def boom(module, args, output):
         raise RuntimeError("device lost")
 
-    handle = loaded.model.transformer.h[1].register_forward_hook(boom)
+    handle = loaded.model.transformer.h[1].attn.c_attn.register_forward_hook(boom)  # mid-forward
     with pytest.raises(RuntimeError, match="device lost"):
         reply(loaded, prompt + [1, 2], prefix)
     handle.remove()
@@ -122,15 +123,38 @@ def test_window_slides_past_block_size_with_a_prefix_cache():
     assert warm[1][1].reused_tokens == 0  # the slid window's last positions no longer start with the prompt
 
 
-def test_one_holder_per_model():
+def test_entries_are_kept_by_model_and_variant():
     a, b = tiny().model, tiny().model
-    assert prefix_cache_for(a) is prefix_cache_for(a) and prefix_cache_for(a) is not prefix_cache_for(b)
+    holder, p = PrefixCache(), next(a.parameters())
+    holder.put(a.new_cache(1, 32), [1, 2, 3], a)
+    holder.put(a.new_cache(1, 32), [1, 2, 3], a, variant="edited")
+    assert holder.take([1, 2, 3, 4], p.device, p.dtype, b) is None  # another model's keys and values
+    assert holder.take([1, 2, 3, 4], p.device, p.dtype, a, "other") is None  # another edit's
+    assert holder.take([1, 2, 3, 4], p.device, p.dtype, a, "edited").variant == "edited"
+    assert holder.take([1, 2, 3, 4], p.device, p.dtype, a, "edited") is None
+    assert holder.take([1, 2, 3, 4], p.device, p.dtype, a).variant is None
+    holder.pin(a.new_cache(1, 8), [1, 2], 32, a)
+    assert holder.peek([1, 2, 5], a)[1] == 2 and holder.peek([1, 2, 5], b) == (None, 0)
+    assert holder.take([1, 2, 5], p.device, p.dtype, a, "edited") is None  # the head is the plain run's
+
+
+def test_an_edited_reply_never_shares_keys_and_values_with_a_plain_one():
+    loaded, prefix = tiny(config=BIG, endless=True), PrefixCache()
+    zero = Edit(heads=(HeadEdit(layer=0, head=1),))
+    prompt = [(5 * i) % 250 for i in range(30)]
+    reply(loaded, prompt, prefix, max_new_tokens=6)
+    edited = reply(loaded, prompt, prefix, max_new_tokens=6, edit=zero)
+    assert edited[1].reused_tokens == 0  # the plain reply's cache is not for it
+    again = reply(loaded, prompt, prefix, max_new_tokens=6, edit=Edit(heads=(HeadEdit(0, 1),)))  # the same edit
+    assert again[1].reused_tokens == len(prompt) - 1 and again[0] == edited[0]
+    assert reply(loaded, prompt, prefix, max_new_tokens=6)[1].reused_tokens == len(prompt) - 1  # its own
+    assert reply(loaded, prompt, max_new_tokens=6, edit=zero)[0] == edited[0]  # cold: the same reply
 
 
 def test_a_follow_up_message_in_the_app_reuses_the_first_turn(chat_app):
     from tests.chat.web.test_conversations import csrf_of, send
     loaded = glassbox(chat_app).core.models["chat"]
-    holder = prefix_cache_for(loaded.model)
+    holder = loaded.prefix_cache  # built at boot, shared by the executor, the warm-up and Inside
     client = chat_app.test_client()
     first = send(client, "first question", htmx=False, seed="1", max_new_tokens="10")
     cid = first.headers["Location"].rsplit("/", 1)[1]
@@ -148,21 +172,21 @@ def test_the_pinned_head_is_copied_to_every_prompt_and_never_taken():
     one that shares only the head is left for its own conversation."""
     loaded = tiny(config=BIG, endless=True)
     head = [(3 * i) % 250 for i in range(40)]
-    pin_prompt_head(loaded, head)
-    holder = prefix_cache_for(loaded.model)
+    holder = PrefixCache()
+    pin_prompt_head(loaded, head, holder)
     prompts = [head + [7 + i, 8, 9] for i in range(3)]
     assert reply(loaded, prompts[0], holder)[1].reused_tokens == len(head)
     assert len(holder) == 1  # the first reply's own cache, kept; the head stays pinned
     assert reply(loaded, prompts[0], holder)[1].reused_tokens == len(prompts[0]) - 1  # its own kept cache
     assert reply(loaded, prompts[1], holder)[1].reused_tokens == len(head)  # only the head: a copy of it
     assert len(holder) == 2  # the first conversation's cache was not taken for it
-    copy = holder.take(prompts[2], torch.device("cpu"), torch.float32)
+    copy = holder.take(prompts[2], torch.device("cpu"), torch.float32, loaded.model)
     assert len(holder) == 2 and copy.ids == head and copy.cache.max_len == BIG.block_size
-    kept, _ = holder.peek(prompts[0])  # the first conversation's cache: its head as the copy's, bit for bit
+    kept, _ = holder.peek(prompts[0], loaded.model)  # the first conversation's cache: its head as the copy's, bitwise
     before = [t[:, :, :len(head)].clone() for t in copy.cache.k + copy.cache.v]
     for mine, theirs in zip(before, kept.cache.k + kept.cache.v):
         assert torch.equal(mine, theirs[:, :, :len(head)])
     for t in copy.cache.k + copy.cache.v:
         t.zero_()  # a reply writes its copy: the pinned head stays as it was
-    again = holder.take(prompts[2], torch.device("cpu"), torch.float32)
+    again = holder.take(prompts[2], torch.device("cpu"), torch.float32, loaded.model)
     assert all(torch.equal(a, t[:, :, :len(head)]) for a, t in zip(before, again.cache.k + again.cache.v))

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from webapp.chat.model.gpt import GPT, PRESETS, GPTConfig
+from webapp.chat.model.gpt import GPT, PRESETS, Chunk, GPTConfig
 
 SMALL = GPTConfig(block_size=32, vocab_size=70, n_layer=2, n_head=2, n_embd=16)
 
@@ -9,6 +9,11 @@ SMALL = GPTConfig(block_size=32, vocab_size=70, n_layer=2, n_head=2, n_embd=16)
 def small_model(seed=0, config=SMALL):
     torch.manual_seed(seed)
     return GPT(config).eval()
+
+
+def prefill(model, idx, cache, start, logits=True):
+    """One sequence's chunk idx (1, T) at positions start.. -> its last position's logits (1, V) or None."""
+    return model.prefill([Chunk(idx[0].tolist(), cache, start, logits)])[0]
 
 
 def test_nanogpt_parameter_layout():
@@ -55,39 +60,39 @@ def test_kv_cache_matches_full_forward():
 
     cache = m.new_cache()
     assert len(cache.k) == len(cache.v) == 2 and cache.k[0].shape == (1, 2, 32, 8)  # per layer (B, nh, T, hs)
-    assert torch.allclose(m.forward_cached(idx, cache, 0), full[-1], atol=1e-5)  # one prefill
+    assert torch.allclose(prefill(m, idx, cache, 0), full[-1], atol=1e-5)  # one prefill
 
     cache = m.new_cache()  # chunked prefill (5 + 5) then one token at a time
-    m.forward_cached(idx[:, :5], cache, 0)
-    assert torch.allclose(m.forward_cached(idx[:, 5:10], cache, 5), full[9], atol=1e-5)
+    prefill(m, idx[:, :5], cache, 0)
+    assert torch.allclose(prefill(m, idx[:, 5:10], cache, 5), full[9], atol=1e-5)
     for t in range(10, 20):
-        assert torch.allclose(m.forward_cached(idx[:, t:t + 1], cache, t), full[t], atol=1e-5)
+        assert torch.allclose(prefill(m, idx[:, t:t + 1], cache, t), full[t], atol=1e-5)
 
 
 @torch.inference_mode()
-def test_kv_cache_has_a_batch_dimension():
+def test_two_sequences_prefill_together_each_in_its_own_cache():
     m = small_model()
     idx = torch.randint(0, 70, (2, 12))
-    cache = m.new_cache(batch=2)
-    m.forward_cached(idx[:, :11], cache, 0)
-    both = m.forward_cached(idx[:, 11:], cache, 11)
+    caches = [m.new_cache(), m.new_cache()]
+    m.prefill([Chunk(idx[row, :11].tolist(), caches[row], 0, logits=False) for row in range(2)])
+    both = m.prefill([Chunk(idx[row, 11:].tolist(), caches[row], 11) for row in range(2)])
     for row in range(2):
-        assert torch.allclose(both[row], m(idx[row:row + 1])[0][0, -1], atol=1e-5)
+        assert torch.allclose(both[row][0], m(idx[row:row + 1])[0][0, -1], atol=1e-5)
 
 
 def test_kv_cache_bounds():
     m = small_model()
     cache = m.new_cache(max_len=8)
     with torch.inference_mode(), pytest.raises(ValueError, match="KV cache"):
-        m.forward_cached(torch.zeros(1, 9, dtype=torch.long), cache, 0)
+        prefill(m, torch.zeros(1, 9, dtype=torch.long), cache, 0)
 
 
 @torch.inference_mode()
 @pytest.mark.parametrize("n_embd", [16, 64])
-def test_prefill_many_gives_each_chunk_the_bits_it_gets_alone(n_embd):
+def test_prefill_gives_each_of_several_chunks_the_bits_it_gets_alone(n_embd):
     """Several sequences' prefill chunks side by side in one pass (a first chunk, a later chunk with its
     cache already holding the earlier ones, one without logits): every cache and every logit is the same,
-    bit for bit, as forward_cached on that chunk alone."""
+    bit for bit, as prefill on that chunk alone."""
     config = GPTConfig(block_size=96, vocab_size=70, n_layer=2, n_head=2, n_embd=n_embd)
     model = small_model(config=config)
     assert model.prefills_together()
@@ -100,11 +105,11 @@ def test_prefill_many_gives_each_chunk_the_bits_it_gets_alone(n_embd):
         for _ in range(2):
             cache = model.new_cache(1, 96)
             if start:
-                model.forward_cached(torch.tensor([prompt[:start]]), cache, 0, logits=False)
+                prefill(model, torch.tensor([prompt[:start]]), cache, 0, logits=False)
             caches.append(cache)
-        alone.append((model.forward_cached(torch.tensor([prompt[start:]]), caches[0], start, logits=want), caches[0]))
+        alone.append((prefill(model, torch.tensor([prompt[start:]]), caches[0], start, logits=want), caches[0]))
         together.append(caches[1])
-    logits = model.prefill_many([(p[s:], c, s, w) for p, s, w, c in zip(prompts, starts, wants, together)])
+    logits = model.prefill([Chunk(p[s:], c, s, w) for p, s, w, c in zip(prompts, starts, wants, together)])
     for (want_logits, want_cache), got, cache, n in zip(alone, logits, together, map(len, prompts)):
         assert (got is None) == (want_logits is None)
         if got is not None:

@@ -11,8 +11,8 @@ import torch
 from torch.nn import functional as F
 
 from webapp.chat.decode.inside import InsideRequest, inside_report
-from webapp.chat.decode.prefix_cache import prefix_cache_for
-from webapp.chat.model.gpt import GPT, GPTConfig
+from webapp.chat.decode.prefix_cache import PrefixCache
+from webapp.chat.model.gpt import GPT, Chunk, GPTConfig
 from webapp.chat.model.inside import look_inside
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.tokenizer import ByteTokenizer
@@ -87,18 +87,19 @@ def test_a_kept_kv_cache_gives_the_same_lens_and_attention_as_running_the_whole_
     model = small_gpt(1)
     loaded = tiny_loaded(model)
     ids = [int(i) for i in torch.randint(0, CONFIG.vocab_size, (30,))]
-    cold = inside_report(loaded, InsideRequest(tuple(ids), ids[0], 0))
+    prefix = PrefixCache()
+    cold = inside_report(loaded, InsideRequest(tuple(ids), ids[0], 0), prefix=prefix)
     cache = model.new_cache()
     with torch.inference_mode():
-        model.forward_cached(torch.tensor([ids[:kept]]), cache, 0, logits=False)
-    prefix_cache_for(model).put(cache, ids[:kept])
-    warm = inside_report(loaded, InsideRequest(tuple(ids), ids[0], 0))
+        model.prefill([Chunk(ids[:kept], cache, 0, logits=False)])
+    prefix.put(cache, ids[:kept], model)
+    warm = inside_report(loaded, InsideRequest(tuple(ids), ids[0], 0), prefix=prefix)
     assert (cold.reused_positions, warm.reused_positions) == (0, kept)
     torch.testing.assert_close(warm.attention, cold.attention, atol=1e-6, rtol=1e-5)
     for a, b in zip(warm.lens, cold.lens):
         assert [t for t, _ in a.top] == [t for t, _ in b.top]
         assert a.chosen_probability == pytest.approx(b.chosen_probability, rel=1e-4)
-    assert prefix_cache_for(model).peek(ids)[1] == kept  # read, not taken
+    assert prefix.peek(ids, model)[1] == kept  # read, not taken
 
 
 def tiny_loaded(model) -> LoadedChatModel:

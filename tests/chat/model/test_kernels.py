@@ -180,9 +180,9 @@ def run_python(code: str, env: dict) -> subprocess.CompletedProcess:
 
 PROBE = ("import torch; from webapp.chat.model import kernels; lib = kernels.library(); "
          "print('kernel' if lib else 'torch:', kernels.unavailable_reason); "
-         "from webapp.chat.model.gpt import GPT, GPTConfig; m = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, "
-         "n_head=2, n_embd=32)).eval(); c = m.new_cache(); "
-         "torch.inference_mode().__enter__(); m.forward_cached(torch.tensor([[1, 2]]), c, 0); "
+         "from webapp.chat.model.gpt import GPT, Chunk, GPTConfig; "
+         "m = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32)).eval(); c = m.new_cache(); "
+         "torch.inference_mode().__enter__(); m.prefill([Chunk([1, 2], c)]); "
          "print(m.decode_step(torch.tensor([[3]]), [c], [2]).shape)")
 
 
@@ -234,7 +234,7 @@ def test_attention_writes_the_new_key_and_value_then_attends_over_the_cache(nh, 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16", "int8"])
 def test_a_whole_block_in_one_call_is_its_calls_one_by_one(precision):
-    from webapp.chat.model.gpt import GPT, GPTConfig
+    from webapp.chat.model.gpt import GPT, Chunk, GPTConfig
     from webapp.chat.model.precision import apply_precision
     torch.manual_seed(5)
     model = apply_precision(GPT(GPTConfig(block_size=64, vocab_size=64, n_layer=1, n_head=4, n_embd=64)), precision)
@@ -242,10 +242,12 @@ def test_a_whole_block_in_one_call_is_its_calls_one_by_one(precision):
     caches = [model.new_cache(max_len=64) for _ in positions]
     with torch.inference_mode():
         for cache, n in zip(caches, positions):
-            model.forward_cached(torch.randint(0, 64, (1, n)), cache, 0)
+            model.prefill([Chunk(torch.randint(0, 64, (n,)).tolist(), cache)])
         x = torch.randn(3, 1, 64)
         # one call per layer norm + linear layer, and per row's attention (each writes its new key and value)
-        expected = block.mlp.decode(block.attn.decode(x.clone(), block.ln_1, caches, 0, positions), block.ln_2)
+        plain = [None] * len(positions)
+        expected = block.mlp.decode(block.attn.decode(x.clone(), block.ln_1, caches, 0, positions, plain), block.ln_2,
+                                    0, positions, plain)
         keys, values = [c.k[0] for c in caches], [c.v[0] for c in caches]
         written = [k[0, :, p].clone() for k, p in zip(keys, positions)]
         got = x.clone()
@@ -262,7 +264,7 @@ def test_a_whole_block_in_one_call_is_its_calls_one_by_one(precision):
 
 
 def test_a_block_the_kernel_would_misread_is_refused_and_left_to_the_calls_one_by_one():
-    from webapp.chat.model.gpt import GPT, GPTConfig
+    from webapp.chat.model.gpt import GPT, Chunk, GPTConfig
     from webapp.chat.model.precision import apply_precision
     torch.manual_seed(6)
     model = apply_precision(GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=4, n_embd=64)), "int8")
@@ -272,7 +274,7 @@ def test_a_block_the_kernel_would_misread_is_refused_and_left_to_the_calls_one_b
     params, x = block._parameters_in_order(), torch.randn(2, 1, 64)
     with torch.inference_mode():
         for cache, n in zip(caches, positions):
-            model.forward_cached(torch.randint(0, 64, (1, n)), cache, 0)
+            model.prefill([Chunk(torch.randint(0, 64, (n,)).tolist(), cache)])
         assert kernels.block(x.clone(), params, 1e-5, 4, keys, values, positions)  # the baseline: taken
         refused = [
             (x, params, 4, keys, values, positions[:1]),  # a position short
@@ -292,8 +294,8 @@ def test_a_block_the_kernel_would_misread_is_refused_and_left_to_the_calls_one_b
         # an x the block refuses (not contiguous) still decodes, one call at a time
         wide = torch.randn(2, 1, 128)[..., ::2]
         with kernels.disabled():
-            expected = block(wide.clone(), caches, 0, positions)
-        assert torch.allclose(block(wide, caches, 0, positions), expected, atol=0.05)
+            expected = block.decode(wide.clone(), caches, 0, positions, [None, None])
+        assert torch.allclose(block.decode(wide, caches, 0, positions, [None, None]), expected, atol=0.05)
 
 
 def test_attention_refuses_a_strided_cache_and_keeps_nan_as_nan():

@@ -16,7 +16,7 @@ from collections.abc import Sequence as Seq
 
 from webapp.chat.decode.generate import Piece, Sequence, decode_step
 from webapp.chat.decode.prefill import prefill_step
-from webapp.chat.decode.prefix_cache import prefix_cache_for
+from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.publish import chat_result, publish
 from webapp.chat.decode.types import ChatRequest
 from webapp.chat.model.loading import LoadedChatModel
@@ -29,11 +29,10 @@ from webapp.core.threads import torch_threads
 class ChatBatch(BatchedJobs):
     """The batched executor: running replies are rows, stepped together."""
 
-    def __init__(self, loaded: LoadedChatModel, max_rows: int, kv_cache_bytes: int) -> None:
+    def __init__(self, loaded: LoadedChatModel, max_rows: int, prefix: PrefixCache) -> None:
         self.loaded, self.max_rows = loaded, max_rows
-        # Finished replies' caches, kept for their conversations' next turns under a budget.
-        self.prefix = prefix_cache_for(loaded.model)
-        self.prefix.budget_bytes = kv_cache_bytes
+        # Finished replies' caches, kept for their conversations' next turns under a budget (built at boot).
+        self.prefix = prefix
         self._rows: dict[str, tuple[Job, Sequence]] = {}  # in order of admission
         self._errors: dict[str, str] = {}  # this step's failed rows, by job id: retired at its end
 
@@ -49,7 +48,7 @@ class ChatBatch(BatchedJobs):
         chat_result(job)
         self._rows[job.id] = (job, Sequence(self.loaded, request.prompt_ids, request.params, self.prefix,
                                             odds=request.odds, forced=request.forced,
-                                            forced_odds=request.forced_odds))
+                                            forced_odds=request.forced_odds, edit=request.edit))
 
     def begin_step(self) -> None:
         self._errors = {}

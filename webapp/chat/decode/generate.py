@@ -42,7 +42,8 @@ from webapp.chat.decode import sampling
 from webapp.chat.decode.odds import TokenOdds, token_odds
 from webapp.chat.decode.prefix_cache import PrefixCache, common_prefix
 from webapp.chat.decode.types import SamplingParams, decode_rate
-from webapp.chat.model.gpt import KVCache
+from webapp.chat.model.edits import Edit, variant
+from webapp.chat.model.gpt import Chunk, KVCache
 from webapp.chat.model.loading import LoadedChatModel
 
 # Prefill runs in chunks, so a cancel lands quickly and, in the batched decoder, so the other replies'
@@ -112,17 +113,18 @@ class Sequence:
 
     def __init__(self, loaded: LoadedChatModel, prompt_ids: Seq[int], params: SamplingParams,
                  prefix: PrefixCache | None = None, odds: bool = False, forced: Seq[int] = (),
-                 forced_odds: Seq[TokenOdds | None] = ()) -> None:
+                 forced_odds: Seq[TokenOdds | None] = (), edit: Edit | None = None) -> None:
         params.check()
         if len(prompt_ids) == 0:
             raise ValueError("prompt_ids is empty")
         self.t0 = time.perf_counter()
-        self.model: Any = loaded.model  # a GPT with a KV cache (new_cache, forward_cached, decode_step)
+        self.model: Any = loaded.model  # a GPT with a KV cache (new_cache, prefill, decode_step)
         self.tok, self.block_size = loaded.tokenizer, loaded.block_size
         weight = next(self.model.parameters())
         self.device = weight.device
         self.dtype = getattr(self.model, "kv_dtype", None) or weight.dtype  # its KV cache's (prefix reuse)
         self.params, self.prefix, self.want_odds = params, prefix, odds
+        self.edit = edit  # outputs replaced in every forward of this reply (webapp/chat/model/edits.py)
         self.gen = sampling.generator(self.device, params.seed)
         self.decoder = _TextDecoder()
         self.ids = list(prompt_ids)  # the prompt, then the reply
@@ -181,7 +183,8 @@ class Sequence:
         window = self.ids[-self.block_size:]
         start = 0
         if self.cache is None:
-            entry = self.prefix.take(window, self.device, self.dtype) if self.prefix is not None else None
+            entry = (self.prefix.take(window, self.device, self.dtype, self.model, variant(self.edit))
+                     if self.prefix is not None else None)
             if entry is not None and entry.cache.max_len >= self.block_size:
                 self.cache = entry.cache
                 # at least the last prompt token is run again: its logits give the first reply token
@@ -195,12 +198,17 @@ class Sequence:
     def prefill_chunk(self) -> int:
         """Run the next chunk of the prompt; after the last one, sample the first token. -> tokens run."""
         piece = self.next_chunk
-        idx = torch.tensor([piece], dtype=torch.long, device=self.device)  # (1, T)
         with torch.inference_mode():
             # chunks before the last skip lm_head: only the prompt's last position needs logits
-            logits = self.model.forward_cached(idx, self.cache, self.position, logits=self.last_chunk)
+            logits = self.model.prefill([self.chunk_to_run])[0]
         self.prefilled(logits)
         return len(piece)
+
+    @property
+    def chunk_to_run(self) -> Chunk:
+        """The next prefill chunk as the model runs it (GPT.prefill), alone or beside other replies'."""
+        assert self.cache is not None  # a reply still prefilling has its cache
+        return Chunk(self.next_chunk, self.cache, self.position, self.last_chunk, self.edit)
 
     @property
     def next_chunk(self) -> list[int]:
@@ -261,7 +269,7 @@ class Sequence:
         """End the reply: keep its cache for the next turn (not after a failure) -> the last Piece."""
         if self.prefix is not None and self.cache is not None:
             if keep:
-                self.prefix.put(self.cache, self.cached)
+                self.prefix.put(self.cache, self.cached, self.model, variant(self.edit))
             self.prefix.record(self.reused)
         self.cache = None
         self.cancel()
@@ -280,7 +288,8 @@ def decode_step(model: Any, seqs: list[Sequence]) -> None:
     """One token for every decoding Sequence at once: the weights are read once for all rows."""
     idx = torch.cat([s.next_token for s in seqs if s.next_token is not None])  # (B, 1)
     with torch.inference_mode():
-        logits = model.decode_step(idx, [s.cache for s in seqs], [s.position for s in seqs])  # (B, V)
+        logits = model.decode_step(idx, [s.cache for s in seqs], [s.position for s in seqs],
+                                   [s.edit for s in seqs])  # (B, V)
     picks = [s.sample(logits[row:row + 1]) for row, s in enumerate(seqs)]
     for s, next_id, odds in zip(seqs, picks, _odds(seqs, logits, picks)):
         s.cached.append(s.ids[-1])
@@ -313,6 +322,7 @@ def generate(
     odds: bool = False,
     forced: Seq[int] = (),
     forced_odds: Seq[TokenOdds | None] = (),
+    edit: Edit | None = None,
 ) -> Pieces:
     """Yield a Piece per sampled token, then a last Piece carrying GenerationStats.
 
@@ -322,6 +332,8 @@ def generate(
     core's worker may pass one, since the cache lives on the device.
     odds: give each Piece the model's odds for its token (webapp/chat/decode/odds.py).
     forced: the reply's first tokens, given rather than sampled (with their odds, where known).
+    edit: heads' and MLPs' outputs replaced in every forward (webapp/chat/model/edits.py); a model with a
+    KV cache only (its prefix cache keeps the edited run's keys and values apart from the plain runs').
     Raises ValueError for arguments out of range, before any work.
     """
     params = SamplingParams(max_new_tokens, temperature, top_k, seed)
@@ -330,8 +342,10 @@ def generate(
         raise ValueError("prompt_ids is empty")
     should_stop = should_stop or (lambda: False)
     if loaded.supports_kv_cache:
-        return _generate_cached(Sequence(loaded, prompt_ids, params, prefix_cache, odds, forced, forced_odds),
+        return _generate_cached(Sequence(loaded, prompt_ids, params, prefix_cache, odds, forced, forced_odds, edit),
                                 should_stop)
+    if edit is not None:
+        raise ValueError("edits need a model with a KV cache (Glassbox's GPT)")
     return _generate_recompute(loaded, list(prompt_ids), params, should_stop, odds, forced, forced_odds)
 
 

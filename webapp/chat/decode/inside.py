@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from webapp.chat.decode.prefix_cache import prefix_cache_for
+from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.model.inside import KeysValues, lens_logits, look_inside
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.core.executors import WholeJobs, Worker
@@ -90,13 +90,14 @@ def lens_rows(logits: torch.Tensor, chosen: int, top: int = LENS_TOP) -> list[Le
             for layer, (ids, ps, cp, rank) in enumerate(zip(top_ids.tolist(), top_p.tolist(), chosen_p, ranks))]
 
 
-def inside_report(loaded: LoadedChatModel, request: InsideRequest,
-                  between: Callable[[], None] | None = None) -> InsideReport:
-    """Run the model over the request's context (reusing a kept KV cache's first positions) -> the report."""
+def inside_report(loaded: LoadedChatModel, request: InsideRequest, between: Callable[[], None] | None = None,
+                  prefix: PrefixCache | None = None) -> InsideReport:
+    """Run the model over the request's context (reusing the first positions of a KV cache kept in `prefix`)
+    -> the report."""
     model = loaded.model
     ids = list(request.context_ids)
     device = next(model.parameters()).device
-    start, past, copied = _kept_prefix(model, ids)
+    start, past, copied = _kept_prefix(model, ids, prefix)
     with torch.inference_mode():
         run = torch.tensor([ids[start:]], dtype=torch.long, device=device)  # (1, T)
         # reading a kept cache in place, nothing may step in between (a reply could take that cache)
@@ -120,14 +121,15 @@ def strip_weights(attention: torch.Tensor, cells: int) -> list[list[list[float]]
     return torch.diff(summed, dim=-1, prepend=torch.zeros_like(summed[..., :1])).tolist()
 
 
-def _kept_prefix(model: torch.nn.Module, ids: list[int]) -> tuple[int, KeysValues | None, bool]:
+def _kept_prefix(model: torch.nn.Module, ids: list[int],
+                 prefix: PrefixCache | None) -> tuple[int, KeysValues | None, bool]:
     """(start, past, copied): the context's first positions whose keys and values a kept reply's cache
     holds; at least the last position is run. When more than IN_PLACE_RUN positions are left to run, the
     job lets replies step between its blocks, and a reply may take that cache and overwrite it: they are
     copied. (0, None, False) when nothing is kept for this context."""
-    if not hasattr(model, "new_cache"):
+    if prefix is None or not hasattr(model, "new_cache"):
         return 0, None, False
-    entry, shared = prefix_cache_for(model).peek(ids)
+    entry, shared = prefix.peek(ids, model)  # the model's own runs: Inside runs it unedited
     start = min(shared, len(ids) - 1)
     if entry is None or start < 1:
         return 0, None, False
@@ -142,8 +144,8 @@ def _kept_prefix(model: torch.nn.Module, ids: list[int]) -> tuple[int, KeysValue
 class InsideJobs(WholeJobs):
     """The core's executor for Inside jobs: one at a time, between batched steps."""
 
-    def __init__(self, loaded: LoadedChatModel) -> None:
-        self.loaded = loaded
+    def __init__(self, loaded: LoadedChatModel, prefix: PrefixCache | None = None) -> None:
+        self.loaded, self.prefix = loaded, prefix  # the chat replies' kept caches (built at boot), read only
 
     def run(self, job: Job, core: Worker) -> None:
         job.raise_if_cancelled()
@@ -153,5 +155,5 @@ class InsideJobs(WholeJobs):
             job.raise_if_cancelled()
 
         with torch_threads(self.loaded.torch_threads):
-            report = inside_report(self.loaded, job.request, between)
+            report = inside_report(self.loaded, job.request, between, self.prefix)
         job.result = InsideResult(report)

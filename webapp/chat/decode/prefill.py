@@ -9,22 +9,22 @@ from typing import Any
 import torch
 
 from webapp.chat.decode.generate import Sequence, prefill_chunk
-from webapp.chat.decode.prefix_cache import prefix_cache_for
+from webapp.chat.decode.prefix_cache import PrefixCache
+from webapp.chat.model.gpt import Chunk
 from webapp.chat.model.loading import LoadedChatModel
 
 
-def pin_prompt_head(loaded: LoadedChatModel, head: Seq[int]) -> None:
+def pin_prompt_head(loaded: LoadedChatModel, head: Seq[int], prefix: PrefixCache) -> None:
     """Run the head every prompt starts with (bos and the few-shot turns) once, in the chunks a prompt's
     prefill cuts, and pin its keys and values in the model's prefix cache (PrefixCache.pin): every reply
     then starts from a copy of them and prefills only its own turns. On the worker (at warm-up)."""
-    model: Any = loaded.model  # a GPT with a KV cache (new_cache, forward_cached)
+    model: Any = loaded.model  # a GPT with a KV cache (new_cache, prefill)
     chunk = prefill_chunk(model)
     cache = model.new_cache(1, len(head))
     with torch.inference_mode():
         for start in range(0, len(head), chunk):
-            piece = torch.tensor([list(head[start:start + chunk])], dtype=torch.long, device=cache.k[0].device)
-            model.forward_cached(piece, cache, start, logits=False)
-    prefix_cache_for(model).pin(cache, head, loaded.block_size)
+            model.prefill([Chunk(head[start:start + chunk], cache, start, logits=False)])
+    prefix.pin(cache, head, loaded.block_size, model)
 
 
 def prefill_step(model: Any, seqs: list[Sequence]) -> dict[int, Exception]:
@@ -36,7 +36,7 @@ def prefill_step(model: Any, seqs: list[Sequence]) -> dict[int, Exception]:
     if len(seqs) > 1 and getattr(model, "prefills_together", lambda: False)():
         try:
             with torch.inference_mode():
-                logits = model.prefill_many([(s.next_chunk, s.cache, s.position, s.last_chunk) for s in seqs])
+                logits = model.prefill([s.chunk_to_run for s in seqs])
         except Exception:  # one chunk's failure must not fail the others: try each alone
             pass
         else:

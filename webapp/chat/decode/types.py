@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from webapp.chat.decode.odds import TokenOdds
+from webapp.chat.model.edits import Edit
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class ChatRequest:
     odds: bool = True  # record each token's odds (webapp/chat/decode/odds.py)
     forced: tuple[int, ...] = ()  # the reply's first tokens, given (a branch from a token: Forced.tokens)
     forced_odds: tuple[TokenOdds | None, ...] = ()  # their odds where known (Forced.odds)
+    edit: Edit | None = None  # heads' and MLPs' outputs replaced in every forward (webapp/chat/model/edits.py)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no"
 _EXAMPLE = "n_layer=2,n_head=4,n_embd=128,block_size=512"
 
 
-def _value(key: str, value, where: str):
+def _value(key: str, value: object, where: str) -> int | bool:
     if key == "bias":
         if isinstance(value, bool):
             return value
@@ -40,7 +40,7 @@ def _value(key: str, value, where: str):
     raise ModelLoadError(f"{where}: bad value {key}={value!r} (a positive integer)")
 
 
-def fields_from(mapping: dict, where: str, *, strict: bool) -> dict:
+def fields_from(mapping: dict[str, Any], where: str, *, strict: bool) -> dict[str, Any]:
     """The GPTConfig fields of `mapping`, checked. strict: other keys are an error (the setting);
     otherwise they are skipped (config.json and model_args also hold training notes, dropout...)."""
     unknown = sorted(set(mapping) - set(FIELDS))
@@ -50,7 +50,7 @@ def fields_from(mapping: dict, where: str, *, strict: bool) -> dict:
     return {k: _value(k, v, where) for k, v in mapping.items() if k in FIELDS and v is not None}
 
 
-def read_json(path: Path, what: str) -> dict:
+def read_json(path: Path, what: str) -> dict[str, Any]:
     if not path.is_file():
         raise ModelLoadError(f"{what}: file {path} not found")
     try:
@@ -62,7 +62,7 @@ def read_json(path: Path, what: str) -> dict:
     return data
 
 
-def parse_arch(spec: str) -> tuple[dict, str]:
+def parse_arch(spec: str) -> tuple[dict[str, Any], str]:
     """-> (the fields the setting gives, where they came from, for the description)."""
     spec = spec.strip()
     where = f"{ARCH_VAR}={spec}"
@@ -86,7 +86,7 @@ def parse_arch(spec: str) -> tuple[dict, str]:
                          f"key=value pairs (e.g. {_EXAMPLE}) or the path of a JSON file with those keys")
 
 
-def shape_fields(state: dict) -> dict:
+def shape_fields(state: dict[str, Any]) -> dict[str, Any]:
     """Every field the tensors show exactly: all but n_head."""
     found: dict[str, int | bool] = {"bias": "transformer.h.0.attn.c_attn.bias" in state}
     layers = {int(m.group(1)) for k in state if (m := re.match(r"transformer\.h\.(\d+)\.", k))}
@@ -100,7 +100,7 @@ def shape_fields(state: dict) -> dict:
     return found
 
 
-def _no_heads(path: Path, found: dict, state: dict) -> ModelLoadError:
+def _no_heads(path: Path, found: dict[str, Any], state: dict[str, Any]) -> ModelLoadError:
     shapes = ", ".join(f"{k} {tuple(state[k].shape)}" for k in ("transformer.wte.weight", "transformer.wpe.weight",
                                                                 "transformer.h.0.attn.c_attn.weight") if k in state)
     dims = ", ".join(f"{k}={found[k]}" for k in FIELDS if k in found)
@@ -110,7 +110,8 @@ def _no_heads(path: Path, found: dict, state: dict) -> ModelLoadError:
         f"or add \"n_head\" to {path.with_name('config.json')}")
 
 
-def resolve_config(state: dict, sources: list[tuple[dict, str]], path: Path) -> tuple[GPTConfig, str]:
+def resolve_config(state: dict[str, Any], sources: list[tuple[dict[str, Any], str]],
+                   path: Path) -> tuple[GPTConfig, str]:
     """Merge (fields, where) sources, first wins, then the tensor shapes. -> (config, description)."""
     merged: dict[str, Any] = {}
     used: list[str] = []

@@ -22,6 +22,7 @@ llama-cpp-python's server applies it by itself (llama-server with --jinja).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ PARTS = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_ou
          "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
 
 
-def gguf_tensors(model) -> dict[str, np.ndarray]:
+def gguf_tensors(model: Any) -> dict[str, np.ndarray]:
     """llama.cpp's names -> float32 arrays in (out, in) layout (GPT-2's Conv1D ones transposed back)."""
     state = gpt2_state(model)
     out = {"token_embd.weight": state["transformer.wte.weight"],
@@ -58,7 +59,7 @@ def gguf_tensors(model) -> dict[str, np.ndarray]:
     return {name: t.contiguous().numpy().astype(np.float32) for name, t in out.items()}
 
 
-def vocabulary(tokenizer, vocab_size: int) -> tuple[list[str], list[int], list[str]]:
+def vocabulary(tokenizer: Any, vocab_size: int) -> tuple[list[str], list[int], list[str]]:
     """-> (token texts by id, token types, merges) for every row of the embedding."""
     import gguf
 
@@ -89,7 +90,7 @@ def vocabulary(tokenizer, vocab_size: int) -> tuple[list[str], list[int], list[s
     return tokens, [int(t) for t in types], merges
 
 
-def _encoded(name: str, data: np.ndarray, outtype: str):
+def _encoded(name: str, data: np.ndarray, outtype: str) -> tuple[np.ndarray, Any]:
     """(array to write, its GGML type or None for a plain float array)."""
     import gguf
 
@@ -101,7 +102,7 @@ def _encoded(name: str, data: np.ndarray, outtype: str):
     return data.astype(np.float16), None
 
 
-def export_gguf(loaded, path: Path, outtype: str = "f16") -> Path:
+def export_gguf(loaded: Any, path: Path, outtype: str = "f16") -> Path:
     """Write `loaded` (a LoadedChatModel) to `path` as a GGUF file -> path. Written next to it, then moved:
     a model that cannot export leaves no file."""
     import gguf

@@ -4,10 +4,13 @@ Parameter names match nanoGPT (and so the owner's checkpoints):
     transformer.wte, transformer.wpe, transformer.h.N.{ln_1, attn.c_attn, attn.c_proj,
     ln_2, mlp.c_fc, mlp.c_proj}, transformer.ln_f, lm_head (weight tied to wte).
 
-Two ways to run it:
+One forward per purpose:
     model(idx, targets=None) -> (logits, loss)       the seed's contract (training, full recompute)
-    model.forward_cached(idx, cache, start_pos)       prefill one sequence's KVCache (in chunks)
-    model.decode_step(idx, caches, positions)         one token for each of several sequences
+    model.prefill(chunks)                             prefill chunks of one or several sequences' KVCaches
+    model.decode_step(idx, caches, positions, edits)  one token for each of several sequences
+
+Each takes an optional edit per sequence (webapp/chat/model/edits.py): every head's output passes
+edits.edit_heads before c_proj, every MLP's output edits.edit_mlp before its residual add.
 
 Shapes: B batch, T time (tokens), C n_embd, nh n_head, hs head size (C // nh), V vocab_size.
 """
@@ -16,15 +19,17 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn as nn
+from torch import Tensor
 from torch.nn import functional as F
 
 from webapp.chat.model import kernels
+from webapp.chat.model.edits import Edit, edit_heads, edit_mlp
 
 
 @dataclass
@@ -56,7 +61,8 @@ class KVCache:
     each can be kept for its conversation's next turn (webapp/chat/decode/prefix_cache.py).
     """
 
-    def __init__(self, config: GPTConfig, batch: int, max_len: int, device, dtype):
+    def __init__(self, config: GPTConfig, batch: int, max_len: int, device: torch.device | str | None,
+                 dtype: torch.dtype) -> None:
         hs = config.n_embd // config.n_head
         shape = (batch, config.n_head, max_len, hs)
         # empty, not zeros: only positions already written are ever read
@@ -76,6 +82,17 @@ class KVCache:
         return out
 
 
+@dataclass
+class Chunk:
+    """One sequence's prefill chunk: its token ids, run at positions start..start+len(ids)-1 of its cache."""
+
+    ids: Sequence[int]
+    cache: KVCache
+    start: int = 0
+    logits: bool = True  # whether its last position's logits are wanted (a prompt's last chunk)
+    edit: Edit | None = None  # the sequence's edit (None: the model's own run)
+
+
 class DecodingLinear:
     """forward() of Glassbox's linear layers (Linear, precision.WeightOnlyLinear): x @ Wᵀ + b (matmul()),
     or, with decode=True, a decode step's layer together with what surrounds it in a block:
@@ -88,8 +105,10 @@ class DecodingLinear:
     bias: Any  # (out,) or None
     scale: torch.Tensor | None  # one per output row, for int8 weights
     matmul: Callable[[torch.Tensor], torch.Tensor]
+    __call__: Callable[..., Tensor]  # nn.Module's, which calls forward()
 
-    def forward(self, x, decode: bool = False, norm=None, gelu: bool = False, residual=None):
+    def forward(self, x: Tensor, decode: bool = False, norm: nn.LayerNorm | None = None, gelu: bool = False,
+                residual: Tensor | None = None) -> Tensor:
         if not decode:
             return self.matmul(x)
         if kernels.supports(x, self.weight):
@@ -115,18 +134,19 @@ class Linear(DecodingLinear, nn.Linear):
 
     scale = None  # WeightOnlyLinear's int8 weights have one per output row; float weights none
 
-    def matmul(self, x):
+    def matmul(self, x: Tensor) -> Tensor:
         if not _batch_invariant(x, self.weight):
             return F.linear(x, self.weight, self.bias)
         return onednn_linear(x, self.weight, self.bias)
 
 
-def onednn_linear(x, weight, bias):
+def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x @ weightᵀ + bias through oneDNN's inner product, one row run as two (see Linear)."""
     rows = x.reshape(-1, x.size(-1))  # (N, C_in)
     n = rows.size(0)
     if n == 1:
         rows = rows.expand(2, -1)
+    y: Tensor
     if rows.dtype == torch.bfloat16 and not _onednn_bfloat16():
         # a CPU without bfloat16 inner products (AVX2 only): the same weights widened exactly to float32,
         # whose inner product computes each row alike too; the result rounded back to bfloat16
@@ -138,7 +158,7 @@ def onednn_linear(x, weight, bias):
     return y[:n].view(*x.shape[:-1], -1)
 
 
-_ONEDNN = torch.backends.mkldnn.is_available()
+_ONEDNN: bool = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
 
 
 @functools.cache
@@ -152,7 +172,7 @@ def _onednn_bfloat16() -> bool:
     return True
 
 
-def _batch_invariant(x, weight) -> bool:
+def _batch_invariant(x: Tensor, weight: Tensor) -> bool:
     """Whether x @ weight.T may take the batch-invariant oneDNN path."""
     return (_ONEDNN and x.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
             and x.dtype == weight.dtype and not torch.is_grad_enabled()
@@ -168,71 +188,85 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.n_embd = config.n_embd
 
-    def forward(self, x, cache: KVCache | None = None, layer: int = 0, start_pos: int = 0):
-        return self.c_proj(self._attend(self.c_attn(x), cache, layer, start_pos))
+    def forward(self, x: Tensor, layer: int = 0, edit: Edit | None = None) -> Tensor:
+        """Causal attention over x (B, T, C) at positions 0..T-1, nothing cached (training, a plain run)."""
+        q, k, v = self._heads(self.c_attn(x))  # (B, nh, T, hs) each
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        return self.c_proj(self._merge(edit_heads(y, layer, edit)))
 
-    def prefill_many(self, x, segments: list[tuple[KVCache, int, int]], layer: int):
-        """attention(x) for several sequences' prefill chunks side by side in x (1, ΣT, C): segment i is
-        (its cache, its start position, its T). The linear layers run once over every row; attention
-        runs per sequence, the very calls forward() makes for that chunk alone."""
+    def prefill(self, x: Tensor, chunks: list[Chunk], layer: int) -> Tensor:
+        """Attention for several sequences' prefill chunks side by side in x (1, ΣT, C), each at its own
+        positions, writing its keys and values into its own cache. The linear layers run once over every
+        row; attention runs per chunk, the very calls made for that chunk alone."""
         qkv, out, row = self.c_attn(x), [], 0
-        for cache, start_pos, T in segments:
-            out.append(self._attend(qkv[:, row:row + T], cache, layer, start_pos))
+        for chunk in chunks:
+            T = len(chunk.ids)
+            y = self._attend_cached(qkv[:, row:row + T], chunk.cache, layer, chunk.start)  # (1, nh, T, hs)
+            out.append(self._merge(edit_heads(y, layer, chunk.edit, chunk.start)))
             row += T
         return self.c_proj(torch.cat(out, dim=1))
 
-    def _attend(self, qkv, cache: KVCache | None, layer: int, start_pos: int):
-        """(B, T, 3C) queries, keys and values -> (B, T, C) attention outputs, heads side by side."""
+    def _heads(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, T, 3C) queries, keys and values -> q, k, v, each (B, nh, T, hs)."""
         B, T, C3 = qkv.size()
         C = C3 // 3
-        q, k, v = qkv.split(self.n_embd, dim=2)
+        q, k, v = qkv.split(self.n_embd, dim=2)  # type: ignore[no-untyped-call]
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        return q, k, v
 
-        if cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            end = start_pos + T
-            cache.k[layer][:B, :, start_pos:end] = k
-            cache.v[layer][:B, :, start_pos:end] = v
-            k = cache.k[layer][:B, :, :end].to(q.dtype)  # (B, nh, end, hs): everything seen so far
-            v = cache.v[layer][:B, :, :end].to(q.dtype)  # (a no-op unless the cache is kept in 16 bits)
-            if T == 1:
-                # one new token may look at every cached position: no mask needed
-                y = F.scaled_dot_product_attention(q, k, v)
-            elif start_pos == 0:
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            else:
-                # a later prefill chunk: query i sits at position start_pos + i. SDPA's is_causal
-                # aligns the mask top-left, which is wrong when T != end, so spell it out.
-                mask = torch.ones(T, end, dtype=torch.bool, device=qkv.device).tril(diagonal=start_pos)
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    @staticmethod
+    def _merge(y: Tensor) -> Tensor:
+        """(B, nh, T, hs) heads' outputs -> (B, T, C), heads side by side (what c_proj reads)."""
+        B, nh, T, hs = y.size()
+        return y.transpose(1, 2).contiguous().view(B, T, nh * hs)
 
-        return y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads side by side
+    def _attend_cached(self, qkv: Tensor, cache: KVCache, layer: int, start_pos: int) -> Tensor:
+        """(1, T, 3C) for positions start_pos..start_pos+T-1 -> (1, nh, T, hs) heads' outputs, having written
+        their keys and values into `cache` (positions before start_pos must be there already)."""
+        q, k, v = self._heads(qkv)
+        B, T = q.size(0), q.size(2)
+        end = start_pos + T
+        cache.k[layer][:B, :, start_pos:end] = k
+        cache.v[layer][:B, :, start_pos:end] = v
+        k = cache.k[layer][:B, :, :end].to(q.dtype)  # (B, nh, end, hs): everything seen so far
+        v = cache.v[layer][:B, :, :end].to(q.dtype)  # (a no-op unless the cache is kept in 16 bits)
+        if T == 1:
+            # one new token may look at every cached position: no mask needed
+            return F.scaled_dot_product_attention(q, k, v)
+        if start_pos == 0:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # a later prefill chunk: query i sits at position start_pos + i. SDPA's is_causal aligns the mask
+        # top-left, which is wrong when T != end, so spell it out.
+        mask = torch.ones(T, end, dtype=torch.bool, device=qkv.device).tril(diagonal=start_pos)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
-    def decode(self, x, norm: nn.LayerNorm, caches: list[KVCache], layer: int, positions: list[int]):
+    def decode(self, x: Tensor, norm: nn.LayerNorm, caches: list[KVCache], layer: int, positions: list[int],
+               edits: list[Edit | None]) -> Tensor:
         """x + attention(norm(x)) for one new token per row (x: (B, 1, C)), each row a sequence of its own:
-        its own cache and position. The norm and the residual add happen inside the linear layers' calls.
+        its own cache, position and edit. The norm and the residual add happen inside the linear layers' calls.
 
         Each row attends over its own history alone, so a row's result does not depend on the others
         (nor on their lengths: no padding, no mask). With one token per row the heads need no transposes:
         (B, 3, nh, 1, hs) -> per row (1, nh, 1, hs) queries, and outputs that are already (1, C)."""
         B, _, C = x.size()
         qkv = self.c_attn(x, decode=True, norm=norm).view(B, 3, self.n_head, 1, C // self.n_head)
-        out = torch.empty(B, self.n_head, 1, C // self.n_head, dtype=x.dtype, device=x.device)
+        out = torch.empty(B, self.n_head, 1, C // self.n_head, dtype=x.dtype, device=x.device)  # (B, nh, 1, hs)
         fused = kernels.attends(qkv, out, caches[0].k[layer])  # every cache is made alike (GPT.new_cache)
         for r, (cache, pos) in enumerate(zip(caches, positions)):
             keys, values = cache.k[layer], cache.v[layer]  # (1, nh, max_len, hs)
             q, k, v = qkv[r, 0], qkv[r, 1], qkv[r, 2]  # (nh, 1, hs) each
             if fused:  # writes k and v, then reads the cache once, at the machine's bandwidth
                 kernels.attend(q, k, v, keys, values, pos, out[r])
-                continue
-            keys[0, :, pos:pos + 1] = k
-            values[0, :, pos:pos + 1] = v
-            # 4-D, as SDPA's fused CPU kernel wants it (3-D inputs take its slow reference path)
-            out[r:r + 1] = F.scaled_dot_product_attention(q[None], keys[:, :, :pos + 1].to(q.dtype),
-                                                          values[:, :, :pos + 1].to(q.dtype))
+            else:
+                keys[0, :, pos:pos + 1] = k
+                values[0, :, pos:pos + 1] = v
+                # 4-D, as SDPA's fused CPU kernel wants it (3-D inputs take its slow reference path)
+                out[r:r + 1] = F.scaled_dot_product_attention(q[None], keys[:, :, :pos + 1].to(q.dtype),
+                                                              values[:, :, :pos + 1].to(q.dtype))
+            if edits[r] is not None:
+                out[r:r + 1] = edit_heads(out[r:r + 1], layer, edits[r], pos)
         return self.c_proj(out.view(B, 1, C), decode=True, residual=x)
 
 
@@ -243,12 +277,21 @@ class MLP(nn.Module):
         self.gelu = nn.GELU()
         self.c_proj = Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         return self.c_proj(self.gelu(self.c_fc(x)))
 
-    def decode(self, x, norm: nn.LayerNorm):
-        """x + mlp(norm(x)) for one new token per row, the norm, GELU and residual add inside the calls."""
-        return self.c_proj(self.c_fc(x, decode=True, norm=norm, gelu=True), decode=True, residual=x)
+    def decode(self, x: Tensor, norm: nn.LayerNorm, layer: int, positions: list[int],
+               edits: list[Edit | None]) -> Tensor:
+        """x + mlp(norm(x)) for one new token per row, the norm, GELU and residual add inside the calls
+        (the add after them where a row's edit replaces this MLP's output)."""
+        h = self.c_fc(x, decode=True, norm=norm, gelu=True)  # (B, 1, 4C)
+        if all(edit is None or not edit.mlps_at(layer) for edit in edits):
+            return self.c_proj(h, decode=True, residual=x)
+        out = self.c_proj(h, decode=True)  # (B, 1, C)
+        for r, (edit, pos) in enumerate(zip(edits, positions)):
+            if edit is not None:
+                out[r:r + 1] = edit_mlp(out[r:r + 1], layer, edit, pos)
+        return x + out
 
 
 class Block(nn.Module):
@@ -259,29 +302,52 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, cache=None, layer: int = 0, start_pos=0):
-        """cache/start_pos: None (no cache); one KVCache and an int (one sequence, T tokens); or one
-        KVCache and one position per row (several sequences, one token each: decoding, where the kernel
-        may update x in place and return it)."""
-        if isinstance(cache, list):
-            if self.ln_1.eps == self.ln_2.eps and kernels.block(
-                    x, self._parameters_in_order(), self.ln_1.eps, self.attn.n_head, [c.k[layer] for c in cache],
-                    [c.v[layer] for c in cache], start_pos):
-                return x  # the whole block in one kernel call, in place
-            return self.mlp.decode(self.attn.decode(x, self.ln_1, cache, layer, start_pos), self.ln_2)
-        x = x + self.attn(self.ln_1(x), cache, layer, start_pos)
-        x = x + self.mlp(self.ln_2(x))
+    def forward(self, x: Tensor, layer: int = 0, edit: Edit | None = None) -> Tensor:
+        """x (B, T, C) at positions 0..T-1, nothing cached (training, a plain run)."""
+        x = x + self.attn(self.ln_1(x), layer, edit)
+        return x + edit_mlp(self.mlp(self.ln_2(x)), layer, edit)
+
+    def prefill(self, x: Tensor, chunks: list[Chunk], layer: int) -> Tensor:
+        """x (1, ΣT, C): several sequences' prefill chunks side by side (see GPT.prefill)."""
+        x = x + self.attn.prefill(self.ln_1(x), chunks, layer)
+        out: Tensor = self.mlp(self.ln_2(x))  # (1, ΣT, C)
+        row = 0
+        for chunk in chunks:
+            T = len(chunk.ids)
+            if chunk.edit is not None:
+                out[:, row:row + T] = edit_mlp(out[:, row:row + T], layer, chunk.edit, chunk.start)
+            row += T
+        return x + out
+
+    def decode(self, x: Tensor, caches: list[KVCache], layer: int, positions: list[int],
+               edits: list[Edit | None]) -> Tensor:
+        """One new token per row, x (B, 1, C), row r a sequence of its own (caches[r], positions[r],
+        edits[r]); the kernel may update x in place and return it. Rows without an edit run the whole block
+        in one kernel call where it can; a row with an edit never does: it takes the per-layer path, where
+        its heads' and MLP's outputs pass edit_heads and edit_mlp. A row's result is the same whichever
+        other rows are in the batch and whichever path they take."""
+        edited = [r for r, edit in enumerate(edits) if edit is not None]
+        if not edited and self._fused(x, caches, layer, positions):
+            return x  # the whole block in one kernel call, in place
+        if not edited or len(edited) == len(edits):
+            return self.mlp.decode(self.attn.decode(x, self.ln_1, caches, layer, positions, edits), self.ln_2,
+                                   layer, positions, edits)
+        plain = [r for r, edit in enumerate(edits) if edit is None]
+        for rows in (plain, edited):
+            x[rows] = self.decode(x[rows], [caches[r] for r in rows], layer, [positions[r] for r in rows],
+                                  [edits[r] for r in rows])
         return x
 
-    def prefill_many(self, x, segments: list[tuple[KVCache, int, int]], layer: int):
-        """forward() for several sequences' prefill chunks side by side in x (see GPT.prefill_many)."""
-        x = x + self.attn.prefill_many(self.ln_1(x), segments, layer)
-        return x + self.mlp(self.ln_2(x))
+    def _fused(self, x: Tensor, caches: list[KVCache], layer: int, positions: list[int]) -> bool:
+        """The whole block's decode step in one kernel call, in place on x; False: not done (no kernel)."""
+        return self.ln_1.eps == self.ln_2.eps and kernels.block(
+            x, self._parameters_in_order(), self.ln_1.eps, self.attn.n_head, [c.k[layer] for c in caches],
+            [c.v[layer] for c in caches], positions)
 
-    def _parameters_in_order(self) -> list[torch.Tensor | None]:
+    def _parameters_in_order(self) -> list[Tensor | None]:
         """The tensors kernels.block takes, in nanoGPT's order (a linear layer: weight, scale, bias)."""
         attn, mlp = self.attn, self.mlp
-        tensors: list[torch.Tensor | None] = [self.ln_1.weight, self.ln_1.bias]
+        tensors: list[Tensor | None] = [self.ln_1.weight, self.ln_1.bias]
         for linear in (attn.c_attn, attn.c_proj):
             tensors += [linear.weight, linear.scale, linear.bias]
         tensors += [self.ln_2.weight, self.ln_2.bias]
@@ -312,7 +378,7 @@ class GPT(nn.Module):
             if name.endswith("c_proj.weight"):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
-    def _init_weights(self, module):
+    def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if module.bias is not None:
@@ -324,23 +390,25 @@ class GPT(nn.Module):
         """Parameters counted once (wte and lm_head share one tensor)."""
         return sum(p.numel() for p in self.parameters())
 
-    def _embed(self, idx, start_pos: int):
+    def _embed(self, idx: Tensor, start_pos: int) -> Tensor:
         B, T = idx.size()
         if start_pos + T > self.config.block_size:
             raise ValueError(f"positions {start_pos}..{start_pos + T - 1} exceed block_size {self.config.block_size}")
         pos = torch.arange(start_pos, start_pos + T, dtype=torch.long, device=idx.device)  # (T,)
-        return self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        x: Tensor = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        return x
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx: Tensor, targets: Tensor | None = None,
+                edit: Edit | None = None) -> tuple[Tensor, Tensor | None]:
         """idx (B, T) token ids -> (logits, loss).
 
         With targets (B, T) (-1 = ignore), logits are (B, T, V) and loss is the mean cross-entropy.
         Without targets, as nanoGPT does, only the last position is projected: logits are (B, 1, V)
-        and loss is None. Callers take logits[:, -1, :] either way.
+        and loss is None. Callers take logits[:, -1, :] either way. edit: replaced outputs (edits.py).
         """
         x = self._embed(idx, 0)
-        for block in self.transformer.h:
-            x = block(x)
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, layer, edit)
         x = self.transformer.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None  # (B, 1, V)
@@ -353,69 +421,61 @@ class GPT(nn.Module):
         p = self.transformer.wte.weight  # the activations' dtype (lm_head may hold int8 weights)
         return KVCache(self.config, batch, max_len or self.config.block_size, p.device, self.kv_dtype or p.dtype)
 
-    def forward_cached(self, idx, cache: KVCache, start_pos: int, logits: bool = True):
-        """Run tokens idx (1, T) of one sequence at positions start_pos.. start_pos+T-1, storing their
-        keys and values in `cache`, and return the logits of the last position, (1, V) (None with
-        logits=False: a prefill chunk before the last needs only its keys and values, not lm_head).
-
-        Positions before start_pos must already be in the cache. Prefill a prompt with start_pos=0
-        (whole or in chunks); then decode with decode_step, alone or together with other sequences.
-        """
-        if start_pos + idx.size(1) > cache.max_len:
-            raise ValueError(f"KV cache holds {cache.max_len} positions; asked for {start_pos + idx.size(1)}")
-        x = self._embed(idx, start_pos)
-        for layer, block in enumerate(self.transformer.h):
-            x = block(x, cache, layer, start_pos)
-        if not logits:
-            return None
-        x = self.transformer.ln_f(x[:, -1, :])  # (B, C): only the last position is needed
-        return self.lm_head(x)  # (B, V)
-
     def prefills_together(self) -> bool:
-        """Whether prefill_many gives every chunk the same bits as forward_cached alone: on CPU, with every
+        """Whether prefill() gives every chunk of several the same bits as that chunk alone: on CPU, with every
         linear layer a float32 `Linear` on oneDNN's inner product, which sums each row the same way
         whatever the number of rows (bfloat16 and int8 prefill kernels do not: tests/chat/model)."""
+        linears: list[nn.Module] = [m for m in self.modules() if isinstance(m, DecodingLinear)]
         return all(type(m) is Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
-                   for m in self.modules() if isinstance(m, DecodingLinear)) and _ONEDNN
+                   for m in linears) and _ONEDNN
 
-    def prefill_many(self, chunks: list[tuple[list[int], KVCache, int, bool]]) -> list[torch.Tensor | None]:
-        """forward_cached for several sequences at once: chunk i is (its token ids, its cache, its start
-        position, whether it needs logits). Their rows run side by side through every linear layer, so
-        the weights are read once for all of them; attention is per sequence. -> each chunk's logits (1, V),
-        or None. Only where prefills_together(): otherwise call forward_cached per chunk."""
-        segments, pieces = [], []
-        for ids, cache, start_pos, _ in chunks:
-            if start_pos + len(ids) > cache.max_len:
-                raise ValueError(f"KV cache holds {cache.max_len} positions; asked for {start_pos + len(ids)}")
-            idx = torch.tensor([ids], dtype=torch.long, device=self.lm_head.weight.device)
-            pieces.append(self._embed(idx, start_pos))
-            segments.append((cache, start_pos, len(ids)))
+    def prefill(self, chunks: list[Chunk]) -> list[Tensor | None]:
+        """Run each chunk's tokens at its positions start..start+T-1, storing their keys and values in its
+        cache (positions before start must be there already) -> each chunk's last position's logits (1, V),
+        or None for a chunk that does not want them (a prefill chunk before a prompt's last needs only its
+        keys and values, not lm_head).
+
+        One chunk is one sequence's prefill step; several run side by side through every linear layer, so
+        the weights are read once for all of them, and attention is per chunk. Several only where
+        prefills_together(): otherwise call it once per chunk."""
+        pieces = []
+        for chunk in chunks:
+            if chunk.start + len(chunk.ids) > chunk.cache.max_len:
+                raise ValueError(f"KV cache holds {chunk.cache.max_len} positions; asked for "
+                                 f"{chunk.start + len(chunk.ids)}")
+            idx = torch.tensor([list(chunk.ids)], dtype=torch.long, device=self.lm_head.weight.device)  # (1, T)
+            pieces.append(self._embed(idx, chunk.start))
         x = torch.cat(pieces, dim=1)  # (1, ΣT, C)
         for layer, block in enumerate(self.transformer.h):
-            x = block.prefill_many(x, segments, layer)
-        ends, row = [], 0
-        for ids, _, _, logits in chunks:
-            row += len(ids)
-            ends.append(row - 1 if logits else None)
+            x = block.prefill(x, chunks, layer)
+        ends: list[int | None] = []
+        row = 0
+        for chunk in chunks:
+            row += len(chunk.ids)
+            ends.append(row - 1 if chunk.logits else None)
         wanted = [end for end in ends if end is not None]
         if not wanted:
             return [None] * len(chunks)
-        found = iter(self.lm_head(self.transformer.ln_f(x[0, wanted, :])).split(1))  # (1, V) each
+        logits = self.lm_head(self.transformer.ln_f(x[0, wanted, :]))  # (len(wanted), V)
+        found = iter(torch.split(logits, 1))  # (1, V) each
         return [next(found) if end is not None else None for end in ends]
 
-    def decode_step(self, idx, caches: list[KVCache], positions: list[int]):
+    def decode_step(self, idx: Tensor, caches: list[KVCache], positions: list[int],
+                    edits: list[Edit | None] | None = None) -> Tensor:
         """One new token for each of B sequences: idx (B, 1), row r at positions[r] of caches[r]
-        (one cache per sequence, batch 1 each). -> logits (B, V).
+        (one cache per sequence, batch 1 each), with edits[r] (None: the model's own run). -> logits (B, V).
 
         The weights are read once for all rows; attention runs per row over its own cache. A row's
-        logits are the same, bit for bit on CPU, whatever the other rows are (see Linear)."""
-        if not idx.size(0) == len(caches) == len(positions):
-            raise ValueError(f"{idx.size(0)} rows, {len(caches)} caches and {len(positions)} positions: one each")
+        logits are the same, bit for bit on CPU, whatever the other rows are (see Linear), edited or not."""
+        edits = edits if edits is not None else [None] * len(caches)
+        if not idx.size(0) == len(caches) == len(positions) == len(edits):
+            raise ValueError(f"{idx.size(0)} rows, {len(caches)} caches, {len(positions)} positions and "
+                             f"{len(edits)} edits: one each")
         for cache, pos in zip(caches, positions):
             if pos >= cache.max_len:
                 raise ValueError(f"KV cache holds {cache.max_len} positions; asked for {pos + 1}")
         rows = torch.tensor(positions, dtype=torch.long, device=idx.device).view(-1, 1)  # (B, 1)
         x = self.transformer.wte(idx) + self.transformer.wpe(rows)  # (B, 1, C)
         for layer, block in enumerate(self.transformer.h):
-            x = block(x, caches, layer, positions)
+            x = block.decode(x, caches, layer, positions, edits)
         return self.lm_head(x[:, -1, :], decode=True, norm=self.transformer.ln_f)  # (B, V)

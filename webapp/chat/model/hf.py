@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,7 +33,7 @@ class ExportError(Exception):
 
 
 # -- weights ----------------------------------------------------------------------------------------
-def gpt2_state(model) -> dict[str, torch.Tensor]:
+def gpt2_state(model: Any) -> dict[str, torch.Tensor]:
     """The model's weights under GPT2LMHeadModel's names and layouts (lm_head is tied to wte: not stored).
     A model without biases gets zero biases, which GPT-2's layers always have: the same function."""
     config = model.config
@@ -62,7 +63,7 @@ def gpt2_state(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def gpt2_config(model, tokenizer) -> dict:
+def gpt2_config(model: Any, tokenizer: Any) -> dict[str, Any]:
     c = model.config
     sp = tokenizer.special_ids
     return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": int(c.vocab_size),
@@ -75,7 +76,7 @@ def gpt2_config(model, tokenizer) -> dict:
             "bos_token_id": sp["<|bos|>"], "eos_token_id": sp["<|assistant_end|>"]}
 
 
-def generation_config(model, tokenizer) -> dict:
+def generation_config(model: Any, tokenizer: Any) -> dict[str, Any]:
     """Glassbox ends a reply at any id from the first special up (the specials and the embedding's
     padding rows), and samples at temperature 1 with top-k 50 by default: engines that read this file
     (transformers' generate, vLLM) do the same."""
@@ -116,7 +117,7 @@ def _bpe_parts(ranks: dict[bytes, int], token: bytes, max_rank: int) -> list[byt
         parts[i:i + 2] = [parts[i] + parts[i + 1]]
 
 
-def bpe_vocab_and_merges(tokenizer) -> tuple[dict[str, int], list[str], dict[int, str]]:
+def bpe_vocab_and_merges(tokenizer: Any) -> tuple[dict[str, int], list[str], dict[int, str]]:
     """-> (vocab.json, merges.txt lines, the encoding's own specials by id) for a tiktoken tokenizer."""
     enc = tokenizer._enc  # the tiktoken Encoding (TiktokenChatTokenizer keeps it)
     own_specials = {enc.encode_single_token(s): s for s in enc.special_tokens_set}
@@ -162,7 +163,7 @@ def chat_template() -> str:
             "{%- if add_generation_prompt -%}{{- '<|assistant_start|>' -}}{%- endif -%}")
 
 
-def tokenizer_files(tokenizer, block_size: int) -> dict[str, str]:
+def tokenizer_files(tokenizer: Any, block_size: int) -> dict[str, str]:
     """vocab.json, merges.txt and tokenizer_config.json for GPT2Tokenizer."""
     if isinstance(tokenizer, ByteTokenizer):
         chars = bytes_to_unicode()
@@ -189,7 +190,7 @@ def tokenizer_files(tokenizer, block_size: int) -> dict[str, str]:
 
 
 # -- the directory ----------------------------------------------------------------------------------
-def export_hf(loaded, out_dir: Path) -> list[Path]:
+def export_hf(loaded: Any, out_dir: Path) -> list[Path]:
     """Write `loaded` (a LoadedChatModel) to out_dir as a GPT-2 model directory -> the files written."""
     from safetensors.torch import save_file
 

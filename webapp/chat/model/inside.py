@@ -8,13 +8,15 @@ model changes:
     for each block l = 1..n_layer:
         a   = ln_1(x);  q, k, v = split(c_attn(a))                   heads of size hs = C / nh
         A   = softmax(q kᵀ / √hs, causal)                            attention weights, each row sums to 1
-        x   = x + c_proj(A v);  x = x + mlp(ln_2(x))                 x_l
+        y   = edit_heads(A v, l, edit)                               the heads' outputs (B, nh, T, hs), edited
+        x   = x + c_proj(y);  x = x + edit_mlp(mlp(ln_2(x)), l, edit)  x_l
     logits = lm_head(ln_f(x_n))
 
 Only the last position p is kept: x_0..x_n at p (the logit lens reads them through ln_f and lm_head, as
 nostalgebraist's "logit lens" does), and A's row p for every layer and head. Every other row's attention
 runs through the same SDPA call as the model's forward; row p is worked out explicitly (its softmax is
-the one shown, and the one its output is made from).
+the one shown, and the one its output is made from). An edit (webapp/chat/model/edits.py) replaces heads'
+and MLPs' outputs through the same edit_heads and edit_mlp as the model's own forwards.
 
 Shapes: T tokens run, S = start + T positions attended (keys), C n_embd, nh heads, hs = C // nh, V vocab.
 """
@@ -29,6 +31,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+
+from webapp.chat.model.edits import Edit, edit_heads, edit_mlp
 
 # The modules a model needs (nanoGPT's names): the owner's factory models have them or cannot be looked into.
 MODEL_MODULES = ("transformer.wte", "transformer.wpe", "transformer.h", "transformer.ln_f", "lm_head")
@@ -70,12 +74,12 @@ KeysValues = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values 
 
 @torch.inference_mode()
 def look_inside(model: Any, ids: torch.Tensor, start: int = 0, past: KeysValues | None = None,
-                between: Callable[[], None] | None = None) -> Inside:
+                between: Callable[[], None] | None = None, edit: Edit | None = None) -> Inside:
     """Run ids (1, T) at positions start..start+T-1 and return what happened at the last one, p.
 
     past: the keys and values of positions 0..start-1, per layer (read, never written), e.g. a reply's
-    kept KV cache; without it start must be 0. between: called after each block (the core lets running
-    replies take a step there)."""
+    kept KV cache (one run with the same edit); without it start must be 0. between: called after each
+    block (the core lets running replies take a step there). edit: heads' and MLPs' outputs replaced."""
     if (start > 0) != (past is not None):
         raise ValueError("positions before `start` need their keys and values (past), and only they")
     config = model.config  # the owner's models: any object with n_embd and n_head
@@ -110,9 +114,11 @@ def look_inside(model: Any, ids: torch.Tensor, start: int = 0, past: KeysValues 
             y = torch.cat([rest, y], dim=2)  # (1, nh, T, hs)
         if last:
             x = x[:, -1:]
+        first = start + T - x.size(1)  # the position of x's (and y's) first row
+        y = edit_heads(y, layer, edit, first)  # (1, nh, x's T, hs)
         y = y.transpose(1, 2).contiguous().view(1, y.size(2), C)  # heads side by side
         x = x + block.attn.c_proj(y)
-        x = x + block.mlp(block.ln_2(x))
+        x = x + edit_mlp(block.mlp(block.ln_2(x)), layer, edit, first)
         residuals.append(x[0, -1])
         if between is not None:
             between()
@@ -122,4 +128,5 @@ def look_inside(model: Any, ids: torch.Tensor, start: int = 0, past: KeysValues 
 @torch.inference_mode()
 def lens_logits(model: Any, residuals: torch.Tensor) -> torch.Tensor:
     """The logit lens: each residual (L, C) through the final layer norm and lm_head -> logits (L, V)."""
-    return model.lm_head(model.transformer.ln_f(residuals))
+    logits: torch.Tensor = model.lm_head(model.transformer.ln_f(residuals))
+    return logits

@@ -19,8 +19,10 @@ import hashlib
 import importlib
 import importlib.util
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -39,7 +41,7 @@ class LoadedChatModel:
     model: nn.Module  # eval mode, on its device; model(idx) -> (logits, loss)
     tokenizer: ChatTokenizer
     block_size: int
-    supports_kv_cache: bool  # has forward_cached/new_cache: generate() uses the fast path
+    supports_kv_cache: bool  # has prefill/new_cache: generate() uses the fast path
     checkpoint_id: str  # "model.safetensors@1a2b3c4d5e6f" (file name + sha256 prefix)
     description: str  # one line for the UI/logs: architecture, size, tokenizer, where the config came from
     prompt: PromptBuilder  # few-shot encoded once for this tokenizer and window
@@ -47,6 +49,7 @@ class LoadedChatModel:
     n_params: int = 0  # parameters, counted before int8 turns weights into buffers
     torch_threads: int = 0  # intra-op threads for its replies; 0 = the core worker's setting
     remote: bool = False  # replies come from a remote backend (GLASSBOX_CHAT_BACKEND): this model gives the prompts
+    prefix_cache: Any = None  # its replies' kept KV caches: a PrefixCache built at boot (webapp/chat/boot.py)
 
 
 def _file_id(path: Path) -> str:
@@ -63,7 +66,7 @@ def _without_folders(spec: str) -> str:
     return re.sub(r"[^\s'\"(:]*/", "", spec)
 
 
-def _read_checkpoint(path: Path) -> tuple[dict, dict | None, str]:
+def _read_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None, str]:
     """-> (state dict, the checkpoint's own config or None, what to call that config)."""
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
@@ -85,11 +88,11 @@ def _read_checkpoint(path: Path) -> tuple[dict, dict | None, str]:
     raise ModelLoadError(f"{path}: neither a state dict of tensors nor a nanoGPT checkpoint with 'model'")
 
 
-def _clean_state(state: dict) -> dict:
+def _clean_state(state: dict[str, Any]) -> dict[str, Any]:
     return {k.replace("_orig_mod.", ""): v for k, v in state.items()}  # torch.compile's wrapper prefix
 
 
-def _load_factory(spec: str):
+def _load_factory(spec: str) -> Callable[..., Any]:
     target, _, func = spec.rpartition(":")
     if not target or not func:
         raise ModelLoadError(f"factory {spec!r}: expected 'module:function' or 'path/to/file.py:function'")
@@ -104,14 +107,15 @@ def _load_factory(spec: str):
             mod_spec.loader.exec_module(module)
         else:
             module = importlib.import_module(target)
-        return getattr(module, func)
+        factory: Callable[..., Any] = getattr(module, func)
+        return factory
     except ModelLoadError:
         raise
     except Exception as e:
         raise ModelLoadError(f"factory {spec!r} cannot be imported ({type(e).__name__}: {e})") from None
 
 
-def _list(keys, n=5) -> str:
+def _list(keys: Iterable[str], n: int = 5) -> str:
     keys = sorted(keys)
     more = f", ... ({len(keys)} in all)" if len(keys) > n else ""
     return ", ".join(keys[:n]) + more
@@ -124,7 +128,7 @@ def _is_tied(model: nn.Module) -> bool:
         return False
 
 
-def _load_strict(model: nn.Module, state: dict, path: Path, hint: str):
+def _load_strict(model: nn.Module, state: dict[str, Any], path: Path, hint: str) -> None:
     """Check keys and shapes, then load. A model on the meta device takes the tensors as they are."""
     expected = model.state_dict()
     for k in [k for k in state if k not in expected and re.search(r"\.attn\.(bias|masked_bias)$", k)]:
@@ -171,7 +175,7 @@ def _embedding_rows(model: nn.Module) -> int | None:
     return rows
 
 
-def _resolve_tokenizer(spec, configs: list[dict], path: Path) -> ChatTokenizer:
+def _resolve_tokenizer(spec: str | None, configs: list[dict[str, Any]], path: Path) -> ChatTokenizer:
     named = [c["tokenizer"] for c in configs if isinstance(c.get("tokenizer"), str) and c["tokenizer"]]
     if not spec and named:
         spec = named[0]
@@ -185,7 +189,8 @@ def _resolve_tokenizer(spec, configs: list[dict], path: Path) -> ChatTokenizer:
 
 
 def load_chat_model(checkpoint: str, *, arch: str | None = None, tokenizer_spec: str | None = None,
-                    factory: str | None = None, device: str = "cpu", dtype="float32") -> LoadedChatModel:
+                    factory: str | None = None, device: str = "cpu",
+                    dtype: str | torch.dtype | None = "float32") -> LoadedChatModel:
     """Load, check and place a chat model. Raises ModelLoadError naming the file and the mismatch.
     dtype: a precision of webapp/chat/model/precision.py (float32, bfloat16, float16, int8; None: the device's)."""
     path = Path(checkpoint)
@@ -235,9 +240,9 @@ def load_chat_model(checkpoint: str, *, arch: str | None = None, tokenizer_spec:
     n_params = sum(p.numel() for p in model.parameters())  # before int8 turns weights into buffers
     apply_precision(model.to(device=dev), precision).eval()
 
-    block_size = int(model.config.block_size)
-    kv = callable(getattr(model, "forward_cached", None)) and callable(getattr(model, "new_cache", None))
-    c = model.config
+    c: Any = model.config  # GPTConfig, or the owner's factory's config
+    block_size = int(c.block_size)
+    kv = callable(getattr(model, "prefill", None)) and callable(getattr(model, "new_cache", None))
     has_shape = all(hasattr(c, a) for a in ("n_layer", "n_head", "n_embd"))
     shape = f"{c.n_layer}L/{c.n_head}H/{c.n_embd}d " if has_shape else ""
     description = (f"{type(model).__name__} {shape}{n_params / 1e6:.1f}M params, block {block_size}, "

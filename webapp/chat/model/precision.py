@@ -68,7 +68,7 @@ class WeightOnlyLinear(DecodingLinear, nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
-    def matmul(self, x):
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, C_in)
         if self.scale is None:
             y = onednn_linear(rows, self.weight, None).float()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from webapp.chat.model.tokenizer import ChatTokenizer
 
@@ -64,18 +65,19 @@ class PromptReport:
     def turn_tokens(self) -> int:
         return sum(p.tokens for p in self.parts if p.kind == "turn")
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> PromptReport:
+    def from_dict(cls, data: dict[str, Any]) -> PromptReport:
         return cls(**{**data, "parts": [PromptPart(**p) for p in data["parts"]]})
 
 
 class PromptBuilder:
     """Builds prompts for one tokenizer and window; the few-shot ids are encoded once."""
 
-    def __init__(self, tokenizer: ChatTokenizer, block_size: int, fewshot=FEWSHOT_EXAMPLES):
+    def __init__(self, tokenizer: ChatTokenizer, block_size: int,
+                 fewshot: list[tuple[str, str]] = FEWSHOT_EXAMPLES) -> None:
         self.tokenizer = tokenizer
         self.block_size = block_size
         sp = tokenizer.special_ids
@@ -132,7 +134,7 @@ class PromptBuilder:
 
         report = PromptReport([], self.block_size, max_new_tokens, len(self.fewshot_ids), budget)
 
-        def add(kind, ids, role=None, text=None):
+        def add(kind: str, ids: list[int], role: str | None = None, text: str | None = None) -> None:
             start = len(report.ids)
             report.ids.extend(ids)
             report.parts.append(PromptPart(kind, role, text, start, len(report.ids), len(ids)))

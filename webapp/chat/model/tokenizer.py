@@ -8,9 +8,12 @@ first sampled id >= the first special id (any special, or a padding id of the em
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from webapp.chat.model.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    import tiktoken
 
 CHAT_SPECIALS = ("<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>")
 GPT2_ENDOFTEXT = 50256
@@ -67,7 +70,7 @@ class ByteTokenizer:
 class TiktokenChatTokenizer:
     """A tiktoken Encoding (ordinary BPE tokens) plus the chat specials."""
 
-    def __init__(self, encoding, specials: dict[str, int], name: str):
+    def __init__(self, encoding: tiktoken.Encoding, specials: dict[str, int], name: str) -> None:
         self.name = name
         self._enc = encoding
         # the chat specials start right after <|endoftext|> (50256) in the owner's vocabulary

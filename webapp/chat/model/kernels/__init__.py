@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -120,7 +121,7 @@ def _load() -> ctypes.CDLL:
 
 
 @contextlib.contextmanager
-def disabled():
+def disabled() -> Iterator[None]:
     """Decode with torch's kernels inside this block (a benchmark's baseline; the fallback's tests)."""
     global _disabled
     _disabled += 1
@@ -177,14 +178,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out.view(*x.shape[:-1], N)
 
 
-def block(x: torch.Tensor, params: list, eps: float, n_head: int, keys: list, values: list,
-          positions: list[int]) -> bool:
+def block(x: torch.Tensor, params: list[torch.Tensor | None], eps: float, n_head: int, keys: list[torch.Tensor],
+          values: list[torch.Tensor], positions: list[int]) -> bool:
     """One transformer block's decode step in place on x (B, 1, C), float32, each row a sequence of its own:
     x += attention(ln_1(x)); x += mlp(ln_2(x)), the same sums as a call per layer (linear(), attend()).
     params: the block's tensors in nanoGPT's order (linear.c, glassbox_block; scales and biases may be
     None); keys[r], values[r]: row r's cache of this layer, (1, nh, max_len, hs); positions[r]: row r's new
     position. -> False, having done nothing, when the kernel cannot take these (then call per layer)."""
-    weights = params[2], params[5], params[10], params[13]
+    weights = [w for w in (params[2], params[5], params[10], params[13]) if w is not None]
+    if len(weights) != 4:
+        return False
     kind = KINDS.get(weights[0].dtype)
     B, C = x.shape[0], x.shape[-1]
     if (_disabled or kind is None or library() is None or x.dtype != torch.float32 or x.device.type != "cpu"
