@@ -162,6 +162,8 @@ def test_one_message_asks_two_models_at_once_each_reply_a_version(tmp_path, regi
         assert wait_for(lambda: all(m["status"] == "complete" for m in messages(app, cid)))
         compare = client.get(f"/chat/c/{cid}/m/{replies[0]['id']}/compare/{replies[1]['id']}")
         assert compare.status_code == 200
+        sides = re.findall(r'<small class="model-name">([^<]+)</small>', compare.get_data(as_text=True))
+        assert sides == ["first", "second"]  # each side names the model that wrote it
         # Regenerate with the other model: a third version, labelled with the model that wrote it
         regenerated = client.post(f"/chat/c/{cid}/regenerate", headers={"HX-Request": "true"},
                                   data={"csrf_token": csrf_of(client, f"/chat/c/{cid}"), "model": "first",
