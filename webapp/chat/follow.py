@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from webapp.chat.store import ChatStore
+from webapp.chat.store import ChatStore, Status
 from webapp.core.jobs import Event
 
 # How often a follower reads the row: a fraction of the owner's save interval, so text arrives within
@@ -37,7 +37,7 @@ def follow_reply(store: ChatStore, message_id: int, heartbeat: float,
                 yield Event("running", {})
             yield Event("token", {"text": text[sent:], "odds": None})
             sent, quiet_since = len(text), time.monotonic()
-        if row["status"] != "pending":
+        if row["status"] != Status.PENDING:
             return
         if row.get("abandoned"):  # the front end that ran it stopped answering: it will never end
             store.stop_abandoned(message_id)

@@ -13,6 +13,7 @@ from webapp.chat.decode.inside import InsideReport, InsideRequest, InsideResult
 from webapp.chat.model.inside import layout_problem
 from webapp.chat.registry import ChatModels, ModelRecord, model_record
 from webapp.chat.service import ChatError
+from webapp.chat.store import Status
 from webapp.core import InferenceCore
 from webapp.core.jobs import DONE, FINISHED, Job
 
@@ -58,7 +59,7 @@ class InsideService:
         block_size = self.models.get(self.writer(message)).block_size
         if message["role"] != "assistant":
             raise ChatError("Only replies have tokens to look into.", 404)
-        if message["status"] == "pending":
+        if message["status"] == Status.PENDING:
             raise ChatError("This reply is still being written; look inside it once it has finished.", 409)
         odds, prompt = details.get("odds"), details.get("prompt")
         if odds is None or prompt is None:

@@ -15,12 +15,21 @@ from webapp.chat.follow import follow_reply
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.prompt import PromptBuilder, PromptReport
 from webapp.chat.registry import ChatModels, model_record
-from webapp.chat.store import LEASE_RENEW_SECONDS, ROOT, ChatPage, ChatStore, ConversationFull, ReplySignals, TurnIds
+from webapp.chat.store import (
+    LEASE_RENEW_SECONDS,
+    ROOT,
+    ChatPage,
+    ChatStore,
+    ConversationFull,
+    ReplySignals,
+    Status,
+    TurnIds,
+)
 from webapp.core import InferenceCore, Refused
 from webapp.core.jobs import CANCELLED, DONE, Event, Job
 
 log = logging.getLogger(__name__)
-STATUS_OF_OUTCOME = {DONE: "complete", CANCELLED: "stopped"}  # anything else is an error
+STATUS_OF_OUTCOME = {DONE: Status.COMPLETE, CANCELLED: Status.STOPPED}  # anything else is an error
 
 
 class ChatError(Exception):
@@ -73,7 +82,7 @@ class ChatService:
         """The prompt for a reply to `history` by `model` (None: the default); raises PromptTooLong
         (nothing saved yet)."""
         turns = [{"role": m["role"], "content": m["content"]} for m in history
-                 if m["role"] == "user" or m["status"] in ("complete", "stopped")]
+                 if m["role"] == "user" or m["status"] in (Status.COMPLETE, Status.STOPPED)]
         return self.models.get(model).prompt.explain(turns, sampling.max_new_tokens)
 
     # -- which model --------------------------------------------------------------------------
@@ -169,8 +178,8 @@ class ChatService:
         if history is None:
             history = self.history(conversation["id"]) if conversation else []
         name = self.conversation_model(conversation) if conversation else self.chosen_model(model)
-        prompt = self.check_prompt(history + [{"role": "user", "content": content, "status": "complete"}], sampling,
-                                   name)
+        question = {"role": "user", "content": content, "status": Status.COMPLETE}
+        prompt = self.check_prompt(history + [question], sampling, name)
         return Turn(conversation, prompt, sampling, user_text=content, model=name)
 
     def second_turn(self, turn: Turn, model: str, history: list[dict]) -> Turn:
@@ -180,7 +189,7 @@ class ChatService:
         name = self.chosen_model(model)
         if name == turn.model:
             raise ChatError(f"Choose another model than {name} to ask beside it.", 400)
-        question = [{"role": "user", "content": turn.user_text or "", "status": "complete"}]
+        question = [{"role": "user", "content": turn.user_text or "", "status": Status.COMPLETE}]
         return Turn(turn.conversation, self.check_prompt(history + question, turn.sampling, name), turn.sampling,
                     model=name)
 
@@ -206,7 +215,7 @@ class ChatService:
         caller read it already.)"""
         if history is None:
             history = self.history(conversation["id"])
-        if not history or history[-1]["role"] != "assistant" or history[-1]["status"] == "pending":
+        if not history or history[-1]["role"] != "assistant" or history[-1]["status"] == Status.PENDING:
             raise ChatError("There is no finished reply to regenerate.")
         if model:
             name = self.chosen_model(model)
@@ -223,7 +232,7 @@ class ChatService:
         if message["role"] != "user":
             raise ChatError("Only your own messages can be edited.")
         path = self.history(conversation["id"]) if history is None else history
-        if any(m["status"] == "pending" for m in path):
+        if any(m["status"] == Status.PENDING for m in path):
             raise ChatError("Stop the running reply before editing.")
         shown = [m["id"] for m in path]
         if message["id"] not in shown:
@@ -239,7 +248,7 @@ class ChatService:
         read it already.)"""
         if history is None:
             history = self.history(conversation["id"])
-        if any(m["status"] == "pending" for m in history):
+        if any(m["status"] == Status.PENDING for m in history):
             raise ChatError("Stop the running reply before branching.")
         self.writer(message)  # the tokens are that model's: it goes on, or nobody does (ChatError 409)
         details = self.details(message["id"])
@@ -281,7 +290,7 @@ class ChatService:
 
     def show_version(self, conversation_id: str, message_id: int) -> None:
         """Show another version of a message, and the branch below it."""
-        if any(m["status"] == "pending" for m in self.history(conversation_id)):
+        if any(m["status"] == Status.PENDING for m in self.history(conversation_id)):
             raise ChatError("Stop the running reply before switching versions.")
         self.store.show_message(conversation_id, message_id)
 
@@ -327,7 +336,7 @@ class ChatService:
     def _saver(self, message_id: int):
         def save(job: Job, outcome: str, error: str | None) -> None:
             result: ChatResult = job.result
-            status = STATUS_OF_OUTCOME.get(outcome, "error")
+            status = STATUS_OF_OUTCOME.get(outcome, Status.ERROR)
             odds = [o.as_row() for o in result.odds]
             stats = result.stats
             if job.started is not None:  # how long it waited for a free row, shown apart from its first token

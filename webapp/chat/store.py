@@ -8,6 +8,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass
+from enum import StrEnum
 
 from webapp.chat.decode.types import ReplyStats
 from webapp.chat.registry import ModelRecord
@@ -27,6 +28,16 @@ DELETING = "deleting:"
 # out (webapp/chat/follow.py), so within this long of its front end dying.
 REPLY_LEASE_SECONDS = 15.0
 LEASE_RENEW_SECONDS = 5.0
+
+
+class Status(StrEnum):
+    """A message's status (messages.status). A StrEnum equals the string saved, so rows read back as
+    plain strings compare equal to it, and SQL and templates keep the literal."""
+
+    PENDING = "pending"  # a reply being written (or queued)
+    COMPLETE = "complete"
+    STOPPED = "stopped"
+    ERROR = "error"
 
 
 class ConversationFull(Exception):
@@ -252,7 +263,7 @@ class ChatStore:
             db.execute("UPDATE messages SET token_view = ? WHERE id = ? AND conversation_id = ?",
                        (int(on), message_id, conversation_id))
 
-    def finish_reply(self, message_id: int, content: str, status: str, error: str | None,
+    def finish_reply(self, message_id: int, content: str, status: Status, error: str | None,
                      stats: ReplyStats, odds: list | None = None) -> None:
         """The reply's text, outcome and figures; `odds`: one compact row per token (TokenOdds.as_row)."""
         with self.db.transaction() as db:
@@ -371,7 +382,7 @@ class ChatStore:
             return None
         lease = row["lease_until"]
         return {"content": row["content"], "status": row["status"],
-                "abandoned": row["status"] == "pending" and lease is not None and lease < time.time()}
+                "abandoned": row["status"] == Status.PENDING and lease is not None and lease < time.time()}
 
     def stop_abandoned(self, message_id: int) -> None:
         """A pending reply whose front end died (its lease ran out): it will never end, so it ends as stopped."""

@@ -9,7 +9,7 @@ from webapp.chat.decode.publish import chat_result
 from webapp.chat.decode.types import SamplingParams
 from webapp.chat.model.prompt import PromptTooLong
 from webapp.chat.service import ChatError, Turn
-from webapp.chat.store import ChatPage
+from webapp.chat.store import ChatPage, Status
 from webapp.chat.web import token_views
 from webapp.chat.web.blueprint import service, settings
 from webapp.chat.web.forms import FormError, FormErrors, remembered_sampling, submitted_sampling
@@ -25,7 +25,7 @@ def sampling_limit() -> int:
 
 def with_token_views(messages: list[dict]) -> list[dict]:
     """The replies their owner reads as tokens get their tokens (and odds) to show (read in one statement)."""
-    shown = [m for m in messages if m.get("token_view") and m["role"] == "assistant" and m["status"] != "pending"]
+    shown = [m for m in messages if m.get("token_view") and m["role"] == "assistant" and m["status"] != Status.PENDING]
     details = service().details_of([m["id"] for m in shown])
     for m in shown:
         try:
@@ -90,7 +90,7 @@ def token_budget(history: list[dict], max_new_tokens, model: str | None = None) 
     prompts = service().models.get(model).prompt
     fixed = prompts.block_size - prompts.budget(0)  # examples and markers, whatever the reply asks
     used = sum(len(prompts.encode_turn(m["role"], m["content"])) for m in history
-               if m["role"] == "user" or m["status"] in ("complete", "stopped"))
+               if m["role"] == "user" or m["status"] in (Status.COMPLETE, Status.STOPPED))
     asked = max_new_tokens if isinstance(max_new_tokens, int) else None
     examples = len(prompts.fewshot_ids)
     return {"window": prompts.block_size, "examples": examples, "markers": fixed - examples,
@@ -187,10 +187,10 @@ def render_message(conversation_id: str, message_id: int, job: Job | None = None
         message = service().message(conversation_id, message_id)
         if message is None:
             return ""
-    if message["status"] == "pending" and job is not None and job.finished_state:
+    if message["status"] == Status.PENDING and job is not None and job.finished_state:
         # Its job ended but the reply could not be saved (disk full, read-only database): show the
         # job's own outcome, never a pending reply whose stream the browser would reopen for ever.
-        message = {**message, "status": "error", "content": chat_result(job).reply,
+        message = {**message, "status": Status.ERROR, "content": chat_result(job).reply,
                    "error": job.error or "The reply could not be saved."}
     return render_template("chat/_message_final.html", message_row=with_token_views([message])[0],
                            conversation_id=conversation_id, is_last=messages[-1]["id"] == message_id)

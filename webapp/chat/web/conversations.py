@@ -9,6 +9,7 @@ from flask import Response, abort, current_app, redirect, render_template, reque
 
 from webapp.chat.model.prompt import PromptTooLong
 from webapp.chat.service import ChatError
+from webapp.chat.store import Status
 from webapp.chat.web import token_views
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, owned_page, service, settings
 from webapp.chat.web.composer import (
@@ -83,7 +84,7 @@ def send():
 def stream(conversation_id: str, message_id: int):
     message = owned_message(conversation_id, message_id)
     job = service().job_for(message_id)
-    if message["status"] != "pending":
+    if message["status"] != Status.PENDING:
         return finished_stream(render_message(conversation_id, message_id))
 
     def render(event):
