@@ -81,7 +81,7 @@ class InsideService:
                 self._reports.move_to_end((model, request))
             return found
 
-    def start(self, owner: str, model: str, request: InsideRequest) -> Job:
+    def start(self, owner: str, model: str, request: InsideRequest) -> Job[InsideRequest, InsideResult]:
         """The job working this request out on that model: the one already queued or running, else a new
         one. Raises Refused (queue full, too many jobs for this browser or address)."""
         kind = self.models.inside_kind(model)
@@ -89,11 +89,13 @@ class InsideService:
         if running is not None and running.state not in FINISHED:
             return running
 
-        def keep(job: Job, outcome: str, error: str | None) -> None:
+        def keep(job: Job[InsideRequest, InsideResult], outcome: str, error: str | None) -> None:
             if outcome == DONE and isinstance(job.result, InsideResult) and job.result.report is not None:
                 self._remember((model, request), job.result.report)
 
-        return self.core.submit(Job(kind, owner, request, on_finish=keep, ref=request, result=InsideResult()))
+        job: Job[InsideRequest, InsideResult] = Job(kind, owner, request, on_finish=keep, ref=request,
+                                                    result=InsideResult())
+        return self.core.submit(job)
 
     def _remember(self, key: tuple[str, InsideRequest], report: InsideReport) -> None:
         with self._lock:

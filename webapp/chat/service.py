@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from webapp.chat.decode.types import ChatRequest, ChatResult, Forced, SamplingParams
+from webapp.chat.decode.types import ChatJob, ChatRequest, ChatResult, Forced, SamplingParams
 from webapp.chat.follow import follow_reply
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.prompt import PromptBuilder, PromptReport
@@ -295,15 +295,16 @@ class ChatService:
         self.store.show_message(conversation_id, message_id)
 
     def submit_reply(self, owner: str, request: ChatRequest, *, model: str | None = None, ref: object = None,
-                     on_finish: Callable[[Job, str, str | None], None] | None = None,
-                     on_progress: Callable[[Job], None] | None = None) -> Job:
+                     on_finish: Callable[[ChatJob, str, str | None], None] | None = None,
+                     on_progress: Callable[[ChatJob], None] | None = None) -> ChatJob:
         """Queue a reply job (its result a ChatResult) for `model` (None: the default) -> the job; raises
         Refused when the core will not take it."""
         kind = self.models.kind(model or self.models.default)
-        return self.core.submit(Job(kind, owner, request, on_finish=on_finish, on_progress=on_progress, ref=ref,
-                                    result=ChatResult()))
+        job: ChatJob = Job(kind, owner, request, on_finish=on_finish, on_progress=on_progress, ref=ref,
+                           result=ChatResult())
+        return self.core.submit(job)
 
-    def job_for(self, message_id: int) -> Job | None:
+    def job_for(self, message_id: int) -> ChatJob | None:
         for name in self.models.names():
             job = self.core.find(self.models.kind(name), message_id)
             if job is not None:
@@ -323,7 +324,7 @@ class ChatService:
 
     # -- on the core's worker ----------------------------------------------------------------
     def _progress_saver(self, message_id: int):
-        def save(job: Job) -> None:
+        def save(job: ChatJob) -> None:
             heed(job, self.store.save_progress(message_id, job.result.reply))
         return save
 
@@ -334,8 +335,8 @@ class ChatService:
             heed(job, signals)
 
     def _saver(self, message_id: int):
-        def save(job: Job, outcome: str, error: str | None) -> None:
-            result: ChatResult = job.result
+        def save(job: ChatJob, outcome: str, error: str | None) -> None:
+            result = job.result
             status = STATUS_OF_OUTCOME.get(outcome, Status.ERROR)
             odds = [o.as_row() for o in result.odds]
             stats = result.stats
@@ -346,7 +347,7 @@ class ChatService:
         return save
 
 
-def heed(job: Job, signals: ReplySignals) -> None:
+def heed(job: ChatJob, signals: ReplySignals) -> None:
     if signals.followed:  # its stream is read on another front end
         job.watched_elsewhere()
     if signals.stop_requested:  # Stop pressed on another front end

@@ -18,10 +18,10 @@ from contextlib import closing
 
 from flask import Response, current_app, jsonify, request
 
-from webapp.chat.decode.types import ChatRequest
+from webapp.chat.decode.types import ChatJob, ChatRequest
 from webapp.chat.web.blueprint import service as chat_service
 from webapp.core import Refused
-from webapp.core.jobs import DONE, FAILED, Job
+from webapp.core.jobs import DONE, FAILED
 from webapp.v1 import shapes
 from webapp.v1.errors import ApiError
 from webapp.v1.params import Ask
@@ -82,7 +82,7 @@ class StopText:
 class Follow:
     """One reply's events, as the API sends them, and how it ended."""
 
-    def __init__(self, job: Job, ask: Ask, heartbeat: float) -> None:
+    def __init__(self, job: ChatJob, ask: Ask, heartbeat: float) -> None:
         self.job, self.ask, self.heartbeat = job, ask, heartbeat
         self.scan = StopText(ask.stops)
         self.generated = 0  # tokens generated, up to a stop sequence: the usage's completion_tokens

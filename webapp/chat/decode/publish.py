@@ -5,19 +5,18 @@ from __future__ import annotations
 
 from webapp.chat.decode.generate import Piece
 from webapp.chat.decode.odds import TokenOdds
-from webapp.chat.decode.types import ChatResult, ReplyStats, decode_rate
+from webapp.chat.decode.types import ChatJob, ChatResult, ReplyStats, decode_rate
 from webapp.core.executors import Worker
-from webapp.core.jobs import Job
 
 
-def chat_result(job: Job) -> ChatResult:
+def chat_result(job: ChatJob) -> ChatResult:
     """The job's ChatResult (the service gives every chat job one; a bare job gets one here)."""
     if not isinstance(job.result, ChatResult):
         job.result = ChatResult()
     return job.result
 
 
-def publish(job: Job, piece: Piece, core: Worker) -> None:
+def publish(job: ChatJob, piece: Piece, core: Worker) -> None:
     """One generated piece to its job: text for the stream and the saved reply, and the stats so far."""
     result = chat_result(job)
     if piece.token is not None:

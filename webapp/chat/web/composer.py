@@ -6,14 +6,14 @@ from __future__ import annotations
 from flask import current_app, redirect, render_template, request, session, url_for
 
 from webapp.chat.decode.publish import chat_result
-from webapp.chat.decode.types import SamplingParams
+from webapp.chat.decode.types import ChatJob, SamplingParams
 from webapp.chat.model.prompt import PromptTooLong
 from webapp.chat.service import ChatError, Turn
 from webapp.chat.store import ChatPage, Status
 from webapp.chat.web import token_views
 from webapp.chat.web.blueprint import service, settings
 from webapp.chat.web.forms import FormError, FormErrors, remembered_sampling, submitted_sampling
-from webapp.core import Job, Refused
+from webapp.core import Refused
 from webapp.web import is_htmx, quotas, refusal_headers, refusal_status
 from webapp.web.security import owner_id
 from webapp.web.streams import held_slot
@@ -180,7 +180,7 @@ def wait_for_reply(message_id: int) -> None:
         pass
 
 
-def render_message(conversation_id: str, message_id: int, job: Job | None = None) -> str:
+def render_message(conversation_id: str, message_id: int, job: ChatJob | None = None) -> str:
     messages = service().history(conversation_id)
     message = next((m for m in messages if m["id"] == message_id), None)
     if message is None:  # a version beside the branch shown (two models asked at once), or gone
