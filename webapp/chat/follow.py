@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+from webapp.chat.decode.publish import TokenEvent
 from webapp.chat.store import ChatStore, Status
 from webapp.core.jobs import Event
 
@@ -35,7 +36,7 @@ def follow_reply(store: ChatStore, message_id: int, heartbeat: float,
             if not running:
                 running = True
                 yield Event("running", {})
-            yield Event("token", {"text": text[sent:], "odds": None})
+            yield Event("token", TokenEvent(text[sent:]))
             sent, quiet_since = len(text), time.monotonic()
         if row["status"] != Status.PENDING:
             return

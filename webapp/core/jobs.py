@@ -38,10 +38,12 @@ class JobCancelled(Exception):
 
 @dataclass(frozen=True)
 class Event:
-    """One published event: a name the stream uses as its SSE event name, and its data."""
+    """One published event: a name the stream uses as its SSE event name, and its data: a demo's own typed
+    payload (a chat reply's TokenEvent, a Loop-lab run's RowsEvent), or a dict of fields (the core's
+    `position` and `running`). Readers check the payload's type."""
 
     name: str
-    data: dict[str, Any]
+    data: object
 
 
 RequestT = TypeVar("RequestT")
@@ -110,15 +112,16 @@ class Job(Generic[RequestT, ResultT]):
         self.cancel()
 
     # -- producer side (the core's worker) -------------------------------------------------
-    def emit(self, name: str, **data: Any) -> None:
-        """Publish an event; raises JobCancelled once the job was cancelled."""
+    def emit(self, name: str, payload: object = None, /, **data: Any) -> None:
+        """Publish an event, its data `payload` or else the fields given; raises JobCancelled once the job
+        was cancelled."""
         self.raise_if_cancelled()
-        self.keep(name, **data)
+        self.keep(name, payload, **data)
 
-    def keep(self, name: str, **data: Any) -> None:
+    def keep(self, name: str, payload: object = None, /, **data: Any) -> None:
         """Publish an event even once cancelled: what a stopping job had already worked out."""
         with self._cond:
-            self._events.append(Event(name, data))
+            self._events.append(Event(name, data if payload is None else payload))
             self._touch()
 
     def raise_if_cancelled(self) -> None:

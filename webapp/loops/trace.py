@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -79,6 +80,13 @@ def observations(batch: list[tuple], pairs=None) -> tuple[list[dict], bool]:
     return rows, False
 
 
+@dataclass(frozen=True)
+class RowsEvent:
+    """A `rows` event's data: the trace rows of the loops that ran since the last one (TraceBuilder.add)."""
+
+    rows: list[dict]
+
+
 class Observer:
     """The model's loop_callback: keeps each loop's outputs and publishes them as rows in batches.
 
@@ -117,7 +125,7 @@ class Observer:
         if rows:
             if self.on_rows is not None:
                 self.on_rows(rows)
-            (self.job.keep if ended else self.job.emit)("rows", rows=rows)
+            (self.job.keep if ended else self.job.emit)("rows", RowsEvent(rows))
         if nonfinite and not ended:
             raise FloatingPointError(NONFINITE)
         return nonfinite

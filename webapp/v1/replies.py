@@ -18,6 +18,7 @@ from contextlib import closing
 
 from flask import Response, current_app, jsonify, request
 
+from webapp.chat.decode.publish import TokenEvent
 from webapp.chat.decode.types import ChatJob, ChatRequest
 from webapp.chat.web.blueprint import service as chat_service
 from webapp.core import Refused
@@ -93,13 +94,13 @@ class Follow:
             for event in events:
                 if event is None:
                     yield None
-                elif event.name == "position":
+                elif event.name == "position" and isinstance(event.data, dict):
                     yield event.data["position"]
-                elif event.name == "token":
+                elif event.name == "token" and isinstance(event.data, TokenEvent):
                     data = event.data
-                    token = None if data["index"] is None else (data["token"], data["odds"])
+                    token = None if data.token is None else (data.token, data.odds)  # None: no token of its own
                     self.generated += token is not None
-                    self.scan.add(data["text"], token)
+                    self.scan.add(data.text, token)
                     if self.scan.stopped:
                         break  # leaving the subscription cancels the job: nobody else follows it
                     text, tokens = self.scan.take()

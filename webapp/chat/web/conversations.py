@@ -7,6 +7,7 @@ import json
 
 from flask import Response, abort, current_app, redirect, render_template, request, session, url_for
 
+from webapp.chat.decode.publish import TokenEvent
 from webapp.chat.model.prompt import PromptTooLong
 from webapp.chat.service import ChatError
 from webapp.chat.store import Status
@@ -88,10 +89,10 @@ def stream(conversation_id: str, message_id: int):
         return finished_stream(render_message(conversation_id, message_id))
 
     def render(event):
-        if event.name == "token":
-            odds = event.data.get("odds")
-            return render_template("chat/_token.html", text=event.data["text"],
-                                   shade=token_views.shade(odds.probability) if odds else None, odds=odds)
+        if event.name == "token" and isinstance(event.data, TokenEvent):
+            odds = event.data.odds  # a given token's (probability None) fails here and in _token.html: as before
+            return render_template("chat/_token.html", text=event.data.text, odds=odds,
+                                   shade=token_views.shade(odds.probability) if odds else None)  # type: ignore[arg-type]
         if event.name in ("position", "running"):
             return render_template("chat/_reply_status.html", event=event)
         return None
