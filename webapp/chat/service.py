@@ -21,6 +21,7 @@ from webapp.chat.store import (
     ChatPage,
     ChatStore,
     ConversationFull,
+    ReplyDetails,
     ReplySignals,
     Status,
     TurnIds,
@@ -142,10 +143,10 @@ class ChatService:
     def message(self, conversation_id: str, message_id: int) -> dict | None:
         return self.store.message(conversation_id, message_id)
 
-    def details(self, message_id: int) -> dict:
+    def details(self, message_id: int) -> ReplyDetails:
         return self.store.details(message_id)
 
-    def details_of(self, message_ids: list[int]) -> dict[int, dict]:
+    def details_of(self, message_ids: list[int]) -> dict[int, ReplyDetails]:
         return self.store.details_of(message_ids)
 
     def all_messages(self, conversation_id: str) -> list[dict]:
@@ -252,14 +253,14 @@ class ChatService:
             raise ChatError("Stop the running reply before branching.")
         self.writer(message)  # the tokens are that model's: it goes on, or nobody does (ChatError 409)
         details = self.details(message["id"])
-        if not details["odds"] or not details["prompt"]:
+        if not details.odds or not details.prompt:
             raise ChatError("This reply was saved before Glassbox kept its tokens, so it cannot be branched.")
         sampling = SamplingParams(**{k: v for k, v in (message["settings"] or {}).items()
                                if k in ("max_new_tokens", "temperature", "top_k", "seed")})
         if len(forced.tokens) > sampling.max_new_tokens:
             raise ChatError(f"That continuation is longer than the reply may be ({sampling.max_new_tokens} tokens).",
                             400)
-        return Turn(conversation, PromptReport.from_dict(details["prompt"]), sampling,
+        return Turn(conversation, PromptReport.from_dict(details.prompt), sampling,
                     branch_from=message["parent_id"] or ROOT, forced=forced, model=self.writer_name(message))
 
     def start_turn(self, owner: str, turn: Turn) -> TurnIds:

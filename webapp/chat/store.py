@@ -66,6 +66,18 @@ class TurnIds:
 
 
 @dataclass(frozen=True)
+class ReplyDetails:
+    """What a reply saved beside its text (reply_details): its prompt (PromptReport.as_dict) and its odds, one
+    row per token (TokenOdds.as_row). None: saved before they were kept, or damaged (not JSON, or not the
+    shape written here: a disk or a hand that changed the row), and then named in `damaged`, which the
+    views say instead of failing."""
+
+    prompt: dict | None = None
+    odds: list | None = None
+    damaged: tuple[str, ...] = ()  # "prompt", "odds"
+
+
+@dataclass(frozen=True)
 class ReplySignals:
     """What other front ends asked about a pending reply (the reply_signals table)."""
 
@@ -390,15 +402,13 @@ class ChatStore:
             db.execute("UPDATE messages SET status = 'stopped' WHERE id = ? AND status = 'pending'"
                        " AND lease_until < ?", (message_id, time.time()))
 
-    def details(self, message_id: int) -> dict:
-        """{"prompt": dict or None, "odds": list or None, "damaged": [the fields that could not be read]} of
-        a reply. None: saved before they were kept, or damaged (not JSON, or not the shape written here:
-        a disk or a hand that changed the row), which the views then say instead of failing."""
+    def details(self, message_id: int) -> ReplyDetails:
+        """What a reply saved beside its text (ReplyDetails)."""
         with self.db.connect() as db:
             row = db.execute("SELECT prompt, odds FROM reply_details WHERE message_id = ?", (message_id,)).fetchone()
         return _details(row)
 
-    def details_of(self, message_ids: list[int]) -> dict[int, dict]:
+    def details_of(self, message_ids: list[int]) -> dict[int, ReplyDetails]:
         """details() of several replies, read in one statement."""
         if not message_ids:
             return {}
@@ -437,8 +447,9 @@ def _title(text: str) -> str:
     return " ".join(text.split())[:TITLE_CHARS] or "New chat"
 
 
-def _details(row) -> dict:
-    details: dict = {"prompt": None, "odds": None, "damaged": []}
+def _details(row) -> ReplyDetails:
+    read: dict = {}
+    damaged = []
     for field, kind in (("prompt", dict), ("odds", list)):
         if row is None or not row[field]:
             continue
@@ -447,10 +458,10 @@ def _details(row) -> dict:
         except ValueError:
             value = None
         if isinstance(value, kind):
-            details[field] = value
+            read[field] = value
         else:
-            details["damaged"].append(field)
-    return details
+            damaged.append(field)
+    return ReplyDetails(**read, damaged=tuple(damaged))
 
 
 def _message(row) -> dict:
