@@ -90,9 +90,9 @@ def stream(conversation_id: str, message_id: int):
 
     def render(event):
         if event.name == "token" and isinstance(event.data, TokenEvent):
-            odds = event.data.odds  # a given token's (probability None) fails here and in _token.html: as before
-            return render_template("chat/_token.html", text=event.data.text, odds=odds,
-                                   shade=token_views.shade(odds.probability) if odds else None)  # type: ignore[arg-type]
+            odds = event.data.odds  # a typed token's are None (Forced), so odds given here have a probability
+            shade = token_views.shade(odds.probability) if odds and odds.probability is not None else None
+            return render_template("chat/_token.html", text=event.data.text, shade=shade, odds=odds)
         if event.name in ("position", "running"):
             return render_template("chat/_reply_status.html", event=event)
         return None
