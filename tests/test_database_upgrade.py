@@ -41,7 +41,7 @@ def test_a_release_database_is_upgraded_in_place_keeping_every_row(tmp_path):
     store = ChatStore(Database(path))
     shown = store.messages("c1")
     assert [(m["content"], m["status"]) for m in shown] == [("Hello", "complete"), ("Hi th", "stopped")]
-    assert store.details(2)["prompt"] == {"ids": [1]}
+    assert store.details(2).prompt == {"ids": [1]}
     assert TraceStore(Database(path)).get("me", "t1") == {"request": {}}
     turn = store.begin_turn("me", "c1", user_text="Again", branch_from=None, settings={}, prompt={})
     store.finish_reply(turn.reply_id, "Yes", "complete", None, ReplyStats())

@@ -96,7 +96,7 @@ def run_job(core, b, req):
     """-> (job, the rows events' row lists in order, the snapshot)."""
     holder = {}
     job = core.submit(Job("loops", "o", lambda job, c: holder.update(snapshot=run_trace(job, b, req))))
-    batches = [e.data["rows"] for e in job.subscribe(0.05) if e is not None and e.name == "rows"]
+    batches = [e.data.rows for e in job.subscribe(0.05) if e is not None and e.name == "rows"]
     return job, batches, holder.get("snapshot")
 
 
@@ -168,7 +168,7 @@ def test_cancel_keeps_every_row_worked_out_before_it(core):
     job.cancel()
     list(stream)
     assert job.state == CANCELLED
-    rows = [row["loop"] for e in job.events if e.name == "rows" for row in e.data["rows"]]
+    rows = [row["loop"] for e in job.events if e.name == "rows" for row in e.data.rows]
     assert rows == list(range(1, b.model.loops_run))  # the loop that saw the cancel reported nothing
 
 

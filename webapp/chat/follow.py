@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from webapp.chat.store import ChatStore
+from webapp.chat.decode.publish import TokenEvent
+from webapp.chat.store import ChatStore, Status
 from webapp.core.jobs import Event
 
 # How often a follower reads the row: a fraction of the owner's save interval, so text arrives within
@@ -35,9 +36,9 @@ def follow_reply(store: ChatStore, message_id: int, heartbeat: float,
             if not running:
                 running = True
                 yield Event("running", {})
-            yield Event("token", {"text": text[sent:], "odds": None})
+            yield Event("token", TokenEvent(text[sent:]))
             sent, quiet_since = len(text), time.monotonic()
-        if row["status"] != "pending":
+        if row["status"] != Status.PENDING:
             return
         if row.get("abandoned"):  # the front end that ran it stopped answering: it will never end
             store.stop_abandoned(message_id)

@@ -13,6 +13,7 @@ from webapp.chat.decode.inside import InsideReport, InsideRequest, InsideResult
 from webapp.chat.model.inside import layout_problem
 from webapp.chat.registry import ChatModels, ModelRecord, model_record
 from webapp.chat.service import ChatError
+from webapp.chat.store import ReplyDetails, Status
 from webapp.core import InferenceCore
 from webapp.core.jobs import DONE, FINISHED, Job
 
@@ -53,14 +54,14 @@ class InsideService:
             self._layout[key] = None if problem is None else f"Inside cannot look into this model: {problem}."
         return self._layout[key]
 
-    def request_for(self, message: dict, details: dict, index: int) -> InsideRequest:
+    def request_for(self, message: dict, details: ReplyDetails, index: int) -> InsideRequest:
         """The ids the model had when it produced token `index` of a reply. Raises ChatError (404, 409)."""
         block_size = self.models.get(self.writer(message)).block_size
         if message["role"] != "assistant":
             raise ChatError("Only replies have tokens to look into.", 404)
-        if message["status"] == "pending":
+        if message["status"] == Status.PENDING:
             raise ChatError("This reply is still being written; look inside it once it has finished.", 409)
-        odds, prompt = details.get("odds"), details.get("prompt")
+        odds, prompt = details.odds, details.prompt
         if odds is None or prompt is None:
             raise ChatError("This reply was saved before Glassbox kept its tokens and prompt.", 404)
         if not odds:
@@ -80,7 +81,7 @@ class InsideService:
                 self._reports.move_to_end((model, request))
             return found
 
-    def start(self, owner: str, model: str, request: InsideRequest) -> Job:
+    def start(self, owner: str, model: str, request: InsideRequest) -> Job[InsideRequest, InsideResult]:
         """The job working this request out on that model: the one already queued or running, else a new
         one. Raises Refused (queue full, too many jobs for this browser or address)."""
         kind = self.models.inside_kind(model)
@@ -88,11 +89,13 @@ class InsideService:
         if running is not None and running.state not in FINISHED:
             return running
 
-        def keep(job: Job, outcome: str, error: str | None) -> None:
+        def keep(job: Job[InsideRequest, InsideResult], outcome: str, error: str | None) -> None:
             if outcome == DONE and isinstance(job.result, InsideResult) and job.result.report is not None:
                 self._remember((model, request), job.result.report)
 
-        return self.core.submit(Job(kind, owner, request, on_finish=keep, ref=request, result=InsideResult()))
+        job: Job[InsideRequest, InsideResult] = Job(kind, owner, request, on_finish=keep, ref=request,
+                                                    result=InsideResult())
+        return self.core.submit(job)
 
     def _remember(self, key: tuple[str, InsideRequest], report: InsideReport) -> None:
         with self._lock:

@@ -10,17 +10,27 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from webapp.chat.decode.types import ChatRequest, ChatResult, Forced, SamplingParams
+from webapp.chat.decode.types import ChatJob, ChatRequest, ChatResult, Forced, SamplingParams
 from webapp.chat.follow import follow_reply
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.prompt import PromptBuilder, PromptReport
 from webapp.chat.registry import ChatModels, model_record
-from webapp.chat.store import LEASE_RENEW_SECONDS, ROOT, ChatPage, ChatStore, ConversationFull, ReplySignals, TurnIds
+from webapp.chat.store import (
+    LEASE_RENEW_SECONDS,
+    ROOT,
+    ChatPage,
+    ChatStore,
+    ConversationFull,
+    ReplyDetails,
+    ReplySignals,
+    Status,
+    TurnIds,
+)
 from webapp.core import InferenceCore, Refused
 from webapp.core.jobs import CANCELLED, DONE, Event, Job
 
 log = logging.getLogger(__name__)
-STATUS_OF_OUTCOME = {DONE: "complete", CANCELLED: "stopped"}  # anything else is an error
+STATUS_OF_OUTCOME = {DONE: Status.COMPLETE, CANCELLED: Status.STOPPED}  # anything else is an error
 
 
 class ChatError(Exception):
@@ -73,7 +83,7 @@ class ChatService:
         """The prompt for a reply to `history` by `model` (None: the default); raises PromptTooLong
         (nothing saved yet)."""
         turns = [{"role": m["role"], "content": m["content"]} for m in history
-                 if m["role"] == "user" or m["status"] in ("complete", "stopped")]
+                 if m["role"] == "user" or m["status"] in (Status.COMPLETE, Status.STOPPED)]
         return self.models.get(model).prompt.explain(turns, sampling.max_new_tokens)
 
     # -- which model --------------------------------------------------------------------------
@@ -133,10 +143,10 @@ class ChatService:
     def message(self, conversation_id: str, message_id: int) -> dict | None:
         return self.store.message(conversation_id, message_id)
 
-    def details(self, message_id: int) -> dict:
+    def details(self, message_id: int) -> ReplyDetails:
         return self.store.details(message_id)
 
-    def details_of(self, message_ids: list[int]) -> dict[int, dict]:
+    def details_of(self, message_ids: list[int]) -> dict[int, ReplyDetails]:
         return self.store.details_of(message_ids)
 
     def all_messages(self, conversation_id: str) -> list[dict]:
@@ -169,8 +179,8 @@ class ChatService:
         if history is None:
             history = self.history(conversation["id"]) if conversation else []
         name = self.conversation_model(conversation) if conversation else self.chosen_model(model)
-        prompt = self.check_prompt(history + [{"role": "user", "content": content, "status": "complete"}], sampling,
-                                   name)
+        question = {"role": "user", "content": content, "status": Status.COMPLETE}
+        prompt = self.check_prompt(history + [question], sampling, name)
         return Turn(conversation, prompt, sampling, user_text=content, model=name)
 
     def second_turn(self, turn: Turn, model: str, history: list[dict]) -> Turn:
@@ -180,7 +190,7 @@ class ChatService:
         name = self.chosen_model(model)
         if name == turn.model:
             raise ChatError(f"Choose another model than {name} to ask beside it.", 400)
-        question = [{"role": "user", "content": turn.user_text or "", "status": "complete"}]
+        question = [{"role": "user", "content": turn.user_text or "", "status": Status.COMPLETE}]
         return Turn(turn.conversation, self.check_prompt(history + question, turn.sampling, name), turn.sampling,
                     model=name)
 
@@ -206,7 +216,7 @@ class ChatService:
         caller read it already.)"""
         if history is None:
             history = self.history(conversation["id"])
-        if not history or history[-1]["role"] != "assistant" or history[-1]["status"] == "pending":
+        if not history or history[-1]["role"] != "assistant" or history[-1]["status"] == Status.PENDING:
             raise ChatError("There is no finished reply to regenerate.")
         if model:
             name = self.chosen_model(model)
@@ -223,7 +233,7 @@ class ChatService:
         if message["role"] != "user":
             raise ChatError("Only your own messages can be edited.")
         path = self.history(conversation["id"]) if history is None else history
-        if any(m["status"] == "pending" for m in path):
+        if any(m["status"] == Status.PENDING for m in path):
             raise ChatError("Stop the running reply before editing.")
         shown = [m["id"] for m in path]
         if message["id"] not in shown:
@@ -239,18 +249,18 @@ class ChatService:
         read it already.)"""
         if history is None:
             history = self.history(conversation["id"])
-        if any(m["status"] == "pending" for m in history):
+        if any(m["status"] == Status.PENDING for m in history):
             raise ChatError("Stop the running reply before branching.")
         self.writer(message)  # the tokens are that model's: it goes on, or nobody does (ChatError 409)
         details = self.details(message["id"])
-        if not details["odds"] or not details["prompt"]:
+        if not details.odds or not details.prompt:
             raise ChatError("This reply was saved before Glassbox kept its tokens, so it cannot be branched.")
         sampling = SamplingParams(**{k: v for k, v in (message["settings"] or {}).items()
                                if k in ("max_new_tokens", "temperature", "top_k", "seed")})
         if len(forced.tokens) > sampling.max_new_tokens:
             raise ChatError(f"That continuation is longer than the reply may be ({sampling.max_new_tokens} tokens).",
                             400)
-        return Turn(conversation, PromptReport.from_dict(details["prompt"]), sampling,
+        return Turn(conversation, PromptReport.from_dict(details.prompt), sampling,
                     branch_from=message["parent_id"] or ROOT, forced=forced, model=self.writer_name(message))
 
     def start_turn(self, owner: str, turn: Turn) -> TurnIds:
@@ -281,20 +291,21 @@ class ChatService:
 
     def show_version(self, conversation_id: str, message_id: int) -> None:
         """Show another version of a message, and the branch below it."""
-        if any(m["status"] == "pending" for m in self.history(conversation_id)):
+        if any(m["status"] == Status.PENDING for m in self.history(conversation_id)):
             raise ChatError("Stop the running reply before switching versions.")
         self.store.show_message(conversation_id, message_id)
 
     def submit_reply(self, owner: str, request: ChatRequest, *, model: str | None = None, ref: object = None,
-                     on_finish: Callable[[Job, str, str | None], None] | None = None,
-                     on_progress: Callable[[Job], None] | None = None) -> Job:
+                     on_finish: Callable[[ChatJob, str, str | None], None] | None = None,
+                     on_progress: Callable[[ChatJob], None] | None = None) -> ChatJob:
         """Queue a reply job (its result a ChatResult) for `model` (None: the default) -> the job; raises
         Refused when the core will not take it."""
         kind = self.models.kind(model or self.models.default)
-        return self.core.submit(Job(kind, owner, request, on_finish=on_finish, on_progress=on_progress, ref=ref,
-                                    result=ChatResult()))
+        job: ChatJob = Job(kind, owner, request, on_finish=on_finish, on_progress=on_progress, ref=ref,
+                           result=ChatResult())
+        return self.core.submit(job)
 
-    def job_for(self, message_id: int) -> Job | None:
+    def job_for(self, message_id: int) -> ChatJob | None:
         for name in self.models.names():
             job = self.core.find(self.models.kind(name), message_id)
             if job is not None:
@@ -314,7 +325,7 @@ class ChatService:
 
     # -- on the core's worker ----------------------------------------------------------------
     def _progress_saver(self, message_id: int):
-        def save(job: Job) -> None:
+        def save(job: ChatJob) -> None:
             heed(job, self.store.save_progress(message_id, job.result.reply))
         return save
 
@@ -325,9 +336,9 @@ class ChatService:
             heed(job, signals)
 
     def _saver(self, message_id: int):
-        def save(job: Job, outcome: str, error: str | None) -> None:
-            result: ChatResult = job.result
-            status = STATUS_OF_OUTCOME.get(outcome, "error")
+        def save(job: ChatJob, outcome: str, error: str | None) -> None:
+            result = job.result
+            status = STATUS_OF_OUTCOME.get(outcome, Status.ERROR)
             odds = [o.as_row() for o in result.odds]
             stats = result.stats
             if job.started is not None:  # how long it waited for a free row, shown apart from its first token
@@ -337,7 +348,7 @@ class ChatService:
         return save
 
 
-def heed(job: Job, signals: ReplySignals) -> None:
+def heed(job: ChatJob, signals: ReplySignals) -> None:
     if signals.followed:  # its stream is read on another front end
         job.watched_elsewhere()
     if signals.stop_requested:  # Stop pressed on another front end

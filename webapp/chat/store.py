@@ -8,6 +8,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass
+from enum import StrEnum
 
 from webapp.chat.decode.types import ReplyStats
 from webapp.chat.registry import ModelRecord
@@ -27,6 +28,16 @@ DELETING = "deleting:"
 # out (webapp/chat/follow.py), so within this long of its front end dying.
 REPLY_LEASE_SECONDS = 15.0
 LEASE_RENEW_SECONDS = 5.0
+
+
+class Status(StrEnum):
+    """A message's status (messages.status). A StrEnum equals the string saved, so rows read back as
+    plain strings compare equal to it, and SQL and templates keep the literal."""
+
+    PENDING = "pending"  # a reply being written (or queued)
+    COMPLETE = "complete"
+    STOPPED = "stopped"
+    ERROR = "error"
 
 
 class ConversationFull(Exception):
@@ -52,6 +63,18 @@ class TurnIds:
     kept: int = 0  # the conversation's messages before the turn
     saved: tuple[dict, ...] = ()  # the messages saved (the question, the reply), as read back
     conversation: dict | None = None  # the conversation after the turn
+
+
+@dataclass(frozen=True)
+class ReplyDetails:
+    """What a reply saved beside its text (reply_details): its prompt (PromptReport.as_dict) and its odds, one
+    row per token (TokenOdds.as_row). None: saved before they were kept, or damaged (not JSON, or not the
+    shape written here: a disk or a hand that changed the row), and then named in `damaged`, which the
+    views say instead of failing."""
+
+    prompt: dict | None = None
+    odds: list | None = None
+    damaged: tuple[str, ...] = ()  # "prompt", "odds"
 
 
 @dataclass(frozen=True)
@@ -252,7 +275,7 @@ class ChatStore:
             db.execute("UPDATE messages SET token_view = ? WHERE id = ? AND conversation_id = ?",
                        (int(on), message_id, conversation_id))
 
-    def finish_reply(self, message_id: int, content: str, status: str, error: str | None,
+    def finish_reply(self, message_id: int, content: str, status: Status, error: str | None,
                      stats: ReplyStats, odds: list | None = None) -> None:
         """The reply's text, outcome and figures; `odds`: one compact row per token (TokenOdds.as_row)."""
         with self.db.transaction() as db:
@@ -371,7 +394,7 @@ class ChatStore:
             return None
         lease = row["lease_until"]
         return {"content": row["content"], "status": row["status"],
-                "abandoned": row["status"] == "pending" and lease is not None and lease < time.time()}
+                "abandoned": row["status"] == Status.PENDING and lease is not None and lease < time.time()}
 
     def stop_abandoned(self, message_id: int) -> None:
         """A pending reply whose front end died (its lease ran out): it will never end, so it ends as stopped."""
@@ -379,15 +402,13 @@ class ChatStore:
             db.execute("UPDATE messages SET status = 'stopped' WHERE id = ? AND status = 'pending'"
                        " AND lease_until < ?", (message_id, time.time()))
 
-    def details(self, message_id: int) -> dict:
-        """{"prompt": dict or None, "odds": list or None, "damaged": [the fields that could not be read]} of
-        a reply. None: saved before they were kept, or damaged (not JSON, or not the shape written here:
-        a disk or a hand that changed the row), which the views then say instead of failing."""
+    def details(self, message_id: int) -> ReplyDetails:
+        """What a reply saved beside its text (ReplyDetails)."""
         with self.db.connect() as db:
             row = db.execute("SELECT prompt, odds FROM reply_details WHERE message_id = ?", (message_id,)).fetchone()
         return _details(row)
 
-    def details_of(self, message_ids: list[int]) -> dict[int, dict]:
+    def details_of(self, message_ids: list[int]) -> dict[int, ReplyDetails]:
         """details() of several replies, read in one statement."""
         if not message_ids:
             return {}
@@ -426,8 +447,9 @@ def _title(text: str) -> str:
     return " ".join(text.split())[:TITLE_CHARS] or "New chat"
 
 
-def _details(row) -> dict:
-    details: dict = {"prompt": None, "odds": None, "damaged": []}
+def _details(row) -> ReplyDetails:
+    read: dict = {}
+    damaged = []
     for field, kind in (("prompt", dict), ("odds", list)):
         if row is None or not row[field]:
             continue
@@ -436,10 +458,10 @@ def _details(row) -> dict:
         except ValueError:
             value = None
         if isinstance(value, kind):
-            details[field] = value
+            read[field] = value
         else:
-            details["damaged"].append(field)
-    return details
+            damaged.append(field)
+    return ReplyDetails(**read, damaged=tuple(damaged))
 
 
 def _message(row) -> dict:

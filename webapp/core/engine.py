@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from webapp.core.executors import BatchedJobs, Executor, StepReport, WholeJobs
-from webapp.core.jobs import CANCELLED, DONE, FAILED, QUEUED, RUNNING, Job, JobCancelled
+from webapp.core.jobs import CANCELLED, DONE, FAILED, QUEUED, RUNNING, AnyJob, Job, JobCancelled, RequestT, ResultT
 from webapp.core.metrics import JobMetrics, StepMetrics
 from webapp.core.refusals import CoreClosed, QueueFull, TooManyFromClient, TooManyJobs
 from webapp.core.scheduler import Scheduler, prefill_pass
@@ -59,10 +59,10 @@ class InferenceCore:
         self.warmup_error: str | None = None
         self.ready = threading.Event()  # set once every model has run one warm-up pass
         self.scheduler = Scheduler()  # the waiting jobs, and what runs next (under the lock)
-        self._running: dict[str, Job] = {}
-        self._jobs: collections.OrderedDict[str, Job] = collections.OrderedDict()
+        self._running: dict[str, AnyJob] = {}
+        self._jobs: collections.OrderedDict[str, AnyJob] = collections.OrderedDict()
         self._keep_finished = keep_finished
-        self._unsaved: dict[str, Job] = {}  # finished, but their result could not be saved yet (see _retry_saves)
+        self._unsaved: dict[str, AnyJob] = {}  # finished, but their result could not be saved yet (see _retry_saves)
         self._last_save_try = 0.0
         self._lock = threading.Condition()
         self._closed = False
@@ -78,7 +78,7 @@ class InferenceCore:
         self._worker.start()
 
     # -- public API ------------------------------------------------------------------------
-    def submit(self, job: Job) -> Job:
+    def submit(self, job: Job[RequestT, ResultT]) -> Job[RequestT, ResultT]:
         if job.kind not in self.executors:
             raise ValueError(f"no executor for jobs of kind {job.kind!r}")
         with self._lock:
@@ -100,11 +100,11 @@ class InferenceCore:
             self._lock.notify_all()
         return job
 
-    def get(self, job_id: str) -> Job | None:
+    def get(self, job_id: str) -> AnyJob | None:
         with self._lock:
             return self._jobs.get(job_id)
 
-    def find(self, kind: str, ref: Any) -> Job | None:
+    def find(self, kind: str, ref: Any) -> AnyJob | None:
         """The newest job of a kind with this reference (e.g. the chat message it writes)."""
         with self._lock:
             return next((j for j in reversed(self._jobs.values()) if j.kind == kind and j.ref == ref), None)
@@ -113,11 +113,11 @@ class InferenceCore:
         with self._lock:
             return len(self.scheduler)
 
-    def running_jobs(self) -> list[Job]:
+    def running_jobs(self) -> list[AnyJob]:
         with self._lock:
             return list(self._running.values())
 
-    def count(self, name: str, n: int = 1, job: Job | None = None) -> None:
+    def count(self, name: str, n: int = 1, job: AnyJob | None = None) -> None:
         """Add to a production counter (tokens, loop rows), and to the job's own counts."""
         with self._lock:
             self.counters[name] += n
@@ -185,10 +185,10 @@ class InferenceCore:
             self.warmup_error = f"{type(error).__name__}: {error}"
             log.exception("model warm-up failed")
 
-    def _batched(self) -> dict[str, BatchedJobs]:
+    def _batched(self) -> dict[str, BatchedJobs[Any, Any]]:
         return {kind: ex for kind, ex in self.executors.items() if isinstance(ex, BatchedJobs)}
 
-    def _next_turn(self) -> tuple[list[Job], Job | None] | None:
+    def _next_turn(self) -> tuple[list[AnyJob], AnyJob | None] | None:
         """The jobs to admit to their batches, and the one whole job to run, as the scheduler takes them.
         Waits while there is nothing to do; None once closed and idle."""
         with self._lock:
@@ -203,7 +203,7 @@ class InferenceCore:
                     return [], None
                 self._lock.wait(0.5)
 
-    def _take(self, whole_too: bool) -> tuple[list[Job], Job | None]:
+    def _take(self, whole_too: bool) -> tuple[list[AnyJob], AnyJob | None]:
         """Under the lock: take the waiting jobs the batches have room for (and one whole job)."""
         for job in self.scheduler.drop_cancelled():
             self._finish_unstarted(job)
@@ -239,7 +239,7 @@ class InferenceCore:
         for job, place in self.scheduler.positions(self._batched()):
             job.set_position(place)
 
-    def _admit(self, job: Job) -> None:
+    def _admit(self, job: AnyJob) -> None:
         job.set_state(RUNNING)
         try:
             executor = self.executors[job.kind]
@@ -256,7 +256,7 @@ class InferenceCore:
         for kind in self.scheduler.to_step({k: ex.rows for k, ex in batched.items()}):
             self._step(batched[kind])
 
-    def _step(self, executor: BatchedJobs) -> None:
+    def _step(self, executor: BatchedJobs[Any, Any]) -> None:
         """One step of a batched executor, as the scheduler plans it: a prefill pass for the newcomers
         `prefill_pass` picks; if one ran, the replies that arrived during it are admitted and a second
         pass prefills those that still fit in the step's one chunk's worth of tokens, so a first token
@@ -285,7 +285,7 @@ class InferenceCore:
             self._finish(finished.job, finished.outcome, finished.error)
         self.step_metrics.spent("finish", time.perf_counter() - ended)
 
-    def _run_whole(self, job: Job) -> None:
+    def _run_whole(self, job: AnyJob) -> None:
         job.set_state(RUNNING)
         outcome, error = DONE, None
         try:
@@ -302,7 +302,7 @@ class InferenceCore:
             outcome = CANCELLED  # cancelled after the last check: still say so
         self._finish(job, outcome, error)
 
-    def _finish(self, job: Job, outcome: str, error: str | None) -> None:
+    def _finish(self, job: AnyJob, outcome: str, error: str | None) -> None:
         if job.save_error is not None:  # its partial result could not be saved: it stopped for that
             outcome, error = FAILED, job.save_error
         outcome, error = self._call_on_finish(job, outcome, error)
@@ -313,14 +313,14 @@ class InferenceCore:
             self._retire(job)
         self.job_metrics.job_finished(job)
 
-    def _finish_unstarted(self, job: Job) -> None:
+    def _finish_unstarted(self, job: AnyJob) -> None:
         outcome, error = self._call_on_finish(job, CANCELLED, None)
         job.set_state(outcome, error)
         self.counters[outcome] += 1
         self._retire(job)
         self.job_metrics.job_finished(job)
 
-    def _call_on_finish(self, job: Job, outcome: str, error: str | None) -> tuple[str, str | None]:
+    def _call_on_finish(self, job: AnyJob, outcome: str, error: str | None) -> tuple[str, str | None]:
         """Save before announcing the end, so a reload right after "done" finds the saved result.
         -> the outcome to announce: failed, with the reason, when the result could not be saved
         (disk full, read-only database), so nobody is told a reply was kept that was not."""
@@ -359,7 +359,7 @@ class InferenceCore:
             with self._lock:
                 self._unsaved.pop(job.id, None)
 
-    def _retire(self, job: Job) -> None:
+    def _retire(self, job: AnyJob) -> None:
         # Finished jobs stay findable for replay; the oldest finished ones are forgotten.
         self._jobs.move_to_end(job.id)
         finished = [j for j in self._jobs.values() if j.state not in (QUEUED, RUNNING) and j.id not in self._unsaved]

@@ -21,31 +21,33 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Generic, Protocol
 
-from webapp.core.jobs import Job
+from webapp.core.jobs import AnyJob, Job, RequestT, ResultT
 from webapp.core.scheduler import Newcomer
 
 
 class Worker(Protocol):
     """The core as an executor sees it, on the worker thread."""
 
-    def count(self, name: str, n: int = 1, job: Job | None = None) -> None:
+    def count(self, name: str, n: int = 1, job: AnyJob | None = None) -> None:
         """Add to a production counter (tokens, loop rows) and to the job's own counts."""
 
     def interleave(self) -> None:
         """Between a whole job's units of work: let the batch take a step when it is due."""
 
 
-class WholeJobs(ABC):
+class WholeJobs(ABC, Generic[RequestT, ResultT]):
+    """Runs the jobs of one kind, Job[RequestT, ResultT]."""
+
     @abstractmethod
-    def run(self, job: Job, core: Worker) -> None:
+    def run(self, job: Job[RequestT, ResultT], core: Worker) -> None:
         """Run the job to its end; raise JobCancelled once it is cancelled, anything else to fail it."""
 
 
 @dataclass
 class Finished:
-    job: Job
+    job: AnyJob
     outcome: str  # DONE, CANCELLED or FAILED
     error: str | None = None
 
@@ -70,7 +72,9 @@ class StepReport:
             self.spent(phase, seconds)
 
 
-class BatchedJobs(ABC):
+class BatchedJobs(ABC, Generic[RequestT, ResultT]):
+    """Runs the jobs of one kind, Job[RequestT, ResultT], as rows of a batch."""
+
     max_rows: int
 
     @property
@@ -79,7 +83,7 @@ class BatchedJobs(ABC):
         """Jobs admitted and not finished yet."""
 
     @abstractmethod
-    def admit(self, job: Job) -> None:
+    def admit(self, job: Job[RequestT, ResultT]) -> None:
         """Take a job into the batch (its work starts at the next step)."""
 
     def begin_step(self) -> None:  # noqa: B027 (a hook: most executors have nothing to start)
@@ -108,4 +112,4 @@ class BatchedJobs(ABC):
         return 0
 
 
-Executor = WholeJobs | BatchedJobs
+Executor = WholeJobs[Any, Any] | BatchedJobs[Any, Any]

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeAlias, TypeVar
 
 QUEUED, RUNNING, DONE, CANCELLED, FAILED = "queued", "running", "done", "cancelled", "failed"
 FINISHED = frozenset({DONE, CANCELLED, FAILED})
@@ -38,22 +38,32 @@ class JobCancelled(Exception):
 
 @dataclass(frozen=True)
 class Event:
-    """One published event: a name the stream uses as its SSE event name, and its data."""
+    """One published event: a name the stream uses as its SSE event name, and its data: a demo's own typed
+    payload (a chat reply's TokenEvent, a Loop-lab run's RowsEvent), or a dict of fields (the core's
+    `position` and `running`). Readers check the payload's type."""
 
     name: str
-    data: dict[str, Any]
+    data: object
+
+
+RequestT = TypeVar("RequestT")
+ResultT = TypeVar("ResultT")
 
 
 @dataclass
-class Job:
+class Job(Generic[RequestT, ResultT]):
+    """A job of one kind: its demo's request (plain data: what to run) and result (what it produced),
+    e.g. Job[ChatRequest, ChatResult]. The core never reads either: it handles AnyJob."""
+
     kind: str  # which executor runs it ("chat", "loops")
     owner: str
-    request: Any = None  # what to run: the demo's own typed request, plain data
+    # The defaults (no request, a dict for a result) serve jobs whose kind needs neither (the tests' probes).
+    request: RequestT = None  # type: ignore[assignment]
     # Called once with (job, outcome, error) before the end is announced: saves results,
     # whatever the outcome (done, cancelled, failed).
-    on_finish: Callable[[Job, str, str | None], None] | None = None
+    on_finish: Callable[[Job[RequestT, ResultT], str, str | None], None] | None = None
     # Called now and then while it runs (Job.progress) with the job: saves the partial result.
-    on_progress: Callable[[Job], None] | None = None
+    on_progress: Callable[[Job[RequestT, ResultT]], None] | None = None
     # A job nobody ever subscribed to is abandoned after this many seconds.
     orphan_seconds: float = 30.0
     client: str = field(default_factory=CLIENT.get)  # who asked (an address), for per-client limits
@@ -65,7 +75,7 @@ class Job:
     started: float | None = None
     finished: float | None = None
     # what it produced, of its kind's own type (a chat reply's ChatResult, a Loop-lab run's LoopResult)
-    result: Any = field(default_factory=dict)
+    result: ResultT = field(default_factory=dict)  # type: ignore[assignment]
     counts: dict[str, int] = field(default_factory=dict)  # what it produced (tokens, rows), for the job log
     seq: int = 0  # its place in the order of submission (1, 2, ...), for the job log
     ref: Any = None  # what the job is found by besides its id (a chat reply: its message id)
@@ -102,15 +112,16 @@ class Job:
         self.cancel()
 
     # -- producer side (the core's worker) -------------------------------------------------
-    def emit(self, name: str, **data: Any) -> None:
-        """Publish an event; raises JobCancelled once the job was cancelled."""
+    def emit(self, name: str, payload: object = None, /, **data: Any) -> None:
+        """Publish an event, its data `payload` or else the fields given; raises JobCancelled once the job
+        was cancelled."""
         self.raise_if_cancelled()
-        self.keep(name, **data)
+        self.keep(name, payload, **data)
 
-    def keep(self, name: str, **data: Any) -> None:
+    def keep(self, name: str, payload: object = None, /, **data: Any) -> None:
         """Publish an event even once cancelled: what a stopping job had already worked out."""
         with self._cond:
-            self._events.append(Event(name, data))
+            self._events.append(Event(name, data if payload is None else payload))
             self._touch()
 
     def raise_if_cancelled(self) -> None:
@@ -231,3 +242,6 @@ class Job:
     def subscribers(self) -> int:
         with self._cond:
             return self._subscribers
+
+
+AnyJob: TypeAlias = Job[Any, Any]  # a job as the core sees it: it runs jobs of every kind, reads neither part

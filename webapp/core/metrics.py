@@ -10,7 +10,7 @@ import threading
 import time
 
 from webapp.core.executors import StepReport
-from webapp.core.jobs import Job
+from webapp.core.jobs import AnyJob
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 JOB_BUCKETS = (0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -59,7 +59,7 @@ class JobMetrics:
         self.wait = LatencyHistogram(JOB_BUCKETS)
         self.run = LatencyHistogram(JOB_BUCKETS)
 
-    def job_finished(self, job: Job) -> None:
+    def job_finished(self, job: AnyJob) -> None:
         end = job.finished or time.monotonic()
         started = job.started or end  # never started: it waited until it was cancelled
         wait, run = started - job.created, end - started

@@ -19,7 +19,7 @@ import collections
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from webapp.core.jobs import Job
+from webapp.core.jobs import AnyJob
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Scheduler:
     """The waiting jobs, and who is served next."""
 
     def __init__(self) -> None:
-        self._queue: collections.deque[Job] = collections.deque()  # waiting, in order of submission
+        self._queue: collections.deque[AnyJob] = collections.deque()  # waiting, in order of submission
         self._turns: dict[str, int] = {}  # client -> when it last had a job taken (fair order)
         self._turn = 0
         self._first: str | None = None  # the batched executor that stepped first last turn (to_step)
@@ -79,26 +79,26 @@ class Scheduler:
     def __len__(self) -> int:
         return len(self._queue)
 
-    def waiting(self) -> list[Job]:
+    def waiting(self) -> list[AnyJob]:
         """The waiting jobs, in order of submission."""
         return list(self._queue)
 
-    def add(self, job: Job) -> None:
+    def add(self, job: AnyJob) -> None:
         self._queue.append(job)
 
-    def drop_cancelled(self) -> list[Job]:
+    def drop_cancelled(self) -> list[AnyJob]:
         """Take the waiting jobs that were cancelled out of the queue: they never run."""
         cancelled = [j for j in self._queue if j.cancelled]
         for job in cancelled:
             self._queue.remove(job)
         return cancelled
 
-    def take(self, room: Mapping[str, int], whole_too: bool) -> tuple[list[Job], Job | None]:
+    def take(self, room: Mapping[str, int], whole_too: bool) -> tuple[list[AnyJob], AnyJob | None]:
         """Take, in fair order, the waiting jobs of the batched kinds that their executors have room for
         (`room`: free rows per batched kind; every other kind is a whole job), and, when `whole_too`, the
         first whole job -> (the jobs to admit, the whole job to run)."""
         left = dict(room)
-        admitted: list[Job] = []
+        admitted: list[AnyJob] = []
         whole = None
         for job in self.fair_order():
             if job.kind in left:
@@ -112,12 +112,12 @@ class Scheduler:
             self._took(job)
         return admitted, whole
 
-    def fair_order(self) -> list[Job]:
+    def fair_order(self) -> list[AnyJob]:
         """The waiting jobs in the order they will be taken: round-robin across clients (by address, else
         by owner), each client's own jobs oldest first; the client served longest ago goes first (then
         the one whose oldest job is oldest). So one client's burst cannot push another client's first
         job behind all of it."""
-        by_client: dict[str, collections.deque[Job]] = {}
+        by_client: dict[str, collections.deque[AnyJob]] = {}
         for job in self._queue:
             by_client.setdefault(job.client or job.owner, collections.deque()).append(job)
         clients = sorted(by_client, key=lambda c: self._turns.get(c, 0))  # stable: oldest job breaks ties
@@ -128,7 +128,7 @@ class Scheduler:
             lanes = [lane for lane in lanes if lane]
         return order
 
-    def positions(self, batched: Collection[str]) -> list[tuple[Job, int]]:
+    def positions(self, batched: Collection[str]) -> list[tuple[AnyJob, int]]:
         """Each waiting job's place in its lane, among the jobs it really waits behind (in fair order): the
         jobs of its own batched kind, or (any other kind) the whole jobs."""
         places: collections.Counter[str] = collections.Counter()
@@ -152,7 +152,7 @@ class Scheduler:
             self._first = chosen[0]
         return chosen
 
-    def _took(self, job: Job) -> None:
+    def _took(self, job: AnyJob) -> None:
         """Note that this job's client was served now."""
         self._turn += 1
         self._turns[job.client or job.owner] = self._turn

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from webapp.core.executors import WholeJobs, Worker
 from webapp.core.jobs import Job
 from webapp.core.threads import torch_threads
+from webapp.loops.request import DemoRequest
 from webapp.loops.trace import run_trace
 
 MAIN = "main"
@@ -20,7 +21,7 @@ class LoopResult:
     trace_id: str | None = None  # where it was saved
 
 
-class LoopRuns(WholeJobs):
+class LoopRuns(WholeJobs[DemoRequest, LoopResult]):
     """The core's executor for Loop-lab runs: a run is one model call, run whole between chat steps."""
 
     def __init__(self, bundle, torch_threads: int = 1, extra: dict | None = None) -> None:
@@ -29,7 +30,7 @@ class LoopRuns(WholeJobs):
         self.bundle, self.torch_threads = bundle, torch_threads
         self.bundles = {MAIN: bundle, **(extra or {})}  # what the page's model picker offers
 
-    def run(self, job: Job, core: Worker) -> None:
+    def run(self, job: Job[DemoRequest, LoopResult], core: Worker) -> None:
         bundle = self.bundles.get(getattr(job.request, "model", MAIN), self.bundle)
         if not isinstance(job.result, LoopResult):
             job.result = LoopResult()

@@ -14,13 +14,14 @@ class LoopService:
         self.core = core
         self.store = store
 
-    def start(self, owner: str, request: DemoRequest) -> Job:
-        def save(job: Job, outcome: str, error: str | None) -> None:
+    def start(self, owner: str, request: DemoRequest) -> Job[DemoRequest, LoopResult]:
+        def save(job: Job[DemoRequest, LoopResult], outcome: str, error: str | None) -> None:
             if outcome == DONE and job.result.snapshot is not None:
                 job.result.trace_id = self.store.save(owner, job.result.snapshot)
 
-        return self.core.submit(Job("loops", owner, request, on_finish=save, result=LoopResult()))
+        job: Job[DemoRequest, LoopResult] = Job("loops", owner, request, on_finish=save, result=LoopResult())
+        return self.core.submit(job)
 
-    def job(self, owner: str, job_id: str) -> Job | None:
+    def job(self, owner: str, job_id: str) -> Job[DemoRequest, LoopResult] | None:
         job = self.core.get(job_id)
         return job if job is not None and job.kind == "loops" and job.owner == owner else None

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from webapp.core import Job, JobCancelled
+from webapp.core import JobCancelled
+from webapp.core.jobs import AnyJob
 from webapp.loops.reading import read_rules, rounded, supports_attention
 from webapp.loops.request import DemoRequest
 from webapp.loops.task import PROMPT_LENGTH, SYMBOLS
@@ -78,13 +80,20 @@ def observations(batch: list[tuple], pairs=None) -> tuple[list[dict], bool]:
     return rows, False
 
 
+@dataclass(frozen=True)
+class RowsEvent:
+    """A `rows` event's data: the trace rows of the loops that ran since the last one (TraceBuilder.add)."""
+
+    rows: list[dict]
+
+
 class Observer:
     """The model's loop_callback: keeps each loop's outputs and publishes them as rows in batches.
 
     One `rows` event per FLUSH_SECONDS (and for the first loop at once), instead of one per loop:
     every event wakes the stream threads, which then take the GIL from the worker."""
 
-    def __init__(self, job: Job, builder: TraceBuilder, on_rows=None, between=None, pairs=None) -> None:
+    def __init__(self, job: AnyJob, builder: TraceBuilder, on_rows=None, between=None, pairs=None) -> None:
         self.job, self.builder, self.on_rows, self.between = job, builder, on_rows, between
         self.pairs = pairs  # the prompt's rules in order, when the model hands over its attention
         self.started = self.flushed = time.perf_counter()
@@ -116,7 +125,7 @@ class Observer:
         if rows:
             if self.on_rows is not None:
                 self.on_rows(rows)
-            (self.job.keep if ended else self.job.emit)("rows", rows=rows)
+            (self.job.keep if ended else self.job.emit)("rows", RowsEvent(rows))
         if nonfinite and not ended:
             raise FloatingPointError(NONFINITE)
         return nonfinite
@@ -156,7 +165,7 @@ def score_trace(request: DemoRequest, rows: list[dict], stop_reason: str) -> dic
             "first_error": next((r["loop"] for r in rows[:request.steps] if not r["correct"]), None)}
 
 
-def run_trace(job: Job, bundle: Any, request: DemoRequest, on_rows=None, between=None) -> dict:
+def run_trace(job: AnyJob, bundle: Any, request: DemoRequest, on_rows=None, between=None) -> dict:
     """Run one request on the core's worker; emits `rows` events as loops run, returns the snapshot."""
     model = bundle.model
     check_model(model)

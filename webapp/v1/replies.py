@@ -18,10 +18,11 @@ from contextlib import closing
 
 from flask import Response, current_app, jsonify, request
 
-from webapp.chat.decode.types import ChatRequest
+from webapp.chat.decode.publish import TokenEvent
+from webapp.chat.decode.types import ChatJob, ChatRequest
 from webapp.chat.web.blueprint import service as chat_service
 from webapp.core import Refused
-from webapp.core.jobs import DONE, FAILED, Job
+from webapp.core.jobs import DONE, FAILED
 from webapp.v1 import shapes
 from webapp.v1.errors import ApiError
 from webapp.v1.params import Ask
@@ -82,7 +83,7 @@ class StopText:
 class Follow:
     """One reply's events, as the API sends them, and how it ended."""
 
-    def __init__(self, job: Job, ask: Ask, heartbeat: float) -> None:
+    def __init__(self, job: ChatJob, ask: Ask, heartbeat: float) -> None:
         self.job, self.ask, self.heartbeat = job, ask, heartbeat
         self.scan = StopText(ask.stops)
         self.generated = 0  # tokens generated, up to a stop sequence: the usage's completion_tokens
@@ -93,13 +94,13 @@ class Follow:
             for event in events:
                 if event is None:
                     yield None
-                elif event.name == "position":
+                elif event.name == "position" and isinstance(event.data, dict):
                     yield event.data["position"]
-                elif event.name == "token":
+                elif event.name == "token" and isinstance(event.data, TokenEvent):
                     data = event.data
-                    token = None if data["index"] is None else (data["token"], data["odds"])
+                    token = None if data.token is None else (data.token, data.odds)  # None: no token of its own
                     self.generated += token is not None
-                    self.scan.add(data["text"], token)
+                    self.scan.add(data.text, token)
                     if self.scan.stopped:
                         break  # leaving the subscription cancels the job: nobody else follows it
                     text, tokens = self.scan.take()

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 from flask import Response, current_app, stream_with_context
 
-from webapp.core.jobs import Event, Job
+from webapp.core.jobs import AnyJob, Event
 from webapp.web.streams import StreamSlot, long_response
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")  # SSE's own line ends; str.splitlines() splits on more
@@ -40,8 +40,8 @@ def event_stream(body: Iterator[str], slot: StreamSlot | None = None, *, bulk: b
     return long_response(body, "text/event-stream", slot, bulk=bulk)
 
 
-def stream_job(job: Job, render: Callable[[Event], str | None],
-               render_final: Callable[[Job], str]) -> Response:
+def stream_job(job: AnyJob, render: Callable[[Event], str | None],
+               render_final: Callable[[AnyJob], str]) -> Response:
     """Stream a job's events as HTML fragments and end with an explicit `done` event.
 
     `render` turns an event into a fragment (None skips it); `render_final` renders the

@@ -46,7 +46,7 @@ def test_the_token_view_shows_every_token_with_its_odds_and_a_panel_without_java
     from webapp.chat.web.conversations import service
     with chat_app.app_context():
         saved = service().store.message(cid, mid)
-        odds = service().store.details(mid)["odds"]
+        odds = service().store.details(mid).odds
     assert len(spans) == saved["tokens"] == len(odds) and saved["tokens"] >= 1
     assert [int(i) for _, i in spans] == list(range(len(odds)))
     assert [int(s) for s, _ in spans] == [min(9, int(row[1] * 10)) for row in odds]
@@ -150,8 +150,8 @@ def test_a_branch_from_a_token_is_the_fresh_generation_from_that_prefix_and_a_ne
     client = chat_app.test_client()
     cid, mid, _ = reply(client, "Hello there", max_new_tokens="12", temperature="0.9", top_k="20", seed="3")
     with chat_app.app_context():
-        rows = service().store.details(mid)["odds"]
-        prompt = service().store.details(mid)["prompt"]["ids"]
+        rows = service().store.details(mid).odds
+        prompt = service().store.details(mid).prompt["ids"]
     ids = [row[0] for row in rows]
     index = 4
     other = next(t for t, _, _ in rows[index][5] if t != ids[index])  # an alternative not taken
@@ -164,7 +164,7 @@ def test_a_branch_from_a_token_is_the_fresh_generation_from_that_prefix_and_a_ne
     with chat_app.app_context():
         shown = service().store.messages(cid)
         new = shown[-1]
-        new_ids = [row[0] for row in service().store.details(new["id"])["odds"]]
+        new_ids = [row[0] for row in service().store.details(new["id"]).odds]
     assert new["id"] != mid and new["versions"] == [mid, new["id"]] and new["version"] == 2
     assert new_ids[:index + 1] == ids[:index] + [other] and len(new_ids) == 12
     loaded = glassbox(chat_app).core.models["chat"]
@@ -176,7 +176,7 @@ def test_a_branch_from_a_token_is_the_fresh_generation_from_that_prefix_and_a_ne
     assert typed.status_code == 303
     with chat_app.app_context():
         third = service().store.messages(cid)[-1]
-        third_rows = service().store.details(third["id"])["odds"]
+        third_rows = service().store.details(third["id"]).odds
     assert [r[0] for r in third_rows[:5]] == new_ids[:2] + list(b"ok!") and third["version"] == 3
     assert third_rows[2][1] is None  # typed, not sampled: no odds of its own
     assert "typed into a branch" in client.get(f"/chat/c/{cid}/m/{third['id']}/tokens?t=2").get_data(as_text=True)
@@ -190,7 +190,7 @@ def test_two_versions_side_by_side_show_where_they_first_differ(chat_app):
     client = chat_app.test_client()
     cid, mid, _ = reply(client, "Compare us", max_new_tokens="10", temperature="1.0", top_k="0", seed="11")
     with chat_app.app_context():
-        rows = service().store.details(mid)["odds"]
+        rows = service().store.details(mid).odds
     other = next(t for t, _, _ in rows[3][5] if t != rows[3][0])
     csrf = csrf_of(client, f"/chat/c/{cid}")
     client.post(f"/chat/c/{cid}/m/{mid}/branch", data={"csrf_token": csrf, "index": "3", "token": str(other)})
@@ -229,7 +229,7 @@ def test_every_version_offers_a_comparison_and_a_difference_at_the_first_token_i
     client = chat_app.test_client()
     cid, mid, _ = reply(client, "Compare us", max_new_tokens="6", temperature="1.0", top_k="0", seed="11")
     with chat_app.app_context():
-        rows = service().store.details(mid)["odds"]
+        rows = service().store.details(mid).odds
     other = next(t for t, _, _ in rows[0][5] if t != rows[0][0])
     csrf = csrf_of(client, f"/chat/c/{cid}")
     client.post(f"/chat/c/{cid}/m/{mid}/branch", data={"csrf_token": csrf, "index": "0", "token": str(other)})

@@ -29,7 +29,7 @@ def test_the_json_answers_the_documented_contract_and_its_last_row_is_the_token_
     from webapp.chat.web.blueprint import service
     with chat_app.app_context():
         details = service().details(mid)
-    odds, prompt = details["odds"], details["prompt"]["ids"]
+    odds, prompt = details.odds, details.prompt["ids"]
     config = glassbox(chat_app).core.models["chat"].model.config
     for i, row in enumerate(odds):
         answer = client.get(f"/chat/c/{cid}/m/{mid}/inside/{i}.json")

@@ -7,21 +7,21 @@ from contextlib import closing
 
 from webapp.chat.decode.generate import generate
 from webapp.chat.decode.publish import chat_result, publish
-from webapp.chat.decode.types import ChatRequest
+from webapp.chat.decode.types import ChatJob, ChatRequest, ChatResult
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.core.executors import WholeJobs, Worker
-from webapp.core.jobs import Job, JobCancelled
+from webapp.core.jobs import JobCancelled
 from webapp.core.threads import torch_threads
 
 
-class ChatAlone(WholeJobs):
+class ChatAlone(WholeJobs[ChatRequest, ChatResult]):
     """The whole-reply executor, for models without a KV cache: one reply at a time."""
 
     def __init__(self, loaded: LoadedChatModel) -> None:
         self.loaded = loaded
 
-    def run(self, job: Job, core: Worker) -> None:
-        request: ChatRequest = job.request
+    def run(self, job: ChatJob, core: Worker) -> None:
+        request = job.request
         chat_result(job)
         p = request.params
         pieces = generate(self.loaded, request.prompt_ids, max_new_tokens=p.max_new_tokens,

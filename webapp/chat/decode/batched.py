@@ -18,22 +18,22 @@ from webapp.chat.decode.generate import Piece, Sequence, decode_step
 from webapp.chat.decode.prefill import prefill_step
 from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.publish import chat_result, publish
-from webapp.chat.decode.types import ChatRequest
+from webapp.chat.decode.types import ChatJob, ChatRequest, ChatResult
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.core.executors import BatchedJobs, Finished, StepReport, Worker
-from webapp.core.jobs import CANCELLED, DONE, FAILED, Job
+from webapp.core.jobs import CANCELLED, DONE, FAILED
 from webapp.core.scheduler import Newcomer
 from webapp.core.threads import torch_threads
 
 
-class ChatBatch(BatchedJobs):
+class ChatBatch(BatchedJobs[ChatRequest, ChatResult]):
     """The batched executor: running replies are rows, stepped together."""
 
     def __init__(self, loaded: LoadedChatModel, max_rows: int, prefix: PrefixCache) -> None:
         self.loaded, self.max_rows = loaded, max_rows
         # Finished replies' caches, kept for their conversations' next turns under a budget (built at boot).
         self.prefix = prefix
-        self._rows: dict[str, tuple[Job, Sequence]] = {}  # in order of admission
+        self._rows: dict[str, tuple[ChatJob, Sequence]] = {}  # in order of admission
         self._errors: dict[str, str] = {}  # this step's failed rows, by job id: retired at its end
 
     @property
@@ -43,8 +43,8 @@ class ChatBatch(BatchedJobs):
     def memory_bytes(self) -> int:
         return sum(seq.cache_bytes for _, seq in self._rows.values()) + self.prefix.nbytes
 
-    def admit(self, job: Job) -> None:
-        request: ChatRequest = job.request
+    def admit(self, job: ChatJob) -> None:
+        request = job.request
         chat_result(job)
         self._rows[job.id] = (job, Sequence(self.loaded, request.prompt_ids, request.params, self.prefix,
                                             odds=request.odds, forced=request.forced,
@@ -97,11 +97,11 @@ class ChatBatch(BatchedJobs):
         _spent(report, "publish", clock)
         return report
 
-    def _publish(self, job: Job, pieces: list[Piece], core: Worker) -> None:
+    def _publish(self, job: ChatJob, pieces: list[Piece], core: Worker) -> None:
         for piece in pieces:
             publish(job, piece, core)
 
-    def _retire(self, job: Job, seq: Sequence, error: str | None, core: Worker) -> Finished:
+    def _retire(self, job: ChatJob, seq: Sequence, error: str | None, core: Worker) -> Finished:
         del self._rows[job.id]
         publish(job, seq.close(keep=error is None), core)
         if error is not None:

@@ -141,13 +141,13 @@ def _kept_prefix(model: torch.nn.Module, ids: list[int],
     return start, past, copied
 
 
-class InsideJobs(WholeJobs):
+class InsideJobs(WholeJobs[InsideRequest, InsideResult]):
     """The core's executor for Inside jobs: one at a time, between batched steps."""
 
     def __init__(self, loaded: LoadedChatModel, prefix: PrefixCache | None = None) -> None:
         self.loaded, self.prefix = loaded, prefix  # the chat replies' kept caches (built at boot), read only
 
-    def run(self, job: Job, core: Worker) -> None:
+    def run(self, job: Job[InsideRequest, InsideResult], core: Worker) -> None:
         job.raise_if_cancelled()
 
         def between() -> None:

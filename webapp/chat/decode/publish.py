@@ -3,30 +3,43 @@ result (webapp/chat/decode/types.py ChatResult) the service saves."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from webapp.chat.decode.generate import Piece
 from webapp.chat.decode.odds import TokenOdds
-from webapp.chat.decode.types import ChatResult, ReplyStats, decode_rate
+from webapp.chat.decode.types import ChatJob, ChatResult, ReplyStats, decode_rate
 from webapp.core.executors import Worker
-from webapp.core.jobs import Job
 
 
-def chat_result(job: Job) -> ChatResult:
+@dataclass(frozen=True)
+class TokenEvent:
+    """A `token` event's data: a piece of a reply's text. `index` and `token`: the token's place in the reply
+    and its id, None for text without a token of its own (what the decoder held back, flushed at the end;
+    text followed from another front end); `odds`: the token's, None when not worked out."""
+
+    text: str
+    index: int | None = None
+    token: int | None = None
+    odds: TokenOdds | None = None
+
+
+def chat_result(job: ChatJob) -> ChatResult:
     """The job's ChatResult (the service gives every chat job one; a bare job gets one here)."""
     if not isinstance(job.result, ChatResult):
         job.result = ChatResult()
     return job.result
 
 
-def publish(job: Job, piece: Piece, core: Worker) -> None:
+def publish(job: ChatJob, piece: Piece, core: Worker) -> None:
     """One generated piece to its job: text for the stream and the saved reply, and the stats so far."""
     result = chat_result(job)
     if piece.token is not None:
         result.token_ids.append(piece.token)
         result.odds.append(piece.odds or TokenOdds.given(piece.token))  # one row per token
         # every token is an event, text or not (a byte inside a character): the page shows tokens too
-        job.keep("token", text=piece.text, index=piece.tokens - 1, token=piece.token, odds=piece.odds)
+        job.keep("token", TokenEvent(piece.text, piece.tokens - 1, piece.token, piece.odds))
     elif piece.text:  # the text the decoder held back, flushed at the end
-        job.keep("token", text=piece.text, index=None, token=None, odds=None)
+        job.keep("token", TokenEvent(piece.text))
     if piece.text:
         result.text.append(piece.text)
     s = piece.stats

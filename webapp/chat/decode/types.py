@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from webapp.chat.decode.odds import TokenOdds
 from webapp.chat.model.edits import Edit
+from webapp.core.jobs import Job
 
 
 @dataclass(frozen=True)
@@ -86,3 +88,6 @@ class ChatResult:
     @property
     def reply(self) -> str:
         return "".join(self.text)
+
+
+ChatJob: TypeAlias = "Job[ChatRequest, ChatResult]"  # a chat reply's job

@@ -6,14 +6,14 @@ from __future__ import annotations
 from flask import current_app, redirect, render_template, request, session, url_for
 
 from webapp.chat.decode.publish import chat_result
-from webapp.chat.decode.types import SamplingParams
+from webapp.chat.decode.types import ChatJob, SamplingParams
 from webapp.chat.model.prompt import PromptTooLong
 from webapp.chat.service import ChatError, Turn
-from webapp.chat.store import ChatPage
+from webapp.chat.store import ChatPage, Status
 from webapp.chat.web import token_views
 from webapp.chat.web.blueprint import service, settings
 from webapp.chat.web.forms import FormError, FormErrors, remembered_sampling, submitted_sampling
-from webapp.core import Job, Refused
+from webapp.core import Refused
 from webapp.web import is_htmx, quotas, refusal_headers, refusal_status
 from webapp.web.security import owner_id
 from webapp.web.streams import held_slot
@@ -25,7 +25,7 @@ def sampling_limit() -> int:
 
 def with_token_views(messages: list[dict]) -> list[dict]:
     """The replies their owner reads as tokens get their tokens (and odds) to show (read in one statement)."""
-    shown = [m for m in messages if m.get("token_view") and m["role"] == "assistant" and m["status"] != "pending"]
+    shown = [m for m in messages if m.get("token_view") and m["role"] == "assistant" and m["status"] != Status.PENDING]
     details = service().details_of([m["id"] for m in shown])
     for m in shown:
         try:
@@ -90,7 +90,7 @@ def token_budget(history: list[dict], max_new_tokens, model: str | None = None) 
     prompts = service().models.get(model).prompt
     fixed = prompts.block_size - prompts.budget(0)  # examples and markers, whatever the reply asks
     used = sum(len(prompts.encode_turn(m["role"], m["content"])) for m in history
-               if m["role"] == "user" or m["status"] in ("complete", "stopped"))
+               if m["role"] == "user" or m["status"] in (Status.COMPLETE, Status.STOPPED))
     asked = max_new_tokens if isinstance(max_new_tokens, int) else None
     examples = len(prompts.fewshot_ids)
     return {"window": prompts.block_size, "examples": examples, "markers": fixed - examples,
@@ -180,17 +180,17 @@ def wait_for_reply(message_id: int) -> None:
         pass
 
 
-def render_message(conversation_id: str, message_id: int, job: Job | None = None) -> str:
+def render_message(conversation_id: str, message_id: int, job: ChatJob | None = None) -> str:
     messages = service().history(conversation_id)
     message = next((m for m in messages if m["id"] == message_id), None)
     if message is None:  # a version beside the branch shown (two models asked at once), or gone
         message = service().message(conversation_id, message_id)
         if message is None:
             return ""
-    if message["status"] == "pending" and job is not None and job.finished_state:
+    if message["status"] == Status.PENDING and job is not None and job.finished_state:
         # Its job ended but the reply could not be saved (disk full, read-only database): show the
         # job's own outcome, never a pending reply whose stream the browser would reopen for ever.
-        message = {**message, "status": "error", "content": chat_result(job).reply,
+        message = {**message, "status": Status.ERROR, "content": chat_result(job).reply,
                    "error": job.error or "The reply could not be saved."}
     return render_template("chat/_message_final.html", message_row=with_token_views([message])[0],
                            conversation_id=conversation_id, is_last=messages[-1]["id"] == message_id)

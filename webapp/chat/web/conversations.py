@@ -7,8 +7,10 @@ import json
 
 from flask import Response, abort, current_app, redirect, render_template, request, session, url_for
 
+from webapp.chat.decode.publish import TokenEvent
 from webapp.chat.model.prompt import PromptTooLong
 from webapp.chat.service import ChatError
+from webapp.chat.store import Status
 from webapp.chat.web import token_views
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, owned_page, service, settings
 from webapp.chat.web.composer import (
@@ -83,14 +85,14 @@ def send():
 def stream(conversation_id: str, message_id: int):
     message = owned_message(conversation_id, message_id)
     job = service().job_for(message_id)
-    if message["status"] != "pending":
+    if message["status"] != Status.PENDING:
         return finished_stream(render_message(conversation_id, message_id))
 
     def render(event):
-        if event.name == "token":
-            odds = event.data.get("odds")
-            return render_template("chat/_token.html", text=event.data["text"],
-                                   shade=token_views.shade(odds.probability) if odds else None, odds=odds)
+        if event.name == "token" and isinstance(event.data, TokenEvent):
+            odds = event.data.odds  # a typed token's are None (Forced), so odds given here have a probability
+            shade = token_views.shade(odds.probability) if odds and odds.probability is not None else None
+            return render_template("chat/_token.html", text=event.data.text, shade=shade, odds=odds)
         if event.name in ("position", "running"):
             return render_template("chat/_reply_status.html", event=event)
         return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 from flask import abort, redirect, render_template, request, url_for
 
 from webapp.chat.service import ChatError
+from webapp.chat.store import ReplyDetails
 from webapp.chat.web import token_views as glass
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, owned_page, service, settings
 from webapp.chat.web.composer import default_sampling, reply_fragment, start_reply
@@ -21,7 +22,7 @@ def tokenizer_of(message: dict):
         abort(error.status, str(error))
 
 
-def reply_details(conversation_id: str, message_id: int) -> tuple[dict, dict]:
+def reply_details(conversation_id: str, message_id: int) -> tuple[dict, ReplyDetails]:
     message = owned_message(conversation_id, message_id)
     if message["role"] != "assistant":
         abort(404, "Only replies have tokens and a prompt.")
@@ -59,10 +60,10 @@ def branch(conversation_id: str, message_id: int):
     message, details = reply_details(conversation_id, message_id)
     svc = service()
     tokenizer = tokenizer_of(message)
-    if glass.readable_token_views(tokenizer, details)[1] or "prompt" in details["damaged"]:
+    if glass.readable_token_views(tokenizer, details)[1] or "prompt" in details.damaged:
         abort(409, "This reply's saved tokens or prompt are damaged, so it cannot be branched.")
     try:
-        forced = glass.branch_tokens(tokenizer, details["odds"] or [], request.form,
+        forced = glass.branch_tokens(tokenizer, details.odds or [], request.form,
                                      settings().max_message_chars)
         turn = svc.branch_turn(page.conversation, message, forced, history=page.messages)
     except ValueError as error:  # the form asked for no token the reply has
@@ -90,12 +91,12 @@ def compare(conversation_id: str, message_id: int, other_id: int):
 def prompt(conversation_id: str, message_id: int):
     """The exact token ids the model was given for a reply, part by part, with the budget arithmetic."""
     message, details = reply_details(conversation_id, message_id)
-    if "prompt" in details["damaged"]:
+    if "prompt" in details.damaged:
         abort(404, glass.DAMAGED_PROMPT)
-    if details["prompt"] is None:
+    if details.prompt is None:
         abort(404, "This reply was saved before Glassbox kept prompts.")
     try:
-        report, parts = glass.prompt_view(tokenizer_of(message), details["prompt"])
+        report, parts = glass.prompt_view(tokenizer_of(message), details.prompt)
     except (TypeError, ValueError, IndexError, KeyError):  # JSON, but not what this code wrote
         abort(404, glass.DAMAGED_PROMPT)
     return render_template("chat/prompt.html", conversation=owned_conversation(conversation_id), message=message,

@@ -92,7 +92,7 @@ def inside_answer(message: dict, index: int) -> Response | tuple:
 
 def inside_page(conversation: dict, message: dict, index: int, shared: str | None = None):
     details = service().details(message["id"])
-    odds = details["odds"] or []
+    odds = details.odds or []
     common = {"conversation": conversation, "message": message, "index": index, "count": len(odds),
               "shared": shared}
     try:

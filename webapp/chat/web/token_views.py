@@ -11,6 +11,7 @@ from webapp.chat.decode.odds import TokenOdds
 from webapp.chat.decode.types import Forced
 from webapp.chat.model.prompt import PromptReport
 from webapp.chat.model.tokenizer import special_name, token_bytes
+from webapp.chat.store import ReplyDetails
 
 SHADES = 10  # probability buckets, each a CSS class (the CSP allows no inline styles)
 # What a special token would mean at that point of a reply. Any special ends a reply without being
@@ -125,13 +126,13 @@ DAMAGED_ODDS = "The token odds saved with this reply are damaged and cannot be r
 DAMAGED_PROMPT = "The prompt saved with this reply is damaged and cannot be read."
 
 
-def readable_token_views(tokenizer, details: dict) -> tuple[list[TokenView], str | None]:
+def readable_token_views(tokenizer, details: ReplyDetails) -> tuple[list[TokenView], str | None]:
     """A reply's token views from its stored details (ChatStore.details), or none and why not: odds
     whose row is damaged show the reply without them rather than fail the page."""
-    if "odds" in details["damaged"]:
+    if "odds" in details.damaged:
         return [], DAMAGED_ODDS
     try:
-        return token_views(tokenizer, details["odds"] or []), None
+        return token_views(tokenizer, details.odds or []), None
     except (TypeError, ValueError, IndexError, KeyError):  # JSON, but not rows this code wrote
         return [], DAMAGED_ODDS
 

@@ -8,7 +8,7 @@ from flask import jsonify, request
 
 from webapp.core import Refused
 from webapp.loops.request import DemoRequest, RequestError
-from webapp.loops.trace import metadata
+from webapp.loops.trace import RowsEvent, metadata
 from webapp.loops.web.blueprint import api, service, settings
 from webapp.web import get_core, quotas, refusal_headers, refusal_status
 from webapp.web.api_auth import CHALLENGE, key_owner, require_key
@@ -72,12 +72,12 @@ def api_trace():
         for event in job.subscribe(settings().heartbeat_seconds):
             if event is None:
                 yield "\n"  # keep-alive; also how a vanished client is noticed
-            elif event.name == "rows" and mode == "rows":
-                for row in event.data["rows"]:
+            elif isinstance(event.data, RowsEvent) and mode == "rows":
+                for row in event.data.rows:
                     yield json.dumps(shape(row)) + "\n"
-            elif event.name == "rows":
+            elif isinstance(event.data, RowsEvent):
                 head = head or metadata(demo_request, get_core().models["loops"].checkpoint_id)
-                for row in event.data["rows"]:  # one snapshot per loop, as the owner's API gives
+                for row in event.data.rows:  # one snapshot per loop, as the owner's API gives
                     rows.append(shape(row))
                     yield json.dumps({**head, "status": "streaming", "trace": rows}) + "\n"
         if job.result.snapshot is not None:

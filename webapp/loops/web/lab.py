@@ -8,7 +8,7 @@ from flask import abort, redirect, render_template, request, url_for
 
 from webapp.core import Refused
 from webapp.loops.request import RequestError
-from webapp.loops.trace import metadata
+from webapp.loops.trace import RowsEvent, metadata
 from webapp.loops.web.blueprint import RUN_GONE, bp, model_choices, service, settings
 from webapp.loops.web.forms import MAX_FORM_BYTES, EditorState, parse_request
 from webapp.loops.web.render import editor_context, render_lab, render_results
@@ -72,8 +72,8 @@ def stream(job_id: str):
         return finished_stream(render_template("loops/_gone.html", message=RUN_GONE))
 
     def render(event):
-        if event.name == "rows":
-            return render_template("loops/_rows.html", rows=event.data["rows"], steps=job.request.steps)
+        if event.name == "rows" and isinstance(event.data, RowsEvent):
+            return render_template("loops/_rows.html", rows=event.data.rows, steps=job.request.steps)
         if event.name in ("position", "running"):
             return render_template("loops/_run_status.html", event=event)
         return None
@@ -85,7 +85,7 @@ def final_results(job) -> str:
     snapshot = job.result.snapshot
     if snapshot is None:  # stopped or failed: show what arrived, and why it ended
         req = job.request
-        rows = [row for e in job.events if e.name == "rows" for row in e.data["rows"]]
+        rows = [row for e in job.events if isinstance(e.data, RowsEvent) for row in e.data.rows]
         snapshot = {**metadata(req, "", "live"), "status": "stopped", "trace": rows}
         return render_results(snapshot, job=job, error=job.error or "Stopped.")
     return render_results(snapshot, job=job, trace_id=job.result.trace_id,

@@ -47,11 +47,11 @@ from webapp.chat.decode.odds import TokenOdds
 from webapp.chat.decode.publish import chat_result, publish
 from webapp.chat.decode.remote.backends import Backends, Chunk, Reader, parse_backend, read_key
 from webapp.chat.decode.remote.wire import REPLACEMENT, TokenMap, continuation, odds_of, request_body
-from webapp.chat.decode.types import ChatRequest, decode_rate
+from webapp.chat.decode.types import ChatJob, ChatRequest, ChatResult, decode_rate
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.config import Settings
 from webapp.core.executors import BatchedJobs, Finished, StepReport, Worker
-from webapp.core.jobs import CANCELLED, DONE, FAILED, Job
+from webapp.core.jobs import CANCELLED, DONE, FAILED
 
 log = logging.getLogger("glassbox.remote")
 
@@ -59,14 +59,14 @@ log = logging.getLogger("glassbox.remote")
 # -- the core's executor ------------------------------------------------------------------------------
 @dataclass
 class Row:
-    job: Job
+    job: ChatJob
     reader: Reader
     started: float
     tokens: int = 0
     unknown: list[dict[str, Any]] = field(default_factory=list)  # entries whose bytes are still to come
 
 
-class RemoteChat(BatchedJobs):
+class RemoteChat(BatchedJobs[ChatRequest, ChatResult]):
     """The core's executor for chat when the replies are written by remote servers (batched: every
     running reply is a row; a step publishes what arrived and never waits on one reply)."""
 
@@ -88,8 +88,8 @@ class RemoteChat(BatchedJobs):
     def body(self, request: ChatRequest) -> dict[str, Any]:
         return request_body(self.loaded.prompt, request, self.model)
 
-    def admit(self, job: Job) -> None:
-        request: ChatRequest = job.request
+    def admit(self, job: ChatJob) -> None:
+        request = job.request
         if request.forced:
             raise ValueError("Branching from a token is not available when replies come from a remote backend.")
         chat_result(job)
