@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from webapp.core.executors import WholeJobs, Worker
 from webapp.core.jobs import Job
@@ -40,5 +41,15 @@ class LoopRuns(WholeJobs[DemoRequest, LoopResult]):
                                                between=core.interleave)
 
     def choices(self) -> list[dict]:
-        return [{"name": name, "label": MODEL_LABELS.get(name, name), "checkpoint": b.checkpoint_id}
-                for name, b in self.bundles.items()]
+        """The models offered, the main one first: each with its name, label, checkpoint and card (the
+        same words as chat's: webapp/chat/registry.py's ModelCard)."""
+        return [{"name": name, "label": MODEL_LABELS.get(name, name), "checkpoint": b.checkpoint_id,
+                 "card": model_card(b.model)} for name, b in self.bundles.items()]
+
+
+def model_card(model: Any) -> dict:
+    """What the page says of a looped model: its parameters and, where its config names them, its width,
+    heads and window (an owner's model may name none of them)."""
+    config = getattr(model, "config", None)
+    return {"parameters": sum(p.numel() for p in model.parameters()), "width": getattr(config, "n_embd", None),
+            "heads": getattr(config, "n_head", None), "window": getattr(config, "block_size", None)}

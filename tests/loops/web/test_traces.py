@@ -104,6 +104,9 @@ def test_the_model_picker_runs_the_chosen_model_and_the_trace_records_it(two_mod
     client = two_model_app.test_client()
     page = client.get("/loops/").get_data(as_text=True)
     assert 'id="model"' in page and 'value="early"' in page and "Early checkpoint" in page
+    cards = re.findall(r"<dt>([^<]+)</dt>\s*<dd>([\d,]+) parameters", page)  # the model card names both
+    assert [label for label, _ in cards][1].startswith("Early checkpoint") and len(cards) == 2
+    assert all(int(n.replace(",", "")) > 0 for _, n in cards)
     csrf = csrf_of(client, "/loops/")
     final = run_live(client, csrf, steps="6", model="early")[-1][1]
     assert "test:early" in final and "Not solved" in final  # it errs from loop 4 (tests/loops/early_model.py)

@@ -30,7 +30,9 @@ def settings() -> Settings:
 def model_choices() -> list[dict]:
     """The models the page offers (webapp/loops/service.py LoopRuns): the main one first."""
     runs = get_core().executors.get("loops")
-    return runs.choices() if isinstance(runs, LoopRuns) else [{"name": "main", "label": "", "checkpoint": ""}]
+    if isinstance(runs, LoopRuns):
+        return runs.choices()
+    return [{"name": "main", "label": "", "checkpoint": "", "card": None}]
 
 
 def model_name(checkpoint: str) -> str:
