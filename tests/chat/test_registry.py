@@ -104,3 +104,13 @@ def test_a_reply_by_a_model_not_run_or_from_another_file_is_said_so(tmp_path):
     changed = models.unavailable(ModelRecord("a", "model.safetensors@000000000000", "float32"))
     assert changed is not None and "from model.safetensors@000000000000" in changed
     assert "another model's" in changed
+
+
+def test_the_example_registry_names_the_bundled_model_twice():
+    from pathlib import Path
+
+    from tests.conftest import ROOT
+    tiny, int8 = model_entries(Settings(chat_models=str(ROOT / "examples" / "models.toml")))
+    assert (tiny.name, int8.name, int8.settings.dtype) == ("tiny", "tiny-int8", "int8")
+    assert Path(tiny.settings.chat_checkpoint).resolve() == (ROOT / "models/chat/model.safetensors").resolve()
+    assert Path(int8.settings.chat_checkpoint).is_file()
