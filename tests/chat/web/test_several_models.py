@@ -29,11 +29,11 @@ def registry(tmp_path):
     return path
 
 
-def app_on(tmp_path, registry_text: str | None, registry_path=None):
+def app_on(tmp_path, registry_text: str | None, registry_path=None, **settings):
     if registry_text is not None:
         registry_path.write_text(registry_text)
     models = boot.load_models(Settings(chat_models=str(registry_path)))
-    return make_app(tmp_path, {"chat": models})
+    return make_app(tmp_path, {"chat": models}, **settings)
 
 
 def greedy(client, model=None) -> str:
@@ -104,7 +104,9 @@ def test_a_conversation_keeps_its_model_and_a_restart_without_it_answers_409_nam
 
 def test_after_a_restart_without_the_model_its_replies_answer_409_and_never_another_models_numbers(tmp_path,
                                                                                                    registry):
-    app = app_on(tmp_path, None, registry)
+    from tests.support.databases import app_database_url
+    database = {"database_url": app_database_url()}  # the restart finds the same history (SQLite: the folder)
+    app = app_on(tmp_path, None, registry, **database)
     client = app.test_client()
     try:
         sent = send(client, "Hello", model="second", max_new_tokens="6", temperature="0")
@@ -115,7 +117,7 @@ def test_after_a_restart_without_the_model_its_replies_answer_409_and_never_anot
     finally:
         glassbox(app).core.shutdown()
 
-    app = app_on(tmp_path, "[models.first]\ncheckpoint = 'first/model.safetensors'\n", registry)
+    app = app_on(tmp_path, "[models.first]\ncheckpoint = 'first/model.safetensors'\n", registry, **database)
     client = app.test_client()
     client.set_cookie(cookie.key, cookie.value)
     try:
