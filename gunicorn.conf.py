@@ -9,23 +9,56 @@ ends with its final `done` event, and the worker exits well within graceful_time
 import ipaddress
 import os
 import signal
+import sys
 import threading
+
 
 # Loopback by default: gunicorn alone gives every connection a thread, so slow or idle clients can hold
 # them all. Beyond one machine, nginx (deploy/nginx.conf) takes the connections and gunicorn stays here.
 # One address or several, comma-separated: `127.0.0.1:8000`, `unix:/run/glassbox/gunicorn.sock` (how
 # deploy/nginx.conf reaches it: a socket only the glassbox group may open, so no other local process
 # can pose as the proxy), or both.
-bind = [a.strip() for a in os.environ.get("GLASSBOX_BIND", "127.0.0.1:8000").split(",") if a.strip()]
+def refuse(message: str) -> None:
+    """A setting gunicorn reads that cannot work: one line naming it, and no start (exit status 2)."""
+    sys.stderr.write(f"Glassbox cannot start: {message}\n")
+    sys.exit(2)
+
+
+def whole_number(name: str, default: str, low: int, high: int) -> int:
+    raw = os.environ.get(name) or default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        refuse(f"{name}={raw!r} is not allowed: use a whole number from {low} to {high}")
+    return value
+
+
+def bind_addresses(raw: str) -> list[str]:
+    addresses = [a.strip() for a in raw.split(",") if a.strip()]
+    for address in addresses:
+        if address.startswith(("unix:", "fd://")):
+            continue
+        port = address.rpartition(":")[2]
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            refuse(f"GLASSBOX_BIND={raw!r}: {address!r} needs a port from 1 to 65535 (host:port, or unix:/path)")
+    if not addresses:
+        refuse(f"GLASSBOX_BIND={raw!r} names no address (host:port, or unix:/path)")
+    return addresses
+
+
+bind = bind_addresses(os.environ.get("GLASSBOX_BIND", "127.0.0.1:8000"))
 umask = 0o007                     # applied to the Unix socket only: owner and group may connect, others not
 workers = 1                       # the models and the job queue live in this one process
 worker_class = "gthread"          # the sync worker would kill streams at `timeout`
 # Every open stream holds a thread. The app refuses streams over GLASSBOX_MAX_STREAMS, so threads
 # beyond that are kept for page loads, which would otherwise queue behind streams.
 PAGE_THREADS = 8
-threads = int(os.environ.get("GLASSBOX_THREADS") or int(os.environ.get("GLASSBOX_MAX_STREAMS", "24")) + PAGE_THREADS)
+threads = whole_number("GLASSBOX_THREADS", str(whole_number("GLASSBOX_MAX_STREAMS", "24", 1, 10_000) + PAGE_THREADS),
+                       1, 20_000)
 timeout = 120                     # the worker's heartbeat; streams are not bound by it under gthread
-graceful_timeout = int(os.environ.get("GLASSBOX_GRACEFUL_TIMEOUT", "20"))
+graceful_timeout = whole_number("GLASSBOX_GRACEFUL_TIMEOUT", "20", 1, 3600)
 keepalive = 5                     # nginx keeps upstream connections open (deploy/nginx.conf); idle ones close
 # What one request's head may hold (gunicorn answers 400/431 past these): a URL, a few dozen headers, a cookie.
 limit_request_line = 4094

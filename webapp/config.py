@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -16,6 +17,62 @@ MIN_SECRET_CHARS = 16  # a key that signs cookies must not be guessable
 
 class ConfigError(Exception):
     """A setting has a value the app cannot use; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class Limit:
+    """What a number setting may be: `low` to `high`, or 0 where 0 has a meaning of its own (`zero`)."""
+
+    low: float
+    high: float
+    zero: str = ""  # what 0 means ("no limit", "torch's default", ...); empty: 0 is refused unless low is 0
+
+    def allows(self, value: float) -> bool:
+        return math.isfinite(value) and (self.low <= value <= self.high or (bool(self.zero) and value == 0))
+
+    def says(self) -> str:
+        allowed = f"a number from {self.low:g} to {self.high:g}"
+        return f"{allowed}, or 0 ({self.zero})" if self.zero else allowed
+
+
+DAY_MINUTES, MAX_THREADS = 1440, 256
+# Every number setting's range: a value outside it stops start-up with one line naming the variable, the
+# value and what is allowed (a nonsense value would otherwise start and break a feature: a busy loop of
+# keep-alives, a worker that dies, history deleted while in use, every form refused).
+LIMITS: dict[str, Limit] = {
+    "chat_backend_timeout": Limit(0.1, 3600),
+    "chat_backend_wait_seconds": Limit(0, 3600),
+    "chat_backend_retry_seconds": Limit(0, 86400),
+    "chat_backend_max_replies": Limit(1, 4096),
+    "torch_threads": Limit(1, MAX_THREADS, zero="torch's default"),
+    "chat_torch_threads": Limit(1, MAX_THREADS, zero="by the model's size"),
+    "loop_torch_threads": Limit(1, MAX_THREADS, zero="the worker's"),
+    "database_timeout": Limit(0.1, 3600),
+    "heartbeat_seconds": Limit(0.05, 60),
+    "max_queue": Limit(1, 100_000),
+    "max_batch": Limit(1, 1024),
+    "kv_cache_mb": Limit(0, 1_048_576),
+    "max_streams": Limit(1, 10_000),
+    "max_streams_per_client": Limit(1, 10_000, zero="no limit of its own"),
+    "max_bulk_streams": Limit(1, 10_000),
+    "max_new_tokens": Limit(1, 1_000_000),
+    "max_message_chars": Limit(1, 10_000_000),
+    "max_messages": Limit(2, 1_000_000, zero="no limit"),
+    "inside_cache_entries": Limit(0, 100_000),
+    "inside_wait_seconds": Limit(1, 3600),
+    "max_jobs_per_owner": Limit(1, 100_000, zero="no limit"),
+    "max_jobs_per_client": Limit(1, 100_000, zero="no limit"),
+    "max_new_sessions_per_minute": Limit(1, 100_000, zero="no limit"),
+    "max_conversations": Limit(1, 10_000_000, zero="no limit"),
+    "max_traces": Limit(1, 10_000_000, zero="no limit"),
+    "max_stored_bytes": Limit(1024, 2**50, zero="no limit"),
+    "api_retention_hours": Limit(1 / 60, 24 * 3650, zero="kept for ever"),
+    "max_new_browser_bytes_per_address": Limit(1024, 2**50, zero="no limit"),
+    # a browser's visit is recorded once a day: less than a day would delete a browser still in use
+    "retention_days": Limit(1, 36500, zero="kept for ever"),
+    "session_days": Limit(1, 3650),
+    "max_body_bytes": Limit(1024, 2**31),
+}
 
 
 @dataclass(frozen=True)
@@ -86,10 +143,14 @@ class Settings:
             if raw is None:
                 continue
             kind: Any = type(f.default)
+            name, limit = f"GLASSBOX_{f.name.upper()}", LIMITS.get(f.name)
             try:
-                values[f.name] = _flag(raw) if kind is bool else kind(raw)
+                values[f.name] = _flag(raw) if kind is bool else kind(raw.strip() if kind is not str else raw)
             except ValueError:
-                raise ConfigError(f"GLASSBOX_{f.name.upper()}={raw!r} is not a valid {kind.__name__}")
+                allowed = f": use {limit.says()}" if limit else ""
+                raise ConfigError(f"{name}={raw!r} is not a valid {kind.__name__}{allowed}")
+            if limit is not None and not limit.allows(values[f.name]):
+                raise ConfigError(f"{name}={raw!r} is out of range: use {limit.says()}")
         if "secret_key" in values and len(values["secret_key"].strip()) < MIN_SECRET_CHARS:
             raise ConfigError(f"GLASSBOX_SECRET_KEY is too short: use at least {MIN_SECRET_CHARS} random characters "
                               "(or leave it unset to keep a generated key in the instance folder)")
