@@ -56,5 +56,6 @@ def valid_attention(value: Any) -> bool:
     """A saved row's weights: 1 to 16 heads, each PROMPT_LENGTH finite numbers from 0 to 1."""
     return (isinstance(value, list) and 1 <= len(value) <= 16
             and all(isinstance(head, list) and len(head) == PROMPT_LENGTH and all(
-                not isinstance(w, bool) and isinstance(w, (int, float)) and math.isfinite(w) and 0 <= w <= 1
+                # compared before isfinite, which cannot take an int past float's range (10**400)
+                not isinstance(w, bool) and isinstance(w, (int, float)) and 0 <= w <= 1 and math.isfinite(w)
                 for w in head) for head in value))

@@ -116,6 +116,11 @@ def test_an_upload_with_broken_attention_is_refused_with_a_message(bundled_app):
     response = upload(client, json.dumps(snapshot).encode())
     assert response.status_code == 400
     assert "Loop row 2: attention must hold, per head, one weight from 0 to 1" in response.get_data(as_text=True)
+    heads = snapshot["trace"][0]["attention"]
+    snapshot["trace"][1]["attention"] = [[10**400] + head[1:] for head in heads]  # past float's range: was a 500
+    response = upload(client, json.dumps(snapshot).encode())
+    assert response.status_code == 400
+    assert "Loop row 2: attention must hold, per head, one weight from 0 to 1" in response.get_data(as_text=True)
 
 
 def test_a_model_without_the_block_says_not_available(loop_app):
