@@ -21,6 +21,8 @@ from webapp.chat.model.hf import ExportError, export_hf
 from webapp.chat.model.loading import load_chat_model
 from webapp.config import ConfigError, Settings
 
+NAME_MAX = 255  # bytes in one file name, on the file systems this runs on
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m webapp.chat.export",
@@ -33,11 +35,12 @@ def main(argv: list[str] | None = None) -> int:
                         "over a file that exists")
     args = parser.parse_args(argv)
     out: Path = args.out
-    if args.format == "hf" and out.exists() and any(out.iterdir()) and not args.force:
-        print(f"{out} is not empty; give --force to write into it", file=sys.stderr)
-        return 2
-    if args.format == "gguf" and out.exists() and not args.force:
-        print(f"{out} exists; give --force to write over it", file=sys.stderr)
+    try:
+        refused = where_refused(args.format, out, args.force)
+    except OSError as error:  # a path the system cannot look at (a folder it may not read, ...)
+        refused = f"{out}: {error.strerror or error}"
+    if refused:
+        print(f"cannot export: {refused}", file=sys.stderr)
         return 2
     try:
         settings = Settings.from_env()
@@ -55,6 +58,24 @@ def main(argv: list[str] | None = None) -> int:
     for path in written:
         print(f"  {path.name}")
     return 0
+
+
+def where_refused(fmt: str, out: Path, force: bool) -> str | None:
+    """Why `out` cannot take the export (None: it can). Raises OSError for a path the system cannot read."""
+    if fmt == "gguf" and out.name in ("", ".", ".."):
+        return f"{str(out)!r} is not a file name; give the GGUF file's name (model.gguf)"
+    too_long = next((part for part in out.parts if len(part.encode()) > NAME_MAX), None)
+    if too_long is not None:
+        return f"a name in {str(out)[:80]!r}... is longer than {NAME_MAX} bytes"
+    if fmt == "hf" and out.exists() and not out.is_dir():
+        return f"{out} is a file; hf writes a directory"
+    if fmt == "gguf" and out.is_dir():
+        return f"{out} is a directory; gguf writes one file (give its name)"
+    if fmt == "hf" and out.is_dir() and any(out.iterdir()) and not force:
+        return f"{out} is not empty; give --force to write into it"
+    if fmt == "gguf" and out.exists() and not force:
+        return f"{out} exists; give --force to write over it"
+    return None
 
 
 if __name__ == "__main__":

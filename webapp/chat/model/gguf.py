@@ -146,10 +146,14 @@ def export_gguf(loaded: Any, path: Path, outtype: str = "f16") -> Path:
         else:
             writer.add_tensor(name, array, raw_dtype=raw)  # its shape in bytes: gguf works out the values
     try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:
-        writer.close()
-    part.replace(path)
+        try:
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
+        part.replace(path)
+    except BaseException:  # a failed export leaves no file, its .part neither
+        part.unlink(missing_ok=True)
+        raise
     return path

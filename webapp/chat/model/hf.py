@@ -14,6 +14,7 @@ logits (1e-4, fp32) and the token ids.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -199,13 +200,28 @@ def export_hf(loaded: Any, out_dir: Path) -> list[Path]:
         raise ExportError("the model's config lacks GPT-2's fields (n_layer, n_head, n_embd, vocab_size, block_size)")
     state = gpt2_state(model)  # before anything is written: a model that cannot export leaves no directory
     files = tokenizer_files(tokenizer, int(model.config.block_size))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})  # transformers wants "pt"
     files["config.json"] = json.dumps(gpt2_config(model, tokenizer), indent=2)
     files["generation_config.json"] = json.dumps(generation_config(model, tokenizer), indent=2)
     files["README.md"] = (f"# Glassbox chat model\n\nExported by `python -m webapp.chat.export hf` from "
                           f"`{loaded.checkpoint_id}`:\n{loaded.description}.\n\nA GPT-2 model directory "
                           "(transformers' GPT2LMHeadModel). See docs/api.md in Glassbox.\n")
-    for name, text in files.items():
-        (out_dir / name).write_text(text, encoding="utf-8")
+    # Each file is written as NAME.part and renamed once all are: a failed export leaves nothing behind
+    # (nor the directory, when it made it), and never half of a model over an earlier export.
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    parts: list[Path] = []
+    try:
+        parts.append(out_dir / "model.safetensors.part")
+        save_file(state, str(parts[-1]), metadata={"format": "pt"})  # transformers wants "pt"
+        for name, text in files.items():
+            parts.append(out_dir / f"{name}.part")
+            parts[-1].write_text(text, encoding="utf-8")
+        for part in parts:
+            part.replace(part.with_suffix(""))
+    except BaseException:
+        for part in parts:
+            part.unlink(missing_ok=True)
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
     return sorted(out_dir / name for name in [*files, "model.safetensors"])
