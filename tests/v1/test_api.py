@@ -269,3 +269,37 @@ def test_the_per_owner_limit_counts_loop_api_runs_per_key(tmp_path):
             r.close()
     finally:
         glassbox(app).core.shutdown()
+
+
+def test_a_stream_of_tokens_that_make_no_text_still_writes_heartbeats():
+    # Without them a client that left is never noticed: the reply would run to its length for nobody.
+    import threading
+
+    from webapp.chat.decode.publish import TokenEvent
+    from webapp.chat.decode.types import SamplingParams
+    from webapp.core.jobs import DONE, RUNNING, Job
+    from webapp.v1.params import Ask
+    from webapp.v1.replies import Follow
+
+    job = Job("chat", "api:test", None)
+    job.set_state(RUNNING)
+    follow = Follow(job, Ask("text", (1,), SamplingParams(max_new_tokens=400)), heartbeat=0.05)
+    stop = threading.Event()
+
+    def tokens_without_text():
+        for index in range(400):
+            if stop.wait(0.005):
+                return
+            job.keep("token", TokenEvent("", index, 200, None))  # e.g. the first bytes of a character
+        job.set_state(DONE)
+
+    writer = threading.Thread(target=tokens_without_text)
+    writer.start()
+    updates = follow.updates()
+    try:
+        first = next(updates)
+        assert first is None  # a heartbeat while tokens arrive that make nothing to send
+    finally:
+        stop.set()
+        updates.close()
+        writer.join()

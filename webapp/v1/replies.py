@@ -89,10 +89,17 @@ class Follow:
         self.generated = 0  # tokens generated, up to a stop sequence: the usage's completion_tokens
 
     def updates(self) -> Generator[None | int | tuple[str, list], None, None]:
-        """None for a heartbeat, an int for the queue position, (text, tokens) to send."""
+        """None for a heartbeat, an int for the queue position, (text, tokens) to send. Tokens that make no
+        text yet (a split character, a special) send nothing, so a heartbeat is due after a while of them as
+        after a while of no event: a write is how a client that left is noticed."""
+        said = time.monotonic()
         with closing(self.job.subscribe(self.heartbeat)) as events:
             for event in events:
+                if event is not None and time.monotonic() - said >= self.heartbeat:
+                    said = time.monotonic()
+                    yield None
                 if event is None:
+                    said = time.monotonic()
                     yield None
                 elif event.name == "position" and isinstance(event.data, dict):
                     yield event.data["position"]
@@ -105,6 +112,7 @@ class Follow:
                         break  # leaving the subscription cancels the job: nobody else follows it
                     text, tokens = self.scan.take()
                     if text or tokens:
+                        said = time.monotonic()
                         yield text, tokens
         text, tokens = self.scan.take(final=True)
         if text or tokens:
