@@ -2,7 +2,9 @@
 one, or the setting), and a reply taken back when what it replaces cannot be changed."""
 
 import re
+import sqlite3
 
+import pytest
 import torch
 
 from tests.conftest import csrf_of, make_app, sse_events
@@ -76,3 +78,26 @@ def test_a_new_version_whose_saving_fails_is_taken_back(tmp_path, monkeypatch):
         assert "changed" not in after
     finally:
         core.shutdown()
+
+
+def test_a_save_lost_with_postgresql_is_said_without_its_socket_or_host():
+    # what a failed save says is kept under the reply and shown to its reader
+    import psycopg
+
+    from webapp.chat.service import saving
+    from webapp.core.jobs import Job
+    from webapp.db import SaveFailed
+
+    def lost():
+        raise psycopg.OperationalError('connection to server on socket "/tmp/pg-x1/.s.PGSQL.5432" failed: '
+                                       "No such file or directory")
+    with pytest.raises(SaveFailed) as failed:
+        saving(lost)
+    job = Job("chat", "someone", None)
+    job.fail_saving(failed.value)
+    assert job.save_error == "Could not save the result: the database cannot be reached"
+
+    def full():
+        raise sqlite3.OperationalError("database or disk is full")
+    with pytest.raises(SaveFailed, match="^database or disk is full$"):  # SQLite's words name no file: kept
+        saving(full)

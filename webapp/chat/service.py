@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
+
+import psycopg
 
 from webapp.chat.decode.types import ChatJob, ChatRequest, ChatResult, Forced, SamplingParams
 from webapp.chat.follow import follow_reply
@@ -28,8 +32,10 @@ from webapp.chat.store import (
 )
 from webapp.core import InferenceCore, Refused
 from webapp.core.jobs import CANCELLED, DONE, Event, Job
+from webapp.db import SaveFailed, public_reason
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 STATUS_OF_OUTCOME = {DONE: Status.COMPLETE, CANCELLED: Status.STOPPED}  # anything else is an error
 
 
@@ -326,7 +332,7 @@ class ChatService:
     # -- on the core's worker ----------------------------------------------------------------
     def _progress_saver(self, message_id: int):
         def save(job: ChatJob) -> None:
-            heed(job, self.store.save_progress(message_id, job.result.reply))
+            heed(job, saving(lambda: self.store.save_progress(message_id, job.result.reply)))
         return save
 
     def _heed_signals(self, message_id: int, signals: ReplySignals) -> None:
@@ -344,8 +350,17 @@ class ChatService:
             if job.started is not None:  # how long it waited for a free row, shown apart from its first token
                 stats = dataclasses.replace(stats, wait_seconds=job.started - job.created)
             self._leases.let_go(message_id)  # its end is saved next, or it stays pending for its lease only
-            self.store.finish_reply(message_id, result.reply, status, error, stats, odds)
+            saving(lambda: self.store.finish_reply(message_id, result.reply, status, error, stats, odds))
         return save
+
+
+def saving(write: Callable[[], T]) -> T:
+    """A write of a running reply, its failure said in words a user may read (they are saved with the reply
+    and shown under it: never the database's socket path or host)."""
+    try:
+        return write()
+    except (sqlite3.Error, psycopg.Error) as error:
+        raise SaveFailed(public_reason(error)) from error
 
 
 def heed(job: ChatJob, signals: ReplySignals) -> None:

@@ -23,6 +23,21 @@ __all__ = ["BUSY_TIMEOUT_SECONDS", "DATABASE_ERRORS", "SCHEMA", "AnyDatabase", "
            "in_batches", "is_url", "open_database"]
 
 
+class SaveFailed(Exception):
+    """A write that failed, said as a user may read it (public_reason): shown under a reply, so never a
+    host, a socket path or a password from the database's own message."""
+
+
+def public_reason(error: BaseException) -> str:
+    """What a user may be told of a database error: PostgreSQL's messages name its socket or host, so
+    they are said in general words; SQLite's name no file ("database or disk is full") and stay."""
+    if isinstance(error, psycopg.OperationalError):
+        return "the database cannot be reached"
+    if isinstance(error, psycopg.Error):
+        return f"the database refused the write ({type(error).__name__})"
+    return str(error) or type(error).__name__
+
+
 def is_url(location: str) -> bool:
     return location.startswith(URL_SCHEMES)
 
