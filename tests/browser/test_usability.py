@@ -155,10 +155,14 @@ def test_the_player_steps_without_javascript(open_page):
     plain.goto(trace_url + "?loop=2")
     assert plain.locator(VISIBLE_ROWS).count() == 2
     plain.get_by_role("link", name="Next").click()
-    assert plain.url.endswith("?loop=3#player") and plain.locator(VISIBLE_ROWS).count() == 3
+    plain.wait_for_url(re.compile(r"\?loop=3#player$"))  # the next page, loaded, before its rows are counted
+    plain.wait_for_load_state()
+    assert plain.locator(VISIBLE_ROWS).count() == 3
     plain.evaluate("document.querySelector('#player-loop').value = '5'")  # as dragging the slider would
     plain.get_by_role("button", name="Show").click()
-    assert "loop=5" in plain.url and plain.locator(VISIBLE_ROWS).count() == 5
+    plain.wait_for_url(re.compile(r"loop=5"))
+    plain.wait_for_load_state()
+    assert plain.locator(VISIBLE_ROWS).count() == 5
 
 
 # -- 4. share on purpose ---------------------------------------------------------------------------
