@@ -45,6 +45,12 @@ class Browsers:
             db.execute("INSERT INTO browsers (owner, address, created_at, seen_at) VALUES (?, ?, ?, ?)"
                        " ON CONFLICT DO NOTHING", (owner, address, now, now))
 
+    def forget_made_before(self, owner_prefix: str, before: float) -> int:
+        """Delete the rows of owners starting with `owner_prefix` made before `before` -> rows deleted."""
+        with self.db.transaction() as db:
+            return db.execute("DELETE FROM browsers WHERE substr(owner, 1, ?) = ? AND created_at < ?",
+                              (len(owner_prefix), owner_prefix, before)).rowcount
+
     def seen(self, owner: str, address: str, now: float | None = None) -> None:
         """The browser came back (a browser from before this table was kept is recorded now)."""
         now = time.time() if now is None else now

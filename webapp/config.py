@@ -54,7 +54,7 @@ LIMITS: dict[str, Limit] = {
     "kv_cache_mb": Limit(0, 1_048_576),
     "max_streams": Limit(1, 10_000),
     "max_streams_per_client": Limit(1, 10_000, zero="no limit of its own"),
-    "max_bulk_streams": Limit(1, 10_000),
+    "max_bulk_streams": Limit(0, 10_000),  # 0: no share of their own
     "max_new_tokens": Limit(1, 1_000_000),
     "max_message_chars": Limit(1, 10_000_000),
     "max_messages": Limit(2, 1_000_000, zero="no limit"),
@@ -66,7 +66,7 @@ LIMITS: dict[str, Limit] = {
     "max_conversations": Limit(1, 10_000_000, zero="no limit"),
     "max_traces": Limit(1, 10_000_000, zero="no limit"),
     "max_stored_bytes": Limit(1024, 2**50, zero="no limit"),
-    "api_retention_hours": Limit(1 / 60, 24 * 3650, zero="kept for ever"),
+    "api_retention_hours": Limit(1 / 60, 24 * 3650),
     "max_new_browser_bytes_per_address": Limit(1024, 2**50, zero="no limit"),
     # a browser's visit is recorded once a day: less than a day would delete a browser still in use
     "retention_days": Limit(1, 36500, zero="kept for ever"),

@@ -97,3 +97,18 @@ def test_new_browsers_of_one_address_share_a_storage_limit(app):
     assert "New browsers from your address have used the storage they may have in a day" in \
         refused[0].get_data(as_text=True)
     assert chat(app, old, "x" * 100).status_code == 303  # a browser that has been here before is not held up
+
+
+@pytest.mark.parametrize("app", [{"max_new_browser_bytes_per_address": 4000}], indirect=True)
+def test_cookie_less_api_runs_share_their_addresss_storage_limit_too(app):
+    # A throwaway owner per run used to have no browsers row, so the per-address check was skipped: one
+    # address stored 74 times the limit. Each is now a new browser of its address.
+    mapping = [[a, b] for a, b in zip(string.ascii_uppercase, string.ascii_uppercase[1:] + "A")]
+    answers = [app.test_client().post("/api/loops/trace", json={"mapping": mapping, "start": "A", "steps": 8})
+               for _ in range(12)]
+    assert all("Set-Cookie" not in a.headers for a in answers)  # cookie-less, every one
+    refused = [a for a in answers if a.status_code == 403]
+    assert refused and all(a.status_code in (200, 403) for a in answers)
+    assert "New browsers from your address have used the storage" in refused[0].get_data(as_text=True)
+    stored = sql(app, "SELECT COALESCE(SUM(LENGTH(snapshot)), 0) FROM traces WHERE owner LIKE 'api:%'")[0][0]
+    assert stored <= 2 * 4000  # within one run of the limit, not a multiple of it

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Protocol
 
-from flask import abort, current_app, session
+from flask import abort, current_app, request, session
 
 from webapp.browsers import Browsers, OwnerStore
 from webapp.web.state import glassbox
@@ -105,7 +105,14 @@ def api_owner(store: Traces, key_owner: str | None = None) -> str:
     if key_owner is not None:
         return key_owner
     owner = session.get("owner")
-    return owner if isinstance(owner, str) and owner else API_OWNER_PREFIX + secrets.token_urlsafe(12)
+    if isinstance(owner, str) and owner:
+        return owner
+    # A throwaway owner is a new browser of its address, as a new cookie is: what its runs keep counts
+    # against the address's share (GLASSBOX_MAX_NEW_BROWSER_BYTES_PER_ADDRESS), so a script cannot shed
+    # the limit by never keeping a cookie.
+    owner = API_OWNER_PREFIX + secrets.token_urlsafe(12)
+    _browsers().made(owner, request.remote_addr or "")
+    return owner
 
 
 def purge_api_runs(store: Traces, now: float | None = None) -> int:
@@ -115,4 +122,7 @@ def purge_api_runs(store: Traces, now: float | None = None) -> int:
         if now - _purged["at"] < PURGE_EVERY_SECONDS:
             return 0
         _purged["at"] = now
-    return store.delete_older(API_OWNER_PREFIX, now - _settings().api_retention_hours * 3600)
+    before = now - _settings().api_retention_hours * 3600
+    deleted = store.delete_older(API_OWNER_PREFIX, before)
+    _browsers().forget_made_before(API_OWNER_PREFIX, before)  # their rows of new browsers go with them
+    return deleted
