@@ -141,7 +141,7 @@ def _start_core(settings: Settings, models: dict[str, Any] | None) -> tuple[Infe
     core = InferenceCore(core_models, executors, warmups=warmups,
                          load_seconds=load_seconds, torch_threads=settings.torch_threads,
                          max_queue=settings.max_queue, max_jobs_per_owner=settings.max_jobs_per_owner,
-                         max_jobs_per_client=settings.max_jobs_per_client)
+                         max_jobs_per_client=settings.max_jobs_per_client, bulk_share=settings.bulk_share)
     return core, chat
 
 

@@ -62,6 +62,7 @@ LIMITS: dict[str, Limit] = {
     "inside_wait_seconds": Limit(1, 3600),
     "max_jobs_per_owner": Limit(1, 100_000, zero="no limit"),
     "max_jobs_per_client": Limit(1, 100_000, zero="no limit"),
+    "bulk_share": Limit(0.05, 1),
     "max_new_sessions_per_minute": Limit(1, 100_000, zero="no limit"),
     "max_conversations": Limit(1, 10_000_000, zero="no limit"),
     "max_traces": Limit(1, 10_000_000, zero="no limit"),
@@ -121,6 +122,8 @@ class Settings:
     # Limits a script cannot shed by dropping its cookie: per client address (as the trusted proxy says)
     max_jobs_per_client: int = 8           # queued or running at once, all browsers of one address: half a batch
     max_new_sessions_per_minute: int = 30  # new session cookies handed to one address
+    # the most of the worker's time whole jobs (Inside, Loop-lab runs) take while replies are running
+    bulk_share: float = 0.5
     # Storage, per browser (webapp/web/quotas.py); 0: unlimited
     max_conversations: int = 200
     max_traces: int = 100                  # saved Loop-lab traces; the oldest go to make room

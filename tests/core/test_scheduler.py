@@ -2,13 +2,16 @@
 which models step, and each step's prefill passes; and the worker carrying out its plan."""
 
 import threading
+import time
+
+import pytest
 
 from tests.conftest import wait_for
 from tests.support.executors import FunctionJobs
 from webapp.core import InferenceCore, Job
 from webapp.core.executors import BatchedJobs, Finished, StepReport
-from webapp.core.jobs import DONE
-from webapp.core.scheduler import Newcomer, Scheduler, prefill_pass
+from webapp.core.jobs import CANCELLED, DONE
+from webapp.core.scheduler import BulkShare, Newcomer, Scheduler, prefill_pass
 
 
 def job(kind: str, client: str) -> Job:
@@ -120,3 +123,116 @@ def test_the_worker_steps_each_model_with_rows_in_turn():
         core.shutdown(timeout=5)
     assert log == ["a", "b", "b", "a", "a", "b"]  # each model once a turn; the first place goes round
 
+
+
+# -- whole jobs' share of the worker ----------------------------------------------------------------
+
+
+def test_bulk_share_owes_running_replies_the_rest_of_the_time():
+    half = BulkShare(0.5)
+    half.ran_whole(0.1, replies_waiting=True)
+    assert half.due and abs(half.owed - 0.1) < 1e-12
+    half.stepped(0.04)
+    assert half.due and abs(half.owed - 0.06) < 1e-12
+    half.ran_whole(1.0, replies_waiting=False)  # nobody to wait: nothing owed for it
+    assert abs(half.owed - 0.06) < 1e-12
+    half.stepped(1.0)
+    assert not half.due and half.owed == 0.0
+    quarter = BulkShare(0.25)
+    quarter.ran_whole(0.1, replies_waiting=True)
+    assert abs(quarter.owed - 0.3) < 1e-12  # whole jobs a quarter of the time: three times as long owed
+    quarter.settle()
+    assert not quarter.due
+
+
+def test_the_next_whole_job_is_the_one_of_the_client_that_had_the_least_whole_job_time():
+    scheduler = Scheduler()
+    a1, a2, b1, b2 = job("whole", "a"), job("whole", "a"), job("whole", "b"), job("whole", "b")
+    for j in (a1, a2, b1):
+        scheduler.add(j)
+    assert scheduler.take({}, whole_too=True) == ([], a1)
+    scheduler.charge(a1, 1.0)  # a long run
+    assert scheduler.take({}, whole_too=True) == ([], b1)
+    scheduler.charge(b1, 0.1)  # a short one
+    scheduler.add(b2)
+    # round-robin alone would take a2 now (b was served last); b has had a tenth of a's time
+    assert scheduler.take({}, whole_too=True) == ([], b2)
+    scheduler.charge(b2, 0.1)
+    assert scheduler.take({}, whole_too=True) == ([], a2)
+
+
+def test_a_client_new_to_whole_jobs_banks_no_time_it_was_not_there_for():
+    scheduler = Scheduler()
+    for _ in range(5):
+        for client in "ab":
+            scheduler.add(job("whole", client))
+            _, taken = scheduler.take({}, whole_too=True)
+            scheduler.charge(taken, 1.0)
+    late = [job("whole", "c") for _ in range(3)]
+    for j in late:
+        scheduler.add(j)
+    a, b = job("whole", "a"), job("whole", "b")
+    scheduler.add(a)
+    scheduler.add(b)
+    order = []
+    for _ in range(5):
+        _, taken = scheduler.take({}, whole_too=True)
+        scheduler.charge(taken, 1.0)
+        order.append(taken)
+    # c starts level with the others, not five seconds behind them: it does not run all its jobs first
+    assert order.index(a) < order.index(late[2]) and order.index(b) < order.index(late[2])
+
+
+class Spinning(Rows):
+    """Rows whose every step keeps the worker busy for `seconds`; it adds up the time it stepped."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__("spin", [], steps=10**6)
+        self.seconds, self.stepped = seconds, 0.0
+
+    def step(self, core) -> StepReport:
+        started = time.perf_counter()
+        spin(self.seconds)
+        self.stepped += time.perf_counter() - started
+        report = super().step(core)
+        for key, (j, _) in list(self._left.items()):
+            if j.cancelled:
+                del self._left[key]
+                report.finished.append(Finished(j, CANCELLED))
+        return report
+
+
+def spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@pytest.mark.parametrize("interleaving", [True, False], ids=["long jobs that interleave", "a flood of short jobs"])
+def test_whole_jobs_take_no_more_than_their_share_of_the_worker_from_running_replies(interleaving, share=0.5):
+    batch = Spinning(0.002)
+    spun = []
+
+    def whole(job, core):
+        for _ in range(30 if interleaving else 1):
+            started = time.perf_counter()
+            spin(0.01)
+            spun.append(time.perf_counter() - started)  # the whole job's own work
+            if interleaving:
+                core.interleave()
+
+    core = InferenceCore({}, {"chat": batch, "bulk": FunctionJobs()}, bulk_share=share, max_queue=1000)
+    try:
+        reply = core.submit(Job("chat", "good", client="good"))
+        assert wait_for(lambda: batch.stepped > 0)
+        flood = range(4 if interleaving else 40)
+        jobs = [core.submit(Job("bulk", f"o{i}", whole, client=f"flood{i % 4}")) for i in flood]
+        assert wait_for(lambda: all(j.state == DONE for j in jobs), timeout=60)
+        stepped = batch.stepped
+        reply.cancel()
+        assert wait_for(lambda: reply.state == CANCELLED)
+    finally:
+        core.shutdown(timeout=5)
+    # the replies stepped at least about as long as the whole jobs worked (half the time each): without
+    # the share they got one 2 ms step per 50 ms slice, or one per short job
+    assert stepped >= 0.7 * sum(spun), (stepped, sum(spun))

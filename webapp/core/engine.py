@@ -10,10 +10,13 @@ executing each plan by calling the executors (webapp/core/executors.py, which do
    newcomers' prefill passes as `prefill_pass` plans them, then one decoding step for every running
    reply; and finish the rows that finished or were cancelled.
 
-So a Loop-lab run never waits for a whole chat reply; and a run gives the batch a step every
-BATCH_SLICE_SECONDS (InferenceCore.interleave, called between its loops), so running replies never stall
-for a whole run. Waiting jobs keep their order within their lane (the batch, or the whole jobs), and
-their position is their place in that lane.
+So a Loop-lab run never waits for a whole chat reply; and a whole job (a run, an Inside report) hands
+the worker back every BATCH_SLICE_SECONDS (InferenceCore.interleave, called between its loops or layers)
+so running replies never stall for a whole job: the batches then step until they have had their share
+of the time (scheduler.BulkShare, GLASSBOX_BULK_SHARE), and after a whole job ends, before the next one
+starts. So a flood of whole jobs slows a reply by a bounded factor, never to a crawl. Waiting jobs keep
+their order within their lane (the batch, or the whole jobs), and their position is their place in that
+lane.
 """
 
 from __future__ import annotations
@@ -29,12 +32,12 @@ from webapp.core.executors import BatchedJobs, Executor, StepReport, WholeJobs
 from webapp.core.jobs import CANCELLED, DONE, FAILED, QUEUED, RUNNING, AnyJob, Job, JobCancelled, RequestT, ResultT
 from webapp.core.metrics import JobMetrics, StepMetrics
 from webapp.core.refusals import CoreClosed, QueueFull, TooManyFromClient, TooManyJobs
-from webapp.core.scheduler import Scheduler, prefill_pass
+from webapp.core.scheduler import BulkShare, Scheduler, prefill_pass
 from webapp.core.threads import torch_threads
 
 log = logging.getLogger("glassbox.core")
-# How long a whole job (a Loop-lab run) may hold the worker before running replies step again: a few
-# decoding steps of a large model, a blink on screen.
+# How long a whole job (a Loop-lab run, an Inside report) may hold the worker before running replies step
+# again: a few decoding steps of a large model, a blink on screen.
 BATCH_SLICE_SECONDS = 0.05
 SAVE_RETRY_SECONDS = 5.0  # how often a result whose save failed (disk full) is tried again
 
@@ -44,7 +47,7 @@ class InferenceCore:
                  warmups: dict[str, Callable[[Any], None]] | None = None,
                  load_seconds: dict[str, float] | None = None, torch_threads: int = 0,
                  max_queue: int = 64, max_jobs_per_owner: int = 0, max_jobs_per_client: int = 0,
-                 keep_finished: int = 512) -> None:
+                 keep_finished: int = 512, bulk_share: float = 0.5) -> None:
         # Models are loaded by the caller (a broken checkpoint must stop start-up); from here
         # on only the worker thread touches them, through the executors.
         self.models = models
@@ -72,7 +75,9 @@ class InferenceCore:
         self.job_metrics = JobMetrics()  # per-kind outcomes, waits and run times; logs each job
         self.step_metrics = StepMetrics()  # rows per step, step time, prefill tokens, admitted, retired
         self.warmup_seconds: dict[str, float] = {}
-        self._last_step = 0.0  # when a batched step last ran (see interleave)
+        self.bulk = BulkShare(bulk_share)  # the worker's time whole jobs may take from running replies
+        self._whole: AnyJob | None = None  # the whole job running now, on the worker
+        self._whole_since = 0.0  # when it last took the worker back (see interleave)
         self._worker_threads = 0
         self._worker = threading.Thread(target=self._work, name="glassbox-core", daemon=True)
         self._worker.start()
@@ -167,7 +172,9 @@ class InferenceCore:
             spent("admit", time.perf_counter() - started)
             if whole is not None:
                 self._run_whole(whole)
-            self._step_batches()
+                self._pay_back()
+            else:
+                self._step_batches()
 
     def _warm_up(self) -> None:
         import torch
@@ -215,16 +222,44 @@ class InferenceCore:
         return admitted, whole
 
     def interleave(self) -> None:
-        """Called by a whole job between its units of work (a Loop-lab run, after each loop), on the
-        worker: once the batch has waited BATCH_SLICE_SECONDS, admit waiting replies and run one batched
-        step, so running replies stall for a slice, not for a whole run. Steps run on the worker's own
-        thread count, as they do outside a run, so a reply's numbers do not depend on where it stepped."""
-        if time.perf_counter() - self._last_step < BATCH_SLICE_SECONDS or not self._batched():
+        """Called by a whole job between its units of work (a Loop-lab run after each loop, Inside after
+        each layer), on the worker: once it has held the worker for BATCH_SLICE_SECONDS, admit waiting
+        replies and let the batches step for their share of the time (_pay_back), so running replies
+        stall for a slice, not for a whole job. Steps run on the worker's own thread count, as they do
+        outside a job, so a reply's numbers do not depend on where it stepped."""
+        if time.perf_counter() - self._whole_since < BATCH_SLICE_SECONDS or not self._batched():
             return
-        self._admit_waiting()
         with torch_threads(self._worker_threads):
+            self._pay_back()
+
+    def _charge_whole(self) -> None:
+        """Count the running whole job's time since it last took the worker back: against its client (whose
+        next whole job waits behind others' in proportion) and, while replies run, as steps owed to them."""
+        now = time.perf_counter()
+        seconds, self._whole_since = now - self._whole_since, now
+        batched = self._batched()
+        busy = any(ex.rows for ex in batched.values())
+        with self._lock:
+            if self._whole is not None:
+                self.scheduler.charge(self._whole, seconds)
+            busy = busy or any(j.kind in batched for j in self.scheduler.waiting())
+        self.bulk.ran_whole(seconds, busy)
+
+    def _pay_back(self) -> None:
+        """Between a whole job's slices, or after it ends: the batches step at least once, then on until
+        they have had the time owed to them (BulkShare) or have no rows left."""
+        self._charge_whole()
+        batched = self._batched()
+        while True:
+            self._admit_waiting()
+            started = time.perf_counter()
             self._step_batches()
-        self._last_step = time.perf_counter()
+            self.bulk.stepped(time.perf_counter() - started)
+            if not any(ex.rows for ex in batched.values()):
+                self.bulk.settle()
+            if not self.bulk.due:
+                break
+        self._whole_since = time.perf_counter()  # the replies' steps are not the whole job's time
 
     def _admit_waiting(self) -> None:
         """Admit the waiting jobs of a batched kind that their executors have room for (the start of an
@@ -261,7 +296,7 @@ class InferenceCore:
         `prefill_pass` picks; if one ran, the replies that arrived during it are admitted and a second
         pass prefills those that still fit in the step's one chunk's worth of tokens, so a first token
         waits for the pass under way, not for a whole step; then the rest of the step (decoding)."""
-        started = self._last_step = time.perf_counter()
+        started = time.perf_counter()
         report = StepReport()
         try:
             executor.begin_step()
@@ -287,6 +322,7 @@ class InferenceCore:
 
     def _run_whole(self, job: AnyJob) -> None:
         job.set_state(RUNNING)
+        self._whole, self._whole_since = job, time.perf_counter()
         outcome, error = DONE, None
         try:
             job.raise_if_cancelled()
@@ -300,6 +336,8 @@ class InferenceCore:
             log.exception("job %s (%s) failed", job.id, job.kind)
         if outcome == DONE and job.cancelled:
             outcome = CANCELLED  # cancelled after the last check: still say so
+        self._charge_whole()
+        self._whole = None
         self._finish(job, outcome, error)
 
     def _finish(self, job: AnyJob, outcome: str, error: str | None) -> None:

@@ -4,7 +4,9 @@ It holds the waiting jobs and answers the worker (webapp/core/engine.py), which 
 by calling the executors; it runs nothing itself, touches no model and starts no thread:
 
 - `take`: which waiting jobs join their batch (in fair order across clients, while each batched
-  executor has room) and which one whole job runs next;
+  executor has room) and which one whole job runs next (the client that has had the least of the
+  worker's time for whole jobs goes first: `charge`);
+- `BulkShare`: how much of the worker's time whole jobs may take while replies are running;
 - `positions`: each waiting job's place in its lane (the jobs waiting for a row of its batch, or the
   whole jobs): exactly the jobs it waits behind;
 - `to_step`: which batched executors (models) step this turn, and in what order;
@@ -67,6 +69,38 @@ def prefill_pass(newcomers: Sequence[Newcomer], others_decoding: bool, used: int
     return PrefillPass(tuple(n.id for n in chosen), sum(n.next_chunk for n in chosen))
 
 
+class BulkShare:
+    """Whole jobs (Inside, Loop-lab runs) take at most `share` of the worker's time while replies are
+    running: each second a whole job runs while a batch has rows is owed back to the batch as
+    (1 - share) / share seconds of batched steps, paid before the whole job goes on (at its next
+    InferenceCore.interleave) or the next one starts. With no reply running nothing is owed, and whole
+    jobs run back to back. Plain numbers; the worker measures the seconds."""
+
+    def __init__(self, share: float = 0.5) -> None:
+        if not 0 < share <= 1:
+            raise ValueError(f"the bulk share must be in (0, 1], not {share}")
+        self.share = share
+        self.owed = 0.0  # seconds of batched steps owed to the replies
+
+    def ran_whole(self, seconds: float, replies_waiting: bool) -> None:
+        """A whole job held the worker this long; `replies_waiting`: a batch had rows meanwhile."""
+        if replies_waiting:
+            self.owed += seconds * (1 - self.share) / self.share
+
+    def stepped(self, seconds: float) -> None:
+        """The batches stepped this long."""
+        self.owed = max(0.0, self.owed - seconds)
+
+    def settle(self) -> None:
+        """No reply is left to pay: nothing is owed."""
+        self.owed = 0.0
+
+    @property
+    def due(self) -> bool:
+        """Whether the batches are still owed steps before whole work goes on."""
+        return self.owed > 0
+
+
 class Scheduler:
     """The waiting jobs, and who is served next."""
 
@@ -74,6 +108,10 @@ class Scheduler:
         self._queue: collections.deque[AnyJob] = collections.deque()  # waiting, in order of submission
         self._turns: dict[str, int] = {}  # client -> when it last had a job taken (fair order)
         self._turn = 0
+        # client -> seconds of whole-job work it has had, on a clock that starts a newcomer (or a client
+        # back after a while) at `_bulk_clock`, the rank of the last client served: no client banks time
+        self._bulk_used: dict[str, float] = {}
+        self._bulk_clock = 0.0
         self._first: str | None = None  # the batched executor that stepped first last turn (to_step)
 
     def __len__(self) -> int:
@@ -99,18 +137,31 @@ class Scheduler:
         first whole job -> (the jobs to admit, the whole job to run)."""
         left = dict(room)
         admitted: list[AnyJob] = []
-        whole = None
+        wholes: list[AnyJob] = []
         for job in self.fair_order():
             if job.kind in left:
                 if left[job.kind] > 0:
                     left[job.kind] -= 1
                     admitted.append(job)
-            elif whole is None and whole_too:
-                whole = job
+            elif whole_too:
+                wholes.append(job)
+        # the whole job of the client that has had the least whole-job time (ties: fair order), so a
+        # client with long runs gets no more of the worker than one with short ones
+        whole = min(wholes, key=lambda job: self._bulk_rank(_client(job)), default=None)
+        if whole is not None:
+            self._bulk_clock = self._bulk_rank(_client(whole))
         for job in admitted + ([whole] if whole else []):
             self._queue.remove(job)
             self._took(job)
         return admitted, whole
+
+    def charge(self, job: AnyJob, seconds: float) -> None:
+        """A whole job held the worker this long (its own work, not the replies' steps within it)."""
+        client = _client(job)
+        self._bulk_used[client] = self._bulk_rank(client) + seconds
+
+    def _bulk_rank(self, client: str) -> float:
+        return max(self._bulk_used.get(client, 0.0), self._bulk_clock)
 
     def fair_order(self) -> list[AnyJob]:
         """The waiting jobs in the order they will be taken: round-robin across clients (by address, else
@@ -119,7 +170,7 @@ class Scheduler:
         job behind all of it."""
         by_client: dict[str, collections.deque[AnyJob]] = {}
         for job in self._queue:
-            by_client.setdefault(job.client or job.owner, collections.deque()).append(job)
+            by_client.setdefault(_client(job), collections.deque()).append(job)
         clients = sorted(by_client, key=lambda c: self._turns.get(c, 0))  # stable: oldest job breaks ties
         order, lanes = [], [by_client[c] for c in clients]
         while lanes:
@@ -155,10 +206,17 @@ class Scheduler:
     def _took(self, job: AnyJob) -> None:
         """Note that this job's client was served now."""
         self._turn += 1
-        self._turns[job.client or job.owner] = self._turn
+        self._turns[_client(job)] = self._turn
         if len(self._turns) > 4096:  # bounded: forget clients with nothing waiting (they rank as new)
-            waiting = {j.client or j.owner for j in self._queue}
+            waiting = {_client(j) for j in self._queue}
             self._turns = {c: t for c, t in self._turns.items() if c in waiting}
+        if len(self._bulk_used) > 4096:  # a forgotten client starts again at the clock: no time banked
+            self._bulk_used = {c: t for c, t in self._bulk_used.items() if t > self._bulk_clock}
 
 
-__all__ = ["Newcomer", "PrefillPass", "Scheduler", "prefill_pass"]
+def _client(job: AnyJob) -> str:
+    """Who a job counts against: its address, else its owner (a browser, an API key)."""
+    return job.client or job.owner
+
+
+__all__ = ["BulkShare", "Newcomer", "PrefillPass", "Scheduler", "prefill_pass"]
