@@ -81,11 +81,13 @@ def reference(state: dict, n_head: int, ids: list[int], heads: dict | None = Non
     return x[-1] @ w["transformer.wte.weight"].T  # (V,)
 
 
-def reference_greedy(state: dict, n_head: int, prompt: list[int], n: int, **edits) -> list[int]:
+def reference_greedy(state: dict, n_head: int, prompt: list[int], n: int, specials: int = SPECIALS,
+                     **edits) -> list[int]:
+    """n greedy tokens, never a special (ids from `specials` on: the models here mask them)."""
     ids = list(prompt)
     for _ in range(n):
         logits = reference(state, n_head, ids, **edits)
-        logits[SPECIALS:] = float("-inf")
+        logits[specials:] = float("-inf")
         ids.append(int(logits.argmax()))
     return ids[len(prompt):]
 

@@ -11,6 +11,7 @@ import re
 from dataclasses import asdict
 
 import pytest
+import torch
 from safetensors.torch import save_file
 
 from tests.chat.decode.test_generate import NO_SPECIALS
@@ -244,3 +245,39 @@ def test_the_token_panel_offers_it_and_the_page_works_without_javascript(chat_ap
     assert client.get(f"{url}?heads=x").status_code == 400
     conversation = client.get(f"/chat/c/{cid}").get_data(as_text=True)  # the reply's own form
     assert f'action="/chat/c/{cid}/m/{mid}/ablate"' in conversation and "Switch parts off" in conversation
+
+
+# -- the owner's seed format: a torch.save'd state dict (`_orig_mod.` keys), GPT-2's tokenizer ---------------------
+GPT2_SPECIALS = 50257
+
+
+def test_on_a_seed_format_checkpoint_the_contracts_hold_against_the_reference(tmp_path):
+    from webapp.chat.model.tokenizer import GPT2_RANKS
+    config = GPTConfig(block_size=256, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)
+    model = listening_gpt(config)
+    path = tmp_path / "chat_seed.pt"
+    torch.save({f"_orig_mod.{k}": v for k, v in model.state_dict().items()}, path)
+    loaded = load_chat_model(str(path), arch="n_head=2", tokenizer_spec=f"gpt2:{GPT2_RANKS}")
+    loaded.model.lm_head.register_forward_hook(
+        lambda m, a, logits: logits.index_fill_(-1, torch.arange(GPT2_SPECIALS, logits.size(-1)), float("-inf")))
+    app = make_app(tmp_path, {"chat": loaded})
+    try:
+        client = app.test_client()
+        cid, mid = greedy_reply(client, "Hello there", 8)
+        state, prompt = state_of(app), prompt_of(app, mid)
+        assert tokens_of(app, mid) == reference_greedy(state, 2, prompt, 8, GPT2_SPECIALS)
+        answer = client.post(f"/chat/c/{cid}/m/{mid}/ablate.json", json={"heads": "1.0,0.1"})
+        new = answer.get_json()["message_id"]
+        finish(client, cid, new)
+        expected = reference_greedy(state, 2, prompt, 8, GPT2_SPECIALS, heads={(1, 0): None, (0, 1): None})
+        assert tokens_of(app, new) == expected and expected != tokens_of(app, mid)
+        exported = json.loads(client.get(f"/chat/c/{cid}/export.json").get_data(as_text=True))
+        assert exported["messages"][-1]["intervention"] == {"heads": ["0.1", "1.0"], "mlps": [], "mode": "zero"}
+        data = client.get(f"/chat/c/{cid}/m/{mid}/tokens/3/ablated.json?mlps=1&mode=mean").get_json()
+        context = prompt + tokens_of(app, mid)[:3]
+        seen = reference_means(state, 2, context)
+        probs = reference(state, 2, context, mlps={1: seen[("mlp", 1)].mean(dim=0)})[:GPT2_SPECIALS].softmax(-1)
+        assert [t["id"] for t in data["ablated"]["top"]] == probs.topk(10).indices.tolist()
+        assert data["ablated"]["p"] == pytest.approx(float(probs[tokens_of(app, mid)[3]]), rel=1e-4)
+    finally:
+        glassbox(app).core.shutdown()
