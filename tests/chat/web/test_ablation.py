@@ -281,3 +281,57 @@ def test_on_a_seed_format_checkpoint_the_contracts_hold_against_the_reference(tm
         assert data["ablated"]["p"] == pytest.approx(float(probs[tokens_of(app, mid)[3]]), rel=1e-4)
     finally:
         glassbox(app).core.shutdown()
+
+
+def test_a_model_without_nanogpts_layout_gets_409(tmp_path):
+    from tests.chat.web.test_inside_pages import NotNanoGPT
+    from webapp.chat.model.loading import LoadedChatModel
+    from webapp.chat.model.prompt import PromptBuilder
+    from webapp.chat.model.tokenizer import ByteTokenizer
+    torch.manual_seed(0)
+    tok = ByteTokenizer()
+    loaded = LoadedChatModel(model=NotNanoGPT().eval(), tokenizer=tok, block_size=512, supports_kv_cache=False,
+                             checkpoint_id="owner", description="owner factory", prompt=PromptBuilder(tok, 512))
+    app = make_app(tmp_path, {"chat": loaded})
+    try:
+        client = app.test_client()
+        sent = send(client, "Hi", max_new_tokens="2")
+        url = stream_url(sent.get_data(as_text=True))
+        client.get(url).get_data()
+        cid, mid = url.split("/")[3], int(re.search(r"/m/(\d+)/stream", url).group(1))
+        answer = client.post(f"/chat/c/{cid}/m/{mid}/ablate.json", json={"heads": "0.0"})
+        assert answer.status_code == 409 and "nanoGPT's module layout" in answer.get_json()["error"]
+        panel = client.get(f"/chat/c/{cid}/m/{mid}/tokens/0/ablated.json?heads=0.0")
+        assert panel.status_code == 409
+    finally:
+        glassbox(app).core.shutdown()
+
+
+def test_a_second_models_reply_is_ablated_by_that_model(tmp_path):
+    from tests.chat.web.test_several_models import app_on
+    from tests.chat.web.test_several_models import finish as finish_all
+    from tests.support.chat_models import tiny_checkpoint
+    tiny_checkpoint(tmp_path / "first", seed=1)
+    tiny_checkpoint(tmp_path / "second", seed=2)
+    path = tmp_path / "models.toml"
+    app = app_on(tmp_path, "[models.first]\ncheckpoint = 'first/model.safetensors'\n"
+                 "[models.second]\ncheckpoint = 'second/model.safetensors'\n", path)
+    try:
+        client = app.test_client()
+        sent = send(client, "Hello", model="second", max_new_tokens="6", temperature="0")
+        finish_all(client, sent.get_data(as_text=True))
+        cid = re.search(r'name="conversation_id" value="([0-9a-f]+)"', sent.get_data(as_text=True)).group(1)
+        reply = [m for m in store(app).all_messages(cid) if m["role"] == "assistant"][-1]
+        second = glassbox(app).core.models["chat:second"]
+        state = {k: v.detach().clone() for k, v in second.model.state_dict().items()}
+        answer = client.post(f"/chat/c/{cid}/m/{reply['id']}/ablate.json", json={"mlps": "0", "mode": "mean"})
+        new = answer.get_json()["message_id"]
+        finish(client, cid, new)
+        assert store(app).message(cid, new)["model"] == "second"
+        odds = store(app).details(reply["id"]).odds
+        assert odds  # the position's odds are the second model's
+        data = client.get(f"/chat/c/{cid}/m/{reply['id']}/tokens/0/ablated.json?mlps=0").get_json()
+        probs = reference(state, 2, prompt_of(app, reply["id"])).softmax(-1)
+        assert data["original"]["p"] == pytest.approx(float(probs[odds[0][0]]), rel=1e-4)
+    finally:
+        glassbox(app).core.shutdown()
