@@ -150,6 +150,7 @@ def test_parts_from_a_form_or_a_json_body():
     assert parse_parts("1.0,2.3", "", "1", "zero", 4, 4) == Parts(((1, 0), (2, 3)), (), (1,), "zero")
     assert parse_parts(["1.0", "2.3"], [0], [1, 2], "mean", 4, 4) == Parts(((1, 0), (2, 3)), (0,), (1, 2), "mean")
     assert parse_parts(" 1.0 , 1.0 ", None, None, None, 4, 4) == Parts(((1, 0),), (), (), "zero")  # once; zero
+    assert parse_parts("1.0 2.3", "", "1 2", "zero", 4, 4) == Parts(((1, 0), (2, 3)), (), (1, 2), "zero")
 
 
 @pytest.mark.parametrize("heads, layers, mlps, mode, named", [
@@ -164,6 +165,8 @@ def test_parts_from_a_form_or_a_json_body():
     ("1.0", None, None, "half", "mode must be zero or mean"),
     ("", "", "", "zero", "Choose what to switch off"),
     ({"a": 1}, None, None, "zero", "heads must be"),
+    ([1.0], None, None, "zero", 'heads must be a comma-separated string or a list of strings "layer.head"'),
+    (None, None, [0.5], "zero", "mlps must be a comma-separated string or a list of layer numbers"),
 ])
 def test_a_bad_part_is_named(heads, layers, mlps, mode, named):
     with pytest.raises(ValueError, match=re.escape(named)):

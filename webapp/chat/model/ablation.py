@@ -18,6 +18,7 @@ Shapes: T tokens, C n_embd, nh n_head, hs head size (C // nh).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -89,14 +90,17 @@ def parse_parts(heads: object, layers: object, mlps: object, mode: object, n_lay
 
 
 def _items(value: object, field: str) -> list[str]:
-    """A field's items: a comma-separated string, or a list of strings or integers."""
+    """A field's items: a string of them separated by commas or spaces, or a list (heads: strings "L.H",
+    never numbers, since 1.10 and 1.1 are one number; layers: integers or their strings)."""
     if value is None:
         return []
     if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    if isinstance(value, list) and all(isinstance(v, str | int) and not isinstance(v, bool) for v in value):
+        return [part for part in re.split(r"[,\s]+", value) if part]
+    kinds = (str,) if field == "heads" else (str, int)
+    if isinstance(value, list) and all(isinstance(v, kinds) and not isinstance(v, bool) for v in value):
         return [str(v).strip() for v in value]
-    raise ValueError(f"{field} must be a comma-separated string or a list.")
+    what = 'strings "layer.head", e.g. ["1.0", "2.3"]' if field == "heads" else "layer numbers, e.g. [0, 1]"
+    raise ValueError(f"{field} must be a comma-separated string or a list of {what}.")
 
 
 def intervention(parts: Parts, n_head: int) -> dict[str, Any]:
