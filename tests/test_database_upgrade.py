@@ -37,7 +37,7 @@ def test_a_release_database_is_upgraded_in_place_keeping_every_row(tmp_path):
         applied = [version for (version,) in db.execute("SELECT version FROM schema_version ORDER BY version")]
         assert applied == [number for number, _ in migrations.files("sqlite")] and applied[-1] == NEWEST  # once each
         columns = {row[1] for row in db.execute("PRAGMA table_info(messages)")}
-    assert {"runner", "lease_until"} <= columns
+    assert {"runner", "lease_until", "intervention"} <= columns
     store = ChatStore(Database(path))
     shown = store.messages("c1")
     assert [(m["content"], m["status"]) for m in shown] == [("Hello", "complete"), ("Hi th", "stopped")]
@@ -46,6 +46,11 @@ def test_a_release_database_is_upgraded_in_place_keeping_every_row(tmp_path):
     turn = store.begin_turn("me", "c1", user_text="Again", branch_from=None, settings={}, prompt={})
     store.finish_reply(turn.reply_id, "Yes", "complete", None, ReplyStats())
     assert [m["content"] for m in store.messages("c1")] == ["Hello", "Hi th", "Again", "Yes"]
+    assert [m["intervention"] for m in store.messages("c1")] == [None] * 4  # the release's rows: nothing switched off
+    record = {"heads": ["1.0"], "mlps": [], "mode": "zero"}
+    ablated = store.begin_turn("me", "c1", user_text=None, branch_from=turn.user_id, settings={}, prompt={},
+                               intervention=record)
+    assert store.message("c1", ablated.reply_id)["intervention"] == record
 
 
 def test_a_new_postgres_database_gets_every_migration_once(postgres_url):
@@ -54,3 +59,6 @@ def test_a_new_postgres_database_gets_every_migration_once(postgres_url):
     with open_database(postgres_url).connect() as db:
         versions = [row[0] for row in db.execute("SELECT version FROM schema_version ORDER BY version")]
     assert versions == [number for number, _ in migrations.files("postgres")]
+    assert versions[-1] == NEWEST  # the same newest version as SQLite's
+    with open_database(postgres_url).connect() as db:
+        db.execute("SELECT intervention FROM messages LIMIT 1").fetchall()

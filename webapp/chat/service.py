@@ -16,6 +16,7 @@ import psycopg
 
 from webapp.chat.decode.types import ChatJob, ChatRequest, ChatResult, Forced, SamplingParams
 from webapp.chat.follow import follow_reply
+from webapp.chat.model.edits import Edit
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.prompt import PromptBuilder, PromptReport
 from webapp.chat.registry import ChatModels, model_record
@@ -59,6 +60,10 @@ class Turn:
     branch_from: int | None = None
     forced: Forced | None = None  # the reply's first tokens, given
     model: str = ""  # the registry name of the model that writes the reply
+    edit: Edit | None = None  # parts switched off in every forward of the reply (webapp/chat/ablation.py)
+    intervention: dict | None = None  # what `edit` switched off, as the reply's record keeps it
+
+
 class ChatService:
     """What the chat views call; knows the store and the core, never the device."""
 
@@ -279,11 +284,13 @@ class ChatService:
             ids = self.store.begin_turn(owner, conversation["id"] if conversation else None,
                                         user_text=turn.user_text, branch_from=turn.branch_from,
                                         settings=turn.sampling.as_dict(), prompt=turn.prompt.as_dict(),
-                                        max_messages=self.max_messages, model=self.models.record(name))
+                                        max_messages=self.max_messages, model=self.models.record(name),
+                                        intervention=turn.intervention)
         except ConversationFull as full:
             raise ChatError(str(full), 400) from None
         forced = turn.forced or Forced()
-        request = ChatRequest(tuple(turn.prompt.ids), turn.sampling, forced=forced.tokens, forced_odds=forced.odds)
+        request = ChatRequest(tuple(turn.prompt.ids), turn.sampling, forced=forced.tokens, forced_odds=forced.odds,
+                              edit=turn.edit)
         reply_id = ids.reply_id
         self._leases.hold(reply_id)
         try:

@@ -289,7 +289,7 @@ class ChatStore:
 
     def begin_turn(self, owner: str, conversation_id: str | None, *, user_text: str | None,
                    branch_from: int | None, settings: dict, prompt: dict, max_messages: int = 0,
-                   model: ModelRecord | None = None) -> TurnIds:
+                   model: ModelRecord | None = None, intervention: dict | None = None) -> TurnIds:
         """Save what a new reply needs, in one transaction: its conversation (when new), the question
         (when there is one), the pending reply and its prompt. The reply follows the branch shown, or
         is a new version after `branch_from` (ROOT: a new first message). Both are shown from now on.
@@ -325,10 +325,11 @@ class ChatStore:
                 parent = user_id = saved[-1]["id"]
             saved.append(_message(db.execute(
                 "INSERT INTO messages (conversation_id, role, content, status, settings, created_at,"
-                " parent_id, runner, lease_until, model, model_file, model_precision)"
-                " VALUES (?, 'assistant', '', 'pending', ?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
+                " parent_id, runner, lease_until, model, model_file, model_precision, intervention)"
+                " VALUES (?, 'assistant', '', 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
                 (conversation_id, json.dumps(settings), now, parent, self.db.runner, now + REPLY_LEASE_SECONDS,
-                 model and model.name, model and model.file_id, model and model.precision)).fetchone()))
+                 model and model.name, model and model.file_id, model and model.precision,
+                 None if intervention is None else json.dumps(intervention))).fetchone()))
             reply_id = saved[-1]["id"]
             db.execute("INSERT INTO reply_details (message_id, prompt) VALUES (?, ?)",
                        (reply_id, json.dumps(prompt, separators=(",", ":"))))
@@ -467,4 +468,15 @@ def _details(row) -> ReplyDetails:
 def _message(row) -> dict:
     message = dict(row)
     message["settings"] = json.loads(message["settings"]) if message["settings"] else None
+    # what an ablated version switched off (webapp/chat/ablation.py); None for every other message
+    message["intervention"] = _json_or_none(message.get("intervention"))
     return message
+
+
+def _json_or_none(text: str | None) -> dict | None:
+    """A JSON object column; None when empty or damaged (the page then shows the version unlabelled)."""
+    try:
+        found = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None

@@ -108,10 +108,18 @@ def csrf_exempt(view):
     return view
 
 
+def csrf_json_or_form(view):
+    """For endpoints that take a JSON body (no token needed: see csrf_exempt) or a form (with its token)."""
+    view.csrf_json_or_form = True
+    return view
+
+
 def check_csrf() -> None:
     if request.method in SAFE_METHODS:
         return
     view = current_app.view_functions.get(request.endpoint or "")
+    if getattr(view, "csrf_json_or_form", False) and request.is_json:
+        return
     if getattr(view, "csrf_exempt", False):
         if request.is_json:
             return

@@ -138,15 +138,20 @@ def test_entries_are_kept_by_model_and_variant():
     assert holder.take([1, 2, 5], p.device, p.dtype, a, "edited") is None  # the head is the plain run's
 
 
-def test_an_edited_reply_never_shares_keys_and_values_with_a_plain_one():
+def test_an_edited_reply_has_a_kv_cache_of_its_own_alone():
+    """An edited run (parts switched off) neither starts from a kept cache nor leaves its own in the holder,
+    not even for the same edit: the prefix cache never holds an edited run's keys and values."""
     loaded, prefix = tiny(config=BIG, endless=True), PrefixCache()
     zero = Edit(heads=(HeadEdit(layer=0, head=1),))
     prompt = [(5 * i) % 250 for i in range(30)]
     reply(loaded, prompt, prefix, max_new_tokens=6)
+    kept = [(entry.cache, list(entry.ids)) for entry in prefix._entries]
     edited = reply(loaded, prompt, prefix, max_new_tokens=6, edit=zero)
     assert edited[1].reused_tokens == 0  # the plain reply's cache is not for it
+    assert [(entry.cache, entry.ids) for entry in prefix._entries] == kept  # nothing of the edited run kept
+    assert all(entry.variant is None for entry in prefix._entries)
     again = reply(loaded, prompt, prefix, max_new_tokens=6, edit=Edit(heads=(HeadEdit(0, 1),)))  # the same edit
-    assert again[1].reused_tokens == len(prompt) - 1 and again[0] == edited[0]
+    assert again[1].reused_tokens == 0 and again[0] == edited[0]
     assert reply(loaded, prompt, prefix, max_new_tokens=6)[1].reused_tokens == len(prompt) - 1  # its own
     assert reply(loaded, prompt, max_new_tokens=6, edit=zero)[0] == edited[0]  # cold: the same reply
 

@@ -18,7 +18,8 @@ last block_size tokens. Cancellation (`should_stop`) is polled between prefill c
 every step.
 
 With a PrefixCache (webapp/chat/decode/prefix_cache.py), a kept KV cache is reused for the longest prefix its
-token ids share with this prompt, and only the rest is prefilled. Sampling draws from the reply's
+token ids share with this prompt, and only the rest is prefilled. A reply with an edit (parts switched off)
+has a KV cache of its own alone: it takes none from the holder and gives none back. Sampling draws from the reply's
 private generator only after the prefill, so a seed gives the same tokens either way.
 
 Per token there is one host/device sync (`.item()`, to decide whether to stop); the sampled id stays
@@ -42,7 +43,7 @@ from webapp.chat.decode import sampling
 from webapp.chat.decode.odds import TokenOdds, token_odds
 from webapp.chat.decode.prefix_cache import PrefixCache, common_prefix
 from webapp.chat.decode.types import SamplingParams, decode_rate
-from webapp.chat.model.edits import Edit, variant
+from webapp.chat.model.edits import Edit
 from webapp.chat.model.gpt import Chunk, KVCache
 from webapp.chat.model.loading import LoadedChatModel
 
@@ -183,8 +184,9 @@ class Sequence:
         window = self.ids[-self.block_size:]
         start = 0
         if self.cache is None:
-            entry = (self.prefix.take(window, self.device, self.dtype, self.model, variant(self.edit))
-                     if self.prefix is not None else None)
+            # an edited run's KV cache is its own alone: it neither starts from a kept one nor is kept
+            entry = (self.prefix.take(window, self.device, self.dtype, self.model)
+                     if self.prefix is not None and self.edit is None else None)
             if entry is not None and entry.cache.max_len >= self.block_size:
                 self.cache = entry.cache
                 # at least the last prompt token is run again: its logits give the first reply token
@@ -268,8 +270,8 @@ class Sequence:
     def close(self, keep: bool = True) -> Piece:
         """End the reply: keep its cache for the next turn (not after a failure) -> the last Piece."""
         if self.prefix is not None and self.cache is not None:
-            if keep:
-                self.prefix.put(self.cache, self.cached, self.model, variant(self.edit))
+            if keep and self.edit is None:
+                self.prefix.put(self.cache, self.cached, self.model)
             self.prefix.record(self.reused)
         self.cache = None
         self.cancel()
@@ -333,7 +335,7 @@ def generate(
     odds: give each Piece the model's odds for its token (webapp/chat/decode/odds.py).
     forced: the reply's first tokens, given rather than sampled (with their odds, where known).
     edit: heads' and MLPs' outputs replaced in every forward (webapp/chat/model/edits.py); a model with a
-    KV cache only (its prefix cache keeps the edited run's keys and values apart from the plain runs').
+    KV cache only (the edited run's keys and values stay its own: never taken from or kept in prefix_cache).
     Raises ValueError for arguments out of range, before any work.
     """
     params = SamplingParams(max_new_tokens, temperature, top_k, seed)

@@ -17,7 +17,8 @@ fails simply never puts it back.
 Entries are keyed by (model, variant, ids). The keys/values of a token prefix depend only on the weights
 and on the run's edit (webapp/chat/model/edits.py), so a reply may reuse any entry of its own model and
 variant — None for the model's own runs, an edit's key for an edited run — and none other: an edited
-run's keys and values never reach another run, nor a plain run's an edited one.
+run's keys and values never reach another run, nor a plain run's an edited one. The chat's replies keep
+only plain runs here: a reply with parts switched off has a KV cache of its own alone (generate.Sequence).
 
 One entry per model may be pinned (`pin`): the head every prompt of the model starts with (bos and the few-shot
 turns, run once at warm-up). It is never evicted nor handed out: a prompt whose longest kept prefix is

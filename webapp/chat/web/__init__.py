@@ -1,8 +1,14 @@
 """Chat on the web: the blueprint (blueprint.py) and its routes — conversations.py (pages, sending,
 streams), glass.py (tokens, odds, branches, prompt), inside_pages.py (inside a token: logit lens, attention),
-share.py (read-only links)."""
+share.py (read-only links), ablate_views.py (switching parts off)."""
 
-from webapp.chat.web import conversations, glass, inside_pages, share  # noqa: F401  (each registers its routes on bp)
+from webapp.chat.web import (  # noqa: F401  (each registers its routes on bp)
+    ablate_views,
+    conversations,
+    glass,
+    inside_pages,
+    share,
+)
 from webapp.chat.web.blueprint import bp
 
 __all__ = ["bp"]

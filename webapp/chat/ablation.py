@@ -1,0 +1,168 @@
+"""Switch parts off, and watch the reply change: on the shared core, from what a reply saved.
+
+- A reply ablated: its exact saved prompt run again with its own sampling settings and seed, with the chosen
+  heads, attention layers or MLPs zeroed or mean-ablated in every forward (webapp/chat/model/ablation.py
+  defines both). The result is a new version of the reply (beside it, as Regenerate's), its record keeping
+  what was switched off (`messages.intervention`), its label saying so. It runs as any reply, a row of the
+  batched decoder with an Edit of its own; its KV cache is its own alone (generate.Sequence).
+- One position with parts switched off: the odds where token i of a reply was chosen, with and without them.
+
+What needs the model first (a mean ablation's means, one position's odds) is a whole job of the model's
+"ablate" kind (webapp/chat/decode/ablation.py); results are kept under their request, a bounded number.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any
+
+from webapp.chat.decode.ablation import AblationJobs, AblationRequest, AblationResult
+from webapp.chat.decode.types import SamplingParams
+from webapp.chat.model.ablation import Parts, intervention, parse_parts, zero_edit
+from webapp.chat.model.edits import Edit
+from webapp.chat.model.inside import layout_problem
+from webapp.chat.model.loading import LoadedChatModel
+from webapp.chat.model.prompt import PromptReport
+from webapp.chat.registry import ChatModels
+from webapp.chat.service import ROOT, ChatError, ChatService, Turn
+from webapp.chat.store import Status
+from webapp.core import InferenceCore
+from webapp.core.jobs import DONE, FINISHED, Job
+
+REMOTE_MODEL = ("Replies here come from a remote server (GLASSBOX_CHAT_BACKEND), not from a model running in "
+                "Glassbox, so no part of it can be switched off.")
+NO_CACHE = ("Switching parts off needs Glassbox's own GPT (a model with a KV cache); this model comes from "
+            "another factory.")
+
+
+def ablate_kind(models: ChatModels, name: str) -> str:
+    """The core's job kind for this model's ablation jobs (the default model keeps plain "ablate")."""
+    return "ablate" if name == models.default else f"ablate:{name}"
+
+
+def config_of(loaded: LoadedChatModel) -> Any:
+    """The model's config (n_layer, n_head): every model parts of which can be switched off has one."""
+    model: Any = loaded.model
+    return model.config
+
+
+def executor(loaded: LoadedChatModel) -> AblationJobs:
+    return AblationJobs(loaded)
+
+
+class AblationService:
+    """What the ablation views call; knows the core and the chat service, never the device."""
+
+    def __init__(self, core: InferenceCore, chat: ChatService, keep: int = 32) -> None:
+        self.core, self.chat, self.keep = core, chat, keep
+        self._results: collections.OrderedDict[tuple[str, AblationRequest], AblationResult] = \
+            collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- checks ------------------------------------------------------------------------------
+    def writer(self, message: dict) -> tuple[str, LoadedChatModel]:
+        """The model that wrote a reply, if parts of it can be switched off here. Raises ChatError: 404 for
+        a question, 409 when that model is not run here, is remote, or has not nanoGPT's layout."""
+        if message["role"] != "assistant":
+            raise ChatError("Only replies can be run again with parts switched off.", 404)
+        loaded = self.chat.writer(message)  # 409 naming the model when it is not run here
+        problem = self.unavailable(loaded)
+        if problem is not None:
+            raise ChatError(problem, 409)
+        return self.chat.writer_name(message), loaded
+
+    @staticmethod
+    def unavailable(loaded: LoadedChatModel) -> str | None:
+        if getattr(loaded, "remote", False):
+            return REMOTE_MODEL
+        problem = layout_problem(loaded.model)
+        if problem is not None:
+            return f"Parts of this model cannot be switched off: {problem}."
+        if not loaded.supports_kv_cache:
+            return NO_CACHE
+        return None
+
+    @staticmethod
+    def parts(loaded: LoadedChatModel, fields: dict) -> Parts:
+        """The parts a request names (form or JSON fields). Raises ChatError (400) naming a bad one."""
+        config = config_of(loaded)
+        try:
+            return parse_parts(fields.get("heads"), fields.get("layers"), fields.get("mlps"), fields.get("mode"),
+                               config.n_layer, config.n_head)
+        except ValueError as error:
+            raise ChatError(str(error), 400) from None
+
+    # -- a reply, ablated ---------------------------------------------------------------------
+    def reply_request(self, message: dict, details, parts: Parts, history: list[dict]) -> AblationRequest:
+        """What the ablated run starts from: the reply's exact saved prompt. Raises ChatError (409)."""
+        if message["status"] == Status.PENDING or any(m["status"] == Status.PENDING for m in history):
+            raise ChatError("Stop the running reply before switching parts off.")
+        if not details.prompt or "prompt" in details.damaged:
+            raise ChatError("This reply was saved before Glassbox kept its prompt, so it cannot be run again.")
+        try:
+            prompt = PromptReport.from_dict(details.prompt)
+        except (TypeError, ValueError, KeyError):
+            raise ChatError("This reply's saved prompt is damaged, so it cannot be run again.") from None
+        return AblationRequest(tuple(prompt.ids), parts)
+
+    def reply_turn(self, conversation: dict, message: dict, details, parts: Parts, edit: Edit) -> Turn:
+        """A new version of the reply: its prompt, its settings and seed, `edit` in every forward."""
+        name, loaded = self.writer(message)
+        sampling = SamplingParams(**{k: v for k, v in (message["settings"] or {}).items()
+                                     if k in ("max_new_tokens", "temperature", "top_k", "seed")})
+        return Turn(conversation, PromptReport.from_dict(details.prompt), sampling,
+                    branch_from=message["parent_id"] or ROOT, model=name, edit=edit,
+                    intervention=intervention(parts, config_of(loaded).n_head))
+
+    @staticmethod
+    def zero_edit(loaded: LoadedChatModel, parts: Parts) -> Edit:
+        return zero_edit(parts, config_of(loaded).n_head)
+
+    # -- one position ------------------------------------------------------------------------
+    def position_request(self, message: dict, details, index: int, parts: Parts) -> AblationRequest:
+        """Token `index` of a finished reply: the ids before it (prompt, then the reply's tokens before it).
+        Raises ChatError (404, 409)."""
+        _, loaded = self.writer(message)
+        if message["status"] == Status.PENDING:
+            raise ChatError("This reply is still being written; switch parts off once it has finished.", 409)
+        odds, prompt = details.odds, details.prompt
+        if odds is None or prompt is None or details.damaged:
+            raise ChatError("This reply's tokens and prompt were not kept (or are damaged).", 404)
+        if not 0 <= index < len(odds):
+            raise ChatError(f"No such token in this reply: it has tokens 0 to {len(odds) - 1}.", 404)
+        reply = [row[0] for row in odds]
+        context = (list(prompt["ids"]) + reply[:index])[-loaded.block_size:]  # as the reply's own window
+        return AblationRequest(tuple(context), parts, position=True, token=reply[index])
+
+    # -- jobs ----------------------------------------------------------------------------------
+    def result(self, model: str, request: AblationRequest) -> AblationResult | None:
+        """The kept result of this request on that model, if it was worked out before."""
+        with self._lock:
+            found = self._results.get((model, request))
+            if found is not None:
+                self._results.move_to_end((model, request))
+            return found
+
+    def start(self, owner: str, model: str, request: AblationRequest) -> Job[AblationRequest, AblationResult]:
+        """The job working this request out: the one already queued or running, else a new one. Raises
+        Refused (queue full, too many jobs for this browser or address)."""
+        kind = ablate_kind(self.chat.models, model)
+        running = self.core.find(kind, request)
+        if running is not None and running.state not in FINISHED:
+            return running
+
+        def keep(job: Job[AblationRequest, AblationResult], outcome: str, error: str | None) -> None:
+            if outcome == DONE and isinstance(job.result, AblationResult) and job.result.edit is not None:
+                self._remember((model, request), job.result)
+
+        job: Job[AblationRequest, AblationResult] = Job(kind, owner, request, on_finish=keep, ref=request,
+                                                        result=AblationResult())
+        return self.core.submit(job)
+
+    def _remember(self, key: tuple[str, AblationRequest], result: AblationResult) -> None:
+        with self._lock:
+            self._results[key] = result
+            self._results.move_to_end(key)
+            while len(self._results) > self.keep:
+                self._results.popitem(last=False)
