@@ -1,8 +1,8 @@
 """Chat on the web: the blueprint (blueprint.py) and its routes — conversations.py (pages, sending,
 streams), glass.py (tokens, odds, branches, prompt), inside_pages.py (inside a token: logit lens, attention),
-share.py (read-only links)."""
+attribution_pages.py (who pushed a token: direct logit attribution), share.py (read-only links)."""
 
-from webapp.chat.web import conversations, glass, inside_pages, share  # noqa: F401  (each registers its routes on bp)
+from webapp.chat.web import attribution_pages, conversations, glass, inside_pages, share  # noqa: F401  (each registers its routes on bp)
 from webapp.chat.web.blueprint import bp
 
 __all__ = ["bp"]
