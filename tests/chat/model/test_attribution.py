@@ -35,10 +35,11 @@ def seed_model(tmp_path_factory, gpt2_ranks):
 
 
 # -- nanoGPT's forward, written out, each part kept by hand: nothing of webapp's ----------------------
-def reference(state: dict, ids: list[int], token: int, against: int | None = None) -> dict:
+def reference(state: dict, ids: list[int], token: int, against: int | None = None,
+              config: GPTConfig = CONFIG) -> dict:
     """-> {"logit", "embed", "heads" (L, nh), "mlps" (L,), "biases", "logits" (V,)} at the last position."""
     sd = {k.removeprefix("_orig_mod."): v.float() for k, v in state.items()}
-    C, nh, L = CONFIG.n_embd, CONFIG.n_head, CONFIG.n_layer
+    C, nh, L = config.n_embd, config.n_head, config.n_layer
     hs, T = C // nh, len(ids)
 
     def ln(x, name):
