@@ -16,7 +16,9 @@ ln_f is linear once its scale is frozen at its value at p, σ = √(var(x_n) + e
     logit_t = u · ln_f(x_n) = Σ_parts u · (γ ⊙ (part − mean(part)) / σ)  +  u · β
 
 exactly, up to float rounding. Against a token a, u = W_U[t] − W_U[a]: the logit difference. "biases"
-gathers every c_proj bias and β (and lm_head's bias, where a model has one).
+gathers every c_proj bias and β (and lm_head's bias, where a model has one). Each reading is worked out as
+part · r with r = γ ⊙ u / σ less its mean (the same number: centring is self-adjoint), so a head costs one
+pass over c_proj (y_lh · (W_lhᵀ r)) and never a (C,) vector of its own.
 
 The forward runs at the model's precision; the split is worked out in float32 from its activations and
 its stored weights (int8 ones times their scales). At float32 the parts add up to the logit to float
@@ -77,26 +79,23 @@ def attribute(model: Any, inside: Inside, token: int, against: int | None = None
     u = w_u[0] if against is None else w_u[0] - w_u[1]  # (C,): the direction the logit reads
     lm_bias = float(b_u[0] if against is None else b_u[0] - b_u[1])
 
-    # the parts, one row each: embeddings, L × nh heads, L MLPs, the biases
-    embed = inside.residuals[0].float()  # (C,)
-    heads = []
-    for layer, block in enumerate(blocks):
-        w_o = dense_weight(block.attn.c_proj).view(C, nh, hs)  # (C, nh, hs): head h's columns
-        heads.append(torch.einsum("chd,hd->hc", w_o, inside.heads[layer].float()))  # (nh, C)
-    mlp_biases = [_bias(getattr(block.mlp, "c_proj", None), C, device) for block in blocks]
-    mlps = inside.mlps.float() - torch.stack(mlp_biases)  # (L, C)
-    biases = sum((_bias(block.attn.c_proj, C, device) for block in blocks), torch.stack(mlp_biases).sum(0))
-    parts = torch.cat([embed[None], torch.cat(heads), mlps, biases[None]])  # (1 + L·nh + L + 1, C)
-
-    # ln_f with its scale frozen at p: centre each part, divide by the final residual's σ, times γ
+    # ln_f with its scale frozen at p, then u: centring is self-adjoint, so a part's reading,
+    # (γ ⊙ (part − mean(part)) / σ) · u, is part · r with r = γ ⊙ u / σ, centred
     x_n = inside.residuals[-1].float()
     sigma = torch.sqrt(x_n.var(unbiased=False) + ln_f.eps)
     gamma = torch.ones(C, device=device) if ln_f.weight is None else ln_f.weight.float()
-    centred = parts - parts.mean(dim=-1, keepdim=True)  # (K, C)
-    direct = (centred * gamma) @ u / sigma  # (K,)
+    r = gamma * u / sigma
+    r = r - r.mean()  # (C,)
+
+    # a head's part is y_lh W_lhᵀ: read as y_lh · (W_lhᵀ r), one pass over each c_proj
+    heads = torch.stack([(inside.heads[layer].float() * (r @ dense_weight(block.attn.c_proj)).view(nh, hs)).sum(-1)
+                         for layer, block in enumerate(blocks)])  # (L, nh)
+    mlp_biases = torch.stack([_bias(getattr(block.mlp, "c_proj", None), C, device) for block in blocks])  # (L, C)
+    mlps = (inside.mlps.float() - mlp_biases) @ r  # (L,)
+    biases = sum((_bias(block.attn.c_proj, C, device) for block in blocks), mlp_biases.sum(0))  # (C,)
+    embed = inside.residuals[0].float() @ r  # wte[id] + wpe[p]
     beta = float(_bias(ln_f, C, device) @ u)
 
-    L = len(blocks)
     logit = float(ln_f(inside.residuals[-1]).float() @ u) + lm_bias  # the model's logit (difference)
-    return Attribution(logit=logit, embed=float(direct[0]), heads=direct[1:1 + L * nh].view(L, nh).cpu(),
-                       mlps=direct[1 + L * nh:1 + L * nh + L].cpu(), biases=float(direct[-1]) + beta + lm_bias)
+    return Attribution(logit=logit, embed=float(embed), heads=heads.cpu(), mlps=mlps.cpu(),
+                       biases=float(biases @ r) + beta + lm_bias)
