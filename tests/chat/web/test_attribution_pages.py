@@ -14,7 +14,7 @@ from tests.chat.web import test_glass
 from tests.chat.web.test_conversations import send, stream_url
 from tests.chat.web.test_glass import reply
 from tests.chat.web.test_inside_pages import NotNanoGPT
-from tests.conftest import csrf_of, make_app
+from tests.conftest import csrf_of, make_app, wait_for
 from webapp.chat.web.token_views import token_text
 from webapp.web.state import glassbox
 
@@ -166,5 +166,32 @@ def test_a_model_without_nanogpts_layout_answers_409(tmp_path):
         cid = re.search(r'name="conversation_id" value="([0-9a-f]+)"', sent.get_data(as_text=True)).group(1)
         answer = client.get(f"/chat/c/{cid}/m/{mid}/attribution/0.json")
         assert answer.status_code == 409 and "nanoGPT's module layout" in answer.get_json()["error"]
+    finally:
+        glassbox(app).core.shutdown()
+
+
+def test_a_split_is_kept_by_request_and_asked_again_runs_no_job(chat_app):
+    client = chat_app.test_client()
+    cid, mid, _ = reply(client, "Hello", max_new_tokens="2", temperature="0")
+    finished = glassbox(chat_app).core.job_metrics.finished
+    url = f"/chat/c/{cid}/m/{mid}/attribution/1.json"
+    first = client.get(url).get_json()
+    assert wait_for(lambda: finished.get(("attribution", "done")) == 1)
+    assert client.get(url).get_json() == first and client.get(url.replace(".json", "")).status_code == 200
+    assert client.get(f"{url}?against=7").status_code == 200  # another request: another job
+    assert wait_for(lambda: finished.get(("attribution", "done")) == 2)
+    assert finished.get(("attribution", "done")) == 2
+
+
+def test_attribution_jobs_count_against_the_browsers_job_limit(tmp_path):
+    from tests.support.chat_models import tiny_chat_model
+    app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat", seconds_per_step=0.05)},
+                   max_jobs_per_owner=1)
+    try:
+        client = app.test_client()
+        cid, mid, _ = reply(client, "Hello", max_new_tokens="2")
+        send(client, "And?", conversation_id=cid, max_new_tokens="200")  # running: the browser's one job
+        answer = client.get(f"/chat/c/{cid}/m/{mid}/attribution/0.json")
+        assert answer.status_code == 429 and answer.get_json()["error"]
     finally:
         glassbox(app).core.shutdown()
