@@ -122,7 +122,7 @@ def strip_weights(attention: torch.Tensor, cells: int) -> list[list[list[float]]
 
 
 def kept_prefix(model: torch.nn.Module, ids: list[int],
-                 prefix: PrefixCache | None) -> tuple[int, KeysValues | None, bool]:
+                prefix: PrefixCache | None) -> tuple[int, KeysValues | None, bool]:
     """(start, past, copied): the context's first positions whose keys and values a kept reply's cache
     holds; at least the last position is run. When more than IN_PLACE_RUN positions are left to run, the
     job lets replies step between its blocks, and a reply may take that cache and overwrite it: they are
