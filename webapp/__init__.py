@@ -88,11 +88,12 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     chat = chat_boot.service(core, db, chat_models, settings.max_messages)
     inside = chat_boot.inside_service(core, chat_models, settings)
     ablation = chat_ablation.AblationService(core, chat)
+    attribution = chat_boot.attribution_service(core, inside, settings)
     loops = loops_boot.service(core, db)
     # The one application state (webapp/web/state.py), read through glassbox()
     app.extensions["glassbox"] = Glassbox(db=db, browsers=Browsers(db), lock=lock, core=core,
                                           new_sessions=NewSessions(settings.max_new_sessions_per_minute),
-                                          api_keys=api_keys, services=(chat, inside, loops, ablation),
+                                          api_keys=api_keys, services=(chat, inside, attribution, loops, ablation),
                                           stores=(chat.store, loops.store))
 
     # the API blueprints (/v1, /api/loops) put the API-key check in front of their own routes
@@ -117,7 +118,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
 def _start_core(settings: Settings, models: dict[str, Any] | None) -> tuple[InferenceCore, ChatModels]:
     """Load the models (unless given), give each its executor and warm-up (webapp/chat/boot.py,
     webapp/loops/boot.py), and start the core's worker. Each chat model of the registry has its own
-    kinds of job (its replies, its Inside jobs), so its replies step in a batch of their own."""
+    kinds of job (its replies, its Inside and attribution jobs), so its replies step in a batch of their own."""
     load_seconds = {}
     if models is None:
         models = {}
@@ -137,6 +138,8 @@ def _start_core(settings: Settings, models: dict[str, Any] | None) -> tuple[Infe
         executors[chat.inside_kind(name)] = chat_boot.inside_executor(loaded)
         # switching parts off: a mean ablation's means, one position's odds (webapp/chat/decode/ablation.py)
         executors[chat_ablation.ablate_kind(chat, name)] = chat_ablation.executor(loaded)
+        # "Who pushed this token": whole jobs on that model (webapp/chat/decode/attribution.py)
+        executors[chat.attribution_kind(name)] = chat_boot.attribution_executor(loaded)
         warmups[kind] = _warm_up(chat_boot)
     if "loops" in models:
         core_models["loops"] = models["loops"]

@@ -90,6 +90,7 @@ def test_loaded_models_keep_their_order_kinds_and_records(tmp_path):
     assert models.names() == ["a", "b"] and models.default == "a"
     assert (models.kind("a"), models.kind("b")) == ("chat", "chat:b")
     assert (models.inside_kind("a"), models.inside_kind("b")) == ("inside", "inside:b")
+    assert (models.attribution_kind("a"), models.attribution_kind("b")) == ("attribution", "attribution:b")
     b = models.record("b")
     assert b.precision == "bfloat16" and b.file_id.startswith("model.safetensors@")
     assert b.file_id != models.record("a").file_id  # other weights, another id

@@ -6,7 +6,9 @@ from __future__ import annotations
 import ctypes
 import logging
 
+from webapp.chat.attribution import AttributionService
 from webapp.chat.decode.alone import ChatAlone
+from webapp.chat.decode.attribution import AttributionJobs
 from webapp.chat.decode.batched import ChatBatch
 from webapp.chat.decode.generate import generate
 from webapp.chat.decode.inside import InsideJobs
@@ -104,7 +106,7 @@ def executor(loaded, settings):
 
 def prefix_cache(loaded) -> PrefixCache:
     """The loaded model's PrefixCache (finished replies' KV caches), built here once and passed to the
-    batched executor, the warm-up's pinned head and Inside, which share it."""
+    batched executor, the warm-up's pinned head, Inside and attribution, which share it."""
     if loaded.prefix_cache is None:
         loaded.prefix_cache = PrefixCache()
     return loaded.prefix_cache
@@ -135,3 +137,13 @@ def inside_executor(loaded) -> InsideJobs:
 
 def inside_service(core: InferenceCore, models: ChatModels, settings) -> InsideService:
     return InsideService(core, models, keep=settings.inside_cache_entries)
+
+
+def attribution_executor(loaded) -> AttributionJobs:
+    """The core's executor for "Who pushed this token" jobs: whole jobs on the local chat model, reading
+    the replies' kept caches as Inside does."""
+    return AttributionJobs(loaded, prefix_cache(loaded) if loaded.supports_kv_cache else None)
+
+
+def attribution_service(core: InferenceCore, inside: InsideService, settings) -> AttributionService:
+    return AttributionService(core, inside, keep=settings.inside_cache_entries)

@@ -131,7 +131,7 @@ class ModelRecord:
 
 class ChatModels:
     """The loaded chat models by registry name, in the registry's order; the first is the default. Each
-    runs as its own kinds of job on the core (`kind`, `inside_kind`): its replies step in a batch of
+    runs as its own kinds of job on the core (`kind`, `inside_kind`, `attribution_kind`): its replies step in a batch of
     their own, the worker stepping every model that has rows."""
 
     def __init__(self, loaded: dict[str, LoadedChatModel], settings: dict[str, Settings] | None = None) -> None:
@@ -170,6 +170,9 @@ class ChatModels:
 
     def inside_kind(self, name: str) -> str:
         return "inside" if name == self.default else f"inside:{name}"
+
+    def attribution_kind(self, name: str) -> str:
+        return "attribution" if name == self.default else f"attribution:{name}"
 
     def card(self, name: str | None = None) -> ModelCard:
         name = self.default if name is None else name

@@ -30,7 +30,8 @@ def test_running_replies_stay_bit_for_bit_the_same_with_inside_jobs_between_thei
     prefix = PrefixCache(2**30)
     core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 8, prefix), "inside": InsideJobs(loaded, prefix)})
     try:
-        replies = [core.submit(Job("chat", f"user{i}", r)) for i, r in enumerate(reqs)]
+        # read only at the end: not abandoned as orphans meanwhile, however slow the machine
+        replies = [core.submit(Job("chat", f"user{i}", r, orphan_seconds=600)) for i, r in enumerate(reqs)]
         assert wait_for(lambda: all(len(getattr(j.result, "token_ids", [])) >= 2 for j in replies), timeout=30)
         insides, during = [], []
         for n in range(3):

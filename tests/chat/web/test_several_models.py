@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from tests.chat.model.test_attribution import reference
 from tests.chat.web.test_conversations import conversation_id_of, send
 from tests.conftest import csrf_of, make_app, sse_events, wait_for
 from tests.support.chat_models import tiny_checkpoint
@@ -94,6 +95,13 @@ def test_a_conversation_keeps_its_model_and_a_restart_without_it_answers_409_nam
         assert 'class="model-name">second</span>' in page and "Model: <strong>second</strong>" in page
         inside = client.get(f"/chat/c/{cid}/m/{reply['id']}/inside/0.json")
         assert inside.status_code == 200, inside.get_data(as_text=True)
+        # who pushed its token: the second model's numbers, worked out on its own kind of job
+        split = client.get(f"/chat/c/{cid}/m/{reply['id']}/attribution/0.json").get_json()
+        second = glassbox(app).core.models["chat:second"].model
+        want = reference(second.state_dict(), inside.json["context_ids"], split["token"]["id"], config=second.config)
+        assert split["logit"] == pytest.approx(want["logit"], rel=1e-4, abs=1e-4)
+        finished = glassbox(app).core.job_metrics.finished  # counted just after the job's end is announced
+        assert wait_for(lambda: finished.get(("attribution:second", "done")) == 1)
         # the next turn of that conversation is the second model's too
         followed = send(client, "And again", conversation_id=cid, max_new_tokens="4", temperature="0")
         finish(client, followed.get_data(as_text=True))
@@ -126,6 +134,8 @@ def test_after_a_restart_without_the_model_its_replies_answer_409_and_never_anot
         assert (inside.status_code, inside.json) == (409, {"error": said})
         page = client.get(f"/chat/c/{cid}/m/{reply['id']}/inside/0")
         assert page.status_code == 409 and said in page.get_data(as_text=True)
+        split = client.get(f"/chat/c/{cid}/m/{reply['id']}/attribution/0.json")
+        assert (split.status_code, split.json) == (409, {"error": said})
         tokens = client.get(f"/chat/c/{cid}/m/{reply['id']}/tokens")
         assert tokens.status_code == 409 and said in tokens.get_data(as_text=True)
         branched = client.post(f"/chat/c/{cid}/m/{reply['id']}/branch",

@@ -97,7 +97,7 @@ def inside_report(loaded: LoadedChatModel, request: InsideRequest, between: Call
     model = loaded.model
     ids = list(request.context_ids)
     device = next(model.parameters()).device
-    start, past, copied = _kept_prefix(model, ids, prefix)
+    start, past, copied = kept_prefix(model, ids, prefix)
     with torch.inference_mode():
         run = torch.tensor([ids[start:]], dtype=torch.long, device=device)  # (1, T)
         # reading a kept cache in place, nothing may step in between (a reply could take that cache)
@@ -121,8 +121,8 @@ def strip_weights(attention: torch.Tensor, cells: int) -> list[list[list[float]]
     return torch.diff(summed, dim=-1, prepend=torch.zeros_like(summed[..., :1])).tolist()
 
 
-def _kept_prefix(model: torch.nn.Module, ids: list[int],
-                 prefix: PrefixCache | None) -> tuple[int, KeysValues | None, bool]:
+def kept_prefix(model: torch.nn.Module, ids: list[int],
+                prefix: PrefixCache | None) -> tuple[int, KeysValues | None, bool]:
     """(start, past, copied): the context's first positions whose keys and values a kept reply's cache
     holds; at least the last position is run. When more than IN_PLACE_RUN positions are left to run, the
     job lets replies step between its blocks, and a reply may take that cache and overwrite it: they are

@@ -13,10 +13,12 @@ model changes:
     logits = lm_head(ln_f(x_n))
 
 Only the last position p is kept: x_0..x_n at p (the logit lens reads them through ln_f and lm_head, as
-nostalgebraist's "logit lens" does), and A's row p for every layer and head. Every other row's attention
-runs through the same SDPA call as the model's forward; row p is worked out explicitly (its softmax is
-the one shown, and the one its output is made from). An edit (webapp/chat/model/edits.py) replaces heads'
-and MLPs' outputs through the same edit_heads and edit_mlp as the model's own forwards.
+nostalgebraist's "logit lens" does), A's row p for every layer and head, and what each head and MLP
+wrote there (y at p, the MLP's output at p: direct logit attribution splits the logit by them). Every
+other row's attention runs through the same SDPA call as the model's forward; row p is worked out
+explicitly (its softmax is the one shown, and the one its output is made from). An edit
+(webapp/chat/model/edits.py) replaces heads' and MLPs' outputs through the same edit_heads and edit_mlp
+as the model's own forwards.
 
 Shapes: T tokens run, S = start + T positions attended (keys), C n_embd, nh heads, hs = C // nh, V vocab.
 """
@@ -43,6 +45,8 @@ BLOCK_MODULES = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp")
 class Inside:
     residuals: torch.Tensor  # (n_layer + 1, C): x_0 (embeddings) .. x_n (after the last block), at position p
     attention: torch.Tensor  # (n_layer, nh, S) float32: position p's attention weights over positions 0..p
+    heads: torch.Tensor  # (n_layer, nh, hs): each head's output at p (after the edit, before c_proj)
+    mlps: torch.Tensor  # (n_layer, C): each MLP's output at p (after the edit, c_proj's bias included)
 
 
 def layout_problem(model: Any) -> str | None:
@@ -90,7 +94,7 @@ def look_inside(model: Any, ids: torch.Tensor, start: int = 0, past: KeysValues 
     transformer = model.transformer
     positions = torch.arange(start, start + T, dtype=torch.long, device=ids.device)  # (T,)
     x = transformer.wte(ids) + transformer.wpe(positions)  # (1, T, C)
-    residuals, attention = [x[0, -1]], []
+    residuals, attention, heads, mlps = [x[0, -1]], [], [], []
     blocks = list(transformer.h)
     for layer, block in enumerate(blocks):
         q, k, v = block.attn.c_attn(block.ln_1(x)).split(C, dim=2)
@@ -116,13 +120,16 @@ def look_inside(model: Any, ids: torch.Tensor, start: int = 0, past: KeysValues 
             x = x[:, -1:]
         first = start + T - x.size(1)  # the position of x's (and y's) first row
         y = edit_heads(y, layer, edit, first)  # (1, nh, x's T, hs)
+        heads.append(y[0, :, -1])
         y = y.transpose(1, 2).contiguous().view(1, y.size(2), C)  # heads side by side
         x = x + block.attn.c_proj(y)
-        x = x + edit_mlp(block.mlp(block.ln_2(x)), layer, edit, first)
+        out = edit_mlp(block.mlp(block.ln_2(x)), layer, edit, first)
+        mlps.append(out[0, -1])
+        x = x + out
         residuals.append(x[0, -1])
         if between is not None:
             between()
-    return Inside(torch.stack(residuals), torch.stack(attention))
+    return Inside(torch.stack(residuals), torch.stack(attention), torch.stack(heads), torch.stack(mlps))
 
 
 @torch.inference_mode()

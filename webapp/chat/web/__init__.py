@@ -1,9 +1,11 @@
 """Chat on the web: the blueprint (blueprint.py) and its routes — conversations.py (pages, sending,
 streams), glass.py (tokens, odds, branches, prompt), inside_pages.py (inside a token: logit lens, attention),
-share.py (read-only links), ablate_views.py (switching parts off)."""
+share.py (read-only links), ablate_views.py (switching parts off), attribution_pages.py (who pushed a token:
+direct logit attribution)."""
 
 from webapp.chat.web import (  # noqa: F401  (each registers its routes on bp)
     ablate_views,
+    attribution_pages,
     conversations,
     glass,
     inside_pages,

@@ -5,7 +5,7 @@ reply, as a page (no JavaScript needed: the request waits for its job, holding a
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from contextlib import closing
 from typing import cast
 
@@ -20,7 +20,7 @@ from webapp.chat.web import inside_view
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service, settings
 from webapp.chat.web.token_views import token_text, whitespace_name
 from webapp.core import Refused
-from webapp.core.jobs import CANCELLED, DONE
+from webapp.core.jobs import CANCELLED, DONE, Job
 from webapp.web import refusal_headers, refusal_status
 from webapp.web.security import owner_id
 from webapp.web.state import glassbox
@@ -120,13 +120,7 @@ def resolve(message: dict, index: int) -> InsideReport:
     Raises InsideError: 404 (no such token), 409 (cannot run here, or the reply is not finished),
     429/503 (refused: limits, a full queue, no stream slot free), 500 (the job failed)."""
     inside = inside_service()
-    try:
-        model = inside.writer(message)  # the model that wrote the reply, or 409 naming it
-    except ChatError as error:
-        raise InsideError(str(error), error.status) from None
-    problem = inside.unavailable(model)
-    if problem is not None:
-        raise InsideError(problem, 409)
+    model = runnable_writer(message)
     try:
         inside_request = inside.request_for(message, service().details(message["id"]), index)
     except ChatError as error:
@@ -134,11 +128,33 @@ def resolve(message: dict, index: int) -> InsideReport:
     report = inside.report(model, inside_request)
     if report is not None:
         return report
+    job = wait_for_job(lambda: inside.start(owner_id(), model, inside_request), "look inside this token")
+    return cast(InsideReport, job.result.report)
+
+
+def runnable_writer(message: dict) -> str:
+    """The model that wrote a reply, when it can be looked into here. Raises InsideError (409: another
+    model or file, a remote backend, not nanoGPT's layout)."""
+    inside = inside_service()
+    try:
+        model = inside.writer(message)
+    except ChatError as error:
+        raise InsideError(str(error), error.status) from None
+    problem = inside.unavailable(model)
+    if problem is not None:
+        raise InsideError(problem, 409)
+    return model
+
+
+def wait_for_job(start: Callable[[], Job], what: str) -> Job:
+    """Start a job (or join the one running) and wait for it in this request, holding a stream slot ->
+    the job, done, with a report. Raises InsideError: 429/503 (refused, or still running after
+    GLASSBOX_INSIDE_WAIT_SECONDS), 500 (the job failed; `what` it could not do)."""
     try:
         # before the job: a refusal leaves nothing queued. A wait of many seconds that nobody watches token
         # by token: the bulk share, so a flood of cold reports leaves the other slots to live replies
         with held_slot(bulk=True) as slot:
-            job = inside.start(owner_id(), model, inside_request)
+            job = start()
     except Refused as error:
         raise InsideError(str(error), refusal_status(error), refusal_headers(error)) from None
     assert slot is not None
@@ -147,8 +163,8 @@ def resolve(message: dict, index: int) -> InsideReport:
         for _ in events:
             if time.monotonic() > deadline:  # leaving cancels the job unless another page waits for it
                 raise InsideError(STILL_WORKING, 503)
-    if job.state == DONE and job.result.report is not None:
-        return job.result.report
+    if job.state == DONE and getattr(job.result, "report", None) is not None:
+        return job
     if job.state == CANCELLED:
         raise InsideError("Stopped before it was worked out (the server is shutting down?); try again.", 503)
-    raise InsideError(f"Could not look inside this token: {job.error or 'the job failed'}.", 500)
+    raise InsideError(f"Could not {what}: {job.error or 'the job failed'}.", 500)

@@ -1,0 +1,76 @@
+"""Who pushed this token, on the shared core: the Inside service's checks and context (the same ids the
+model had, the same 404s and 409s), a job per request on the writer's attribution kind (or the one already
+queued or running), and finished reports kept, a bounded number, least recently used forgotten first,
+under their request (context, token, against), never under a message id."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any
+
+from webapp.chat.decode.attribution import AttributionReport, AttributionRequest, AttributionResult
+from webapp.chat.inside import InsideService
+from webapp.chat.service import ChatError
+from webapp.chat.store import ReplyDetails
+from webapp.core import InferenceCore
+from webapp.core.jobs import DONE, FINISHED, Job
+
+
+class AttributionService:
+    """What the attribution views call; knows the core and the Inside service, never the device."""
+
+    def __init__(self, core: InferenceCore, inside: InsideService, keep: int = 32) -> None:
+        self.core, self.inside, self.models = core, inside, inside.models
+        self.keep = keep  # reports kept (GLASSBOX_INSIDE_CACHE_ENTRIES, as Inside's)
+        self._reports: collections.OrderedDict[tuple[str, AttributionRequest], AttributionReport] = \
+            collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def request_for(self, model: str, message: dict, details: ReplyDetails, index: int,
+                    against: int | None) -> AttributionRequest:
+        """Token `index` of a reply, against another token. Raises ChatError: 404 (no such token),
+        409 (not finished), 400 (`against` not a token of the model's vocabulary)."""
+        inside = self.inside.request_for(message, details, index)
+        vocabulary = self.vocabulary(model)
+        if against is not None and not 0 <= against < vocabulary:
+            raise ChatError(f"against must be a token id from 0 to {vocabulary - 1}; got {against}.", 400)
+        return AttributionRequest(inside.context_ids, inside.token, inside.index, against)
+
+    def vocabulary(self, model: str) -> int:
+        """How many token ids there are: the tokenizer's (ordinary and special), within the output layer's
+        rows (a vocabulary padded to a multiple of 64 has rows that are no token)."""
+        loaded = self.models.get(model)
+        gpt: Any = loaded.model  # nanoGPT's layout (checked before any request: InsideService.unavailable)
+        return min(int(loaded.tokenizer.n_vocab), int(gpt.lm_head.weight.size(0)))
+
+    def report(self, model: str, request: AttributionRequest) -> AttributionReport | None:
+        with self._lock:
+            found = self._reports.get((model, request))
+            if found is not None:
+                self._reports.move_to_end((model, request))
+            return found
+
+    def start(self, owner: str, model: str,
+              request: AttributionRequest) -> Job[AttributionRequest, AttributionResult]:
+        """The job working this request out on that model: the one already queued or running, else a new
+        one. Raises Refused (queue full, too many jobs for this browser or address)."""
+        kind = self.models.attribution_kind(model)
+        running = self.core.find(kind, request)
+        if running is not None and running.state not in FINISHED:
+            return running
+
+        def keep(job: Job[AttributionRequest, AttributionResult], outcome: str, error: str | None) -> None:
+            if outcome == DONE and isinstance(job.result, AttributionResult) and job.result.report is not None:
+                self._remember((model, request), job.result.report)
+
+        job: Job[AttributionRequest, AttributionResult] = Job(kind, owner, request, on_finish=keep, ref=request,
+                                                              result=AttributionResult())
+        return self.core.submit(job)
+
+    def _remember(self, key: tuple[str, AttributionRequest], report: AttributionReport) -> None:
+        with self._lock:
+            self._reports[key] = report
+            self._reports.move_to_end(key)
+            while len(self._reports) > self.keep:
+                self._reports.popitem(last=False)
