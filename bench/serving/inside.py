@@ -39,6 +39,9 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=3, help="with --flood: alone then flooded, this many times")
     p.add_argument("--tokens", type=int, default=150, help="with --flood: the good user's reply length")
     p.add_argument("--gzip", action="store_true", help="with --flood: the flood takes gzip")
+    p.add_argument("--addresses", type=int, default=1, help="with --flood: the flood's threads spread over these")
+    p.add_argument("--pace", type=float, default=0.0, help="with --flood: requests a second per thread (0: flat out)")
+    p.add_argument("--nginx", action="store_true", help="with --flood: the flood through nginx (deploy/nginx.conf)")
     return p.parse_args(argv)
 
 

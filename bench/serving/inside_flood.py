@@ -4,12 +4,14 @@ to gunicorn (gunicorn.conf.py, the bundled models).
 
     .venv/bin/python -m bench.serving.inside --flood 12                    # this checkout only
     .venv/bin/python -m bench.serving.inside --flood 12 --baseline main    # and a revision, before/after
+    .venv/bin/python -m bench.serving.inside --flood 4 --addresses 4 --pace 9 --nginx --baseline main
 
 Servers, one after another on the same machine: the --baseline revision (a temporary git worktree) if
 given; this checkout with GLASSBOX_HEAVY_READ_BYTES_PER_SECOND=0 (the JSON kept as bytes, no budget); this
 checkout as configured by default (kept as bytes, and the per-address budget). On each: the good user
-(127.0.0.1) asks for replies alone, then with the flood (127.0.0.2) running; its decode rate is (tokens - 1)
-over the time from its first token to its last, summed over its replies. The flood asks without
+(127.0.0.1, straight to gunicorn) asks for replies alone, then with the flood running (from 127.0.0.2 on, one
+address per thread up to --addresses; through nginx with --nginx, which reports each address); its decode
+rate is (tokens - 1) over the time from its first token to its last, summed over its replies. The flood asks without
 Accept-Encoding (plain bytes: the dearest to send) unless --gzip.
 """
 
@@ -24,9 +26,8 @@ import time
 from pathlib import Path
 
 from bench import common
-from tests.support.servers import Client, Gunicorn, stream_url
+from tests.support.servers import Client, Gunicorn, Nginx, stream_url
 
-FLOOD_ADDRESS = "127.0.0.2"
 QUESTION = "Tell me about Glassbox, then what is the capital of France and the symbol of gold?"
 
 
@@ -75,13 +76,19 @@ def cached_inside(server: Gunicorn) -> str:
     return path
 
 
-def flood(server: Gunicorn, path: str, threads: int, stop: threading.Event, gzip: bool, counts: dict) -> list:
-    def one() -> None:
+def flood(port: int, path: str, threads: int, stop: threading.Event, gzip: bool, counts: dict,
+          addresses: list[str], pace: float = 0.0) -> list:
+    """`threads` threads, spread over `addresses`, each asking for `path` as fast as it can, or `pace` times a
+    second (0: as fast)."""
+    def one(address: str) -> None:
         conn = None
+        next_at = time.monotonic()
         while not stop.is_set():
+            if pace:
+                next_at += 1 / pace
+                stop.wait(max(0.0, next_at - time.monotonic()))
             try:
-                conn = conn or http.client.HTTPConnection("127.0.0.1", server.port, timeout=30,
-                                                          source_address=(FLOOD_ADDRESS, 0))
+                conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=30, source_address=(address, 0))
                 conn.request("GET", path, headers={"Accept-Encoding": "gzip"} if gzip else {})
                 response = conn.getresponse()
                 body = response.read()
@@ -102,19 +109,22 @@ def flood(server: Gunicorn, path: str, threads: int, stop: threading.Event, gzip
             conn.close()
 
     lock = threading.Lock()
-    workers = [threading.Thread(target=one, daemon=True) for _ in range(threads)]
+    workers = [threading.Thread(target=one, args=(addresses[n % len(addresses)],), daemon=True)
+               for n in range(threads)]
     for worker in workers:
         worker.start()
     return workers
 
 
-def phases(server: Gunicorn, path: str, args) -> tuple[dict, dict, dict, float]:
+def phases(server: Gunicorn, path: str, args, via: tuple[int, str]) -> tuple[dict, dict, dict, float]:
     """The good user alone and flooded, alternating for --rounds -> (alone, flooded, flood counts, flooded s)."""
     alone, flooded, counts, elapsed = [], [], {}, 0.0
     for _ in range(args.rounds):
         alone.append(good_replies(server, args.replies, args.tokens))
         stop = threading.Event()
-        workers = flood(server, path, args.flood, stop, args.gzip, counts)
+        port, prefix = via
+        addresses = [f"127.0.0.{2 + n}" for n in range(args.addresses)]
+        workers = flood(port, prefix + path, args.flood, stop, args.gzip, counts, addresses, args.pace)
         time.sleep(1.0)  # the flood is up
         started = time.monotonic()
         flooded.append(good_replies(server, args.replies, args.tokens))
@@ -129,13 +139,13 @@ def joined(runs: list[dict]) -> dict:
     return {"rate": common.median([r["rate"] for r in runs]), "ttft": common.median([r["ttft"] for r in runs])}
 
 
-def measure(name: str, server: Gunicorn, args, healthz: bool = False) -> list[list]:
+def measure(name: str, server: Gunicorn, args, via: tuple[int, str], healthz: bool = False) -> list[list]:
     path = cached_inside(server)
     size = len(Client(server.url).get(path).text.encode())
     good_replies(server, 1, args.tokens)  # warm
     rows = []
     for what, target in [("cached Inside JSON", path)] + ([("/healthz (the floor)", "/healthz")] if healthz else []):
-        alone, loaded, counts, elapsed = phases(server, target, args)
+        alone, loaded, counts, elapsed = phases(server, target, args, via)
         print(name, what, alone, loaded, counts, flush=True)
         served = counts.get(200, 0) + counts.get(304, 0)
         rows.append([name, what, size / 1024 if target == path else "", alone["rate"], loaded["rate"],
@@ -161,22 +171,28 @@ def main(args) -> None:
             for n, (name, env, root) in enumerate(servers):
                 server = Gunicorn(tmp_path / f"server{n}", {"GLASSBOX_LOG_LEVEL": "warning", **env}, root=root)
                 server.start(ready_timeout=600)
+                proxy = Nginx(tmp_path / f"nginx{n}", server.port).start() if args.nginx else None
                 try:
-                    rows += measure(name, server, args, healthz=n == len(servers) - 1)
+                    via = (proxy.port, "/glassbox") if proxy else (server.port, "")
+                    rows += measure(name, server, args, via, healthz=n == len(servers) - 1)
                 finally:
+                    if proxy:
+                        proxy.stop()
                     server.stop()
         finally:
             if args.baseline:
                 subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=common.ROOT,
                                capture_output=True)
+    pace = f"each {args.pace:g} requests a second" if args.pace else "as fast as they can"
+    way = "through nginx (deploy/nginx.conf)" if args.nginx else "gunicorn straight"
     body = (common.table(["server", "flood of", "JSON KiB", "good user alone tok/s",
                           f"with {args.flood} flooding tok/s", "ratio", "first token alone ms",
                           "first token flooded ms", "flood answers/s (200/304)", "flood refused/s (429)",
                           "flood MiB/s"], rows)
-            + f"\n\n- bundled chat model, gunicorn straight (gunicorn.conf.py); the good user: {args.rounds} rounds "
-              f"of {args.replies} replies of up to {args.tokens} tokens alone, then as many flooded (medians of the "
-              f"rounds), from 127.0.0.1; the flood: {args.flood} threads on "
-              f"{FLOOD_ADDRESS}, kept-alive connections, one cached report's JSON through its share link, "
-              f"{'gzip' if args.gzip else 'no Accept-Encoding'}")
-    common.report(f"Cached Inside JSON flood, {args.flood} threads", body, load_before=load_before,
-                  write_doc=not args.no_doc)
+            + f"\n\n- bundled chat model, the flood {way} (gunicorn.conf.py); the good user (straight to gunicorn): "
+              f"{args.rounds} rounds of {args.replies} replies of up to {args.tokens} tokens alone, then as many "
+              f"flooded (medians of the rounds), from 127.0.0.1; the flood: {args.flood} threads on "
+              f"{args.addresses} addresses from 127.0.0.2, {pace}, kept-alive connections, one cached report's "
+              f"JSON through its share link, {'gzip' if args.gzip else 'no Accept-Encoding'}")
+    title = f"Cached Inside JSON flood, {args.flood} threads{' through nginx' if args.nginx else ''}"
+    common.report(title, body, load_before=load_before, write_doc=not args.no_doc)
