@@ -18,6 +18,7 @@ Accept-Encoding (plain bytes: the dearest to send) unless --gzip.
 from __future__ import annotations
 
 import http.client
+import os
 import re
 import subprocess
 import tempfile
@@ -135,6 +136,33 @@ def phases(server: Gunicorn, path: str, args, via: tuple[int, str]) -> tuple[dic
     return joined(alone), joined(flooded), counts, elapsed
 
 
+def cpu_seconds(server: Gunicorn) -> float:
+    """User + system CPU time of gunicorn's processes (the master and its worker) so far."""
+    assert server.proc is not None
+    pids = [server.proc.pid] + [int(p) for task in Path(f"/proc/{server.proc.pid}/task").iterdir()
+                                for p in (task / "children").read_text().split()]
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def cost_per_answer(server: Gunicorn, path: str, args, via: tuple[int, str], seconds: float = 5.0) -> float:
+    """The server's CPU milliseconds per flood request, the flood alone for `seconds` (the box's other load
+    changes the good user's rate, not this)."""
+    stop, counts = threading.Event(), {}
+    addresses = [f"127.0.0.{2 + n}" for n in range(args.addresses)]
+    before = cpu_seconds(server)
+    workers = flood(via[0], via[1] + path, args.flood, stop, args.gzip, counts, addresses, args.pace)
+    time.sleep(seconds)
+    stop.set()
+    for worker in workers:
+        worker.join(30)
+    answered = sum(n for status, n in counts.items() if isinstance(status, int))
+    return (cpu_seconds(server) - before) * 1000 / max(1, answered)
+
+
 def joined(runs: list[dict]) -> dict:
     return {"rate": common.median([r["rate"] for r in runs]), "ttft": common.median([r["ttft"] for r in runs])}
 
@@ -146,11 +174,12 @@ def measure(name: str, server: Gunicorn, args, via: tuple[int, str], healthz: bo
     rows = []
     for what, target in [("cached Inside JSON", path)] + ([("/healthz (the floor)", "/healthz")] if healthz else []):
         alone, loaded, counts, elapsed = phases(server, target, args, via)
-        print(name, what, alone, loaded, counts, flush=True)
+        cost = cost_per_answer(server, target, args, via)
+        print(name, what, alone, loaded, counts, cost, flush=True)
         served = counts.get(200, 0) + counts.get(304, 0)
         rows.append([name, what, size / 1024 if target == path else "", alone["rate"], loaded["rate"],
                      loaded["rate"] / alone["rate"], alone["ttft"] * 1000, loaded["ttft"] * 1000, served / elapsed,
-                     counts.get(429, 0) / elapsed, counts.get("bytes", 0) / elapsed / 2**20])
+                     counts.get(429, 0) / elapsed, counts.get("bytes", 0) / elapsed / 2**20, cost])
     return rows
 
 
@@ -188,11 +217,13 @@ def main(args) -> None:
     body = (common.table(["server", "flood of", "JSON KiB", "good user alone tok/s",
                           f"with {args.flood} flooding tok/s", "ratio", "first token alone ms",
                           "first token flooded ms", "flood answers/s (200/304)", "flood refused/s (429)",
-                          "flood MiB/s"], rows)
+                          "flood MiB/s", "server CPU ms per flood request"], rows)
             + f"\n\n- bundled chat model, the flood {way} (gunicorn.conf.py); the good user (straight to gunicorn): "
               f"{args.rounds} rounds of {args.replies} replies of up to {args.tokens} tokens alone, then as many "
               f"flooded (medians of the rounds), from 127.0.0.1; the flood: {args.flood} threads on "
               f"{args.addresses} addresses from 127.0.0.2, {pace}, kept-alive connections, one cached report's "
-              f"JSON through its share link, {'gzip' if args.gzip else 'no Accept-Encoding'}")
+              f"JSON through its share link, {'gzip' if args.gzip else 'no Accept-Encoding'}; server CPU per flood "
+              f"request: gunicorn's processes' CPU time over 5 s of the flood alone, over the requests answered "
+              f"(any status)")
     title = f"Cached Inside JSON flood, {args.flood} threads{' through nginx' if args.nginx else ''}"
     common.report(title, body, load_before=load_before, write_doc=not args.no_doc)
