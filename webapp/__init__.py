@@ -33,7 +33,7 @@ from webapp.loops.web import bp as loops_bp
 from webapp.v1 import bp as v1_bp
 from webapp.web import bodies, pages, prefs, retention, storage_errors, wording
 from webapp.web.api_keys import load as load_api_keys
-from webapp.web.counts import NewSessions
+from webapp.web.counts import HeavyReads, NewSessions
 from webapp.web.ops import bp as ops_bp
 from webapp.web.security import GlassboxSessions, TrustedProxies, check_csrf, csrf_token
 from webapp.web.state import Glassbox, glassbox
@@ -93,7 +93,9 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     # The one application state (webapp/web/state.py), read through glassbox()
     app.extensions["glassbox"] = Glassbox(db=db, browsers=Browsers(db), lock=lock, core=core,
                                           new_sessions=NewSessions(settings.max_new_sessions_per_minute),
-                                          api_keys=api_keys, services=(chat, inside, attribution, loops, ablation),
+                                          api_keys=api_keys,
+                                          heavy_reads=HeavyReads(settings.heavy_read_bytes_per_second),
+                                          services=(chat, inside, attribution, loops, ablation),
                                           stores=(chat.store, loops.store))
 
     # the API blueprints (/v1, /api/loops) put the API-key check in front of their own routes

@@ -64,6 +64,7 @@ LIMITS: dict[str, Limit] = {
     "max_jobs_per_client": Limit(1, 100_000, zero="no limit"),
     "bulk_share": Limit(0.05, 1),
     "max_new_sessions_per_minute": Limit(1, 100_000, zero="no limit"),
+    "heavy_read_bytes_per_second": Limit(65_536, 2**40, zero="no limit"),
     "max_conversations": Limit(1, 10_000_000, zero="no limit"),
     "max_traces": Limit(1, 10_000_000, zero="no limit"),
     "max_stored_bytes": Limit(1024, 2**50, zero="no limit"),
@@ -124,6 +125,8 @@ class Settings:
     max_new_sessions_per_minute: int = 30  # new session cookies handed to one address
     # the most of the worker's time whole jobs (Inside, Loop-lab runs) take while replies are running
     bulk_share: float = 0.5
+    # Inside reports as JSON and trace files sent to one address (webapp/web/heavy.py); 0: no limit
+    heavy_read_bytes_per_second: int = 4 * 2**20
     # Storage, per browser (webapp/web/quotas.py); 0: unlimited
     max_conversations: int = 200
     max_traces: int = 100                  # saved Loop-lab traces; the oldest go to make room

@@ -3,6 +3,7 @@
 
     .venv/bin/python -m bench.serving.inside                  # 254M, float32, 1,000-token context
     .venv/bin/python -m bench.serving.inside --size gpt2 --context 300 --reps 1 --no-doc
+    .venv/bin/python -m bench.serving.inside --flood 12 --baseline main   # a cached Inside JSON flood (inside_flood.py)
 
 Three cases, each a GET of the page (shared link, so no cookie is needed):
 - cold: no KV cache kept for the conversation: the whole context runs through the model, block by block;
@@ -32,6 +33,15 @@ def parse_args(argv=None):
     p.add_argument("--context", type=int, default=1000, help="positions 0..p of the token looked into")
     p.add_argument("--reps", type=int, default=3, help="reps of the kept-cache and kept-report cases")
     p.add_argument("--no-doc", action="store_true")
+    p.add_argument("--flood", type=int, default=0, help="N threads flooding a cached Inside JSON (inside_flood.py)")
+    p.add_argument("--baseline", default="", help="with --flood: a git revision measured too, before")
+    p.add_argument("--replies", type=int, default=4, help="with --flood: the good user's replies per phase")
+    p.add_argument("--rounds", type=int, default=3, help="with --flood: alone then flooded, this many times")
+    p.add_argument("--tokens", type=int, default=150, help="with --flood: the good user's reply length")
+    p.add_argument("--gzip", action="store_true", help="with --flood: the flood takes gzip")
+    p.add_argument("--addresses", type=int, default=1, help="with --flood: the flood's threads spread over these")
+    p.add_argument("--pace", type=float, default=0.0, help="with --flood: requests a second per thread (0: flat out)")
+    p.add_argument("--nginx", action="store_true", help="with --flood: the flood through nginx (deploy/nginx.conf)")
     return p.parse_args(argv)
 
 
@@ -64,6 +74,9 @@ def timed_get(client, url: str) -> float:
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.flood:
+        from bench.serving import inside_flood
+        return inside_flood.main(args)
     from webapp import create_app
     from webapp.chat.inside import InsideService
     from webapp.chat.model.gpt import Chunk

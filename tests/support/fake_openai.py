@@ -12,6 +12,11 @@ Glassbox front meets (webapp/chat/decode/remote/): `style` is
   the model's generation_config.json as its defaults (top_k 50 from Glassbox's export) and
   repetition_penalty 1.0; it validates the sampling fields as vLLM does.
 
+The reply's token count: "openai" and "vllm" send `usage` in a last chunk with no choices when the request
+asks (`stream_options.include_usage`); llama-cpp-python's server never does. `usage_tokens` makes that count
+differ from the tokens streamed (a real server counts tokens the front cannot see: a stop string's, a
+template's); `timings` adds llama.cpp's server's `timings` (`predicted_n`) to the last chunk with a choice.
+
 The reply is `text`, cut into tokens: one per character (`split="chars"`, a GPT-2-like vocabulary) or
 one per byte (`split="bytes"`, the bundled byte-level model). Each token has probability 0.5, and "x" (0.3)
 is the first alternative (llama.cpp: ten alternatives without the token, then the token). The fake
@@ -41,11 +46,12 @@ class Fake(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, text="Hi there", die_after=None, delay=0.0, status=200, *, style="openai", split="chars",
-                 finish="stop", interrupt=False, top_k_wanted=None):
+                 finish="stop", interrupt=False, top_k_wanted=None, usage_tokens=None, timings=None):
         super().__init__(("127.0.0.1", 0), Handler)
         self.text, self.die_after, self.delay, self.status = text, die_after, delay, status
         self.style, self.split, self.finish, self.interrupt = style, split, finish, interrupt
         self.top_k_wanted = top_k_wanted  # the top_k a plain reply needs (None: the request's own is fine)
+        self.usage_tokens, self.timings = usage_tokens, timings  # the count reported (None: the tokens sent)
         self.bodies, self.hangups, self.models_checked = [], 0, 0
         self.streaming = 0  # requests being answered now
         self.arrivals = 0
@@ -165,5 +171,12 @@ class Handler(BaseHTTPRequestHandler):
                                   "finish_reason": None}]}
             self._send(chunk)
             time.sleep(server.delay)
-        self._send({"choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": server.finish}]})
+        count = len(tokens) if server.usage_tokens is None else server.usage_tokens
+        last = {"choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": server.finish}]}
+        if server.timings:  # llama.cpp's server: its own figures with the last chunk
+            last["timings"] = {"predicted_n": server.timings, "predicted_ms": 12.5}
+        self._send(last)
+        if server.style != "llamacpp" and (body.get("stream_options") or {}).get("include_usage"):
+            self._send({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": count,
+                                                  "total_tokens": 7 + count}})
         self._send("[DONE]")

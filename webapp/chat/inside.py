@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from webapp.chat.decode.inside import InsideReport, InsideRequest, InsideResult
 from webapp.chat.model.inside import layout_problem
@@ -17,6 +19,7 @@ from webapp.chat.store import ReplyDetails, Status
 from webapp.core import InferenceCore
 from webapp.core.jobs import DONE, FINISHED, Job
 
+Built = TypeVar("Built")
 REMOTE = ("Replies here come from a remote server (GLASSBOX_CHAT_BACKEND), not from a model running in "
           "Glassbox, so there is nothing inside to show.")
 
@@ -30,6 +33,7 @@ class InsideService:
         self.keep = keep  # reports kept (GLASSBOX_INSIDE_CACHE_ENTRIES)
         # under (the model that works it out, the request): two models' reports on one text are two reports
         self._reports: collections.OrderedDict[tuple[str, InsideRequest], InsideReport] = collections.OrderedDict()
+        self._made: dict[tuple[str, InsideRequest], dict[str, Any]] = {}  # what views made of a kept report
         self._lock = threading.Lock()
         self._layout: dict[int, str | None] = {}  # id(model) -> why it cannot be looked into
 
@@ -81,6 +85,20 @@ class InsideService:
                 self._reports.move_to_end((model, request))
             return found
 
+    def made_of(self, model: str, request: InsideRequest, what: str, make: Callable[[], Built]) -> Built:
+        """What a view makes of a kept report (its JSON as bytes: webapp/web/heavy.py), made once and kept with
+        the report, forgotten with it. A report not kept (GLASSBOX_INSIDE_CACHE_ENTRIES=0) makes it each time."""
+        key = (model, request)
+        with self._lock:
+            found = self._made.get(key, {}).get(what)
+        if found is not None:
+            return found
+        made = make()
+        with self._lock:
+            if key in self._reports:
+                self._made.setdefault(key, {})[what] = made
+        return made
+
     def start(self, owner: str, model: str, request: InsideRequest) -> Job[InsideRequest, InsideResult]:
         """The job working this request out on that model: the one already queued or running, else a new
         one. Raises Refused (queue full, too many jobs for this browser or address)."""
@@ -101,5 +119,6 @@ class InsideService:
         with self._lock:
             self._reports[key] = report
             self._reports.move_to_end(key)
+            self._made.pop(key, None)  # made of the report this one replaces
             while len(self._reports) > self.keep:
-                self._reports.popitem(last=False)
+                self._made.pop(self._reports.popitem(last=False)[0], None)

@@ -26,6 +26,12 @@ class TraceStore:
             row = db.execute("SELECT snapshot FROM traces WHERE id = ? AND owner = ?", (trace_id, owner)).fetchone()
         return json.loads(row["snapshot"]) if row else None
 
+    def owns(self, owner: str, trace_id: str) -> bool:
+        """Whether the owner keeps this trace, without reading it (its kept file is served: webapp/web/heavy.py)."""
+        with self.db.connect() as db:
+            row = db.execute("SELECT 1 FROM traces WHERE id = ? AND owner = ?", (trace_id, owner)).fetchone()
+        return row is not None
+
     def recent(self, owner: str, limit: int = 10) -> list[dict]:
         with self.db.connect() as db:
             rows = db.execute("SELECT id, snapshot, created_at FROM traces WHERE owner = ?"

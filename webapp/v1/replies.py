@@ -141,7 +141,11 @@ class Follow:
         return shapes.logprobs_of(self.ask.kind, tokens, self.ask.logprobs, tokenizer)
 
     def usage(self) -> dict:
-        return shapes.usage(len(self.ask.prompt_ids), self.generated)
+        # a remote backend's whole reply: its own count (a byte-level front splits its tokens into more pieces);
+        # cut by a stop sequence here, the tokens sent
+        said = getattr(self.job.result, "backend_tokens", None)
+        counted = said if said is not None and not self.scan.stopped and self.job.state == DONE else self.generated
+        return shapes.usage(len(self.ask.prompt_ids), counted)
 
 
 def respond(ask: Ask) -> Response:

@@ -5,7 +5,10 @@ the same way."""
 
 from __future__ import annotations
 
+import math
+
 from flask import request
+from werkzeug.exceptions import HTTPException
 
 from webapp.core import InferenceCore, Refused
 from webapp.web.state import glassbox
@@ -26,6 +29,12 @@ def refusal_status(error: Refused) -> int:
 
 def refusal_headers(error: Refused) -> dict[str, str]:
     return {"Retry-After": str(RETRY_AFTER_SECONDS)} if refusal_status(error) == 503 else {}
+
+
+def retry_headers(error: HTTPException) -> dict[str, str]:
+    """The Retry-After of an error that knows when to retry (werkzeug's TooManyRequests(retry_after=...))."""
+    retry_after = getattr(error, "retry_after", None)
+    return {"Retry-After": str(math.ceil(retry_after))} if isinstance(retry_after, (int, float)) else {}
 
 
 def is_htmx() -> bool:

@@ -1,6 +1,7 @@
 """What one process counts in memory to keep one client from taking everything: new sessions per address
-a minute (webapp/web/security.py), open streams per address and the bulk slots held (webapp/web/streams.py).
-Each app has one of each (webapp/web/state.py)."""
+a minute (webapp/web/security.py), open streams per address and the bulk slots held (webapp/web/streams.py),
+the bytes of heavy read answers per address (webapp/web/heavy.py). Each app has one of each
+(webapp/web/state.py)."""
 
 from __future__ import annotations
 
@@ -109,3 +110,47 @@ class OpenStreams:
     def give_back(self) -> None:
         with self._lock:
             self.count -= 1
+
+
+class HeavyReads:
+    """Bytes of heavy read answers (webapp/web/heavy.py) per client address: a bucket that fills at
+    GLASSBOX_HEAVY_READ_BYTES_PER_SECOND up to BURST_SECONDS of it. An answer is served while the bucket is
+    not empty and takes its whole size, so one answer larger than the bucket is still served, and the
+    address then waits until the debt is paid back."""
+
+    BURST_SECONDS = 2.0
+    MAX_ADDRESSES = 10_000  # memory stays bounded whatever addresses arrive
+
+    def __init__(self, per_second: int, clock=time.monotonic) -> None:
+        self.per_second, self.clock = per_second, clock
+        self.burst = per_second * self.BURST_SECONDS
+        self._level: dict[str, tuple[float, float]] = {}  # address -> (bytes left, when)
+        self._lock = threading.Lock()
+
+    def _left(self, address: str, now: float) -> float:
+        level, at = self._level.get(address, (self.burst, now))
+        return min(self.burst, level + (now - at) * self.per_second)
+
+    def wait(self, address: str) -> float:
+        """Seconds until `address` may be served again (0: now)."""
+        if not self.per_second:
+            return 0.0
+        with self._lock:
+            left = self._left(address, self.clock())
+        return 0.0 if left > 0 else -left / self.per_second + 1e-3
+
+    def take(self, address: str, n: int) -> None:
+        """`address` was sent an answer of `n` bytes."""
+        if not self.per_second:
+            return
+        with self._lock:
+            now = self.clock()
+            if len(self._level) >= self.MAX_ADDRESSES:
+                self._forget(now)
+            self._level[address] = (self._left(address, now) - n, now)
+
+    def _forget(self, now: float) -> None:
+        for address in [a for a in self._level if self._left(a, now) >= self.burst]:  # as good as new
+            del self._level[address]
+        if len(self._level) >= self.MAX_ADDRESSES:  # a flood of live addresses: start over rather than grow
+            self._level.clear()

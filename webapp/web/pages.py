@@ -7,7 +7,7 @@ from flask.globals import request_ctx
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import BadHost, HTTPException, RequestEntityTooLarge
 
-from webapp.web import RETRY_AFTER_SECONDS
+from webapp.web import RETRY_AFTER_SECONDS, retry_headers
 
 bp = Blueprint("pages", __name__)
 
@@ -49,6 +49,7 @@ def http_error(error: HTTPException):
         return Response(f"{error.code} {error.name}: {message}\n", error.code, mimetype="text/plain")
     # 503 is always the server's passing state (busy, shutting down, no stream free): say when to retry
     headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if error.code == 503 else {}
+    headers.update(retry_headers(error))  # a 429 that knows when (webapp/web/heavy.py)
     if request.path.startswith("/api/") or (request.accept_mimetypes.best == "application/json"):
         return {"error": message}, error.code, headers
     if request.headers.get("HX-Request") == "true":

@@ -19,7 +19,8 @@ from webapp.core.metrics import LatencyHistogram
 from webapp.db import AnyDatabase
 from webapp.instance import InstanceLock, NoLock
 from webapp.web.api_keys import ApiKeys
-from webapp.web.counts import BulkShare, ClientStreams, NewSessions, OpenStreams
+from webapp.web.counts import BulkShare, ClientStreams, HeavyReads, NewSessions, OpenStreams
+from webapp.web.encoded import KeptAnswers
 
 Service = TypeVar("Service")
 
@@ -32,12 +33,14 @@ class Glassbox:
     core: InferenceCore
     new_sessions: NewSessions  # GLASSBOX_MAX_NEW_SESSIONS_PER_MINUTE
     api_keys: ApiKeys | None  # GLASSBOX_API_KEYS; None: the APIs are open (webapp/web/api_auth.py)
+    heavy_reads: HeavyReads  # GLASSBOX_HEAVY_READ_BYTES_PER_SECOND (webapp/web/heavy.py)
     services: tuple[object, ...] = ()  # the demos' services (webapp/chat/boot.py, webapp/loops/boot.py)
     stores: tuple[OwnerStore, ...] = ()  # what the quotas and the retention ask (webapp/browsers.py)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)  # of the pages and API calls (/metrics)
     client_streams: ClientStreams = field(default_factory=ClientStreams)  # webapp/web/streams.py
     bulk_streams: BulkShare = field(default_factory=BulkShare)
     open_streams: OpenStreams = field(default_factory=OpenStreams)  # of GLASSBOX_MAX_STREAMS
+    kept_answers: KeptAnswers = field(default_factory=KeptAnswers)  # heavy answers as bytes (webapp/web/heavy.py)
 
     def service(self, kind: type[Service]) -> Service:
         """The service of that class create_app built."""

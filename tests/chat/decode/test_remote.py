@@ -112,7 +112,20 @@ def test_a_reply_streams_with_odds_and_the_request_is_openai_shaped(loaded):
     assert body["messages"] == [{"role": "user", "content": "Hello"}] and body["stream"] is True
     assert (body["max_tokens"], body["temperature"], body["top_k"], body["seed"]) == (50, 0.7, 40, 3)
     assert body["logprobs"] is True and body["top_logprobs"] == 10 and "model" not in body
-    assert job.result.stats.tokens == len("Hi ✓".encode())
+    assert body["stream_options"] == {"include_usage": True}  # the backend's own token count, at the end
+    assert len(job.result.token_ids) == 6 and job.result.stats.tokens == 4  # ✓: 1 backend token, 3 bytes here
+    fake.shutdown()
+
+
+def test_the_count_and_the_rate_are_the_backends_usage_not_the_fronts_pieces(loaded, monkeypatch):
+    from webapp.chat.decode.remote import executor
+    rates = []
+    real = executor.decode_rate
+    monkeypatch.setattr(executor, "decode_rate", lambda n, first, last: rates.append(n) or real(n, first, last))
+    fake = Fake("Hi ✓", usage_tokens=40, delay=0.01)  # what the backend says it wrote: neither 4 nor 6
+    job, outcome = run_reply(loaded, [fake.url])
+    assert outcome["result"] == DONE and len(job.result.token_ids) == 6
+    assert job.result.stats.tokens == 40 and rates == [40]  # tokens/s: 39 tokens after the first, not 5
     fake.shutdown()
 
 

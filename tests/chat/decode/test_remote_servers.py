@@ -135,3 +135,37 @@ def test_no_odds_asked_streams_text_with_no_odds(loaded):
     assert outcome["text"] == "Café" and job.result.token_ids == list("Café".encode())
     assert "logprobs" not in fake.bodies[0]
     fake.shutdown()
+
+
+# -- 5. the reply's length in the backend's tokens ------------------------------------------------------------
+def test_without_usage_the_count_is_the_backends_tokens_seen_in_their_logprobs(loaded):
+    fake = Fake("Café ✓", style="llamacpp")  # llama-cpp-python: no usage; é and ✓ one token each there
+    [(job, outcome)] = replies(loaded, fake.url)
+    assert outcome["result"] == DONE and len(job.result.token_ids) > 6
+    assert job.result.stats.tokens == 6
+    fake.shutdown()
+
+
+def test_llamacpp_servers_timings_give_the_count(loaded):
+    fake = Fake("Café", style="llamacpp", timings=9)  # llama.cpp's server: predicted_n with the last chunk
+    [(job, _)] = replies(loaded, fake.url)
+    assert job.result.stats.tokens == 9
+    fake.shutdown()
+
+
+@pytest.mark.parametrize("style", ["openai", "vllm"])
+def test_usage_is_the_count_even_without_odds_and_the_fronts_v1_says_it(loaded, style):
+    fake = Fake("Café", style=style, usage_tokens=3)
+    [(job, _)] = replies(loaded, fake.url, odds=False)
+    assert job.result.token_ids == list("Café".encode()) and job.result.stats.tokens == 3
+    follow = Follow(job, Ask("chat", tuple(job.request.prompt_ids), SamplingParams(50, 0.0, 0, None)), 1.0)
+    follow.generated = 5  # the pieces /v1 sent on
+    assert follow.usage()["completion_tokens"] == 3
+    fake.shutdown()
+
+
+def test_a_backend_that_says_nothing_leaves_the_fronts_own_count(loaded):
+    fake = Fake("Café", style="llamacpp")  # no usage, no timings, no odds asked: only the pieces seen here
+    [(job, _)] = replies(loaded, fake.url, odds=False)
+    assert job.result.stats.tokens == len("Café".encode()) and job.result.backend_tokens is None
+    fake.shutdown()

@@ -84,6 +84,9 @@ class ChatResult:
     first_s: float | None = None  # seconds from the start to the first sampled token
     given: int = 0  # tokens given rather than sampled (a branch's kept tokens and pick), first in token_ids
     stop_reason: str | None = None  # as GenerationStats: "end", "length", ...; None while it runs
+    # a remote backend's reply: its length in the backend's tokens (its usage, else its logprobs entries), which
+    # token_ids (the local tokenizer's pieces) need not match; None: a local reply, or a backend that said neither
+    backend_tokens: int | None = None
 
     @property
     def reply(self) -> str:

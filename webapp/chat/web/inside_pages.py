@@ -9,7 +9,7 @@ from collections.abc import Callable, Generator
 from contextlib import closing
 from typing import cast
 
-from flask import Response, abort, jsonify, render_template, request
+from flask import Response, abort, get_template_attribute, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException
 
 from webapp.chat.decode.inside import InsideReport
@@ -18,10 +18,11 @@ from webapp.chat.inside import InsideService
 from webapp.chat.service import ChatError
 from webapp.chat.web import inside_view
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service, settings
+from webapp.chat.web.inside_view import HeadView, LensRowView
 from webapp.chat.web.token_views import token_text, whitespace_name
 from webapp.core import Refused
 from webapp.core.jobs import CANCELLED, DONE, Job
-from webapp.web import refusal_headers, refusal_status
+from webapp.web import heavy, refusal_headers, refusal_status, retry_headers
 from webapp.web.security import owner_id
 from webapp.web.state import glassbox
 from webapp.web.streams import held_slot
@@ -49,9 +50,10 @@ def inside(conversation_id: str, message_id: int, index: int):
 @bp.get("/c/<conversation_id>/m/<int:message_id>/inside/<int:index>.json")
 def inside_json(conversation_id: str, message_id: int, index: int):
     try:
+        heavy.admit()  # before any lookup: a refusal costs next to nothing
         message = owned_message(conversation_id, message_id)
     except HTTPException as error:  # JSON for a script, whatever it sent as Accept
-        return jsonify({"error": error.description}), error.code
+        return jsonify({"error": error.description}), error.code, retry_headers(error)
     return inside_answer(message, index)
 
 
@@ -64,9 +66,10 @@ def shared_inside(token: str, message_id: int, index: int):
 @bp.get("/shared/<token>/m/<int:message_id>/inside/<int:index>.json")
 def shared_inside_json(token: str, message_id: int, index: int):
     try:
+        heavy.admit()
         _, message = shared_message(token, message_id)
     except HTTPException as error:
-        return jsonify({"error": error.description}), error.code
+        return jsonify({"error": error.description}), error.code, retry_headers(error)
     return inside_answer(message, index)
 
 
@@ -83,42 +86,65 @@ def shared_message(token: str, message_id: int) -> tuple[dict, dict]:
 
 
 def inside_answer(message: dict, index: int) -> Response | tuple:
+    """The report's JSON, made once per kept report and kept as bytes (webapp/web/heavy.py)."""
     try:
-        report = resolve(message, index)
+        model, report = resolved(message, index)
     except InsideError as error:
         return jsonify({"error": str(error)}), error.status, error.headers
-    return jsonify(inside_view.as_json(service().writer(message).tokenizer, report))
+    tokenizer = service().writer(message).tokenizer
+    encoded = inside_service().made_of(model, report.request, "json",
+                                       lambda: heavy.Encoded.json(inside_view.as_json(tokenizer, report)))
+    return heavy.answer(encoded)
 
 
 def inside_page(conversation: dict, message: dict, index: int, shared: str | None = None):
+    heavy.admit()  # the page is read as often as the JSON, and costs as much to render: counted the same
     details = service().details(message["id"])
     odds = details.odds or []
     common = {"conversation": conversation, "message": message, "index": index, "count": len(odds),
               "shared": shared}
     try:
-        report = resolve(message, index)
+        model, report = resolved(message, index)
     except InsideError as error:
         if error.status != 409:
             abort(error.status, str(error))
         return render_template("chat/inside.html", problem=str(error), **common), 409
     tokenizer = service().writer(message).tokenizer  # resolve() checked that it runs here
+    lens, heads = inside_service().made_of(model, report.request, "page", lambda: page_parts(tokenizer, report))
     n_layer, n_head, positions = report.attention.shape
     chosen_head = inside_view.parse_head(request.args.get("head"), n_layer, n_head)
     prompt_length = positions - min(index, positions)
     panel = TokenOdds.from_row(odds[index])
     text = token_text(tokenizer, report.request.token)[0]
-    return render_template(
+    page = render_template(
         "chat/inside.html", problem=None, report=report, token_text=text, token_name=whitespace_name(text),
-        lens=inside_view.lens_view(tokenizer, report), settled=report.settled_layer,
-        heads=inside_view.head_views(report), chosen_head=chosen_head, panel=panel,
+        lens=lens, settled=report.settled_layer, heads=heads, chosen_head=chosen_head, panel=panel,
         attended=(inside_view.attended(tokenizer, report, *chosen_head, prompt_length) if chosen_head else []),
         positions=positions, n_layer=n_layer, n_head=n_head, **common)
+    heavy.took(len(page))
+    return page
+
+
+def page_parts(tokenizer, report: InsideReport) -> tuple[list[LensRowView], list[list[HeadView]]]:
+    """The page's heavy parts, made once per kept report: the lens rows, and every head's strip with its
+    cells as HTML (the macro's, rendered here once rather than cell by cell on every request)."""
+    cells = get_template_attribute("chat/_inside_cells.html", "cells")
+    heads = inside_view.head_views(report)
+    for layer in heads:
+        for head in layer:
+            head.cells = cells(head.strip)
+    return inside_view.lens_view(tokenizer, report), heads
 
 
 def resolve(message: dict, index: int) -> InsideReport:
     """The report for token `index` of a reply: kept, or worked out now by a job this request waits for.
     Raises InsideError: 404 (no such token), 409 (cannot run here, or the reply is not finished),
     429/503 (refused: limits, a full queue, no stream slot free), 500 (the job failed)."""
+    return resolved(message, index)[1]
+
+
+def resolved(message: dict, index: int) -> tuple[str, InsideReport]:
+    """(the model that wrote the reply, the report), as resolve()."""
     inside = inside_service()
     model = runnable_writer(message)
     try:
@@ -127,9 +153,9 @@ def resolve(message: dict, index: int) -> InsideReport:
         raise InsideError(str(error), error.status) from None
     report = inside.report(model, inside_request)
     if report is not None:
-        return report
+        return model, report
     job = wait_for_job(lambda: inside.start(owner_id(), model, inside_request), "look inside this token")
-    return cast(InsideReport, job.result.report)
+    return model, cast(InsideReport, job.result.report)
 
 
 def runnable_writer(message: dict) -> str:

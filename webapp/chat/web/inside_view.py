@@ -38,6 +38,7 @@ class HeadView:
     key: str  # "L.H", the ?head= value
     strip: list[int]  # each cell's shade: the weight of a run of neighbouring positions (attention_shade)
     top: tuple[int, float]  # the position it attends to most, and its weight
+    cells: str = ""  # the strip's cells as HTML: templates/chat/_inside_cells.html, made once per kept report
 
 
 @dataclass

@@ -5,17 +5,18 @@ from __future__ import annotations
 import json
 import time
 
-from flask import Response, abort, redirect, render_template, request, url_for
+from flask import abort, redirect, render_template, request, url_for
 
 from webapp.loops.recorded import TraceFileError, parse_trace_file, rescore
 from webapp.loops.trace import FLUSH_SECONDS
 from webapp.loops.web.blueprint import bp, model_name, owned_trace, service
 from webapp.loops.web.forms import EditorState
 from webapp.loops.web.render import current_loop, render_lab, render_results
-from webapp.web import get_core, quotas
+from webapp.web import get_core, heavy, quotas
 from webapp.web.pages import INLINE_TOO_LARGE
 from webapp.web.security import owner_id
 from webapp.web.sse import comment, event_stream, frame
+from webapp.web.state import glassbox
 
 
 @bp.get("/traces/<trace_id>")
@@ -57,10 +58,15 @@ def shared(token: str):
 
 @bp.get("/traces/<trace_id>.json")
 def download(trace_id: str):
-    snapshot = owned_trace(trace_id)
-    # Compact: a row's attention weights, one a line, made a long run's file too large to upload again.
-    return Response(json.dumps(snapshot, separators=(",", ":")), mimetype="application/json",
-                    headers={"Content-Disposition": f'attachment; filename="glassbox-trace-{trace_id}.json"'})
+    """The trace's file: a heavy answer (webapp/web/heavy.py), made once and kept as bytes, counted against
+    the address. A saved trace never changes, so its id is its file's key once the owner is checked."""
+    heavy.admit()
+    if not service().store.owns(owner_id(), trace_id):
+        abort(404, "No such trace.")
+    # Compact (Encoded.json): a row's attention weights, one a line, made a long run's file too large to upload
+    encoded = glassbox().kept_answers.get(("trace", trace_id), lambda: heavy.Encoded.json(owned_trace(trace_id)))
+    attachment = f'attachment; filename="glassbox-trace-{trace_id}.json"'
+    return heavy.answer(encoded, headers={"Content-Disposition": attachment})
 
 
 # A paced replay holds a stream slot and a thread for its whole length, and an uploaded trace may

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from webapp.chat.decode.remote.wire import entry_bytes
+from webapp.chat.decode.remote.wire import entry_bytes, reported_tokens
 
 log = logging.getLogger("glassbox.remote")
 
@@ -136,7 +136,7 @@ class Chunk:
 
 @dataclass
 class Event:
-    kind: str  # "tokens" (data: Chunk), "end" (finish reason), "error" (the message)
+    kind: str  # "tokens" (data: Chunk), "count" (the backend's token count), "end" (finish reason), "error"
     data: Any = None
 
 
@@ -242,6 +242,9 @@ class Reader(threading.Thread):
                 chunk = json.loads(data)
                 if "error" in chunk:
                     raise BackendError(f"The chat backend {url} failed mid-reply: {_error_text(chunk)}")
+                counted = reported_tokens(chunk)
+                if counted is not None:
+                    self.put(Event("count", counted))
                 for choice in chunk.get("choices") or []:
                     self._tokens(choice)
                     finish = choice.get("finish_reason") or finish

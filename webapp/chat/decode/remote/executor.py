@@ -24,7 +24,9 @@ under vLLM); otherwise a remote token is re-tokenized locally, its odds on its f
 probability 1 on the rest (`continuation`). The reply's text is what the server wrote (`delta.content`);
 a token whose bytes the server did not send (part of a character: llama-cpp-python, vLLM) takes the
 bytes of the text that came with it, or U+FFFD's when none came (see `_chunk`). The reply's end is the
-server's: a stream that ends without a finish_reason fails the reply as cut short, its text kept.
+server's: a stream that ends without a finish_reason fails the reply as cut short, its text kept. So is its
+length: the count and tokens/s kept with the reply are the backend's tokens (its usage, else its logprobs
+entries: `Row.backend_tokens`), not the local pieces, which a byte-level front has more of.
 
 Several base URLs are used in turn (round-robin). One that fails (refused connection, 5xx, a broken
 stream) is skipped for `retry_seconds`; after that it is checked with GET <base>/models before it
@@ -62,8 +64,15 @@ class Row:
     job: ChatJob
     reader: Reader
     started: float
-    tokens: int = 0
+    tokens: int = 0  # local pieces published (the local tokenizer's ids)
     unknown: list[dict[str, Any]] = field(default_factory=list)  # entries whose bytes are still to come
+    entries: int = 0  # the backend's tokens seen, one logprobs entry each (when odds were asked)
+    reported: int | None = None  # the backend's own count (usage, timings), when it sent one
+
+    def backend_tokens(self) -> int | None:
+        """The reply's length in the backend's tokens: what it reported, else its logprobs entries; None when
+        it said neither (no odds asked, and a server that sends no usage)."""
+        return self.reported if self.reported is not None else self.entries or None
 
 
 class RemoteChat(BatchedJobs[ChatRequest, ChatResult]):
@@ -118,6 +127,8 @@ class RemoteChat(BatchedJobs[ChatRequest, ChatResult]):
                 if event.kind == "tokens":
                     self._chunk(row, event.data, core)
                     report.rows += 1
+                elif event.kind == "count":
+                    row.reported = event.data
                 elif event.kind == "error":
                     ended = (FAILED, event.data)
                 else:
@@ -137,6 +148,7 @@ class RemoteChat(BatchedJobs[ChatRequest, ChatResult]):
         if chunk.tokens is None:  # no odds asked: the text's local tokens, no odds
             pieces: list[tuple[int, TokenOdds | None]] = [(t, None) for t in self.tokens.ids(got)]
         else:
+            row.entries += len(chunk.tokens)
             known = b"".join(data for data, _ in chunk.tokens if data is not None)
             lead = got[:len(got) - len(known)] if got.endswith(known) else b""  # what no known token wrote
             pieces = []
@@ -180,9 +192,12 @@ class RemoteChat(BatchedJobs[ChatRequest, ChatResult]):
         elapsed = time.perf_counter() - row.started
         first = chat_result(row.job).first_s
         stop = {DONE: "length" if detail == "length" else "end", CANCELLED: "cancelled"}.get(outcome, "failed")
+        # the count and the rate in the backend's tokens: a byte-level front splits a BPE token into its bytes
+        said = chat_result(row.job).backend_tokens = row.backend_tokens()
+        counted = row.tokens if said is None else said  # the local pieces only when the backend said nothing
         publish(row.job, Piece("", row.tokens, elapsed,
-                               stats=GenerationStats(len(row.job.request.prompt_ids), row.tokens, first, elapsed,
-                                                     decode_rate(row.tokens, first, elapsed), stop, False)), core)
+                               stats=GenerationStats(len(row.job.request.prompt_ids), counted, first, elapsed,
+                                                     decode_rate(counted, first, elapsed), stop, False)), core)
         error = detail if outcome == FAILED else None
         if outcome == FAILED:
             log.warning("remote reply %s failed: %s", row.job.id, error)

@@ -52,6 +52,10 @@ def request_body(prompt: PromptBuilder, request: ChatRequest, model: str = "") -
                   "max_tokens": p.max_new_tokens, "temperature": p.temperature, "stream": True,
                   "top_k": p.top_k,  # always: 0 (the whole vocabulary) is not every server's default
                   **NEUTRAL_SAMPLING}
+    # the reply's token count as the backend counts it, in a last chunk (the front's own pieces are the local
+    # tokenizer's: a byte-level front counts more than a BPE backend wrote); a server that does not know it
+    # ignores it (llama-cpp-python), llama.cpp's server sends its `timings` anyway (see `reported_tokens`)
+    body["stream_options"] = {"include_usage": True}
     if model:  # empty: the server's own (Glassbox, llama.cpp and vLLM serving one model take none)
         body["model"] = model
     if p.seed is not None:
@@ -59,6 +63,19 @@ def request_body(prompt: PromptBuilder, request: ChatRequest, model: str = "") -
     if request.odds:
         body.update(logprobs=True, top_logprobs=TOP_ALTERNATIVES)
     return body
+
+
+def reported_tokens(chunk: JSON) -> int | None:
+    """The reply's token count as the backend says it in a streamed chunk: OpenAI's (and vLLM's, and
+    Glassbox's) `usage.completion_tokens`, llama.cpp's server's `timings.predicted_n`, or its native
+    `tokens_predicted`; None when this chunk says none of them."""
+    usage, timings = chunk.get("usage"), chunk.get("timings")
+    for value in ((usage or {}).get("completion_tokens") if isinstance(usage, dict) else None,
+                  (timings or {}).get("predicted_n") if isinstance(timings, dict) else None,
+                  chunk.get("tokens_predicted")):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
 
 
 def entry_bytes(entry: JSON) -> bytes | None:
