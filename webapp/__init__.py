@@ -18,6 +18,8 @@ from werkzeug.routing import IntegerConverter
 from webapp import instance
 from webapp.browsers import Browsers
 from webapp.chat import boot as chat_boot
+from webapp.chat.decode.patching import PatchingJobs, patching_kind
+from webapp.chat.patching import PatchingService
 from webapp.chat.registry import ChatModels
 from webapp.chat.web import bp as chat_bp
 from webapp.chat.web import markdown
@@ -86,11 +88,12 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
 
     chat = chat_boot.service(core, db, chat_models, settings.max_messages)
     inside = chat_boot.inside_service(core, chat_models, settings)
+    patching = PatchingService(core, inside, settings.inside_cache_entries, settings.patching_max_cells)
     loops = loops_boot.service(core, db)
     # The one application state (webapp/web/state.py), read through glassbox()
     app.extensions["glassbox"] = Glassbox(db=db, browsers=Browsers(db), lock=lock, core=core,
                                           new_sessions=NewSessions(settings.max_new_sessions_per_minute),
-                                          api_keys=api_keys, services=(chat, inside, loops),
+                                          api_keys=api_keys, services=(chat, inside, patching, loops),
                                           stores=(chat.store, loops.store))
 
     # the API blueprints (/v1, /api/loops) put the API-key check in front of their own routes
@@ -133,6 +136,7 @@ def _start_core(settings: Settings, models: dict[str, Any] | None) -> tuple[Infe
         executors[kind] = chat_boot.executor(loaded, chat.settings_for(name, settings))
         # "Inside this token": whole jobs on that model (webapp/chat/decode/inside.py)
         executors[chat.inside_kind(name)] = chat_boot.inside_executor(loaded)
+        executors[patching_kind(name, chat.default)] = PatchingJobs(loaded)  # webapp/chat/decode/patching.py
         warmups[kind] = _warm_up(chat_boot)
     if "loops" in models:
         core_models["loops"] = models["loops"]
