@@ -129,13 +129,14 @@ def hooks(model, clean, corrupted, chosen, against, sample: int = 0) -> dict:
             "clean": m_clean, "corrupted": m_corrupted, "ran": ran}
 
 
-def transformer_lens(python: str, model, clean, corrupted, chosen, against) -> dict:
+def transformer_lens(python: str, model, clean, corrupted, chosen, against, sample: int = 0) -> dict:
     """bench/serving/patching_tl.py in the TransformerLens environment, on the HF export of the weights."""
     from webapp.chat.model.hf import export_hf
     with tempfile.TemporaryDirectory() as folder:
-        export_hf(common.loaded(model), Path(folder) / "hf")
+        export_hf(common.loaded(model, common.gpt2_tokenizer()), Path(folder) / "hf")
         spec = json.dumps({"hf": str(Path(folder) / "hf"), "clean": clean, "corrupted": corrupted,
-                           "chosen": chosen, "against": against, "threads": torch.get_num_threads()})
+                           "chosen": chosen, "against": against, "threads": torch.get_num_threads(),
+                           "sample": sample})
         out = subprocess.run([python, str(Path(__file__).with_name("patching_tl.py"))], input=spec,
                              capture_output=True, text=True, check=False)
     if out.returncode != 0:
@@ -167,7 +168,7 @@ def main(argv=None):
     if args.tl:
         try:
             results["TransformerLens 4.3 TransformerBridge"] = transformer_lens(args.tl, model, clean, corrupted,
-                                                                                chosen, against)
+                                                                                chosen, against, args.sample)
         except RuntimeError as error:
             print(f"TransformerLens could not run: {error}")
     ours = results["Glassbox (patching job on the core)"]
