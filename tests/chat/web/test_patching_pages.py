@@ -106,14 +106,18 @@ def test_the_page_works_without_javascript_and_its_stream_fills_every_cell(chat_
     assert page.status_code == 200
     html = page.get_data(as_text=True)
     config = glassbox(chat_app).core.models["chat"].model.config
-    T = len(re.findall(r'<th scope="col" class="pos">', html))
-    assert len(re.findall(r'<td id="pc-r-', html)) == (config.n_layer + 1) * T
-    assert len(re.findall(r'<td id="pc-h-', html)) == config.n_layer * config.n_head
     job = next(j for j in glassbox(chat_app).core._jobs.values() if j.kind == "patching")
+    T, first = len(job.request.clean_ids), len(job.request.clean_ids) - len("Jordan?") - 2 - 1  # + user_end, reply
+    # the residual map starts at the first edited position: before it every cell is 0
+    assert f"the map starts at position {first}." in html
+    assert len(re.findall(r'<th scope="col" class="pos">', html)) == T - first
+    assert len(re.findall(r'<td id="pc-r-', html)) == (config.n_layer + 1) * (T - first)
+    assert len(re.findall(r'<td id="pc-h-', html)) == config.n_layer * config.n_head
     stream = re.search(r'sse-connect="([^"]+)"', html)
     if stream:  # still running when the page was drawn: the stream sends the rest, then the whole maps
         events = client.get(stream.group(1).replace("&amp;", "&")).get_data(as_text=True)
         assert "event: done" in events
+        assert f'id="pc-r-0-{first - 1}"' not in events  # cells the page leaves out are not streamed
     for _ in job.subscribe():
         pass
     assert job.state == DONE

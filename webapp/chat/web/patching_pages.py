@@ -15,7 +15,7 @@ from werkzeug.exceptions import HTTPException
 
 from webapp.chat.decode.odds import TokenOdds
 from webapp.chat.decode.patching import PatchingMetrics, PatchingRequest
-from webapp.chat.model.patching import Cells, Patching
+from webapp.chat.model.patching import Cells, Patching, first_difference
 from webapp.chat.patching import PatchingService
 from webapp.chat.service import ChatError
 from webapp.chat.web import patching_view
@@ -192,7 +192,9 @@ def patching_stream(conversation_id: str, message_id: int, index: int):
 
     def render(event) -> str | None:
         if event.name == "cells" and isinstance(event.data, Cells):
-            return render_template("chat/_patching_cells.html", cells=patching_view.cell_views(event.data))
+            cells = patching_view.cell_views(event.data, first_difference(patching_request.clean_ids,
+                                                                          patching_request.corrupted_ids) or 0)
+            return render_template("chat/_patching_cells.html", cells=cells) if cells else None
         if event.name == "metrics" and isinstance(event.data, PatchingMetrics):
             return render_template("chat/_patching_values.html", values=event.data, oob=True)
         return None

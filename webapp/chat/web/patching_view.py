@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from webapp.chat.decode.odds import TokenOdds
 from webapp.chat.decode.patching import PatchingRequest
-from webapp.chat.model.patching import Cells, Patching
+from webapp.chat.model.patching import Cells, Patching, first_difference
 from webapp.chat.web.token_views import token_text
 from webapp.core.jobs import CANCELLED, DONE, FAILED, QUEUED, AnyJob
 
@@ -49,8 +49,8 @@ class MapsView:
     against: str
     clean: float | None  # None until both contexts have run
     corrupted: float | None
-    first: int
-    positions: list[str]
+    first: int  # the first position where the contexts differ: the residual map starts there
+    positions: list[str]  # the tokens at positions first..T-1
     residual: list[MapRow]
     heads: list[MapRow]
     status: str  # "done", "running", "queued", "stopped", "failed"
@@ -73,9 +73,11 @@ def cell(part: str, layer: int, index: int, value: float | None, done: bool = Tr
     return CellView(f"pc-{part}-{layer}-{index}", shade(value), f"{value:.2f}", f"{kind}: {value:.4f}")
 
 
-def cell_views(cells: Cells) -> list[CellView]:
+def cell_views(cells: Cells, first: int) -> list[CellView]:
+    """A batch's cells as the page shows them: residual positions from `first` on (the page leaves out the
+    ones before the edit: 0 by construction)."""
     part = "r" if cells.part == "residual" else "h"
-    return [cell(part, cells.layer, i, v) for i, v in zip(cells.indices, cells.values)]
+    return [cell(part, cells.layer, i, v) for i, v in zip(cells.indices, cells.values) if part == "h" or i >= first]
 
 
 def form_view(tokenizer, odds: TokenOdds, last_message: str | None, corrupted: str | None,
@@ -92,8 +94,10 @@ def form_view(tokenizer, odds: TokenOdds, last_message: str | None, corrupted: s
 
 def maps_view(tokenizer, request: PatchingRequest, patching: Patching | None, job: AnyJob | None,
               config) -> MapsView:
-    """Both maps, every cell (pending ones blank), labelled with the tokens and layers."""
+    """Both maps, every cell (pending ones blank), labelled with the tokens and layers; the residual map
+    from the first edited position on (before it, every cell is 0: both runs read the same tokens)."""
     T, L, nh = len(request.clean_ids), config.n_layer, config.n_head
+    first = first_difference(request.clean_ids, request.corrupted_ids) or 0
     done = patching is not None
     residual: list[list[float | None]] = patching.residual if patching else [[None] * T for _ in range(L + 1)]
     heads: list[list[float | None]] = patching.heads if patching else [[None] * nh for _ in range(L)]
@@ -108,10 +112,9 @@ def maps_view(tokenizer, request: PatchingRequest, patching: Patching | None, jo
     return MapsView(
         chosen=token_text(tokenizer, request.chosen)[0], against=token_text(tokenizer, request.against)[0],
         clean=patching.clean if patching else None, corrupted=patching.corrupted if patching else None,
-        first=patching.first if patching else 0,
-        positions=[token_text(tokenizer, t)[0] for t in request.clean_ids],
+        first=first, positions=[token_text(tokenizer, t)[0] for t in request.clean_ids[first:]],
         residual=[MapRow("embeddings" if layer == 0 else f"block {layer}",
-                         [cell("r", layer, p, v, is_done("r", layer, p)) for p, v in enumerate(row)])
+                         [cell("r", layer, p, row[p], is_done("r", layer, p)) for p in range(first, T)])
                   for layer, row in enumerate(residual)],
         heads=[MapRow(f"block {layer + 1}", [cell("h", layer, h, v, is_done("h", layer, h)) for h, v in enumerate(row)])
                for layer, row in enumerate(heads)],
