@@ -23,7 +23,7 @@ def test_running_replies_stay_bit_for_bit_the_same_with_patching_jobs_between_th
     # the machine's speed (a reply's decode step runs the block in one call, never ln_2's module)
     for block in loaded.model.transformer.h:
         block.ln_2.register_forward_hook(lambda *a: time.sleep(2 * BATCH_SLICE_SECONDS))
-    reqs = [dataclasses.replace(r, params=dataclasses.replace(r.params, max_new_tokens=150)) for r in requests(4)]
+    reqs = [dataclasses.replace(r, params=dataclasses.replace(r.params, max_new_tokens=300)) for r in requests(4)]
     core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 8, PrefixCache(2**30)),
                                             "patching": PatchingJobs(loaded, batch_tokens=16)})
     try:
