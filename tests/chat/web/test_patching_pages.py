@@ -78,6 +78,10 @@ def test_contexts_of_different_lengths_get_400_with_both_counts_and_bad_alternat
         assert answer.status_code == 400 and words in answer.get_json()["error"], (body, answer.get_json())
     assert client.post(f"/chat/c/{cid}/m/{mid}/patching/1.json", data="[1]",
                        content_type="application/json").status_code == 400
+    from webapp.chat.patching import PatchingService
+    glassbox(chat_app).service(PatchingService).max_cells = 20  # 3 x 10 positions + 2 x 2 heads: too many
+    big = post(client, cid, mid, 1, {"corrupted": "Where is Jordan?", "against": 65})
+    assert big.status_code == 400 and "would patch 34 cells" in big.get_json()["error"]
 
 
 def test_other_browsers_get_404_and_remote_models_409(chat_app):
