@@ -19,6 +19,8 @@ from webapp import instance
 from webapp.browsers import Browsers
 from webapp.chat import ablation as chat_ablation
 from webapp.chat import boot as chat_boot
+from webapp.chat.decode.patching import PatchingJobs, patching_kind
+from webapp.chat.patching import PatchingService
 from webapp.chat.registry import ChatModels
 from webapp.chat.web import bp as chat_bp
 from webapp.chat.web import markdown
@@ -89,13 +91,14 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     inside = chat_boot.inside_service(core, chat_models, settings)
     ablation = chat_ablation.AblationService(core, chat)
     attribution = chat_boot.attribution_service(core, inside, settings)
+    patching = PatchingService(core, inside, settings.inside_cache_entries, settings.patching_max_cells)
     loops = loops_boot.service(core, db)
     # The one application state (webapp/web/state.py), read through glassbox()
     app.extensions["glassbox"] = Glassbox(db=db, browsers=Browsers(db), lock=lock, core=core,
                                           new_sessions=NewSessions(settings.max_new_sessions_per_minute),
                                           api_keys=api_keys,
                                           heavy_reads=HeavyReads(settings.heavy_read_bytes_per_second),
-                                          services=(chat, inside, attribution, loops, ablation),
+                                          services=(chat, inside, attribution, patching, loops, ablation),
                                           stores=(chat.store, loops.store))
 
     # the API blueprints (/v1, /api/loops) put the API-key check in front of their own routes
@@ -142,6 +145,8 @@ def _start_core(settings: Settings, models: dict[str, Any] | None) -> tuple[Infe
         executors[chat_ablation.ablate_kind(chat, name)] = chat_ablation.executor(loaded)
         # "Who pushed this token": whole jobs on that model (webapp/chat/decode/attribution.py)
         executors[chat.attribution_kind(name)] = chat_boot.attribution_executor(loaded)
+        # "Patch from another question" (webapp/chat/decode/patching.py)
+        executors[patching_kind(name, chat.default)] = PatchingJobs(loaded)
         warmups[kind] = _warm_up(chat_boot)
     if "loops" in models:
         core_models["loops"] = models["loops"]

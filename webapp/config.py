@@ -60,6 +60,7 @@ LIMITS: dict[str, Limit] = {
     "max_messages": Limit(2, 1_000_000, zero="no limit"),
     "inside_cache_entries": Limit(0, 100_000),
     "inside_wait_seconds": Limit(1, 3600),
+    "patching_max_cells": Limit(1, 10_000_000, zero="no limit"),
     "max_jobs_per_owner": Limit(1, 100_000, zero="no limit"),
     "max_jobs_per_client": Limit(1, 100_000, zero="no limit"),
     "bulk_share": Limit(0.05, 1),
@@ -119,6 +120,7 @@ class Settings:
     max_messages: int = 200      # per conversation
     inside_cache_entries: int = 32  # "Inside this token" reports kept in memory, least recently used forgotten
     inside_wait_seconds: float = 120.0  # how long an Inside page or JSON request waits for its job
+    patching_max_cells: int = 4096  # cells one activation-patching job may run (0: no limit)
     max_jobs_per_owner: int = 4  # queued or running at once
     # Limits a script cannot shed by dropping its cookie: per client address (as the trusted proxy says)
     max_jobs_per_client: int = 8           # queued or running at once, all browsers of one address: half a batch

@@ -1,0 +1,186 @@
+"""Activation patching between two prompts: the full map (residual (n_layer + 1) x T cells, n_layer x n_head
+head cells) for a T-token context on the 254M model (random weights), as a patching job on the shared core
+(time to the first published cells, and to the whole map), side by side with a plain PyTorch forward-hook
+baseline (one whole forward per cell, as notebooks do it) and, when a TransformerLens environment is there,
+TransformerLens' TransformerBridge on the HF export of the same weights (bench/serving/patching_tl.py).
+
+    .venv/bin/python -m bench.serving.patching                       # 254M, T = 32, first change at 8
+    .venv/bin/python -m bench.serving.patching --first 0             # every cell needs a forward
+    .venv/bin/python -m bench.serving.patching --size gpt2 --no-doc  # quicker
+    .venv/bin/python -m bench.serving.patching --tl .bench-tl/bin/python   # + TransformerLens 4.3
+
+The clean context is random GPT-2 ids; the corrupted one changes the tokens at positions first..first+2.
+Every tool's cells are checked against Glassbox's (largest difference of the normalised values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from bench import common
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", default="gpt2-254m")
+    p.add_argument("--context", type=int, default=32)
+    p.add_argument("--first", type=int, default=8, help="the first position where the contexts differ")
+    p.add_argument("--tl", default="", help="a Python with transformer_lens 4.3 (its own venv)")
+    p.add_argument("--skip-hooks", action="store_true", help="skip the one-forward-per-cell baseline")
+    p.add_argument("--sample", type=int, default=0,
+                   help="time only this many of the baselines' cells (spread over the map) and scale to all")
+    p.add_argument("--no-doc", action="store_true")
+    return p.parse_args(argv)
+
+
+def contexts(T: int, first: int) -> tuple[list[int], list[int]]:
+    clean = common.prompt_ids(T, seed=3)
+    corrupted = list(clean)
+    for p in range(first, min(T, first + 3)):
+        corrupted[p] = (clean[p] + 1000) % common.VOCAB
+    return clean, corrupted
+
+
+def glassbox(loaded, clean, corrupted, chosen, against) -> dict:
+    """The patching job on the core, as the page runs it: seconds to the first cells and to the end."""
+    from webapp.chat.decode.patching import PatchingJobs, PatchingRequest
+    from webapp.core import InferenceCore, Job
+    core = InferenceCore({"chat": loaded}, {"patching": PatchingJobs(loaded)})
+    try:
+        started = time.perf_counter()
+        job = core.submit(Job("patching", "bench", PatchingRequest(tuple(clean), tuple(corrupted), chosen, against, 0)))
+        first_cells = None
+        for event in job.subscribe():
+            if event is not None and event.name == "cells" and first_cells is None:
+                first_cells = time.perf_counter() - started
+        total = time.perf_counter() - started
+    finally:
+        core.shutdown()
+    assert job.state == "done", job.error
+    p = job.result.patching
+    return {"first": first_cells, "total": total, "residual": p.residual, "heads": p.heads,
+            "clean": p.clean, "corrupted": p.corrupted}
+
+
+@torch.inference_mode()
+def hooks(model, clean, corrupted, chosen, against, sample: int = 0) -> dict:
+    """One whole forward (model(idx), nanoGPT's) per cell, the clean activation put in by a forward hook.
+    sample: only every k-th cell is run (None in the map), and the time of the runs scaled to all cells."""
+    c = model.config
+    hs = c.n_embd // c.n_head
+    blocks, ln_f = list(model.transformer.h), model.transformer.ln_f
+    started = time.perf_counter()
+
+    def run(ids):
+        logits, _ = model(torch.tensor([ids]))
+        return float(logits[0, -1, chosen] - logits[0, -1, against])
+
+    kept: dict = {}
+    handles = [m.register_forward_pre_hook(lambda m, a, i=i: kept.__setitem__(("r", i), a[0][0].clone()))
+               for i, m in enumerate([*blocks, ln_f])]
+    handles += [b.attn.c_proj.register_forward_pre_hook(lambda m, a, i=i: kept.__setitem__(("h", i), a[0][0].clone()))
+                for i, b in enumerate(blocks)]
+    m_clean = run(clean)
+    for h in handles:
+        h.remove()
+    m_corrupted = run(corrupted)
+    span = m_clean - m_corrupted
+    first, n, ran, spent = None, 0, 0, 0.0
+    T = len(clean)
+    cells = (c.n_layer + 1) * T + c.n_layer * c.n_head
+    every = max(1, cells // sample) if sample else 1
+    setup = time.perf_counter() - started
+
+    def patched(module, replace):
+        nonlocal first, n, ran, spent
+        n += 1
+        if (n - 1) % every:
+            return None
+        t0 = time.perf_counter()
+        handle = module.register_forward_pre_hook(lambda m, a: (replace(a[0].clone()),) + tuple(a[1:]))
+        try:
+            value = (run(corrupted) - m_corrupted) / span
+        finally:
+            handle.remove()
+        first = first or time.perf_counter() - started
+        ran, spent = ran + 1, spent + time.perf_counter() - t0
+        return value
+
+    def put(x, p, value):
+        x[0, p] = value
+        return x
+
+    def put_head(x, head, value):
+        x[0, :, head * hs:(head + 1) * hs] = value[:, head * hs:(head + 1) * hs]
+        return x
+
+    residual = [[patched(module, lambda x, p=p, i=i: put(x, p, kept[("r", i)][p])) for p in range(T)]
+                for i, module in enumerate([*blocks, ln_f])]
+    heads = [[patched(b.attn.c_proj, lambda x, h=h, i=i: put_head(x, h, kept[("h", i)])) for h in range(c.n_head)]
+             for i, b in enumerate(blocks)]
+    return {"first": first, "total": setup + spent * cells / ran, "residual": residual, "heads": heads,
+            "clean": m_clean, "corrupted": m_corrupted, "ran": ran}
+
+
+def transformer_lens(python: str, model, clean, corrupted, chosen, against, sample: int = 0) -> dict:
+    """bench/serving/patching_tl.py in the TransformerLens environment, on the HF export of the weights."""
+    from webapp.chat.model.hf import export_hf
+    with tempfile.TemporaryDirectory() as folder:
+        export_hf(common.loaded(model, common.gpt2_tokenizer()), Path(folder) / "hf")
+        spec = json.dumps({"hf": str(Path(folder) / "hf"), "clean": clean, "corrupted": corrupted,
+                           "chosen": chosen, "against": against, "threads": torch.get_num_threads(),
+                           "sample": sample})
+        out = subprocess.run([python, str(Path(__file__).with_name("patching_tl.py"))], input=spec,
+                             capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def largest_difference(a: dict, b: dict) -> float:
+    pairs = [(x, y) for ra, rb in zip(a["residual"] + a["heads"], b["residual"] + b["heads"]) for x, y in zip(ra, rb)]
+    return max(abs(x - y) for x, y in pairs if x is not None and y is not None)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    load_before = common.load_average()
+    model = common.random_gpt(args.size)
+    loaded = common.loaded(model)
+    clean, corrupted = contexts(args.context, args.first)
+    with torch.inference_mode():
+        logits, _ = model(torch.tensor([clean]))
+    top = logits[0, -1].topk(2).indices.tolist()  # the metric: the clean run's first choice against its second
+    chosen, against = top[0], top[1]
+    c = model.config
+    cells = (c.n_layer + 1) * args.context + c.n_layer * c.n_head
+    results = {"Glassbox (patching job on the core)": glassbox(loaded, clean, corrupted, chosen, against)}
+    if not args.skip_hooks:
+        results["plain PyTorch hooks, one forward per cell"] = hooks(model, clean, corrupted, chosen, against,
+                                                                     args.sample)
+    if args.tl:
+        try:
+            results["TransformerLens 4.3 TransformerBridge"] = transformer_lens(args.tl, model, clean, corrupted,
+                                                                                chosen, against, args.sample)
+        except RuntimeError as error:
+            print(f"TransformerLens could not run: {error}")
+    ours = results["Glassbox (patching job on the core)"]
+    rows = [[name + (f" ({r['ran']} cells run, time scaled)" if r.get("ran", cells) < cells else ""),
+             f"{r['first']:.2f}", f"{r['total']:.2f}", f"{r['total'] / ours['total']:.2f}",
+             f"{largest_difference(r, ours):.1e}"] for name, r in results.items()]
+    body = (f"{args.size}, T = {args.context}, contexts differ from position {args.first}: {cells} cells "
+            f"({c.n_layer + 1} x {args.context} residual, {c.n_layer} x {c.n_head} heads); "
+            f"clean {ours['clean']:.3f}, corrupted {ours['corrupted']:.3f}\n\n"
+            + common.table(["", "first cells s", "all cells s", "x Glassbox's time", "max |Δ| vs Glassbox"], rows))
+    common.report("Activation patching, full map", body, load_before=load_before, write_doc=not args.no_doc)
+
+
+if __name__ == "__main__":
+    main()

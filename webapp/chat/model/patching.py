@@ -1,0 +1,279 @@
+"""Activation patching between two prompts of equal length: a clean run and a corrupted one (the same
+context with the last user message edited), and how much of the metric each clean activation brings back
+when copied into the corrupted run.
+
+    metric(x)  = logit(chosen) - logit(against) at the last position, T-1
+    normalised = (metric(patched) - metric(corrupted)) / (metric(clean) - metric(corrupted))
+
+1 means that activation alone restores the clean answer; 0 that it changes nothing.
+
+Residual cells, (n_layer + 1) x T. Layer l names the residual stream *entering* block l:
+
+    layer 0        the embeddings, wte(ids) + wpe(positions)           (the input to block 0)
+    layer l        the output of block l-1, the input to block l
+    layer n_layer  the final residual, before ln_f
+
+Cell (l, p) replaces the corrupted run's residual at layer l, position p, by the clean run's, and runs
+blocks l..n_layer-1 from there. Head cells, n_layer x n_head: head h of block l (0-based, its output
+before c_proj: softmax(q kᵀ/√hs) v) gets the clean run's output at every position, through
+edits.HeadEdit with a (T, hs) value, as every edit of a run is made (webapp/chat/model/edits.py).
+
+What makes it cheap, all exact (no approximation):
+- positions before f, the first token where the two contexts differ, see the same tokens in both runs, so
+  their activations are the same: patching one changes nothing (residual cells (l, p < f) are 0 without a
+  forward), and a head's clean output differs from the corrupted one only from f on;
+- a patched run changes nothing before its patched position: it runs positions s..T-1 alone (s the
+  smallest patched position of its batch; f for heads), reading the corrupted run's keys and values of the
+  positions before s, and from the patched layer on (the layers below are the corrupted run's);
+- at the last block only the last position's output is needed (the others' keys and values are);
+- the patched runs of one layer go through the model together, several cells per forward (a batch).
+- the corrupted run itself runs positions f..T-1 only, on the clean run's keys and values before f.
+
+Shapes: T positions, C n_embd, nh n_head, hs = C // nh, B patched runs in one forward, L n_layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from webapp.chat.model.edits import Edit, HeadEdit, edit_heads, edit_mlp
+
+KeysValues = list[tuple[Tensor, Tensor]]  # per layer: keys, values (1, nh, T, hs)
+BATCH_TOKENS = 512  # positions run in one patched forward (rows x positions): several cells at once
+
+
+@dataclass
+class Trace:
+    """One run of a context: everything a patched run takes from it."""
+
+    residuals: Tensor  # (L + 1, T, C): the residual stream entering each block, then the final one
+    heads: Tensor  # (L, nh, T, hs): each head's output before c_proj
+    keys_values: KeysValues  # per layer, (1, nh, T, hs) each
+    metric: float
+
+
+@dataclass
+class Cells:
+    """A batch of finished cells: part "residual" (index: a position) or "heads" (index: a head)."""
+
+    part: str
+    layer: int
+    indices: list[int]
+    values: list[float | None]  # normalised; None when the clean and corrupted metrics are equal
+
+
+@dataclass
+class Patching:
+    """The whole map, as the JSON gives it."""
+
+    clean: float
+    corrupted: float
+    residual: list[list[float | None]]  # (L + 1) x T
+    heads: list[list[float | None]]  # L x nh
+    first: int = 0  # the first position where the contexts differ
+
+    def fill(self, cells: Cells) -> None:
+        rows = self.residual if cells.part == "residual" else self.heads
+        for index, value in zip(cells.indices, cells.values):
+            rows[cells.layer][index] = value
+
+
+@dataclass
+class Plan:
+    """What a patching job runs: the two traces, then batches of cells (`batches`)."""
+
+    model: Any
+    clean_ids: list[int]
+    corrupted_ids: list[int]
+    chosen: int
+    against: int
+    first: int
+    clean: Trace
+    corrupted: Trace
+    batch_tokens: int = BATCH_TOKENS
+    between: Callable[[], None] | None = None
+    _device: torch.device = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._device = next(self.model.parameters()).device
+
+    @property
+    def span(self) -> float:
+        return self.clean.metric - self.corrupted.metric
+
+    def normalise(self, metric: float) -> float | None:
+        return None if self.span == 0 else (metric - self.corrupted.metric) / self.span
+
+    def empty(self) -> Patching:
+        c = self.model.config
+        T = len(self.clean_ids)
+        return Patching(self.clean.metric, self.corrupted.metric, [[None] * T for _ in range(c.n_layer + 1)],
+                        [[None] * c.n_head for _ in range(c.n_layer)], self.first)
+
+    def batches(self) -> Iterator[Cells]:
+        """Every cell, a batch at a time, the cheapest layers first (the last block runs one block)."""
+        L, nh = self.model.config.n_layer, self.model.config.n_head
+        T, f = len(self.clean_ids), self.first
+        # the final residual reaches the metric at the last position alone: the clean one there
+        final: list[float | None] = [0.0] * (T - 1)
+        yield Cells("residual", L, list(range(T)), [*final, self.normalise(self.clean.metric)])
+        for layer in range(L - 1, -1, -1):
+            if f > 0:  # before the first difference, both runs are the same: nothing to restore
+                yield Cells("residual", layer, list(range(f)), [0.0] * f)
+            for positions in _chunks(list(range(f, T)), self.batch_tokens, lambda p: T - p):
+                yield Cells("residual", layer, positions, [self.normalise(m) for m in self._residual(layer, positions)])
+            for heads in _chunks(list(range(nh)), self.batch_tokens, lambda _: T - f):
+                yield Cells("heads", layer, heads, [self.normalise(m) for m in self._heads(layer, heads)])
+
+    def _residual(self, layer: int, positions: list[int]) -> list[float]:
+        """Metric of each run with the clean residual entering block `layer` at one of `positions`."""
+        s = positions[0]
+        x = self.corrupted.residuals[layer, s:].expand(len(positions), -1, -1).clone()  # (B, T - s, C)
+        for row, p in enumerate(positions):
+            x[row, p - s] = self.clean.residuals[layer, p]
+        last = run_blocks(self.model, x, layer, s, self.corrupted.keys_values, between=self.between)
+        return metric(self.model, last, self.chosen, self.against).tolist()
+
+    def _heads(self, layer: int, heads: list[int]) -> list[float]:
+        """Metric of each run with head h of block `layer` outputting the clean run's at every position."""
+        f = self.first
+        x = self.corrupted.residuals[layer, f:].expand(len(heads), -1, -1).clone()  # (B, T - f, C)
+        edits: list[Edit | None] = [Edit(heads=(HeadEdit(layer, h, self.clean.heads[layer, h]),)) for h in heads]
+        last = run_blocks(self.model, x, layer, f, self.corrupted.keys_values, edits, self.between)
+        return metric(self.model, last, self.chosen, self.against).tolist()
+
+
+def _chunks(items: list[int], budget: int, cost: Callable[[int], int]) -> Iterator[list[int]]:
+    """items in runs whose summed cost (positions run) stays within budget (at least one item each)."""
+    chunk: list[int] = []
+    for item in items:
+        if chunk and (len(chunk) + 1) * cost(chunk[0]) > budget:
+            yield chunk
+            chunk = []
+        chunk.append(item)
+    if chunk:
+        yield chunk
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first position where two equal-length contexts differ (None: they are the same)."""
+    return next((p for p, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+@torch.inference_mode()
+def plan(model: Any, clean_ids: Sequence[int], corrupted_ids: Sequence[int], chosen: int, against: int,
+         between: Callable[[], None] | None = None, batch_tokens: int = BATCH_TOKENS) -> Plan:
+    """Run both contexts (the corrupted one from its first difference, on the clean run's keys and values
+    before it) -> the plan of the patched runs. Raises ValueError for contexts of different lengths, or
+    equal ones."""
+    if len(clean_ids) != len(corrupted_ids):
+        raise ValueError(f"the contexts have {len(clean_ids)} and {len(corrupted_ids)} tokens")
+    first = first_difference(clean_ids, corrupted_ids)
+    if first is None:
+        raise ValueError("the two contexts are the same")
+    clean = trace(model, list(clean_ids), chosen, against, between=between)
+    corrupted = trace(model, list(corrupted_ids), chosen, against, first, clean, between)
+    return Plan(model, list(clean_ids), list(corrupted_ids), chosen, against, first, clean, corrupted,
+                batch_tokens, between)
+
+
+def patch(model: Any, clean_ids: Sequence[int], corrupted_ids: Sequence[int], chosen: int, against: int,
+          batch_tokens: int = BATCH_TOKENS) -> Patching:
+    """The whole map at once (tests, the benchmark)."""
+    p = plan(model, clean_ids, corrupted_ids, chosen, against, batch_tokens=batch_tokens)
+    out = p.empty()
+    with torch.inference_mode():
+        for cells in p.batches():
+            out.fill(cells)
+    return out
+
+
+@torch.inference_mode()
+def metric(model: Any, last: Tensor, chosen: int, against: int) -> Tensor:
+    """last (B, C) final residuals at the last position -> (B,) float32 logit(chosen) - logit(against)."""
+    logits: Tensor = model.lm_head(model.transformer.ln_f(last)).float()  # (B, V)
+    return logits[:, chosen] - logits[:, against]
+
+
+def trace(model: Any, ids: list[int], chosen: int, against: int, start: int = 0, past: Trace | None = None,
+          between: Callable[[], None] | None = None) -> Trace:
+    """Run one context, keeping the residual stream, the heads' outputs and the keys and values at every
+    layer and position. With `start`, positions before it are `past`'s (the same tokens) and not run."""
+    transformer = model.transformer
+    device = next(model.parameters()).device
+    run = torch.tensor([ids[start:]], dtype=torch.long, device=device)  # (1, T - start)
+    positions = torch.arange(start, len(ids), dtype=torch.long, device=device)
+    x = transformer.wte(run) + transformer.wpe(positions)  # (1, T - start, C)
+    kept: dict[str, list[Tensor]] = {"residuals": [], "heads": [], "k": [], "v": []}
+    run_blocks(model, x, 0, start, past.keys_values if past else None, keep=kept, between=between)
+    residuals, heads = torch.stack(kept["residuals"])[:, 0], torch.stack(kept["heads"])[:, 0]
+    keys_values = list(zip(kept["k"], kept["v"]))
+    if past is not None:  # the positions before start are the same in both runs
+        residuals = torch.cat([past.residuals[:, :start], residuals], dim=1)
+        heads = torch.cat([past.heads[:, :, :start], heads], dim=2)
+        keys_values = [(torch.cat([pk[:, :, :start], k], dim=2), torch.cat([pv[:, :, :start], v], dim=2))
+                       for (pk, pv), (k, v) in zip(past.keys_values, keys_values)]
+    value = float(metric(model, residuals[-1, -1:], chosen, against)[0])
+    return Trace(residuals, heads, keys_values, value)
+
+
+def run_blocks(model: Any, x: Tensor, first_layer: int, start: int, past: KeysValues | None,
+               edits: list[Edit | None] | None = None, between: Callable[[], None] | None = None,
+               keep: dict[str, list[Tensor]] | None = None) -> Tensor:
+    """x (B, T', C): the residual stream entering block `first_layer` at positions start..start+T'-1 of B
+    runs, whose positions before `start` are past's (keys and values per layer, read). Runs the blocks
+    from there with each row's edit -> the final residual at the last position (B, C).
+
+    keep: collect the residual entering each block and the final one, each head's output, and the keys and
+    values, at every position run (a trace); without it the last block runs its last position alone."""
+    config = model.config
+    C, nh = config.n_embd, config.n_head
+    hs = C // nh
+    kv_dtype = getattr(model, "kv_dtype", None)  # a reply's KV cache keeps keys and values in this dtype
+    blocks = list(model.transformer.h)
+    B, T = x.size(0), x.size(1)
+    edits = edits or [None] * B
+    mask = None if start == 0 else torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(start)
+    for layer in range(first_layer, len(blocks)):
+        block = blocks[layer]
+        if keep is not None:
+            keep["residuals"].append(x)
+        q, k, v = block.attn.c_attn(block.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, nh, hs).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        if kv_dtype is not None:  # what the cache would have held
+            k, v = k.to(kv_dtype).to(q.dtype), v.to(kv_dtype).to(q.dtype)
+        if keep is not None:
+            keep["k"].append(k)
+            keep["v"].append(v)
+        if start > 0:
+            assert past is not None
+            past_k, past_v = past[layer]
+            k = torch.cat([past_k[:, :, :start].to(q.dtype).expand(B, -1, -1, -1), k], dim=2)  # (B, nh, S, hs)
+            v = torch.cat([past_v[:, :, :start].to(q.dtype).expand(B, -1, -1, -1), v], dim=2)
+        last = keep is None and layer == len(blocks) - 1
+        if last:  # the last position alone: it sees every key, no mask
+            y = F.scaled_dot_product_attention(q[:, :, -1:], k, v)  # (B, nh, 1, hs)
+            x = x[:, -1:]
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        at = start + T - x.size(1)  # the position of x's (and y's) first row
+        if any(e is not None for e in edits):
+            y = torch.cat([edit_heads(y[r:r + 1], layer, e, at) for r, e in enumerate(edits)])
+        if keep is not None:
+            keep["heads"].append(y)
+        x = x + block.attn.c_proj(y.transpose(1, 2).contiguous().view(B, x.size(1), C))
+        mlp = block.mlp(block.ln_2(x))
+        if any(e is not None for e in edits):
+            mlp = torch.cat([edit_mlp(mlp[r:r + 1], layer, e, at) for r, e in enumerate(edits)])
+        x = x + mlp
+        if between is not None:
+            between()
+    if keep is not None:
+        keep["residuals"].append(x)
+    return x[:, -1]
