@@ -19,7 +19,7 @@ from webapp import instance
 from webapp.browsers import Browsers
 from webapp.chat import ablation as chat_ablation
 from webapp.chat import boot as chat_boot
-from webapp.chat.decode.patching import PatchingJobs, patching_kind
+from webapp.chat.decode.patching import PatchingJobs
 from webapp.chat.patching import PatchingService
 from webapp.chat.registry import ChatModels
 from webapp.chat.web import bp as chat_bp
@@ -142,11 +142,11 @@ def _start_core(settings: Settings, models: dict[str, Any] | None) -> tuple[Infe
         # "Inside this token": whole jobs on that model (webapp/chat/decode/inside.py)
         executors[chat.inside_kind(name)] = chat_boot.inside_executor(loaded)
         # switching parts off: a mean ablation's means, one position's odds (webapp/chat/decode/ablation.py)
-        executors[chat_ablation.ablate_kind(chat, name)] = chat_ablation.executor(loaded)
+        executors[chat.job_kind("ablate", name)] = chat_ablation.executor(loaded)
         # "Who pushed this token": whole jobs on that model (webapp/chat/decode/attribution.py)
         executors[chat.attribution_kind(name)] = chat_boot.attribution_executor(loaded)
         # "Patch from another question" (webapp/chat/decode/patching.py)
-        executors[patching_kind(name, chat.default)] = PatchingJobs(loaded)
+        executors[chat.job_kind("patching", name)] = PatchingJobs(loaded)
         warmups[kind] = _warm_up(chat_boot)
     if "loops" in models:
         core_models["loops"] = models["loops"]

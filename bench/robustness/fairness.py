@@ -176,7 +176,7 @@ def measure(name: str, env: dict, share: str, args, folder: Path) -> list[list]:
         alone = Good(server.url, args.tokens).run(args.seconds)
         targets = {a: inside_targets(server.url, a, args.replies, args.tokens) for a in ADDRESSES}
         rows.append(_row(name, share, "none", alone, alone, None))
-        for kind in ("inside", "loops"):
+        for kind in args.floods.split(","):
             with Flood(kind, server.url, targets) as flood:
                 loaded = Good(server.url, args.tokens).run(args.seconds)
             rows.append(_row(name, share, kind, loaded, alone, flood))
@@ -202,6 +202,7 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=20.0, help="the good user's time in each case")
     p.add_argument("--tokens", type=int, default=64, help="max_new_tokens of every reply")
     p.add_argument("--replies", type=int, default=3, help="replies each attacker looks inside")
+    p.add_argument("--floods", default="inside,loops", help="inside, loops, or both (comma-separated)")
     p.add_argument("--no-doc", action="store_true")
     args = p.parse_args(argv)
     load_before = common.load_average()

@@ -24,7 +24,6 @@ from webapp.chat.model.edits import Edit
 from webapp.chat.model.inside import layout_problem
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.prompt import PromptReport
-from webapp.chat.registry import ChatModels
 from webapp.chat.service import ROOT, ChatError, ChatService, Turn
 from webapp.chat.store import Status
 from webapp.core import InferenceCore
@@ -34,11 +33,6 @@ REMOTE_MODEL = ("Replies here come from a remote server (GLASSBOX_CHAT_BACKEND),
                 "Glassbox, so no part of it can be switched off.")
 NO_CACHE = ("Switching parts off needs Glassbox's own GPT (a model with a KV cache); this model comes from "
             "another factory.")
-
-
-def ablate_kind(models: ChatModels, name: str) -> str:
-    """The core's job kind for this model's ablation jobs (the default model keeps plain "ablate")."""
-    return "ablate" if name == models.default else f"ablate:{name}"
 
 
 def config_of(loaded: LoadedChatModel) -> Any:
@@ -147,7 +141,7 @@ class AblationService:
     def start(self, owner: str, model: str, request: AblationRequest) -> Job[AblationRequest, AblationResult]:
         """The job working this request out: the one already queued or running, else a new one. Raises
         Refused (queue full, too many jobs for this browser or address)."""
-        kind = ablate_kind(self.chat.models, model)
+        kind = self.chat.models.job_kind("ablate", model)
         running = self.core.find(kind, request)
         if running is not None and running.state not in FINISHED:
             return running

@@ -9,7 +9,7 @@ import collections
 import threading
 from typing import Any, cast
 
-from webapp.chat.decode.patching import PatchingRequest, PatchingResult, patching_kind
+from webapp.chat.decode.patching import PatchingRequest, PatchingResult
 from webapp.chat.inside import InsideService
 from webapp.chat.model.patching import Patching, first_difference
 from webapp.chat.service import ChatError
@@ -77,7 +77,7 @@ class PatchingService:
         return PatchingRequest(clean.context_ids, corrupted_ids, clean.token, against, index)
 
     def kind(self, model: str) -> str:
-        return patching_kind(model, self.inside.models.default)
+        return self.inside.models.job_kind("patching", model)
 
     def result(self, model: str, request: PatchingRequest) -> Patching | None:
         """The kept map for this request on that model, if it was worked out before."""

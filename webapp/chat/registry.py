@@ -131,8 +131,8 @@ class ModelRecord:
 
 class ChatModels:
     """The loaded chat models by registry name, in the registry's order; the first is the default. Each
-    runs as its own kinds of job on the core (`kind`, `inside_kind`, `attribution_kind`): its replies step in a batch of
-    their own, the worker stepping every model that has rows."""
+    runs as its own kinds of job on the core (`job_kind`: its replies, Inside, attribution, ablation,
+    patching): its replies step in a batch of their own, the worker stepping every model that has rows."""
 
     def __init__(self, loaded: dict[str, LoadedChatModel], settings: dict[str, Settings] | None = None) -> None:
         self._loaded = dict(loaded)
@@ -164,15 +164,20 @@ class ChatModels:
     def settings_for(self, name: str, base: Settings) -> Settings:
         return self._settings.get(name, base)
 
+    def job_kind(self, work: str, name: str) -> str:
+        """The core's job kind for one kind of work on this model ("chat", "inside", "attribution", "ablate",
+        "patching"): the default model keeps the plain name, another adds its own ("inside:second")."""
+        return work if name == self.default else f"{work}:{name}"
+
     def kind(self, name: str) -> str:
-        """The core's job kind for this model's replies (the default keeps plain "chat")."""
-        return "chat" if name == self.default else f"chat:{name}"
+        """The core's job kind for this model's replies."""
+        return self.job_kind("chat", name)
 
     def inside_kind(self, name: str) -> str:
-        return "inside" if name == self.default else f"inside:{name}"
+        return self.job_kind("inside", name)
 
     def attribution_kind(self, name: str) -> str:
-        return "attribution" if name == self.default else f"attribution:{name}"
+        return self.job_kind("attribution", name)
 
     def card(self, name: str | None = None) -> ModelCard:
         name = self.default if name is None else name

@@ -47,11 +47,6 @@ class PatchingResult:
     patching: Patching | None = None  # filled in as the cells arrive; complete once the job is done
 
 
-def patching_kind(model: str, default: str) -> str:
-    """The core's job kind for patching on a chat model (the default model keeps plain "patching")."""
-    return "patching" if model == default else f"patching:{model}"
-
-
 class PatchingJobs(WholeJobs[PatchingRequest, PatchingResult]):
     """The core's executor for patching jobs on one local chat model: one at a time, between batched steps."""
 
