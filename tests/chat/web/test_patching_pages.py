@@ -12,7 +12,7 @@ import pytest
 from tests.chat.model.test_patching import reference_map
 from tests.chat.web import test_glass
 from tests.chat.web.test_glass import reply
-from tests.conftest import csrf_of
+from tests.conftest import csrf_of, wait_for
 from webapp.core.jobs import CANCELLED, DONE
 from webapp.web.state import glassbox
 
@@ -156,6 +156,8 @@ def test_stop_cancels_the_job_and_the_page_keeps_what_it_worked_out(chat_app):
         job = next(j for j in core._jobs.values() if j.kind == "patching")
         stop = re.search(r'<form method="post" action="([^"]+/stop/[^"]+)"', html)
         assert stop, html
+        # Stop once cells are out (the hook then holds the job): pressed sooner, it stops before any cell
+        assert wait_for(lambda: any(e.name == "cells" for e in job.events), timeout=60)
         answer = client.post(stop.group(1), data={"csrf_token": csrf_of(client, url), "corrupted": query["corrupted"]})
         pressed.set()
         assert answer.status_code == 303 and "stopped=1" in answer.headers["Location"]
