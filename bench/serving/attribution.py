@@ -114,7 +114,7 @@ def measure(name: str, args) -> list:
             cold = timed_get(client, url)
             kept, again, bare, step = [], [], [], []
             for _ in range(args.reps):
-                service._reports.clear()  # the report is worked out again, from the kept cache
+                service.kept.clear()  # the report is worked out again, from the kept cache
                 keep_cache(loaded, context)
                 kept.append(timed_get(client, url))
                 again.append(timed_get(client, url))

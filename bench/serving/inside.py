@@ -98,7 +98,7 @@ def main(argv=None):
             cold = timed_get(client, url)
             kept, again = [], []
             for _ in range(args.reps):
-                inside._reports.clear()  # the report is worked out again, from the kept cache
+                inside.kept.clear()  # the report is worked out again, from the kept cache
                 cache = model.new_cache()
                 with torch.inference_mode():  # what the finished reply leaves behind
                     model.prefill([Chunk(context[:-1], cache, 0, logits=False)])

@@ -13,8 +13,6 @@ What needs the model first (a mean ablation's means, one position's odds) is a w
 
 from __future__ import annotations
 
-import collections
-import threading
 from typing import Any
 
 from webapp.chat.decode.ablation import AblationJobs, AblationRequest, AblationResult
@@ -27,7 +25,8 @@ from webapp.chat.model.prompt import PromptReport
 from webapp.chat.service import ROOT, ChatError, ChatService, Turn
 from webapp.chat.store import Status
 from webapp.core import InferenceCore
-from webapp.core.jobs import DONE, FINISHED, Job
+from webapp.core.jobs import Job
+from webapp.core.kept import KeptResults
 
 REMOTE_MODEL = ("Replies here come from a remote server (GLASSBOX_CHAT_BACKEND), not from a model running in "
                 "Glassbox, so no part of it can be switched off.")
@@ -49,10 +48,9 @@ class AblationService:
     """What the ablation views call; knows the core and the chat service, never the device."""
 
     def __init__(self, core: InferenceCore, chat: ChatService, keep: int = 32) -> None:
-        self.core, self.chat, self.keep = core, chat, keep
-        self._results: collections.OrderedDict[tuple[str, AblationRequest], AblationResult] = \
-            collections.OrderedDict()
-        self._lock = threading.Lock()
+        self.core, self.chat = core, chat
+        self.kept: KeptResults[AblationRequest, AblationResult, AblationResult] = KeptResults(
+            core, keep, lambda result: result if result.edit is not None else None)
 
     # -- checks ------------------------------------------------------------------------------
     def writer(self, message: dict) -> tuple[str, LoadedChatModel]:
@@ -132,31 +130,9 @@ class AblationService:
     # -- jobs ----------------------------------------------------------------------------------
     def result(self, model: str, request: AblationRequest) -> AblationResult | None:
         """The kept result of this request on that model, if it was worked out before."""
-        with self._lock:
-            found = self._results.get((model, request))
-            if found is not None:
-                self._results.move_to_end((model, request))
-            return found
+        return self.kept.get(model, request)
 
     def start(self, owner: str, model: str, request: AblationRequest) -> Job[AblationRequest, AblationResult]:
         """The job working this request out: the one already queued or running, else a new one. Raises
         Refused (queue full, too many jobs for this browser or address)."""
-        kind = self.chat.models.job_kind("ablate", model)
-        running = self.core.find(kind, request)
-        if running is not None and running.state not in FINISHED:
-            return running
-
-        def keep(job: Job[AblationRequest, AblationResult], outcome: str, error: str | None) -> None:
-            if outcome == DONE and isinstance(job.result, AblationResult) and job.result.edit is not None:
-                self._remember((model, request), job.result)
-
-        job: Job[AblationRequest, AblationResult] = Job(kind, owner, request, on_finish=keep, ref=request,
-                                                        result=AblationResult())
-        return self.core.submit(job)
-
-    def _remember(self, key: tuple[str, AblationRequest], result: AblationResult) -> None:
-        with self._lock:
-            self._results[key] = result
-            self._results.move_to_end(key)
-            while len(self._results) > self.keep:
-                self._results.popitem(last=False)
+        return self.kept.start(self.chat.models.job_kind("ablate", model), owner, model, request, AblationResult())

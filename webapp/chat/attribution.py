@@ -5,8 +5,6 @@ under their request (context, token, against), never under a message id."""
 
 from __future__ import annotations
 
-import collections
-import threading
 from typing import Any
 
 from webapp.chat.decode.attribution import AttributionReport, AttributionRequest, AttributionResult
@@ -14,7 +12,8 @@ from webapp.chat.inside import InsideService
 from webapp.chat.service import ChatError
 from webapp.chat.store import ReplyDetails
 from webapp.core import InferenceCore
-from webapp.core.jobs import DONE, FINISHED, Job
+from webapp.core.jobs import Job
+from webapp.core.kept import KeptResults
 
 
 class AttributionService:
@@ -22,10 +21,9 @@ class AttributionService:
 
     def __init__(self, core: InferenceCore, inside: InsideService, keep: int = 32) -> None:
         self.core, self.inside, self.models = core, inside, inside.models
-        self.keep = keep  # reports kept (GLASSBOX_INSIDE_CACHE_ENTRIES, as Inside's)
-        self._reports: collections.OrderedDict[tuple[str, AttributionRequest], AttributionReport] = \
-            collections.OrderedDict()
-        self._lock = threading.Lock()
+        # GLASSBOX_INSIDE_CACHE_ENTRIES reports kept, as Inside's
+        self.kept: KeptResults[AttributionRequest, AttributionResult, AttributionReport] = KeptResults(
+            core, keep, lambda result: result.report)
 
     def request_for(self, model: str, message: dict, details: ReplyDetails, index: int,
                     against: int | None) -> AttributionRequest:
@@ -45,32 +43,10 @@ class AttributionService:
         return min(int(loaded.tokenizer.n_vocab), int(gpt.lm_head.weight.size(0)))
 
     def report(self, model: str, request: AttributionRequest) -> AttributionReport | None:
-        with self._lock:
-            found = self._reports.get((model, request))
-            if found is not None:
-                self._reports.move_to_end((model, request))
-            return found
+        return self.kept.get(model, request)
 
     def start(self, owner: str, model: str,
               request: AttributionRequest) -> Job[AttributionRequest, AttributionResult]:
         """The job working this request out on that model: the one already queued or running, else a new
         one. Raises Refused (queue full, too many jobs for this browser or address)."""
-        kind = self.models.attribution_kind(model)
-        running = self.core.find(kind, request)
-        if running is not None and running.state not in FINISHED:
-            return running
-
-        def keep(job: Job[AttributionRequest, AttributionResult], outcome: str, error: str | None) -> None:
-            if outcome == DONE and isinstance(job.result, AttributionResult) and job.result.report is not None:
-                self._remember((model, request), job.result.report)
-
-        job: Job[AttributionRequest, AttributionResult] = Job(kind, owner, request, on_finish=keep, ref=request,
-                                                              result=AttributionResult())
-        return self.core.submit(job)
-
-    def _remember(self, key: tuple[str, AttributionRequest], report: AttributionReport) -> None:
-        with self._lock:
-            self._reports[key] = report
-            self._reports.move_to_end(key)
-            while len(self._reports) > self.keep:
-                self._reports.popitem(last=False)
+        return self.kept.start(self.models.attribution_kind(model), owner, model, request, AttributionResult())

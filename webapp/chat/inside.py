@@ -1,12 +1,9 @@
 """Inside a reply's token, on the shared core: check that it can be looked into, build the job's request
 from what the reply saved (its exact prompt and its tokens), submit it (or join the one already running),
-and keep finished reports, a bounded number, least recently used forgotten first. A report is kept under
-its request (the context's ids and the token), not under a message id: what it shows depends on nothing
-else, and a deleted message's id cannot lead to another's report."""
+and keep finished reports, a bounded number, least recently used forgotten first (webapp/core/kept.py)."""
 
 from __future__ import annotations
 
-import collections
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -17,7 +14,8 @@ from webapp.chat.registry import ChatModels, ModelRecord, model_record
 from webapp.chat.service import ChatError
 from webapp.chat.store import ReplyDetails, Status
 from webapp.core import InferenceCore
-from webapp.core.jobs import DONE, FINISHED, Job
+from webapp.core.jobs import Job
+from webapp.core.kept import KeptResults, Key
 
 Built = TypeVar("Built")
 REMOTE = ("Replies here come from a remote server (GLASSBOX_CHAT_BACKEND), not from a model running in "
@@ -30,10 +28,11 @@ class InsideService:
     def __init__(self, core: InferenceCore, models: ChatModels, keep: int = 32) -> None:
         self.core = core
         self.models = models
-        self.keep = keep  # reports kept (GLASSBOX_INSIDE_CACHE_ENTRIES)
-        # under (the model that works it out, the request): two models' reports on one text are two reports
-        self._reports: collections.OrderedDict[tuple[str, InsideRequest], InsideReport] = collections.OrderedDict()
-        self._made: dict[tuple[str, InsideRequest], dict[str, Any]] = {}  # what views made of a kept report
+        # under (the model that works it out, the request): two models' reports on one text are two
+        # reports; GLASSBOX_INSIDE_CACHE_ENTRIES of them
+        self.kept: KeptResults[InsideRequest, InsideResult, InsideReport] = KeptResults(
+            core, keep, lambda result: result.report, on_forget=self._forget_made)
+        self._made: dict[Key, dict[str, Any]] = {}  # what views made of a kept report
         self._lock = threading.Lock()
         self._layout: dict[int, str | None] = {}  # id(model) -> why it cannot be looked into
 
@@ -79,11 +78,7 @@ class InsideService:
 
     def report(self, model: str, request: InsideRequest) -> InsideReport | None:
         """The kept report for this request on that model, if it was worked out before."""
-        with self._lock:
-            found = self._reports.get((model, request))
-            if found is not None:
-                self._reports.move_to_end((model, request))
-            return found
+        return self.kept.get(model, request)
 
     def made_of(self, model: str, request: InsideRequest, what: str, make: Callable[[], Built]) -> Built:
         """What a view makes of a kept report (its JSON as bytes: webapp/web/heavy.py), made once and kept with
@@ -94,31 +89,16 @@ class InsideService:
         if found is not None:
             return found
         made = make()
-        with self._lock:
-            if key in self._reports:
+        if key in self.kept:
+            with self._lock:
                 self._made.setdefault(key, {})[what] = made
         return made
 
     def start(self, owner: str, model: str, request: InsideRequest) -> Job[InsideRequest, InsideResult]:
         """The job working this request out on that model: the one already queued or running, else a new
         one. Raises Refused (queue full, too many jobs for this browser or address)."""
-        kind = self.models.inside_kind(model)
-        running = self.core.find(kind, request)
-        if running is not None and running.state not in FINISHED:
-            return running
+        return self.kept.start(self.models.inside_kind(model), owner, model, request, InsideResult())
 
-        def keep(job: Job[InsideRequest, InsideResult], outcome: str, error: str | None) -> None:
-            if outcome == DONE and isinstance(job.result, InsideResult) and job.result.report is not None:
-                self._remember((model, request), job.result.report)
-
-        job: Job[InsideRequest, InsideResult] = Job(kind, owner, request, on_finish=keep, ref=request,
-                                                    result=InsideResult())
-        return self.core.submit(job)
-
-    def _remember(self, key: tuple[str, InsideRequest], report: InsideReport) -> None:
+    def _forget_made(self, key: Key) -> None:
         with self._lock:
-            self._reports[key] = report
-            self._reports.move_to_end(key)
-            self._made.pop(key, None)  # made of the report this one replaces
-            while len(self._reports) > self.keep:
-                self._made.pop(self._reports.popitem(last=False)[0], None)
+            self._made.pop(key, None)

@@ -5,8 +5,6 @@ request (the two contexts and the two tokens), not under a message id."""
 
 from __future__ import annotations
 
-import collections
-import threading
 from typing import Any, cast
 
 from webapp.chat.decode.patching import PatchingRequest, PatchingResult
@@ -15,7 +13,8 @@ from webapp.chat.model.patching import Patching, first_difference
 from webapp.chat.service import ChatError
 from webapp.chat.store import ReplyDetails
 from webapp.core import InferenceCore
-from webapp.core.jobs import DONE, FINISHED, Job
+from webapp.core.jobs import Job
+from webapp.core.kept import KeptResults
 
 
 class PatchingService:
@@ -24,10 +23,10 @@ class PatchingService:
 
     def __init__(self, core: InferenceCore, inside: InsideService, keep: int = 32, max_cells: int = 4096) -> None:
         self.core, self.inside = core, inside
-        self.keep = keep  # maps kept (GLASSBOX_INSIDE_CACHE_ENTRIES)
+        # GLASSBOX_INSIDE_CACHE_ENTRIES maps kept
+        self.kept: KeptResults[PatchingRequest, PatchingResult, Patching] = KeptResults(
+            core, keep, lambda result: result.patching)
         self.max_cells = max_cells  # GLASSBOX_PATCHING_MAX_CELLS
-        self._maps: collections.OrderedDict[tuple[str, PatchingRequest], Patching] = collections.OrderedDict()
-        self._lock = threading.Lock()
 
     def last_user_message(self, details: ReplyDetails) -> str | None:
         """The text of the last user message the reply's prompt holds (what the form starts from)."""
@@ -81,11 +80,7 @@ class PatchingService:
 
     def result(self, model: str, request: PatchingRequest) -> Patching | None:
         """The kept map for this request on that model, if it was worked out before."""
-        with self._lock:
-            found = self._maps.get((model, request))
-            if found is not None:
-                self._maps.move_to_end((model, request))
-            return found
+        return self.kept.get(model, request)
 
     def job(self, model: str, request: PatchingRequest) -> Job[PatchingRequest, PatchingResult] | None:
         """The newest job for this request on that model, running or finished (None: none)."""
@@ -94,24 +89,7 @@ class PatchingService:
     def start(self, owner: str, model: str, request: PatchingRequest) -> Job[PatchingRequest, PatchingResult]:
         """The job working this request out: the one already queued or running, else a new one. Raises
         Refused (queue full, too many jobs for this browser or address)."""
-        running = self.job(model, request)
-        if running is not None and running.state not in FINISHED:
-            return running
-
-        def keep(job: Job[PatchingRequest, PatchingResult], outcome: str, error: str | None) -> None:
-            if outcome == DONE and job.result.patching is not None:
-                self._remember((model, request), job.result.patching)
-
-        job: Job[PatchingRequest, PatchingResult] = Job(self.kind(model), owner, request, on_finish=keep,
-                                                        ref=request, result=PatchingResult())
-        return self.core.submit(job)
-
-    def _remember(self, key: tuple[str, PatchingRequest], patching: Patching) -> None:
-        with self._lock:
-            self._maps[key] = patching
-            self._maps.move_to_end(key)
-            while len(self._maps) > self.keep:
-                self._maps.popitem(last=False)
+        return self.kept.start(self.kind(model), owner, model, request, PatchingResult())
 
 
 def _last_user_part(prompt: dict) -> dict | None:
