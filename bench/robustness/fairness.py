@@ -8,7 +8,8 @@ Real gunicorn (as `make run` starts it), one per model and GLASSBOX_BULK_SHARE v
 run. A good user on 127.0.0.1 sends one chat message at a time and reads its stream to the end: first
 token (from the send), and decode rate (tokens after the first over the time from first to last, summed
 over its replies). First alone, then under each flood, each from four loopback addresses (127.0.0.2-5),
-three requests at a time each, straight to gunicorn (the connection's address is the client's):
+three requests at a time each, straight to gunicorn (the connection's address is the client's), or with
+--nginx through nginx as deployed (its per-address request limit answers a flood's excess itself):
 
 - inside: cold "Inside this token" JSON, each address on its own replies' tokens in turn (more reports
   than GLASSBOX_INSIDE_CACHE_ENTRIES keeps, so most are worked out again);
@@ -36,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import common  # noqa: E402
 from bench.robustness.hostile_kit import Raw, mapping, percentile  # noqa: E402
-from tests.support.servers import Client, Gunicorn, stream_url  # noqa: E402
+from tests.support.servers import Client, Gunicorn, Nginx, stream_url  # noqa: E402
 
 ADDRESSES = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]
 QUESTION = "What is the capital of France?"
@@ -108,7 +109,7 @@ def inside_targets(base: str, address: str, replies: int, tokens: int) -> tuple[
         status, _, body = raw.form("/chat/send", {"content": f"{QUESTION} ({n})", "max_new_tokens": str(tokens)},
                                    headers={"HX-Request": "true"})
         assert status == 200, body[:300]
-        url = stream_url(body.decode())
+        url = stream_url(body.decode()).removeprefix(raw.prefix)  # Raw adds the prefix (nginx's /glassbox)
         raw.request("GET", url, timeout=120)  # the whole stream: the reply is finished
         found = re.search(r"/chat/c/(\w+)/m/(\d+)/stream", url)
         assert found, url
@@ -169,18 +170,22 @@ class Flood:
 def measure(name: str, env: dict, share: str, args, folder: Path) -> list[list]:
     server = Gunicorn(folder / f"{name}-{share}", {**env, "GLASSBOX_BULK_SHARE": share, "GLASSBOX_THREADS": "32",
                                                    "GLASSBOX_MAX_STREAMS": "48"}).start(ready_timeout=300)
+    proxy = Nginx(folder / f"nginx-{name}-{share}", server.port).start() if args.nginx else None
+    base = proxy.url + "/glassbox" if proxy else server.url
     rows = []
     try:
-        good = Good(server.url, args.tokens)
+        good = Good(base, args.tokens)
         good.reply()  # warm: the first reply's pages and kernels
-        alone = Good(server.url, args.tokens).run(args.seconds)
-        targets = {a: inside_targets(server.url, a, args.replies, args.tokens) for a in ADDRESSES}
+        alone = Good(base, args.tokens).run(args.seconds)
+        targets = {a: inside_targets(base, a, args.replies, args.tokens) for a in ADDRESSES}
         rows.append(_row(name, share, "none", alone, alone, None))
         for kind in args.floods.split(","):
-            with Flood(kind, server.url, targets) as flood:
-                loaded = Good(server.url, args.tokens).run(args.seconds)
+            with Flood(kind, base, targets) as flood:
+                loaded = Good(base, args.tokens).run(args.seconds)
             rows.append(_row(name, share, kind, loaded, alone, flood))
     finally:
+        if proxy:
+            proxy.stop()
         server.stop()
     return rows
 
@@ -203,6 +208,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=64, help="max_new_tokens of every reply")
     p.add_argument("--replies", type=int, default=3, help="replies each attacker looks inside")
     p.add_argument("--floods", default="inside,loops", help="inside, loops, or both (comma-separated)")
+    p.add_argument("--nginx", action="store_true", help="every client through nginx (deploy/nginx.conf), as deployed")
     p.add_argument("--no-doc", action="store_true")
     args = p.parse_args(argv)
     load_before = common.load_average()
@@ -215,7 +221,8 @@ def main(argv=None) -> int:
                 rows += measure(name, envs[name], share, args, folder)
                 print(common.table(HEADER, rows[-3:]), flush=True)
     body = (common.table(HEADER, rows)
-            + f"\n\n- real gunicorn per row group (1 torch thread); the good user {args.seconds:g} s per case, "
+            + f"\n\n- real gunicorn per row group (1 torch thread), {WAY[args.nginx]}; the good user "
+              f"{args.seconds:g} s per case, "
               f"max_new_tokens {args.tokens}; floods from 4 addresses x 3 at a time; bound = 2 x unloaded p95 + 50 ms; "
               "26m = random GPT-2-BPE weights, n_layer 4, n_head 6, n_embd 384 (its replies run to max_new_tokens)")
     common.report("Whole jobs against a good user's reply (GLASSBOX_BULK_SHARE)", body, load_before=load_before,
@@ -223,6 +230,7 @@ def main(argv=None) -> int:
     return 0 if all(r[9] == "yes" for r in rows if r[1] != "1") else 1
 
 
+WAY = {False: "straight to it", True: "behind nginx (deploy/nginx.conf)"}
 HEADER = ["model", "bulk share", "flood", "replies", "decode tok/s", "vs alone", "TTFT p50 ms", "TTFT p95 ms",
           "p95 bound ms", "within", "flood's requests"]
 
