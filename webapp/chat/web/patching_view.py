@@ -101,14 +101,17 @@ def maps_view(tokenizer, request: PatchingRequest, patching: Patching | None, jo
     done = patching is not None
     residual: list[list[float | None]] = patching.residual if patching else [[None] * T for _ in range(L + 1)]
     heads: list[list[float | None]] = patching.heads if patching else [[None] * nh for _ in range(L)]
-    filled = _filled(job) if job is not None and (job.state != DONE) else None
+    # the job's state read once: a job ending while the page renders must not read as done with the cells
+    # it published last still blank (and the page then no longer following its stream)
+    state = job.state if job is not None else None
+    filled = _filled(job) if job is not None and state != DONE else None
 
     def is_done(part: str, layer: int, index: int) -> bool:
         return done and (filled is None or (part, layer, index) in filled)
 
     status = "done"
-    if job is not None:
-        status = {DONE: "done", CANCELLED: "stopped", FAILED: "failed", QUEUED: "queued"}.get(job.state, "running")
+    if state is not None:
+        status = {DONE: "done", CANCELLED: "stopped", FAILED: "failed", QUEUED: "queued"}.get(state, "running")
     return MapsView(
         chosen=token_text(tokenizer, request.chosen)[0], against=token_text(tokenizer, request.against)[0],
         clean=patching.clean if patching else None, corrupted=patching.corrupted if patching else None,
