@@ -126,11 +126,14 @@ def test_the_stream_of_a_reply_whose_front_end_died_ends_as_stopped_when_its_lea
     cid, reply_id = pending_reply_run_elsewhere(chat_app, client)
     chat = store(chat_app)
     chat.save_progress(reply_id, "Half a")
+    lease_ends = time.time() + 0.5
     with chat.db.transaction() as db:  # its front end saved it last, then died: the lease runs out in 0.5 s
-        db.execute("UPDATE messages SET runner = 'dead', lease_until = ? WHERE id = ?", (time.time() + 0.5, reply_id))
+        db.execute("UPDATE messages SET runner = 'dead', lease_until = ? WHERE id = ?", (lease_ends, reply_id))
     elsewhere((4, lambda: chat.finish_reply(reply_id, "Half a", "error", "never ended", ReplyStats(2, None, None))))
     events, took = read_all(client.get(f"/chat/c/{cid}/m/{reply_id}/stream"))
-    assert 0.5 <= took < 2, took
+    # not before the lease ran out (counted from when it was set, not from the request), and long before
+    # the row's own end at 4 s
+    assert time.time() >= lease_ends and took < 2, (time.time() - lease_ends, took)
     assert [d for n, d in events if n == "token"] == ["Half a"] and events[-1][0] == "done"
     assert "stopped" in events[-1][1] and "sse-connect" not in events[-1][1]
     reply = messages(chat_app, cid)[-1]
