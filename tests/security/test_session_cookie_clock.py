@@ -82,3 +82,18 @@ def test_an_expired_cookie_or_another_key_s_cookie_starts_a_new_session(app, cap
     forged = signed_at(app, data, time.time())
     assert not sees_its_conversation(app, forged[:-2] + ("AA" if not forged.endswith("AA") else "BB"))
     assert sees_its_conversation(app, signed_at(app, data, time.time()))
+
+
+def session_cookie_set(app, cookie: str) -> bool:
+    client = app.test_client()
+    client.set_cookie("glassbox_session", cookie)
+    response = client.get("/chat/")
+    assert response.status_code == 200
+    return any(v.startswith("glassbox_session=") for v in response.headers.getlist("Set-Cookie"))
+
+
+def test_an_unchanged_cookie_is_signed_again_once_an_hour_old_not_on_every_answer(app):
+    data = a_browser_with_a_conversation(app)
+    assert not session_cookie_set(app, signed_at(app, data, time.time() - 60))
+    assert session_cookie_set(app, signed_at(app, data, time.time() - 2 * 3600))
+    assert sees_its_conversation(app, signed_at(app, data, time.time() - 2 * 3600))

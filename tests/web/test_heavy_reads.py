@@ -152,3 +152,18 @@ def test_the_budget_fills_back_up_and_forgets_quiet_addresses():
     for address in "efg":
         quiet.take(address, 10)
     assert set(quiet._level) == {"g"}  # a flood of live addresses: started over rather than grown
+
+
+def test_a_json_url_answers_its_refusals_and_errors_as_json_whatever_the_client_accepts(tight):
+    client = tight.test_client()
+    trace_id = saved_trace(client, csrf_of(client, "/loops/"), steps="12")
+    browser_like = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
+    missing = client.get("/loops/traces/0000nosuch.json", headers=browser_like)
+    assert missing.status_code == 404 and missing.get_json() == {"error": "No such trace."}
+    NOW[0] += 100
+    statuses = [client.get(f"/loops/traces/{trace_id}.json", headers=browser_like) for _ in range(3)]
+    refused = statuses[-1]
+    assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
+    assert "GLASSBOX_HEAVY_READ_BYTES_PER_SECOND" in refused.get_json()["error"]
+    page = client.get(f"/loops/traces/{trace_id}", headers=browser_like)  # a page's error stays a page
+    assert page.mimetype == "text/html"

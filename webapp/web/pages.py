@@ -50,7 +50,9 @@ def http_error(error: HTTPException):
     # 503 is always the server's passing state (busy, shutting down, no stream free): say when to retry
     headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if error.code == 503 else {}
     headers.update(retry_headers(error))  # a 429 that knows when (webapp/web/heavy.py)
-    if request.path.startswith("/api/") or (request.accept_mimetypes.best == "application/json"):
+    # JSON for a script: an API route, any URL that names a .json answer, or a client that asks for it
+    if (request.path.startswith("/api/") or request.path.endswith(".json")
+            or request.accept_mimetypes.best == "application/json"):
         return {"error": message}, error.code, headers
     if request.headers.get("HX-Request") == "true":
         # Shown in the page's alert area, whatever the request's own target was.

@@ -15,7 +15,7 @@ import secrets
 import time
 
 from flask import abort, current_app, request, session
-from flask.sessions import SecureCookieSessionInterface
+from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 from itsdangerous import BadSignature
 from werkzeug.middleware.proxy_fix import ProxyFix
 
@@ -48,6 +48,13 @@ def route_key(app, owner: str) -> str:
 
 
 CLOCK_SKEW_SECONDS = 300  # a cookie dated this far ahead of the server's clock is taken without a word
+# An unchanged cookie is signed again (its lifetime renewed) once it is this old, not on every response:
+# signing and setting it cost more than many answers themselves, and a flood of requests pays it each time.
+RESIGN_AFTER_SECONDS = 3600
+
+
+class GlassboxSession(SecureCookieSession):
+    signed_age: float | None = None  # how long ago the browser's cookie was signed; None: no cookie
 
 
 class GlassboxSessions(SecureCookieSessionInterface):
@@ -59,7 +66,10 @@ class GlassboxSessions(SecureCookieSessionInterface):
     owner made) only when its signature is not ours or it is older than GLASSBOX_SESSION_DAYS. Flask
     also refuses a cookie dated in the future, which is what a server clock stepping back produces:
     here a cookie signed by this key is kept whatever its date says, logged when more than
-    CLOCK_SKEW_SECONDS ahead, and signed again with the clock's time on the response."""
+    CLOCK_SKEW_SECONDS ahead, and signed again with the clock's time on the response. An unchanged
+    cookie is signed again once RESIGN_AFTER_SECONDS old (so an active browser's never runs out)."""
+
+    session_class = GlassboxSession
 
     def open_session(self, app, request):
         serializer = self.get_signing_serializer(app)
@@ -79,7 +89,16 @@ class GlassboxSessions(SecureCookieSessionInterface):
         if age < -CLOCK_SKEW_SECONDS:
             log.warning("A session cookie is signed %.0f s ahead of this server's clock: kept (has the clock "
                         "stepped back?)", -age)
-        return self.session_class(data)
+        kept = self.session_class(data)
+        kept.signed_age = age
+        return kept
+
+    def should_set_cookie(self, app, session) -> bool:
+        if session.modified:
+            return True
+        age = getattr(session, "signed_age", None)
+        stale = age is None or age > RESIGN_AFTER_SECONDS or age < -CLOCK_SKEW_SECONDS
+        return bool(session.permanent and stale)
 
     def save_session(self, app, session, response) -> None:
         super().save_session(app, session, response)

@@ -11,7 +11,6 @@ from contextlib import closing
 from typing import cast
 
 from flask import abort, jsonify, render_template, request
-from werkzeug.exceptions import HTTPException
 
 from webapp.chat.ablation import AblationService, config_of
 from webapp.chat.decode.ablation import AblationRequest, AblationResult, Odds
@@ -72,8 +71,6 @@ def ablate_json(conversation_id: str, message_id: int):
         owner = owner_id()
         quotas.check_chat(service().store, owner, new_conversation=False)
         ids = service().start_turn(owner, turn)
-    except HTTPException as error:
-        return jsonify({"error": error.description}), error.code
     except ChatError as error:
         return jsonify({"error": str(error)}), error.status
     except Refused as error:
@@ -155,8 +152,6 @@ def ablated_position_json(conversation_id: str, message_id: int, index: int):
     try:
         message = owned_message(conversation_id, message_id)
         found = position(message, index)
-    except HTTPException as error:
-        return jsonify({"error": error.description}), error.code
     except ChatError as error:
         return jsonify({"error": str(error)}), error.status, getattr(error, "headers", {})
     tokenizer = service().writer(message).tokenizer

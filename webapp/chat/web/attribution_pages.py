@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import cast
 
 from flask import Response, abort, jsonify, render_template, request
-from werkzeug.exceptions import HTTPException
 
 from webapp.chat.attribution import AttributionService
 from webapp.chat.decode.attribution import AttributionReport
@@ -35,11 +34,7 @@ def attribution(conversation_id: str, message_id: int, index: int):
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/attribution/<int:index>.json")
 def attribution_json(conversation_id: str, message_id: int, index: int):
-    try:
-        message = owned_message(conversation_id, message_id)
-    except HTTPException as error:  # JSON for a script, whatever it sent as Accept
-        return jsonify({"error": error.description}), error.code
-    return attribution_answer(message, index)
+    return attribution_answer(owned_message(conversation_id, message_id), index)  # errors as JSON: http_error
 
 
 @bp.get("/shared/<token>/m/<int:message_id>/attribution/<int:index>")
@@ -50,11 +45,7 @@ def shared_attribution(token: str, message_id: int, index: int):
 
 @bp.get("/shared/<token>/m/<int:message_id>/attribution/<int:index>.json")
 def shared_attribution_json(token: str, message_id: int, index: int):
-    try:
-        _, message = shared_message(token, message_id)
-    except HTTPException as error:
-        return jsonify({"error": error.description}), error.code
-    return attribution_answer(message, index)
+    return attribution_answer(shared_message(token, message_id)[1], index)
 
 
 def attribution_answer(message: dict, index: int) -> Response | tuple:

@@ -10,7 +10,6 @@ from contextlib import closing
 from typing import cast
 
 from flask import Response, abort, get_template_attribute, jsonify, render_template, request
-from werkzeug.exceptions import HTTPException
 
 from webapp.chat.decode.inside import InsideReport
 from webapp.chat.decode.odds import TokenOdds
@@ -22,7 +21,7 @@ from webapp.chat.web.inside_view import HeadView, LensRowView
 from webapp.chat.web.token_views import token_text, whitespace_name
 from webapp.core import Refused
 from webapp.core.jobs import CANCELLED, DONE, Job
-from webapp.web import heavy, refusal_headers, refusal_status, retry_headers
+from webapp.web import heavy, refusal_headers, refusal_status
 from webapp.web.security import owner_id
 from webapp.web.state import glassbox
 from webapp.web.streams import held_slot
@@ -49,12 +48,8 @@ def inside(conversation_id: str, message_id: int, index: int):
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/inside/<int:index>.json")
 def inside_json(conversation_id: str, message_id: int, index: int):
-    try:
-        heavy.admit()  # before any lookup: a refusal costs next to nothing
-        message = owned_message(conversation_id, message_id)
-    except HTTPException as error:  # JSON for a script, whatever it sent as Accept
-        return jsonify({"error": error.description}), error.code, retry_headers(error)
-    return inside_answer(message, index)
+    heavy.admit()  # before any lookup: a refusal costs next to nothing (its error is JSON: pages.http_error)
+    return inside_answer(owned_message(conversation_id, message_id), index)
 
 
 @bp.get("/shared/<token>/m/<int:message_id>/inside/<int:index>")
@@ -65,12 +60,8 @@ def shared_inside(token: str, message_id: int, index: int):
 
 @bp.get("/shared/<token>/m/<int:message_id>/inside/<int:index>.json")
 def shared_inside_json(token: str, message_id: int, index: int):
-    try:
-        heavy.admit()
-        _, message = shared_message(token, message_id)
-    except HTTPException as error:
-        return jsonify({"error": error.description}), error.code, retry_headers(error)
-    return inside_answer(message, index)
+    heavy.admit()
+    return inside_answer(shared_message(token, message_id)[1], index)
 
 
 def shared_message(token: str, message_id: int) -> tuple[dict, dict]:

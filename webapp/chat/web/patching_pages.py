@@ -68,10 +68,7 @@ def start(model: str, patching_request: PatchingRequest, watched: bool = False) 
 def patching_json(conversation_id: str, message_id: int, index: int):
     """Body {"corrupted": text, "against": token id} -> the whole map once worked out (the request waits,
     holding a bulk stream slot, at most GLASSBOX_INSIDE_WAIT_SECONDS)."""
-    try:
-        message = owned_message(conversation_id, message_id)
-    except HTTPException as error:
-        return jsonify({"error": error.description}), error.code
+    message = owned_message(conversation_id, message_id)  # its errors as JSON too (pages.http_error)
     body = request.get_json(silent=True)
     if not isinstance(body, dict):
         return jsonify({"error": 'Send a JSON object: {"corrupted": "<the message>", "against": <token id>}.'}), 400
