@@ -19,7 +19,7 @@ Executors run on the worker thread only; they never see Flask, and they publish 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol
 
@@ -35,6 +35,15 @@ class Worker(Protocol):
 
     def interleave(self) -> None:
         """Between a whole job's units of work: let the batch take a step when it is due."""
+
+
+def between_units(job: AnyJob, core: Worker) -> Callable[[], None]:
+    """What a whole job calls between its units of work (layers, loops, batches of cells): running replies
+    step when they are due, and a cancelled job stops there."""
+    def between() -> None:
+        core.interleave()
+        job.raise_if_cancelled()
+    return between
 
 
 class WholeJobs(ABC, Generic[RequestT, ResultT]):

@@ -238,7 +238,7 @@ def test_prefill_chunks_depend_on_the_model_alone(monkeypatch):
 
 @torch.inference_mode()
 def test_decode_fast_paths_match_the_plain_ones():
-    from webapp.chat.model.gpt import Linear
+    from webapp.chat.model.linear import Linear
     torch.manual_seed(0)
     layer = Linear(16, 8)
     for x in (torch.randn(1, 1, 16), torch.randn(16), torch.randn(1, 16), torch.randn(2, 3, 16)):

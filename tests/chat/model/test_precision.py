@@ -9,7 +9,7 @@ import torch
 from tests.chat.model.test_loading import save_safetensors
 from webapp.chat.decode.generate import generate
 from webapp.chat.model.errors import ModelLoadError
-from webapp.chat.model.gpt import Linear
+from webapp.chat.model.linear import Linear
 from webapp.chat.model.loading import load_chat_model
 from webapp.chat.model.precision import PrecisionError, WeightOnlyLinear, apply_precision, parse_precision
 

@@ -21,7 +21,7 @@ from webapp.chat.model.ablation import Parts, clean_run, zero_edit
 from webapp.chat.model.edits import Edit
 from webapp.chat.model.inside import lens_logits, look_inside
 from webapp.chat.model.loading import LoadedChatModel
-from webapp.core.executors import WholeJobs, Worker
+from webapp.core.executors import WholeJobs, Worker, between_units
 from webapp.core.jobs import Job
 from webapp.core.threads import torch_threads
 
@@ -93,9 +93,6 @@ class AblationJobs(WholeJobs[AblationRequest, AblationResult]):
     def run(self, job: Job[AblationRequest, AblationResult], core: Worker) -> None:
         job.raise_if_cancelled()
 
-        def between() -> None:
-            core.interleave()
-            job.raise_if_cancelled()
-
+        between = between_units(job, core)
         with torch_threads(self.loaded.torch_threads):
             job.result = ablation_result(self.loaded, job.request, between)

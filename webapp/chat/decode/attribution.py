@@ -20,7 +20,7 @@ from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.model.attribution import Attribution, attribute
 from webapp.chat.model.inside import look_inside
 from webapp.chat.model.loading import LoadedChatModel
-from webapp.core.executors import WholeJobs, Worker
+from webapp.core.executors import WholeJobs, Worker, between_units
 from webapp.core.jobs import Job
 from webapp.core.threads import torch_threads
 
@@ -73,10 +73,7 @@ class AttributionJobs(WholeJobs[AttributionRequest, AttributionResult]):
     def run(self, job: Job[AttributionRequest, AttributionResult], core: Worker) -> None:
         job.raise_if_cancelled()
 
-        def between() -> None:
-            core.interleave()
-            job.raise_if_cancelled()
-
+        between = between_units(job, core)
         with torch_threads(self.loaded.torch_threads):
             report = attribution_report(self.loaded, job.request, between, self.prefix)
         job.result = AttributionResult(report)

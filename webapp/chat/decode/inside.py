@@ -20,7 +20,7 @@ import torch
 from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.model.inside import KeysValues, lens_logits, look_inside
 from webapp.chat.model.loading import LoadedChatModel
-from webapp.core.executors import WholeJobs, Worker
+from webapp.core.executors import WholeJobs, Worker, between_units
 from webapp.core.jobs import Job
 from webapp.core.threads import torch_threads
 
@@ -150,10 +150,7 @@ class InsideJobs(WholeJobs[InsideRequest, InsideResult]):
     def run(self, job: Job[InsideRequest, InsideResult], core: Worker) -> None:
         job.raise_if_cancelled()
 
-        def between() -> None:
-            core.interleave()
-            job.raise_if_cancelled()
-
+        between = between_units(job, core)
         with torch_threads(self.loaded.torch_threads):
             report = inside_report(self.loaded, job.request, between, self.prefix)
         job.result = InsideResult(report)

@@ -18,7 +18,7 @@ import torch
 
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.patching import BATCH_TOKENS, Patching, plan
-from webapp.core.executors import WholeJobs, Worker
+from webapp.core.executors import WholeJobs, Worker, between_units
 from webapp.core.jobs import Job
 from webapp.core.threads import torch_threads
 
@@ -56,10 +56,7 @@ class PatchingJobs(WholeJobs[PatchingRequest, PatchingResult]):
     def run(self, job: Job[PatchingRequest, PatchingResult], core: Worker) -> None:
         job.raise_if_cancelled()
 
-        def between() -> None:
-            core.interleave()
-            job.raise_if_cancelled()
-
+        between = between_units(job, core)
         request = job.request
         with torch_threads(self.loaded.torch_threads), torch.inference_mode():
             work = plan(self.loaded.model, request.clean_ids, request.corrupted_ids, request.chosen,

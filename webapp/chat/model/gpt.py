@@ -17,9 +17,8 @@ Shapes: B batch, T time (tokens), C n_embd, nh n_head, hs head size (C // nh), V
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +29,7 @@ from torch.nn import functional as F
 
 from webapp.chat.model import kernels
 from webapp.chat.model.edits import Edit, edit_heads, edit_mlp
+from webapp.chat.model.linear import ONEDNN, DecodingLinear, Linear
 
 
 @dataclass
@@ -91,92 +91,6 @@ class Chunk:
     start: int = 0
     logits: bool = True  # whether its last position's logits are wanted (a prompt's last chunk)
     edit: Edit | None = None  # the sequence's edit (None: the model's own run)
-
-
-class DecodingLinear:
-    """forward() of Glassbox's linear layers (Linear, precision.WeightOnlyLinear): x @ Wᵀ + b (matmul()),
-    or, with decode=True, a decode step's layer together with what surrounds it in a block:
-        gelu(norm(x) @ Wᵀ + b) + residual, each part only when given.
-    Glassbox's kernel does a decode step's layer in one call (webapp/chat/model/kernels; a step is short: a
-    call per small operator would cost as much as the layer norms themselves); without the kernel,
-    torch's operators compute the same thing one by one."""
-
-    weight: torch.Tensor  # (out, in)
-    bias: Any  # (out,) or None
-    scale: torch.Tensor | None  # one per output row, for int8 weights
-    matmul: Callable[[torch.Tensor], torch.Tensor]
-    __call__: Callable[..., Tensor]  # nn.Module's, which calls forward()
-
-    def forward(self, x: Tensor, decode: bool = False, norm: nn.LayerNorm | None = None, gelu: bool = False,
-                residual: Tensor | None = None) -> Tensor:
-        if not decode:
-            return self.matmul(x)
-        if kernels.supports(x, self.weight):
-            return kernels.linear(x, self.weight, self.bias, self.scale, norm, gelu, residual)
-        y = self.matmul(x if norm is None else norm(x))
-        if gelu:
-            y = F.gelu(y)
-        return y if residual is None else residual + y
-
-
-class Linear(DecodingLinear, nn.Linear):
-    """nn.Linear (same parameters, same names) whose CPU inference gives every row the same result
-    whatever else is in the batch.
-
-    Batched decoding must not change a reply (docs/architecture.md, "The same reply as alone"). A
-    decode step (decode=True) runs Glassbox's own kernel (webapp/chat/model/kernels): each output summed in
-    one fixed order, and the weights streamed at the machine's bandwidth for a single row. Prefill, and
-    decoding where that kernel cannot be compiled, run oneDNN's inner product: for two or more rows it
-    computes each row with the same reduction order, bit for bit, whatever the number of rows; a single
-    row takes a matrix-vector path whose sums are ordered differently, so one row is run as two.
-    Training, autograd, other devices and float16 keep F.linear.
-    """
-
-    scale = None  # WeightOnlyLinear's int8 weights have one per output row; float weights none
-
-    def matmul(self, x: Tensor) -> Tensor:
-        if not _batch_invariant(x, self.weight):
-            return F.linear(x, self.weight, self.bias)
-        return onednn_linear(x, self.weight, self.bias)
-
-
-def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """x @ weightᵀ + bias through oneDNN's inner product, one row run as two (see Linear)."""
-    rows = x.reshape(-1, x.size(-1))  # (N, C_in)
-    n = rows.size(0)
-    if n == 1:
-        rows = rows.expand(2, -1)
-    y: Tensor
-    if rows.dtype == torch.bfloat16 and not _onednn_bfloat16():
-        # a CPU without bfloat16 inner products (AVX2 only): the same weights widened exactly to float32,
-        # whose inner product computes each row alike too; the result rounded back to bfloat16
-        y = torch.ops.mkldnn._linear_pointwise(rows.float().contiguous(), weight.float(),
-                                               None if bias is None else bias.float(), "none", [], "")
-        y = y.to(torch.bfloat16)
-    else:
-        y = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), weight, bias, "none", [], "")
-    return y[:n].view(*x.shape[:-1], -1)
-
-
-_ONEDNN: bool = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
-
-
-@functools.cache
-def _onednn_bfloat16() -> bool:
-    """Whether oneDNN has a bfloat16 inner product on this CPU (it refuses to create one without AVX-512)."""
-    try:
-        ones = torch.ones(2, 16, dtype=torch.bfloat16)
-        torch.ops.mkldnn._linear_pointwise(ones, ones, None, "none", [], "")
-    except RuntimeError:
-        return False
-    return True
-
-
-def _batch_invariant(x: Tensor, weight: Tensor) -> bool:
-    """Whether x @ weight.T may take the batch-invariant oneDNN path."""
-    return (_ONEDNN and x.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
-            and x.dtype == weight.dtype and not torch.is_grad_enabled()
-            and not torch.compiler.is_compiling())
 
 
 class CausalSelfAttention(nn.Module):
@@ -427,7 +341,7 @@ class GPT(nn.Module):
         whatever the number of rows (bfloat16 and int8 prefill kernels do not: tests/chat/model)."""
         linears: list[nn.Module] = [m for m in self.modules() if isinstance(m, DecodingLinear)]
         return all(type(m) is Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
-                   for m in linears) and _ONEDNN
+                   for m in linears) and ONEDNN
 
     def prefill(self, chunks: list[Chunk]) -> list[Tensor | None]:
         """Run each chunk's tokens at its positions start..start+T-1, storing their keys and values in its

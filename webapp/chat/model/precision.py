@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from webapp.chat.model.gpt import GPT, DecodingLinear, onednn_linear
+from webapp.chat.model.gpt import GPT
+from webapp.chat.model.linear import DecodingLinear, onednn_linear
 
 PRECISIONS = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
               "float16": "float16", "fp16": "float16", "int8": "int8"}
