@@ -37,8 +37,11 @@ from webapp.loops.trace import (
     loop_rows,
 )
 
-MAX_ROWS = 1024  # runs stepping at once; one loop of them all is a few milliseconds on the bundled model
-STARTS_PER_STEP = 64  # prompts read per step, so a burst of runs joining never stalls a step for long
+MAX_ROWS = 1024  # runs admitted at once
+# Rows of one forward: a step of the batch loops one lane of at most this many rows, the lanes in turn,
+# so that a chat reply arriving waits for one short forward, not for a sweep's every row.
+LANE_ROWS = 256
+START_SECONDS = 0.005  # prompts read per step (at least one), so a burst of runs joining never stalls a step
 
 LoopJob = Job[DemoRequest, LoopResult]
 
@@ -66,9 +69,14 @@ class Group:
     """The rows of one model and prompt length: they loop in one forward."""
 
     bundle: Any
-    ids: list[str] = field(default_factory=list)
+    ids: list[str | None] = field(default_factory=list)  # None: a row that ended (a hole, _compact)
     state: Any = None  # LoopRows of ids, in order
     joining: list[tuple[str, Any]] = field(default_factory=list)  # (id, its LoopRows) for the next step
+
+    @property
+    def size(self) -> int:
+        """Rows in it, and joining it."""
+        return sum(i is not None for i in self.ids) + len(self.joining)
 
 
 class LoopBatch(BatchedJobs[DemoRequest, LoopResult]):
@@ -79,7 +87,8 @@ class LoopBatch(BatchedJobs[DemoRequest, LoopResult]):
     def __init__(self, runs: LoopRuns, max_rows: int = MAX_ROWS) -> None:
         self.runs, self.max_rows = runs, max_rows
         self._rows: dict[str, Row] = {}  # in order of admission
-        self._groups: dict[tuple, Group] = {}
+        self._groups: dict[tuple, Group] = {}  # (model name, prompt length, lane) -> its rows
+        self._turn = 0  # which lane loops next
 
     @property
     def rows(self) -> int:
@@ -105,14 +114,17 @@ class LoopBatch(BatchedJobs[DemoRequest, LoopResult]):
             for row in list(self._rows.values()):
                 if row.job.cancelled:
                     report.finished.append(self._end(row, CANCELLED, core))
-            starting = [row for row in self._rows.values() if row.group is None][:STARTS_PER_STEP]
-            for row in starting:
+            for row in [row for row in self._rows.values() if row.group is None]:
                 try:
                     self._start(row)
                 except Exception as exc:  # this run fails; the batch goes on
                     report.finished.append(self._end(row, FAILED, core, _message(exc)))
-            for key, group in list(self._groups.items()):
-                self._loop(key, group, report, core)
+                if time.perf_counter() - clock >= START_SECONDS:
+                    break
+            if self._groups:
+                self._turn = (self._turn + 1) % len(self._groups)
+                key = list(self._groups)[self._turn]
+                self._loop(key, self._groups[key], report, core)
         report.spent("decode", time.perf_counter() - clock)
         return report
 
@@ -127,7 +139,10 @@ class LoopBatch(BatchedJobs[DemoRequest, LoopResult]):
         row.started = row.flushed = time.perf_counter()
         state, _ = bundle.model.start(ids.to(device), encoded["attention_mask"].to(device),
                                       list(bundle.readout_token_ids))
-        key = (getattr(request, "model", MAIN), ids.shape[-1])
+        kind = (getattr(request, "model", MAIN), ids.shape[-1])
+        lanes = [k for k in self._groups if k[:2] == kind]
+        key = next((k for k in lanes if self._groups[k].size < LANE_ROWS),
+                   (*kind, max((k[2] for k in lanes), default=-1) + 1))
         group = self._groups.setdefault(key, Group(bundle))
         group.joining.append((row.job.id, state))
         row.group = key
@@ -135,47 +150,57 @@ class LoopBatch(BatchedJobs[DemoRequest, LoopResult]):
     def _loop(self, key: tuple, group: Group, report: StepReport, core: Worker) -> None:
         """One loop of every row of the group; the rows that stopped leave it."""
         self._join(group)
-        if not group.ids:
+        live = [i for i, row_id in enumerate(group.ids) if row_id is not None]
+        if not live:
             del self._groups[key]
             return
-        rows = [self._rows[i] for i in group.ids]
+        rows = [self._rows[row_id] for row_id in group.ids if row_id is not None]
         model = group.bundle.model
         try:
             out, after = model.step(group.state, list(group.bundle.readout_token_ids))
         except Exception as exc:  # the step failed for every row in it
             for row in rows:
-                report.finished.append(self._end(row, FAILED, core, _message(exc), leave_group=False))
+                report.finished.append(self._end(row, FAILED, core, _message(exc)))
             group.ids, group.state = [], None
             return
         now = time.perf_counter()
-        loops = group.state.loops.tolist()
-        direct = out.state_logits.argmax(-1).tolist()
+        index = torch.tensor(live, dtype=torch.long)
+        loops = group.state.loops[index].tolist()
+        direct = out.state_logits[index].argmax(-1).tolist()
         # one model and prompt length: every row of the group can say which rule it read, or none
-        attention = out.attention if all(r.pairs is not None for r in rows) else None
-        made, finite = loop_rows(loops, out.scores, out.stop_logits, direct, [now - r.started for r in rows],
-                                 attention, [r.pairs for r in rows], out.state_change)
-        stops = out.stop_logits.float().sigmoid().tolist()
-        keep = []
-        for i, row in enumerate(rows):
-            if not finite[i]:  # its rows up to the last finite loop stay; it fails, as alone
-                report.finished.append(self._end(row, FAILED, core, NONFINITE, leave_group=False))
+        attention = out.attention[index] if all(r.pairs is not None for r in rows) else None
+        made, finite = loop_rows(loops, out.scores[index], out.stop_logits[index], direct,
+                                 [now - r.started for r in rows], attention, [r.pairs for r in rows],
+                                 out.state_change[index])
+        stops = out.stop_logits[index].float().sigmoid().tolist()
+        for n, row in enumerate(rows):
+            if not finite[n]:  # its rows up to the last finite loop stay; it fails, as alone
+                report.finished.append(self._end(row, FAILED, core, NONFINITE))
                 continue
-            row.pending.append(row.builder.add(made[i]))
+            row.pending.append(row.builder.add(made[n]))
             report.rows += 1
-            if stops[i] >= STOP_THRESHOLD or loops[i] >= SAFETY_CAP:
+            if stops[n] >= STOP_THRESHOLD or loops[n] >= SAFETY_CAP:
                 self._publish(row, core, ended=False)
                 row.job.result.snapshot = complete(row.job.request, row.bundle.checkpoint_id, row.builder.rows,
-                                                   stops[i], row.started)
-                report.finished.append(self._end(row, DONE, core, leave_group=False))
+                                                   stops[n], row.started)
+                report.finished.append(self._end(row, DONE, core))
                 continue
-            if loops[i] == 1 or now - row.flushed >= FLUSH_SECONDS:
+            if loops[n] == 1 or now - row.flushed >= FLUSH_SECONDS:
                 self._publish(row, core, ended=False)
-            keep.append(i)
-        if len(keep) < len(rows):
-            index = torch.tensor(keep, dtype=torch.long)
-            after = after.take(index) if keep else None
-            group.ids = [group.ids[i] for i in keep]
         group.state = after
+        self._compact(group)
+
+    @staticmethod
+    def _compact(group: Group) -> None:
+        """Rows that ended leave a hole that keeps stepping (its outputs unread: no row's numbers depend on
+        another's); the batch is rebuilt without them once they are a quarter of it, as copying every
+        row's prompt keys and values at each ending would cost more than the holes."""
+        live = [i for i, row_id in enumerate(group.ids) if row_id is not None]
+        holes = len(group.ids) - len(live)
+        if not holes or 4 * holes < len(group.ids) and live:
+            return
+        group.state = group.state.take(torch.tensor(live, dtype=torch.long)) if live else None
+        group.ids = [group.ids[i] for i in live]
 
     def _join(self, group: Group) -> None:
         """The rows whose prompts were read join the group's batch."""
@@ -194,20 +219,14 @@ class LoopBatch(BatchedJobs[DemoRequest, LoopResult]):
         core.count("rows", len(rows), row.job)
         row.job.keep("rows", RowsEvent(rows))  # keep: a cancelled run's last rows are still shown
 
-    def _end(self, row: Row, outcome: str, core: Worker, error: str | None = None,
-             leave_group: bool = True) -> Finished:
-        """The row leaves the batch: its last rows published, its place in its group freed (by the caller
-        where it is in the middle of stepping the group)."""
+    def _end(self, row: Row, outcome: str, core: Worker, error: str | None = None) -> Finished:
+        """The row leaves the batch: its last rows published, its place in its group a hole (_compact)."""
         self._publish(row, core, ended=True)
         del self._rows[row.job.id]
-        if leave_group and row.group is not None and row.group in self._groups:
-            group = self._groups[row.group]
+        group = self._groups.get(row.group) if row.group is not None else None
+        if group is not None:
             group.joining = [(i, s) for i, s in group.joining if i != row.job.id]
-            if row.job.id in group.ids:
-                keep = [i for i, rid in enumerate(group.ids) if rid != row.job.id]
-                if group.state is not None:
-                    group.state = group.state.take(torch.tensor(keep, dtype=torch.long)) if keep else None
-                group.ids = [group.ids[i] for i in keep]
+            group.ids = [None if i == row.job.id else i for i in group.ids]
         return Finished(row.job, outcome, error)
 
 
