@@ -30,6 +30,7 @@ from webapp.core.executors import Executor
 from webapp.core.jobs import CLIENT
 from webapp.db import open_database
 from webapp.loops import boot as loops_boot
+from webapp.loops.runs import BATCHED as BATCHED_LOOPS
 from webapp.loops.web import api as loops_api_bp
 from webapp.loops.web import bp as loops_bp
 from webapp.v1 import bp as v1_bp
@@ -150,7 +151,10 @@ def _start_core(settings: Settings, models: dict[str, Any] | None) -> tuple[Infe
         warmups[kind] = _warm_up(chat_boot)
     if "loops" in models:
         core_models["loops"] = models["loops"]
-        executors["loops"] = loops_boot.executor(models["loops"], settings)
+        executors["loops"] = runs = loops_boot.executor(models["loops"], settings)
+        batch = loops_boot.batch_executor(runs)  # runs of a model that can, stepped together
+        if batch is not None:
+            executors[BATCHED_LOOPS] = batch
         warmups["loops"] = _warm_up(loops_boot)
     core = InferenceCore(core_models, executors, warmups=warmups,
                          load_seconds=load_seconds, torch_threads=settings.torch_threads,

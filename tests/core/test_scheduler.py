@@ -236,3 +236,28 @@ def test_whole_jobs_take_no_more_than_their_share_of_the_worker_from_running_rep
     # the replies stepped at least about as long as the whole jobs worked (half the time each): without
     # the share they got one 2 ms step per 50 ms slice, or one per short job
     assert stepped >= 0.7 * sum(spun), (stepped, sum(spun))
+
+
+class BulkSpinning(Spinning):
+    """Spinning rows that are bulk work (as Loop-lab runs stepped together are)."""
+
+    bulk = True
+
+
+def test_a_bulk_batch_takes_no_more_than_its_share_of_the_worker_from_running_replies():
+    replies, flood = Spinning(0.002), BulkSpinning(0.01)
+    core = InferenceCore({}, {"chat": replies, "runs": flood}, bulk_share=0.5, max_queue=1000)
+    try:
+        reply = core.submit(Job("chat", "good", client="good"))
+        assert wait_for(lambda: replies.stepped > 0)
+        before = replies.stepped
+        runs = [core.submit(Job("runs", f"o{i}", client=f"flood{i}")) for i in range(4)]
+        assert wait_for(lambda: flood.stepped >= 0.3, timeout=30)
+        bulk, stepped = flood.stepped, replies.stepped - before
+        for job in [reply, *runs]:
+            job.cancel()
+        assert wait_for(lambda: all(j.state == CANCELLED for j in [reply, *runs]))
+    finally:
+        core.shutdown(timeout=5)
+    # stepped in turn, a 2 ms reply step would get one 10 ms bulk step beside it: a sixth of the time
+    assert stepped >= 0.7 * bulk, (stepped, bulk)

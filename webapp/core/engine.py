@@ -195,6 +195,10 @@ class InferenceCore:
     def _batched(self) -> dict[str, BatchedJobs[Any, Any]]:
         return {kind: ex for kind, ex in self.executors.items() if isinstance(ex, BatchedJobs)}
 
+    def _replies(self) -> dict[str, BatchedJobs[Any, Any]]:
+        """The batches of replies (not bulk): what the bulk share pays back to."""
+        return {kind: ex for kind, ex in self._batched().items() if not ex.bulk}
+
     def _next_turn(self) -> tuple[list[AnyJob], AnyJob | None] | None:
         """The jobs to admit to their batches, and the one whole job to run, as the scheduler takes them.
         Waits while there is nothing to do; None once closed and idle."""
@@ -237,29 +241,38 @@ class InferenceCore:
         next whole job waits behind others' in proportion) and, while replies run, as steps owed to them."""
         now = time.perf_counter()
         seconds, self._whole_since = now - self._whole_since, now
-        batched = self._batched()
-        busy = any(ex.rows for ex in batched.values())
         with self._lock:
             if self._whole is not None:
                 self.scheduler.charge(self._whole, seconds)
-            busy = busy or any(j.kind in batched for j in self.scheduler.waiting())
+        self._charge_bulk(seconds)
+
+    def _charge_bulk(self, seconds: float) -> None:
+        """Bulk work (a whole job, a step of a bulk batch) held the worker this long: while replies run,
+        as steps owed to them."""
+        replies = self._replies()
+        busy = any(ex.rows for ex in replies.values())
+        with self._lock:
+            busy = busy or any(j.kind in replies for j in self.scheduler.waiting())
         self.bulk.ran_whole(seconds, busy)
 
     def _pay_back(self) -> None:
-        """Between a whole job's slices, or after it ends: the batches step at least once, then on until
-        they have had the time owed to them (BulkShare) or have no rows left."""
+        """Between a whole job's slices, or after it ends: the reply batches step at least once, then on
+        until they have had the time owed to them (BulkShare) or have no rows left."""
         self._charge_whole()
-        batched = self._batched()
+        self._repay()
+        self._whole_since = time.perf_counter()  # the replies' steps are not the whole job's time
+
+    def _repay(self) -> None:
+        replies = self._replies()
         while True:
             self._admit_waiting()
             started = time.perf_counter()
-            self._step_batches()
+            self._step_batches(replies_only=True)
             self.bulk.stepped(time.perf_counter() - started)
-            if not any(ex.rows for ex in batched.values()):
+            if not any(ex.rows for ex in replies.values()):
                 self.bulk.settle()
             if not self.bulk.due:
                 break
-        self._whole_since = time.perf_counter()  # the replies' steps are not the whole job's time
 
     def _admit_waiting(self) -> None:
         """Admit the waiting jobs of a batched kind that their executors have room for (the start of an
@@ -285,11 +298,19 @@ class InferenceCore:
             log.exception("admitting job %s (%s) failed", job.id, job.kind)
             self._finish(job, FAILED, str(exc) or type(exc).__name__)
 
-    def _step_batches(self) -> None:
-        """One step of each batched executor the scheduler says steps this turn."""
-        batched = self._batched()
+    def _step_batches(self, replies_only: bool = False) -> None:
+        """One step of each batched executor the scheduler says steps this turn (`replies_only`: of the
+        reply batches, paying back bulk work). A bulk batch's step is charged to the bulk share, and the
+        replies are paid back before anything else runs."""
+        batched = self._replies() if replies_only else self._batched()
         for kind in self.scheduler.to_step({k: ex.rows for k, ex in batched.items()}):
-            self._step(batched[kind])
+            executor = batched[kind]
+            started = time.perf_counter()
+            self._step(executor)
+            if executor.bulk:
+                self._charge_bulk(time.perf_counter() - started)
+                if self.bulk.due:
+                    self._repay()
 
     def _step(self, executor: BatchedJobs[Any, Any]) -> None:
         """One step of a batched executor, as the scheduler plans it: a prefill pass for the newcomers

@@ -85,6 +85,10 @@ class BatchedJobs(ABC, Generic[RequestT, ResultT]):
     """Runs the jobs of one kind, Job[RequestT, ResultT], as rows of a batch."""
 
     max_rows: int
+    # Bulk work (Loop-lab runs stepped together), not replies someone is reading as they come: its steps
+    # take the bulk share of the worker's time as whole jobs do (scheduler.BulkShare), paid back to the
+    # reply batches after each step, and it is not a reply batch whole jobs pay back to.
+    bulk: bool = False
 
     @property
     @abstractmethod

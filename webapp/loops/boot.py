@@ -10,6 +10,7 @@ import torch
 from webapp.config import ROOT, Settings
 from webapp.core import InferenceCore
 from webapp.db import AnyDatabase
+from webapp.loops.batch import LoopBatch, batches
 from webapp.loops.model.checkpoint import load_bundle
 from webapp.loops.request import DemoRequest
 from webapp.loops.runs import MAIN, LoopRuns
@@ -45,6 +46,11 @@ def extra_models(bundle) -> dict:
 
 def executor(bundle, settings: Settings) -> LoopRuns:
     return LoopRuns(bundle, settings.loop_torch_threads, extra_models(bundle))
+
+
+def batch_executor(runs: LoopRuns) -> LoopBatch | None:
+    """The batch that steps the runs of the models that can (None: no model can, every run is alone)."""
+    return LoopBatch(runs) if any(batches(b) for b in runs.bundles.values()) else None
 
 
 def warm_up(bundle) -> None:

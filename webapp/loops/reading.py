@@ -26,6 +26,11 @@ def supports_attention(model: Any) -> bool:
     return getattr(model, "supports_loop_attention", False) is True
 
 
+def supports_state_change(model: Any) -> bool:
+    """Only a model that says so is asked for loop_state_change (how much its state moved each loop)."""
+    return getattr(model, "supports_state_change", False) is True
+
+
 def rule_matrix(pairs) -> torch.Tensor:
     """[PROMPT_LENGTH, 26]: 1 where prompt character i belongs to the rule at index r (in prompt order)."""
     matrix = torch.zeros(PROMPT_LENGTH, len(pairs), dtype=torch.float64)
@@ -41,6 +46,17 @@ def read_rules(pairs, attention: torch.Tensor) -> list[dict]:
     best, index = mass.max(-1)
     return [{"source": pairs[r][0], "destination": pairs[r][1], "mass": round(m, DIGITS)}
             for m, r in zip(best.tolist(), index.tolist())]
+
+
+def read_rules_of(pairs_per_row, attention: torch.Tensor) -> list[dict]:
+    """read_rules for rows with rules of their own (one loop of many runs): attention [n, n_head, T]
+    and each row's rules. Each row's mass sums only its rule's two characters (the matrix's other
+    entries are 0), so it is the same number whatever else is in the batch."""
+    combined = attention.double().mean(1)                         # [n, T]
+    mass = combined @ rule_matrix(pairs_per_row[0])               # [n, 26]: every prompt has 26 rules
+    best, index = mass.max(-1)
+    return [{"source": pairs[r][0], "destination": pairs[r][1], "mass": round(m, DIGITS)}
+            for pairs, m, r in zip(pairs_per_row, best.tolist(), index.tolist())]
 
 
 def rounded(attention: torch.Tensor) -> list[list[list[float]]]:

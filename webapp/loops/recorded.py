@@ -83,6 +83,9 @@ def _row_problem(row, number: int) -> str | None:
         return "top3 must list up to three letters with probabilities from 0 to 1"
     if "attention" in row and not valid_attention(row["attention"]):
         return "attention must hold, per head, one weight from 0 to 1 for each of the prompt's 88 characters"
+    change = row.get("state_change")
+    if change is not None and (not _finite(change) or change < 0):
+        return "state_change must be null or a finite number ≥ 0"
     return None
 
 
@@ -112,6 +115,8 @@ def rescore(parsed: dict) -> dict:
             weights = [list(head) for head in row["attention"]]  # as written: a 0 stays "0", not "0.0"
             kept["read"] = read_rules(list(request.pairs), torch.tensor([weights], dtype=torch.float64))[0]
             kept["attention"] = weights
+        if "state_change" in row:
+            kept["state_change"] = row["state_change"]
         builder.add(kept)
     rows = builder.rows
     return {"schema_version": 1, "source": "recorded", "checkpoint": parsed["checkpoint"],

@@ -12,6 +12,8 @@ from webapp.loops.request import DemoRequest
 from webapp.loops.trace import run_trace
 
 MAIN = "main"
+BATCHED = "loops:batched"  # the core's kind for runs stepped together (webapp/loops/batch.py); "loops": alone
+KINDS = ("loops", BATCHED)
 # What the model picker calls each model; one not named here is shown by its name.
 MODEL_LABELS = {MAIN: "Fully trained (bundled)", "early": "Early checkpoint (100 steps: makes mistakes)"}
 

@@ -6,6 +6,7 @@ trajectory.  Targets (expected, correct, edge_valid) are added here, on the cons
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ import torch
 
 from webapp.core import JobCancelled
 from webapp.core.jobs import AnyJob
-from webapp.loops.reading import read_rules, rounded, supports_attention
+from webapp.loops.reading import read_rules_of, rounded, supports_attention, supports_state_change
 from webapp.loops.request import DemoRequest
 from webapp.loops.task import PROMPT_LENGTH, SYMBOLS
 
@@ -44,40 +45,61 @@ def observations(batch: list[tuple], pairs=None) -> tuple[list[dict], bool]:
     """What the model itself says at each loop of a batch (no targets yet).
 
     batch: (loop, scores [B, 26], stop_logits, state_logits or None, seconds, attention [B, nh, T]
-    or None) per loop; with attention (and the prompt's rules, `pairs`) a row also says which rule
-    it read and keeps the weights.  The
+    or None, state_change [B] or None) per loop; with attention (and the prompt's rules, `pairs`) a
+    row also says which rule it read and keeps the weights.  The
     tensor work runs once per batch, not once per loop: a loop of the bundled model is so short that a
     dozen small operations and host reads per loop showed up whole (docs/benchmarks-history.md, "Fast decoding (#5)").
     -> (rows up to the first nonfinite loop, whether there was one)."""
-    loops, loop_scores, loop_stops, states, seconds, attentions = zip(*batch)
+    loops, loop_scores, loop_stops, states, seconds, attentions, changes = zip(*batch)
     n = len(batch)
-    scores = torch.stack(loop_scores)[:, 0].float()                                 # [n, 26]
-    stops = torch.stack(loop_stops).reshape(n, -1)[:, -1].float().sigmoid()         # [n]
-    finite = (torch.isfinite(scores).all(-1) & torch.isfinite(stops)).tolist()
-    probabilities = stops.tolist()
-    top = scores.softmax(-1).topk(3)
-    predictions = scores.argmax(-1).tolist()
     direct: list[int | None]
     if any(s is None for s in states):  # a model without a direct readout, on some loops or all
         direct = [None if s is None else int(s[0].argmax()) for s in states]
     else:
         direct = torch.stack(states)[:, 0].argmax(-1).tolist()
+    attention = None
+    if pairs is not None and all(a is not None for a in attentions):
+        attention = torch.stack(attentions)[:, 0]
+    change = None if any(c is None for c in changes) else torch.stack(changes).reshape(n, -1)[:, 0]
+    rows, finite = loop_rows(list(loops), torch.stack(loop_scores)[:, 0], torch.stack(loop_stops).reshape(n, -1)[:, -1],
+                             direct, list(seconds), attention, [pairs] * n, change)
+    if all(finite):
+        return rows, False
+    return rows[:finite.index(False)], True
+
+
+def loop_rows(loops: list[int], scores: torch.Tensor, stop_logits: torch.Tensor, direct: list[int | None],
+              seconds: list[float], attention: torch.Tensor | None = None, pairs: Sequence | None = None,
+              change: torch.Tensor | None = None) -> tuple[list[dict], list[bool]]:
+    """Rows from n loops side by side (one run's loops, or one loop of many runs): scores [n, 26],
+    stop_logits [n], attention [n, nh, T] with each row's rules `pairs` (or None), the state's change
+    [n] (or None). -> (every row, whether each is finite). Each row's numbers come from its own
+    values only, so a row is the same whatever else is in the batch."""
+    n = len(loops)
+    scores, stops = scores.float(), stop_logits.float().sigmoid()
+    finite = (torch.isfinite(scores).all(-1) & torch.isfinite(stops)).tolist()
+    probabilities = stops.tolist()
+    top = scores.softmax(-1).topk(3)
+    predictions = scores.argmax(-1).tolist()
     reads: Sequence[dict | None] = [None] * n
     weights: list[Any] = [None] * n
-    if pairs is not None and all(a is not None for a in attentions):
-        attention = torch.stack(attentions)[:, 0].float()                            # [n, nh, T]
-        reads, weights = read_rules(pairs, attention), rounded(attention)
+    if attention is not None and pairs is not None:
+        attention = attention.float()
+        reads, weights = read_rules_of(pairs, attention), rounded(attention)
+    changes: list[float | None] = [None] * n
+    if change is not None:
+        changes = [c if math.isfinite(c) else None for c in change.double().tolist()]
     rows: list[dict[str, Any]] = []
     for i, (p3, i3) in enumerate(zip(top.values.tolist(), top.indices.tolist())):
-        if not finite[i]:
-            return rows, True
         extra = {} if reads[i] is None else {"read": reads[i], "attention": weights[i]}
+        if change is not None:
+            extra["state_change"] = changes[i]
         rows.append({"loop": loops[i], "prediction": SYMBOLS[predictions[i]],
                      "direct_prediction": _symbol(direct[i]),
                      "stop_probability": probabilities[i],
                      "top3": [{"symbol": SYMBOLS[k], "probability": p} for p, k in zip(p3, i3)],
                      "arrival_seconds": seconds[i], **extra})
-    return rows, False
+    return rows, finite
 
 
 @dataclass(frozen=True)
@@ -99,13 +121,14 @@ class Observer:
         self.started = self.flushed = time.perf_counter()
         self.pending: list[tuple] = []
 
-    def __call__(self, loop, scores, stop_logits, state_logits, attention=None) -> None:
+    def __call__(self, loop, scores, stop_logits, state_logits, attention=None, state_change=None) -> None:
         self.job.raise_if_cancelled()  # stops the model at the next loop
         now = time.perf_counter()
         # Copies: they are read up to FLUSH_SECONDS later, and a model may reuse its output buffers.
         self.pending.append((loop, scores.clone(), torch.as_tensor(stop_logits).clone(),
                              None if state_logits is None else state_logits.clone(), now - self.started,
-                             None if attention is None else attention.clone()))
+                             None if attention is None else attention.clone(),
+                             None if state_change is None else torch.as_tensor(state_change).clone()))
         if loop == 1 or now - self.flushed >= FLUSH_SECONDS:
             self.flush()
         if self.between is not None:
@@ -184,7 +207,8 @@ def run_trace(job: AnyJob, bundle: Any, request: DemoRequest, on_rows=None, betw
                            attention_mask=encoded["attention_mask"].to(device),
                            num_loops=SAFETY_CAP, completion_threshold=STOP_THRESHOLD,
                            readout_token_ids=list(bundle.readout_token_ids), loop_callback=observe,
-                           **({"loop_attention": True} if attention else {}))
+                           **({"loop_attention": True} if attention else {}),
+                           **({"loop_state_change": True} if supports_state_change(model) else {}))
     except Exception as error:  # cancelled (JobCancelled) or the model failed: keep the rows so far
         try:
             nonfinite = observe.flush(ended=True)
@@ -195,10 +219,14 @@ def run_trace(job: AnyJob, bundle: Any, request: DemoRequest, on_rows=None, betw
         raise
     observe.flush()
     final_stop = float(result.stop_logits[0, -1].float().sigmoid())
+    return complete(request, bundle.checkpoint_id, builder.rows, final_stop, started)
+
+
+def complete(request: DemoRequest, checkpoint_id: str, rows: list[dict], final_stop: float, started: float) -> dict:
+    """A finished run's snapshot: its rows, scored; `final_stop`: the last loop's stop probability."""
     reason = "head" if final_stop >= STOP_THRESHOLD else "cap"
-    return {**metadata(request, bundle.checkpoint_id), "status": "complete", "trace": builder.rows,
-            "summary": score_trace(request, builder.rows, reason),
-            "inference_seconds": time.perf_counter() - started}
+    return {**metadata(request, checkpoint_id), "status": "complete", "trace": rows,
+            "summary": score_trace(request, rows, reason), "inference_seconds": time.perf_counter() - started}
 
 
 def _symbol(index: int | None) -> str | None:

@@ -22,13 +22,28 @@ readout (Press & Wolf 2017) scaled by 1/sqrt(d).
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
 N_SYMBOLS = 26
+
+
+def rowwise_linear(x, weight, bias=None):
+    """x @ weightᵀ + bias, each row's sums in the same order whatever else is in the batch (oneDNN's
+    inner product on the CPU at inference; webapp/chat/model/gpt.py), so a table looped beside others
+    gets the very numbers it gets alone. Elsewhere (training, a GPU) plain F.linear."""
+    if (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and not torch.is_grad_enabled()
+            and torch.backends.mkldnn.is_available()):
+        from webapp.chat.model.gpt import onednn_linear
+        return onednn_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def _linear(x, layer):
+    return rowwise_linear(x, layer.weight, layer.bias)
 
 
 @dataclass
@@ -162,6 +177,20 @@ class LoopBlock(nn.Module):
         """Where this hop's query looked in the prompt: [B, nh, L, T]."""
         return self.attn.weights(self.ln_1(z), kv, mask)
 
+    def step(self, z, kv, mask):
+        """forward() for one query a row [B, 1, C], every row computed alike whatever the other rows
+        (rowwise_linear; attention as plain matrix products, which run per row): -> (a, h, the
+        attention weights [B, nh, 1, T])."""
+        attn = self.attn
+        k, v = kv
+        q = attn.split(_linear(self.ln_1(z), attn.q_proj))
+        logits = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        weights = logits.masked_fill(~mask.bool()[:, None, None, :], float("-inf")).softmax(-1)
+        y = (weights @ v).transpose(1, 2).reshape(z.size(0), 1, -1)
+        a = _linear(y, attn.c_proj)
+        h = a + _linear(F.gelu(_linear(self.ln_2(a), self.mlp.c_fc)), self.mlp.c_proj)
+        return a, h, weights
+
 
 class CompletionHead(nn.Module):
     """Learned stop decision: is this loop the k-th?
@@ -198,6 +227,15 @@ class CompletionHead(nn.Module):
         match = torch.einsum("lps,bps->blp", u, k_vectors) / math.sqrt(u.size(-1))  # [B, L, P]
         return self.mlp(match).squeeze(-1)
 
+    def step(self, loops, k_vectors):
+        """forward() for one loop a row, each row at its own loop: loops [B] -> stop logits [B]."""
+        place = torch.arange(self.n_places, device=loops.device)
+        u = self.counter_digits(loop_digits(loops, self.n_places) + 10 * place)   # [B, P, S]
+        match = (u * k_vectors).sum(-1) / math.sqrt(u.size(-1))                   # [B, P]
+        first, last = self.mlp[0], self.mlp[2]
+        assert isinstance(first, nn.Linear) and isinstance(last, nn.Linear)
+        return _linear(F.gelu(_linear(match, first)), last)[:, 0]
+
 
 @dataclass
 class LoopOutput:
@@ -208,10 +246,54 @@ class LoopOutput:
     start_scores: torch.Tensor    # [B, 26] the start letter as read from the prompt
 
 
+@dataclass
+class LoopRows:
+    """Tables looping side by side (forward()'s batch, or many Loop-lab runs stepped together), each
+    at its own loop: what a row carries from one loop to the next."""
+
+    kv: tuple[torch.Tensor, torch.Tensor]  # the prompt's keys and values, [B, nh, T, hs] each
+    mask: torch.Tensor            # [B, T]
+    k_vectors: torch.Tensor       # [B, P, S] k as the completion head compares it
+    letter: torch.Tensor          # [B] the letter each row is on (its last prediction)
+    loops: torch.Tensor           # [B] the loop each row runs next (1 first)
+    state: torch.Tensor           # [B, C] the loop block's output at its last loop (zeros before loop 1)
+
+    def take(self, index: torch.Tensor) -> "LoopRows":
+        """These rows only, in this order."""
+        return LoopRows((self.kv[0][index], self.kv[1][index]), self.mask[index], self.k_vectors[index],
+                        self.letter[index], self.loops[index], self.state[index])
+
+    @staticmethod
+    def cat(parts: "list[LoopRows]") -> "LoopRows":
+        """Rows of several batches as one (all with prompts of one length)."""
+        return LoopRows((torch.cat([p.kv[0] for p in parts]), torch.cat([p.kv[1] for p in parts])),
+                        torch.cat([p.mask for p in parts]), torch.cat([p.k_vectors for p in parts]),
+                        torch.cat([p.letter for p in parts]), torch.cat([p.loops for p in parts]),
+                        torch.cat([p.state for p in parts]))
+
+
+@dataclass
+class LoopStep:
+    """One loop of each row (LoopTransformer.step)."""
+
+    scores: torch.Tensor          # [B, 26] readout scores over A..Z
+    stop_logits: torch.Tensor     # [B] completion-head logits
+    state_logits: torch.Tensor    # [B, 26] direct readout of the lookup
+    attention: torch.Tensor       # [B, nh, T] where the loop block looked in the prompt
+    # [B] ‖h_t − h_{t−1}‖ / ‖h_{t−1}‖ over the loop block's output h at its one query position (the
+    # vector the readout reads): how much the state moved since the previous loop; NaN at loop 1
+    state_change: torch.Tensor
+
+
 class LoopTransformer(nn.Module):
     # forward(loop_attention=True) hands loop_callback each loop's attention; an owner's model
     # without this attribute is not asked (webapp/loops/trace.py says "not available").
     supports_loop_attention = True
+    # forward(loop_state_change=True) hands loop_callback each loop's state change (LoopStep).
+    supports_state_change = True
+    # start()/step(): rows of many runs loop together, each row's numbers the same as alone
+    # (webapp/loops/batch.py steps Loop-lab runs this way; an owner's model without it runs alone).
+    supports_batched_loops = True
 
     def __init__(self, config: LoopConfig):
         super().__init__()
@@ -269,40 +351,61 @@ class LoopTransformer(nn.Module):
         return slots[:, 1:] @ self.wte.weight[ids].t() / math.sqrt(self.config.n_embd)
 
     # -- inference ------------------------------------------------------------------
-    def forward(self, input_ids, attention_mask=None, num_loops=272, completion_threshold=0.5,
-                readout_token_ids=None, loop_callback=None, loop_attention=False):
-        """loop_attention: also pass loop_callback `attention=` the loop block's weights over the
-        prompt, [B, n_head, T] (the same outputs either way)."""
-        if not 1 <= num_loops < 10 ** self.config.n_places:
-            raise ValueError(f"num_loops must be from 1 to {10 ** self.config.n_places - 1}")
+    def start(self, input_ids, attention_mask=None, readout_token_ids=None) -> tuple[LoopRows, torch.Tensor]:
+        """Read the prompts: -> (the rows, before their first loop; the start letter's scores [B, 26])."""
         ids = self._ids(readout_token_ids)
         kv, mask, slots = self.encode(input_ids, attention_mask)
-        w = self.wte.weight[ids].t() / math.sqrt(self.config.n_embd)   # [C, 26]
-        k_vectors = self.completion_head.project_k(slots[:, 1:])        # [B, P, S]
-        start_scores = self._readout(slots[:, 0], w)                   # [B, 26]
-        letter = start_scores.argmax(-1)                               # x0 as read, [B]
+        start_scores = rowwise_linear(self.ln_f(slots[:, 0]), self._readout_rows(ids))   # [B, 26]
+        B = input_ids.size(0)
+        rows = LoopRows(kv, mask, self.completion_head.project_k(slots[:, 1:]), start_scores.argmax(-1),
+                        torch.ones(B, dtype=torch.long, device=input_ids.device),
+                        torch.zeros(B, self.config.n_embd, device=input_ids.device))
+        return rows, start_scores
+
+    def _readout_rows(self, ids):
+        return self.wte.weight[ids] / math.sqrt(self.config.n_embd)   # [26, C]: readout() as a linear map
+
+    def step(self, rows: LoopRows, readout_token_ids=None) -> tuple[LoopStep, LoopRows]:
+        """One loop of every row, each at its own loop; each row's numbers are the ones it gets alone,
+        bit for bit on the CPU at float32. -> (what the loop gave, the rows for the next loop)."""
+        ids = self._ids(readout_token_ids)
+        w = self._readout_rows(ids)
+        z = self.wte(ids[rows.letter]).unsqueeze(1)                     # re-embed own letter, [B, 1, C]
+        a, h, weights = self.loop_block.step(z, rows.kv, rows.mask)
+        score = rowwise_linear(self.ln_f(h[:, 0]), w)                   # [B, 26]
+        state = rowwise_linear(self.ln_f(a[:, 0]), w)                   # [B, 26]
+        stop = self.completion_head.step(rows.loops, rows.k_vectors)    # [B]
+        h = h[:, 0]
+        change = torch.linalg.vector_norm(h - rows.state, dim=-1) / torch.linalg.vector_norm(rows.state, dim=-1)
+        change = torch.where(rows.loops > 1, change, torch.full_like(change, float("nan")))
+        out = LoopStep(score, stop, state, weights[:, :, 0], change)
+        return out, replace(rows, letter=score.argmax(-1), loops=rows.loops + 1, state=h)
+
+    def forward(self, input_ids, attention_mask=None, num_loops=272, completion_threshold=0.5,
+                readout_token_ids=None, loop_callback=None, loop_attention=False, loop_state_change=False):
+        """loop_attention: also pass loop_callback `attention=` the loop block's weights over the
+        prompt, [B, n_head, T]; loop_state_change: `state_change=` how much the state moved, [B]
+        (LoopStep; the same outputs either way)."""
+        if not 1 <= num_loops < 10 ** self.config.n_places:
+            raise ValueError(f"num_loops must be from 1 to {10 ** self.config.n_places - 1}")
+        rows, start_scores = self.start(input_ids, attention_mask, readout_token_ids)
         halted_at = torch.zeros(input_ids.size(0), dtype=torch.long, device=input_ids.device)
-        counters = torch.arange(1, num_loops + 1, device=input_ids.device)
         scores, stops, states = [], [], []
         for loop in range(1, num_loops + 1):
-            z = self.wte(ids[letter]).unsqueeze(1)                     # re-embed own letter, [B, 1, C]
-            a, h = self.loop_block(z, kv, mask)
-            score = self._readout(h, w)[:, 0]                           # [B, 26]
-            state = self._readout(a, w)[:, 0]                           # [B, 26]
-            stop = self.completion_head(counters[loop - 1:loop], k_vectors)[:, 0]  # [B]
+            out, rows = self.step(rows, readout_token_ids)
+            score, stop, state = out.scores, out.stop_logits, out.state_logits
             scores.append(score)
             stops.append(stop)
             states.append(state)
-            if loop_callback is not None and loop_attention:
-                loop_callback(loop, score, stop, state,
-                              attention=self.loop_block.attention(z, kv, mask)[:, :, 0])
-            elif loop_callback is not None:
-                loop_callback(loop, score, stop, state)               # exceptions propagate
+            if loop_callback is not None:
+                extra = {"attention": out.attention} if loop_attention else {}
+                if loop_state_change:
+                    extra["state_change"] = out.state_change
+                loop_callback(loop, score, stop, state, **extra)     # exceptions propagate
             fired = (stop.sigmoid() >= completion_threshold) & (halted_at == 0)
             halted_at = torch.where(fired, torch.full_like(halted_at, loop), halted_at)
             if bool((halted_at > 0).all()):
                 break
-            letter = score.argmax(-1)
         return LoopOutput(scores=torch.stack(scores, 1), stop_logits=torch.stack(stops, 1),
                           state_logits=torch.stack(states, 1), halted_at=halted_at,
                           start_scores=start_scores)

@@ -17,6 +17,7 @@ from webapp.web.streams import held_slot, long_response
 
 API_STREAMS = ("rows", "snapshots")
 ATTENTION_FIELDS = ("read", "attention")  # in rows only with ?attention=1: up to ~1.3 kB a loop
+STATE_FIELDS = ("state_change",)  # in rows only with ?state_change=1
 
 
 def _refuse(why: str, key_sent: bool):
@@ -26,9 +27,21 @@ def _refuse(why: str, key_sent: bool):
 require_key(api, _refuse)  # with GLASSBOX_API_KEYS set, the same keys as /v1
 
 
-def plain(row: dict) -> dict:
-    """A row as the API gives it by default, without which rule it read and the weights."""
-    return {key: value for key, value in row.items() if key not in ATTENTION_FIELDS}
+def plain(row: dict, left_out: tuple[str, ...] = ATTENTION_FIELDS + STATE_FIELDS) -> dict:
+    """A row as the API gives it by default, without which rule it read, the weights and how much the
+    state changed (each only when asked for)."""
+    return {key: value for key, value in row.items() if key not in left_out}
+
+
+def row_shape(args) -> tuple[str, ...]:
+    """The fields the rows leave out, as ?attention= and ?state_change= ask; raises ValueError."""
+    left_out: tuple[str, ...] = ()
+    for name, fields in (("attention", ATTENTION_FIELDS), ("state_change", STATE_FIELDS)):
+        if args.get(name, "0") not in ("0", "1"):
+            raise ValueError(f"{name} must be 0 or 1")
+        if args.get(name) != "1":
+            left_out += fields
+    return left_out
 
 
 @api.post("/trace")
@@ -39,13 +52,18 @@ def api_trace():
     ?stream=snapshots gives the owner's cumulative snapshots (streaming…, then complete), which grow
     with the square of the loops: ~12 MB for 256 steps, so only when asked for. ?attention=1 adds each
     row's "read" rule and "attention" weights (per head, over the prompt's characters), where the model
-    hands them over."""
+    hands them over; ?state_change=1 each row's "state_change", how much the loop block's state moved
+    since the previous loop (null at loop 1; absent where the model does not give it)."""
     mode = request.args.get("stream", "rows")
     if mode not in API_STREAMS:
         return {"error": "stream must be rows or snapshots"}, 400
-    if request.args.get("attention", "0") not in ("0", "1"):
-        return {"error": "attention must be 0 or 1"}, 400
-    shape = (lambda row: row) if request.args.get("attention") == "1" else plain
+    try:
+        left_out = row_shape(request.args)
+    except ValueError as error:
+        return {"error": str(error)}, 400
+
+    def shape(row: dict) -> dict:
+        return plain(row, left_out)
     try:
         value = request.get_json(silent=True)
     except RecursionError:  # silent=True catches ValueError only; nesting thousands deep is a client's error

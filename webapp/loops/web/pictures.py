@@ -118,3 +118,35 @@ def stop_chart(rows: list[dict], steps: int, threshold: float, width: int = 480,
             "last": {"x": x(rows[-1]["loop"]), "y": y(rows[-1]["stop_probability"])} if rows else None,
             # where loop N is, for the player's marker: x(N) = x0 + dx * (N - 1)
             "x_of": x, "x0": left, "dx": round(plot_w / max(loops - 1, 1), 4)}
+
+
+SETTLE_NOT_AVAILABLE = "How much the state changed is not available for this model."
+
+
+def settle_chart(rows: list[dict], chart: dict) -> dict:
+    """Under the stop chart, on its loop axis (`chart`: stop_chart's): per loop, how much the loop block's
+    state moved since the previous loop, ‖h_t − h_{t−1}‖ / ‖h_{t−1}‖ (the row's state_change; none at
+    loop 1). A model converging to a fixed point shows it falling to 0; a cycle, a pattern that repeats."""
+    if not rows or not any("state_change" in row for row in rows):
+        return {"available": False, "reason": SETTLE_NOT_AVAILABLE}
+    height, top, bottom = 120, 12, 24
+    values = [(row["loop"], row.get("state_change")) for row in rows]
+    drawn = [(loop, v) for loop, v in values if v is not None]
+    peak = max([v for _, v in drawn], default=0.0)
+    scale = max(1.0, math.ceil(peak * 2) / 2)  # 0 to 1, or to the next half above the largest change
+
+    def y(value: float) -> float:
+        return round(top + (height - top - bottom) * (1 - min(value, scale) / scale), 1)
+
+    x = chart["x_of"]
+    return {"available": True, "width": chart["width"], "height": height, "left": chart["left"],
+            "right": chart["right"], "top": top, "bottom": height - bottom,
+            "points": " ".join(f"{x(loop)},{y(v)}" for loop, v in drawn),
+            "dots": [{"x": x(loop), "y": y(v), "loop": loop, "value": v} for loop, v in drawn],
+            "x_ticks": chart["x_ticks"], "k_x": chart["k_x"],
+            "y_ticks": [{"y": y(v), "label": _label(v)} for v in (0, scale / 2, scale)],
+            "last": drawn[-1][1] if drawn else None, "settled": bool(drawn) and drawn[-1][1] < 1e-3}
+
+
+def _label(value: float) -> str:
+    return f"{value:g}"

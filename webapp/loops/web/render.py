@@ -50,6 +50,7 @@ def render_results(snapshot: dict, *, job=None, trace_id: str | None = None, err
         context["verdict"] = of_trace(req, rows, summary["stop_reason"])
         context["graph"] = pictures.graph(req, rows, context["verdict"])
         context["chart"] = pictures.stop_chart(rows, req["steps"], snapshot["threshold"])
+        context["settle"] = pictures.settle_chart(rows, context["chart"])
         if rows:
             at = current or len(rows)
             context["current_symbol"] = rows[at - 1]["prediction"]
