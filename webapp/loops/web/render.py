@@ -10,6 +10,7 @@ from webapp.loops.web import pictures
 from webapp.loops.web.attention import attention_view
 from webapp.loops.web.blueprint import model_choices, service
 from webapp.loops.web.forms import PRESET_LABELS, EditorState
+from webapp.loops.web.sweep_form import FAMILY_LABELS, SweepForm
 from webapp.web.security import owner_id
 
 
@@ -17,9 +18,12 @@ def editor_context(state: EditorState) -> dict:
     return {"state": state, "symbols": SYMBOLS, "presets": PRESET_LABELS, "models": model_choices()}
 
 
-def render_lab(state: EditorState, *, results: str = "", status: int = 200, upload_error: str | None = None):
+def render_lab(state: EditorState, *, results: str = "", status: int = 200, upload_error: str | None = None,
+               sweep_form: SweepForm | None = None):
     recent = service().store.recent(owner_id())
     return render_template("loops/page.html", results=results, recent=recent, upload_error=upload_error,
+                           sweep_form=sweep_form or SweepForm.default(model_choices()), families=FAMILY_LABELS,
+                           recent_sweeps=service().store.recent_sweeps(owner_id()),
                            **editor_context(state)), status
 
 
