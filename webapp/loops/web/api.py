@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from flask import jsonify, request
@@ -9,7 +10,7 @@ from flask import jsonify, request
 from webapp.core import Refused
 from webapp.loops.request import DemoRequest, RequestError
 from webapp.loops.trace import RowsEvent, metadata
-from webapp.loops.web.blueprint import api, service, settings
+from webapp.loops.web.blueprint import api, model_choices, service, settings
 from webapp.web import get_core, quotas, refusal_headers, refusal_status
 from webapp.web.api_auth import CHALLENGE, key_owner, require_key
 from webapp.web.security import csrf_exempt
@@ -39,7 +40,7 @@ def api_trace():
     ?stream=snapshots gives the owner's cumulative snapshots (streaming…, then complete), which grow
     with the square of the loops: ~12 MB for 256 steps, so only when asked for. ?attention=1 adds each
     row's "read" rule and "attention" weights (per head, over the prompt's characters), where the model
-    hands them over."""
+    hands them over. ?model=NAME runs it on another of the models offered (the main one by default)."""
     mode = request.args.get("stream", "rows")
     if mode not in API_STREAMS:
         return {"error": "stream must be rows or snapshots"}, 400
@@ -56,6 +57,12 @@ def api_trace():
         demo_request = DemoRequest.parse(value)
     except RequestError as error:
         return {"error": error.message}, 400
+    # ?model=NAME: one of the models offered (a sweep's run on the early checkpoint, repeated alone)
+    names = [m["name"] for m in model_choices()]
+    model = request.args.get("model", names[0])
+    if model not in names:
+        return {"error": "model must be one of the models offered: " + ", ".join(names)}, 400
+    demo_request = dataclasses.replace(demo_request, model=model)
     # A key is its own owner (the per-owner limit counts per key). Without keys, a script without a
     # cookie gets a throwaway owner, not a session: its traces are purged after
     # GLASSBOX_API_RETENTION_HOURS (webapp/web/quotas.py), and no cookie is minted per request.

@@ -16,7 +16,7 @@ from webapp.loops.web.blueprint import api, bp, model_choices, service, settings
 from webapp.loops.web.forms import MAX_FORM_BYTES
 from webapp.loops.web.sweep_form import SweepForm
 from webapp.loops.web.sweep_render import render_lab_with_sweep, render_sweep
-from webapp.web import quotas, refusal_headers, refusal_status
+from webapp.web import heavy, quotas, refusal_headers, refusal_status
 from webapp.web.api_auth import key_owner
 from webapp.web.bodies import body_limit
 from webapp.web.security import csrf_exempt, owner_id
@@ -161,6 +161,15 @@ def sweep_saved(sweep_id: str):
     token = service().store.share_token(owner_id(), sweep_id)
     return render_template("loops/sweep_page.html", results=render_sweep(
         snapshot, sweep_id=sweep_id, share_token=token))
+
+
+@bp.get("/sweeps/<sweep_id>.json")
+def sweep_download(sweep_id: str):
+    """The sweep's file, a heavy answer as a trace's is (webapp/loops/web/traces.py download)."""
+    heavy.admit()
+    encoded = glassbox().kept_answers.get(("sweep", sweep_id), lambda: heavy.Encoded.json(owned_sweep(sweep_id)))
+    attachment = f'attachment; filename="glassbox-sweep-{sweep_id}.json"'
+    return heavy.answer(encoded, headers={"Content-Disposition": attachment})
 
 
 @bp.post("/sweeps/<sweep_id>/share")
