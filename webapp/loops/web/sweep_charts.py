@@ -94,7 +94,8 @@ def error_bars(lines: list[dict]) -> list[dict]:
              "count": binned[b], "kind": "error"} for b in sorted(binned)]
 
 
-def histogram(bars: list[dict], x_label: str) -> dict:
+def histogram(bars: list[dict], x_label: str, kinds: tuple[str, ...]) -> dict:
+    """kinds: what the legend names, every one of them, whether or not a bar of it is there."""
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     top = max((b["count"] for b in bars), default=0)
     slot = plot_w / max(len(bars), 1)
@@ -106,8 +107,7 @@ def histogram(bars: list[dict], x_label: str) -> dict:
                       "cx": round(LEFT + (i + 0.5) * slot, 1),
                       "show_label": len(bars) <= 12 or i % math.ceil(len(bars) / 12) == 0})
     return {"width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT, "top": TOP,
-            "bottom": HEIGHT - BOTTOM, "bars": drawn, "x_label": x_label, "max": top,
-            "kinds": sorted({b["kind"] for b in bars}, key=["early", "exact", "late", "never", "error"].index)}
+            "bottom": HEIGHT - BOTTOM, "bars": drawn, "x_label": x_label, "max": top, "kinds": kinds}
 
 
 def model_view(lines: list[dict], max_k: int) -> dict:
@@ -116,6 +116,6 @@ def model_view(lines: list[dict], max_k: int) -> dict:
     table = [{"k": line["k"], "n": line["n"],
               "cells": [(line[m], *interval(line, m)[1:]) for m in MEASURES]} for line in ordered]
     return {"accuracy": accuracy_chart(ordered, max_k),
-            "stops": histogram(stop_bars(ordered), "stop loop − k"),
-            "errors": histogram(error_bars(ordered), "first wrong loop"),
+            "stops": histogram(stop_bars(ordered), "stop loop − k", ("early", "exact", "late", "never")),
+            "errors": histogram(error_bars(ordered), "first wrong loop", ("error",)),
             "table": table}
