@@ -73,3 +73,25 @@ def test_without_javascript_the_sweep_page_renders_whole_when_it_ends(open_page)
     page.wait_for_selector(".sweep-status[data-done]", timeout=60_000)
     assert page.locator(".sweep-model svg").count() >= 4
     assert page.locator(".sweep-lines tbody tr").count() == 4
+
+
+def test_compare_with_the_early_checkpoint_steps_both_players_together(open_page):
+    from tests.browser.test_usability import axe, run_loops
+    page = open_page()
+    run_loops(page, "40")
+    page.select_option("#compare-model", "early")
+    page.get_by_role("button", name="Run it there too").click()
+    page.wait_for_url("**/loops/compare/**")
+    assert page.locator(".compare-column").count() == 2
+    first, second = page.locator("#player-1"), page.locator("#player-2")
+    first.get_by_role("link", name="First").click()
+    assert first.locator(".player-at").text_content() == "1" and second.locator(".player-at").text_content() == "1"
+    first.get_by_role("link", name="Next", exact=True).click()
+    second.get_by_role("link", name="Next", exact=True).click()
+    assert first.locator(".player-at").text_content() == "3" and second.locator(".player-at").text_content() == "3"
+    assert page.url.endswith("?loop=3")
+    text = page.locator("#first-difference").text_content()
+    if "first differ at" in text:  # where the early one goes its own way, marked in each table that has it
+        assert page.locator("tr[data-first-difference]").count() == (1 if "had stopped" in text else 2)
+    assert not axe(page)
+    screenshot(page, "issue32-compare")

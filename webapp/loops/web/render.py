@@ -48,6 +48,8 @@ def render_results(snapshot: dict, *, job=None, trace_id: str | None = None, err
     context = {"snapshot": snapshot, "rows": rows, "summary": summary, "job": job, "trace_id": trace_id,
                "error": error, "steps": req["steps"], "recent": recent, "current": current,
                "player_url": player_url, "shared": shared, "share_token": share_token,
+               "compare_models": [m for m in model_choices() if m["checkpoint"] != snapshot.get("checkpoint")]
+               if len(model_choices()) > 1 else [],
                "model_label": next((m["label"] for m in model_choices()
                                     if m["checkpoint"] == snapshot.get("checkpoint") and m["label"]), None)}
     if summary is not None:
