@@ -26,7 +26,7 @@ log = logging.getLogger("glassbox.loops.sweep")
 SWEEPS_PER_OWNER = 1   # a browser (or an API key, or a cookie-less call) runs one sweep at a time
 SWEEPS_PER_CLIENT = 2  # an address runs at most two, whatever cookies it sends
 WAIT_SECONDS = 0.25    # how often a sweep refused by the core's limits tries again
-KEEP_FINISHED = 64
+KEEP_FINISHED = 16  # finished sweeps kept for a late stream (their lines; saved ones are in the store)
 
 
 @dataclass
@@ -144,7 +144,9 @@ class Sweeps:
         summaries = [result.summaries[model][i] for i in indices]
         line = {"model": model, **k_line(k, summaries)}  # type: ignore[arg-type]
         result.lines.append(line)
-        runs = [{"request": tables[i][2].payload(), "summary": s} for i, s in zip(indices, summaries)]
+        # the runs only when asked for ("runs": true): a page never shows them, and they are most of a line
+        runs = ([{"request": tables[i][2].payload(), "summary": s} for i, s in zip(indices, summaries)]
+                if job.request.runs else [])
         job.emit("line", {"line": line, "runs": runs})
 
     def _finish(self, job: SweepJob, tables) -> None:
