@@ -147,7 +147,7 @@ class Sweeps:
         # the runs only when asked for ("runs": true): a page never shows them, and they are most of a line
         runs = ([{"request": tables[i][2].payload(), "summary": s} for i, s in zip(indices, summaries)]
                 if job.request.runs else [])
-        job.emit("line", {"line": line, "runs": runs})
+        job.emit("line", {"line": line, "runs": runs, "count": len(result.lines)})
 
     def _finish(self, job: SweepJob, tables) -> None:
         spec, result = job.request, job.result

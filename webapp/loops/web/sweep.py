@@ -114,9 +114,11 @@ def sweep_live(job_id: str):
     return render_template("loops/sweep_page.html", results=render_sweep(live_snapshot(job), job=job))
 
 
-def live_snapshot(job: SweepJob) -> dict:
-    return {"spec": job.request.payload(), "lines": list(job.result.lines), "summaries": job.result.summaries,
-            "summary": job.result.summary}
+def live_snapshot(job: SweepJob, count: int | None = None) -> dict:
+    """count: as it stood when that many lines had finished (a stream replayed late shows them one by one)."""
+    lines = job.result.lines
+    return {"spec": job.request.payload(), "lines": list(lines if count is None else lines[:count]),
+            "summaries": job.result.summaries, "summary": job.result.summary if count is None else None}
 
 
 @bp.get("/sweeps/live/<job_id>/stream")
@@ -127,7 +129,7 @@ def sweep_stream(job_id: str):
 
     def render(event):
         if event.name == "line":
-            return render_sweep(live_snapshot(job), job=job, fragment="progress")
+            return render_sweep(live_snapshot(job, event.data["count"]), job=job, fragment="progress")
         return None
 
     def final(job):
