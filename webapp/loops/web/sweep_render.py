@@ -11,6 +11,8 @@ from webapp.loops.web.render import render_lab
 from webapp.loops.web.sweep_charts import MEASURE_LABELS, model_view
 from webapp.loops.web.sweep_form import FAMILY_LABELS, SweepForm
 
+SHOWN_DISAGREEMENTS = 50  # each carries two forms of the whole table: the rest are in the sweep's file
+
 
 def render_lab_with_sweep(form: SweepForm, status: int = 200):
     return render_lab(EditorState.default(), sweep_form=form, status=status)
@@ -35,7 +37,8 @@ def render_sweep(snapshot: dict, *, job=None, sweep_id: str | None = None, share
     live = job is not None and not job.finished_state
     context = {"spec": spec, "models": models, "summary": summary, "done": done, "total": total,
                "measures": MEASURES, "measure_labels": MEASURE_LABELS, "family_label": FAMILY_LABELS[spec["family"]],
-               "disagreements": differ, "live": live, "job": job, "sweep_id": sweep_id, "shared": shared,
+               "disagreements": differ[:SHOWN_DISAGREEMENTS], "disagreeing": len(differ), "live": live, "job": job,
+               "sweep_id": sweep_id, "shared": shared,
                "share_token": share_token, "error": error,
                "share_url": url_for("loops.shared", token=share_token, _external=True) if share_token else None}
     if fragment == "progress":
