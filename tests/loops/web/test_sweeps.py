@@ -217,3 +217,23 @@ def test_the_page_fills_in_live_then_is_saved_and_shared(bundled):
         data.setdefault(name, []).append(value)
     opened = client.post("/loops/run", data=data)
     assert opened.status_code == 303 and "/loops/traces/" in opened.headers["Location"]
+
+
+def test_with_api_keys_a_sweep_needs_one_and_the_key_owns_it(tmp_path):
+    from tests.support.loop_models import bundle
+    from tests.v1.conftest import KEY, write_keys
+    keys = write_keys(tmp_path / "api_keys", KEY)
+    app = make_app(tmp_path, {"loops": bundle()}, api_keys=str(keys))
+    try:
+        body = {"family": "cycle", "k": [2], "tables": 1, "seed": 1}
+        missing = app.test_client().post("/api/loops/sweep", json=body)
+        assert missing.status_code == 401 and "API key" in missing.get_json()["error"]
+        assert app.test_client().post("/api/loops/sweep", data="x", headers={
+            "Authorization": "Bearer wrong"}).status_code == 401  # the key first, whatever was sent
+        ok = lines_of(app.test_client().post("/api/loops/sweep", json=body,
+                                             headers={"Authorization": f"Bearer {KEY}"}))
+        assert ok[-1]["status"] == "complete" and ok[0]["joint_success"] == 1.0
+        owners = {j.owner for j in glassbox(app).service(Sweeps)._jobs.values()}
+        assert len(owners) == 1 and "key-" in next(iter(owners))  # the key's owner, not a throwaway one
+    finally:
+        glassbox(app).core.shutdown()
