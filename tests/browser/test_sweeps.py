@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.browser.conftest import screenshot
+from tests.browser.test_usability import axe, no_horizontal_scroll
 from tests.support.servers import ROOT, Gunicorn, model_env
 
 pytestmark = pytest.mark.browser
@@ -62,6 +63,12 @@ def test_a_sweep_of_both_checkpoints_fills_in_live_and_shows_where_the_early_one
     assert page.locator(".sweep-disagree tbody tr").count() >= 1
     screenshot(page, "issue32-sweep")
     assert page.locator("#share").count() == 1  # saved: it can be shared
+    assert not axe(page)
+    phone = open_page(size="phone")
+    phone.context.add_cookies(page.context.cookies())
+    phone.goto(page.url)  # the live page of a finished sweep: its saved page
+    phone.wait_for_selector(".sweep-status[data-done]")
+    no_horizontal_scroll(phone)
     page.locator(".sweep-disagree button", has_text="Open as trace").first.click()
     page.wait_for_url("**/loops/traces/**")
 
@@ -76,7 +83,7 @@ def test_without_javascript_the_sweep_page_renders_whole_when_it_ends(open_page)
 
 
 def test_compare_with_the_early_checkpoint_steps_both_players_together(open_page):
-    from tests.browser.test_usability import axe, run_loops
+    from tests.browser.test_usability import run_loops
     page = open_page()
     run_loops(page, "40")
     page.select_option("#compare-model", "early")
