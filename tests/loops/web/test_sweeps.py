@@ -237,3 +237,9 @@ def test_with_api_keys_a_sweep_needs_one_and_the_key_owns_it(tmp_path):
         assert len(owners) == 1 and "key-" in next(iter(owners))  # the key's owner, not a throwaway one
     finally:
         glassbox(app).core.shutdown()
+
+
+def test_the_trace_api_on_another_model_says_its_checkpoint(bundled):
+    request = {"mapping": [[s, s] for s in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"], "start": "A", "steps": 2}
+    lines = lines_of(bundled.test_client().post("/api/loops/trace?model=early&stream=snapshots", json=request))
+    assert {line["checkpoint"] for line in lines} == {load_bundle("models/loops-early").checkpoint_id}

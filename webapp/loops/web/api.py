@@ -63,6 +63,8 @@ def api_trace():
     if model not in names:
         return {"error": "model must be one of the models offered: " + ", ".join(names)}, 400
     demo_request = dataclasses.replace(demo_request, model=model)
+    checkpoint = next((m["checkpoint"] for m in model_choices() if m["name"] == model), "")
+    checkpoint = checkpoint or get_core().models["loops"].checkpoint_id
     # A key is its own owner (the per-owner limit counts per key). Without keys, a script without a
     # cookie gets a throwaway owner, not a session: its traces are purged after
     # GLASSBOX_API_RETENTION_HOURS (webapp/web/quotas.py), and no cookie is minted per request.
@@ -83,7 +85,7 @@ def api_trace():
                 for row in event.data.rows:
                     yield json.dumps(shape(row)) + "\n"
             elif isinstance(event.data, RowsEvent):
-                head = head or metadata(demo_request, get_core().models["loops"].checkpoint_id)
+                head = head or metadata(demo_request, checkpoint)
                 for row in event.data.rows:  # one snapshot per loop, as the owner's API gives
                     rows.append(shape(row))
                     yield json.dumps({**head, "status": "streaming", "trace": rows}) + "\n"
