@@ -195,6 +195,19 @@
       }
       keepInView(row);
       if (ownPage) history.replaceState(null, "", url + "?loop=" + at);
+      if (group && !following) {  // the players of one link step together (two traces compared)
+        document.dispatchEvent(new CustomEvent("glassbox:player-step", { detail: { group: group, at: at, from: nav } }));
+      }
+    }
+    var group = nav.getAttribute("data-link");
+    var following = false;
+    if (group) {
+      document.addEventListener("glassbox:player-step", function (event) {
+        var d = event.detail;
+        if (d.group !== group || d.from === nav) return;
+        following = true;
+        try { stop(); show(d.at); } finally { following = false; }
+      });
     }
     function stop() {
       if (!timer) return;

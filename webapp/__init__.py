@@ -94,12 +94,13 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     attribution = chat_boot.attribution_service(core, inside, settings)
     patching = PatchingService(core, inside, settings.inside_cache_entries, settings.patching_max_cells)
     loops = loops_boot.service(core, db)
+    sweeps = loops_boot.sweeps(loops, settings)
     # The one application state (webapp/web/state.py), read through glassbox()
     app.extensions["glassbox"] = Glassbox(db=db, browsers=Browsers(db), lock=lock, core=core,
                                           new_sessions=NewSessions(settings.max_new_sessions_per_minute),
                                           api_keys=api_keys,
                                           heavy_reads=HeavyReads(settings.heavy_read_bytes_per_second),
-                                          services=(chat, inside, attribution, patching, loops, ablation),
+                                          services=(chat, inside, attribution, patching, loops, sweeps, ablation),
                                           stores=(chat.store, loops.store))
 
     # the API blueprints (/v1, /api/loops) put the API-key check in front of their own routes

@@ -62,6 +62,8 @@ LIMITS: dict[str, Limit] = {
     "inside_wait_seconds": Limit(1, 3600),
     "patching_max_cells": Limit(1, 10_000_000, zero="no limit"),
     "max_jobs_per_owner": Limit(1, 100_000, zero="no limit"),
+    "sweep_max_tables": Limit(1, 100_000),
+    "sweep_max_runs": Limit(1, 1_000_000),
     "max_jobs_per_client": Limit(1, 100_000, zero="no limit"),
     "bulk_share": Limit(0.05, 1),
     "max_new_sessions_per_minute": Limit(1, 100_000, zero="no limit"),
@@ -122,6 +124,8 @@ class Settings:
     inside_wait_seconds: float = 120.0  # how long an Inside page or JSON request waits for its job
     patching_max_cells: int = 4096  # cells one activation-patching job may run (0: no limit)
     max_jobs_per_owner: int = 4  # queued or running at once
+    sweep_max_tables: int = 100  # tables per k a Loop-lab sweep may ask for
+    sweep_max_runs: int = 2000   # runs one sweep may make: k values × tables × models
     # Limits a script cannot shed by dropping its cookie: per client address (as the trusted proxy says)
     max_jobs_per_client: int = 8           # queued or running at once, all browsers of one address: half a batch
     max_new_sessions_per_minute: int = 30  # new session cookies handed to one address

@@ -16,6 +16,7 @@ from webapp.loops.request import DemoRequest
 from webapp.loops.runs import MAIN, LoopRuns
 from webapp.loops.service import LoopService
 from webapp.loops.store import TraceStore
+from webapp.loops.sweeping import Sweeps
 from webapp.loops.trace import check_model
 
 EARLY_BUNDLE = ROOT / "models" / "loops-early"
@@ -66,3 +67,9 @@ def warm_up(bundle) -> None:
 
 def service(core: InferenceCore, db: AnyDatabase) -> LoopService:
     return LoopService(core, TraceStore(db))
+
+
+def sweeps(service: LoopService, settings: Settings) -> Sweeps:
+    """A sweep keeps one run fewer in flight than a browser may have, so its owner can still run one alone."""
+    limit = settings.max_jobs_per_owner or 4
+    return Sweeps(service, in_flight=max(1, min(limit - 1, 4)))

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from webapp.core import InferenceCore
 from webapp.core.jobs import DONE, Job
 from webapp.loops.request import DemoRequest
 from webapp.loops.runs import BATCHED, KINDS, MAIN, LoopResult
 from webapp.loops.store import TraceStore
+
+LoopJob = Job[DemoRequest, LoopResult]
 
 
 class LoopService:
@@ -14,12 +18,19 @@ class LoopService:
         self.core = core
         self.store = store
 
-    def start(self, owner: str, request: DemoRequest) -> Job[DemoRequest, LoopResult]:
-        def save(job: Job[DemoRequest, LoopResult], outcome: str, error: str | None) -> None:
-            if outcome == DONE and job.result.snapshot is not None:
-                job.result.trace_id = self.store.save(owner, job.result.snapshot)
+    def start(self, owner: str, request: DemoRequest, *, save: bool = True,
+              then: Callable[[LoopJob, str, str | None], None] | None = None) -> LoopJob:
+        """save: keep the finished trace (a sweep's runs are not kept one by one: the sweep is);
+        then: called with the job once it ended, whatever the outcome (a sweep counts it)."""
+        def finish(job: Job[DemoRequest, LoopResult], outcome: str, error: str | None) -> None:
+            try:
+                if save and outcome == DONE and job.result.snapshot is not None:
+                    job.result.trace_id = self.store.save(owner, job.result.snapshot)
+            finally:
+                if then is not None:
+                    then(job, outcome, error)
 
-        job: Job[DemoRequest, LoopResult] = Job(self.kind(request), owner, request, on_finish=save,
+        job: Job[DemoRequest, LoopResult] = Job(self.kind(request), owner, request, on_finish=finish,
                                                  result=LoopResult())
         return self.core.submit(job)
 

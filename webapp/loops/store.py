@@ -9,6 +9,12 @@ import uuid
 
 from webapp.db import AnyDatabase, in_batches
 
+SWEEP_PREFIX = '{"sweep": '  # how json.dumps begins a sweep's snapshot
+
+
+def is_sweep(snapshot: dict | None) -> bool:
+    return isinstance(snapshot, dict) and "sweep" in snapshot
+
 
 class TraceStore:
     def __init__(self, db: AnyDatabase) -> None:
@@ -35,6 +41,7 @@ class TraceStore:
     def recent(self, owner: str, limit: int = 10) -> list[dict]:
         with self.db.connect() as db:
             rows = db.execute("SELECT id, snapshot, created_at FROM traces WHERE owner = ?"
+                              f" AND snapshot NOT LIKE '{SWEEP_PREFIX}%'"
                               " ORDER BY created_at DESC LIMIT ?", (owner, limit)).fetchall()
         out = []
         for row in rows:
@@ -42,6 +49,20 @@ class TraceStore:
             out.append({"id": row["id"], "created_at": row["created_at"], "source": snapshot.get("source"),
                         "request": snapshot["request"], "summary": snapshot.get("summary", {})})
         return out
+
+    # -- sweeps (webapp/loops/sweeping.py): kept beside the traces, so that quotas, retention and sharing
+    # count and treat them as traces; a sweep's snapshot starts {"sweep": 1, …}, which no trace's does
+    def save_sweep(self, owner: str, snapshot: dict) -> str:
+        assert next(iter(snapshot)) == "sweep"
+        return self.save(owner, snapshot)
+
+    def recent_sweeps(self, owner: str, limit: int = 10) -> list[dict]:
+        with self.db.connect() as db:
+            rows = db.execute("SELECT id, snapshot, created_at FROM traces WHERE owner = ?"
+                              f" AND snapshot LIKE '{SWEEP_PREFIX}%'"
+                              " ORDER BY created_at DESC LIMIT ?", (owner, limit)).fetchall()
+        return [{"id": row["id"], "created_at": row["created_at"], "spec": json.loads(row["snapshot"])["spec"]}
+                for row in rows]
 
     # -- sharing ---------------------------------------------------------------------------------
     def share(self, owner: str, trace_id: str) -> str | None:

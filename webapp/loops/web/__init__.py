@@ -2,7 +2,7 @@
 streams), traces.py (saved traces, sharing, replay, upload), api.py (the JSON API)."""
 
 from webapp.loops.web import api as api_routes  # noqa: F401  (each registers its routes)
-from webapp.loops.web import lab, traces  # noqa: F401
+from webapp.loops.web import compare, lab, sweep, traces  # noqa: F401
 from webapp.loops.web.blueprint import api, bp
 
 __all__ = ["api", "bp"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from flask import jsonify, request
@@ -9,7 +10,7 @@ from flask import jsonify, request
 from webapp.core import Refused
 from webapp.loops.request import DemoRequest, RequestError
 from webapp.loops.trace import RowsEvent, metadata
-from webapp.loops.web.blueprint import api, service, settings
+from webapp.loops.web.blueprint import api, model_choices, service, settings
 from webapp.web import get_core, quotas, refusal_headers, refusal_status
 from webapp.web.api_auth import CHALLENGE, key_owner, require_key
 from webapp.web.security import csrf_exempt
@@ -53,7 +54,8 @@ def api_trace():
     with the square of the loops: ~12 MB for 256 steps, so only when asked for. ?attention=1 adds each
     row's "read" rule and "attention" weights (per head, over the prompt's characters), where the model
     hands them over; ?state_change=1 each row's "state_change", how much the loop block's state moved
-    since the previous loop (null at loop 1; absent where the model does not give it)."""
+    since the previous loop (null at loop 1; absent where the model does not give it). ?model=NAME runs
+    it on another of the models offered (the main one by default)."""
     mode = request.args.get("stream", "rows")
     if mode not in API_STREAMS:
         return {"error": "stream must be rows or snapshots"}, 400
@@ -74,6 +76,14 @@ def api_trace():
         demo_request = DemoRequest.parse(value)
     except RequestError as error:
         return {"error": error.message}, 400
+    # ?model=NAME: one of the models offered (a sweep's run on the early checkpoint, repeated alone)
+    names = [m["name"] for m in model_choices()]
+    model = request.args.get("model", names[0])
+    if model not in names:
+        return {"error": "model must be one of the models offered: " + ", ".join(names)}, 400
+    demo_request = dataclasses.replace(demo_request, model=model)
+    checkpoint = next((m["checkpoint"] for m in model_choices() if m["name"] == model), "")
+    checkpoint = checkpoint or get_core().models["loops"].checkpoint_id
     # A key is its own owner (the per-owner limit counts per key). Without keys, a script without a
     # cookie gets a throwaway owner, not a session: its traces are purged after
     # GLASSBOX_API_RETENTION_HOURS (webapp/web/quotas.py), and no cookie is minted per request.
@@ -94,7 +104,7 @@ def api_trace():
                 for row in event.data.rows:
                     yield json.dumps(shape(row)) + "\n"
             elif isinstance(event.data, RowsEvent):
-                head = head or metadata(demo_request, get_core().models["loops"].checkpoint_id)
+                head = head or metadata(demo_request, checkpoint)
                 for row in event.data.rows:  # one snapshot per loop, as the owner's API gives
                     rows.append(shape(row))
                     yield json.dumps({**head, "status": "streaming", "trace": rows}) + "\n"

@@ -42,7 +42,7 @@ def model_name(checkpoint: str) -> str:
 
 def owned_trace(trace_id: str) -> dict:
     snapshot = service().store.get(owner_id(), trace_id)
-    if snapshot is None:
+    if snapshot is None or "sweep" in snapshot:  # a sweep has its own page (webapp/loops/web/sweep.py)
         abort(404, "No such trace.")
     return snapshot
 

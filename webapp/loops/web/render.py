@@ -10,6 +10,7 @@ from webapp.loops.web import pictures
 from webapp.loops.web.attention import attention_view
 from webapp.loops.web.blueprint import model_choices, service
 from webapp.loops.web.forms import PRESET_LABELS, EditorState
+from webapp.loops.web.sweep_form import FAMILY_LABELS, SweepForm
 from webapp.web.security import owner_id
 
 
@@ -17,9 +18,12 @@ def editor_context(state: EditorState) -> dict:
     return {"state": state, "symbols": SYMBOLS, "presets": PRESET_LABELS, "models": model_choices()}
 
 
-def render_lab(state: EditorState, *, results: str = "", status: int = 200, upload_error: str | None = None):
+def render_lab(state: EditorState, *, results: str = "", status: int = 200, upload_error: str | None = None,
+               sweep_form: SweepForm | None = None):
     recent = service().store.recent(owner_id())
     return render_template("loops/page.html", results=results, recent=recent, upload_error=upload_error,
+                           sweep_form=sweep_form or SweepForm.default(model_choices()), families=FAMILY_LABELS,
+                           recent_sweeps=service().store.recent_sweeps(owner_id()),
                            **editor_context(state)), status
 
 
@@ -44,6 +48,8 @@ def render_results(snapshot: dict, *, job=None, trace_id: str | None = None, err
     context = {"snapshot": snapshot, "rows": rows, "summary": summary, "job": job, "trace_id": trace_id,
                "error": error, "steps": req["steps"], "recent": recent, "current": current,
                "player_url": player_url, "shared": shared, "share_token": share_token,
+               "compare_models": [m for m in model_choices() if m["checkpoint"] != snapshot.get("checkpoint")]
+               if len(model_choices()) > 1 else [],
                "model_label": next((m["label"] for m in model_choices()
                                     if m["checkpoint"] == snapshot.get("checkpoint") and m["label"]), None)}
     if summary is not None:

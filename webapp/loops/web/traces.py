@@ -8,10 +8,12 @@ import time
 from flask import abort, redirect, render_template, request, url_for
 
 from webapp.loops.recorded import TraceFileError, parse_trace_file, rescore
+from webapp.loops.store import is_sweep
 from webapp.loops.trace import FLUSH_SECONDS
 from webapp.loops.web.blueprint import bp, model_name, owned_trace, service
 from webapp.loops.web.forms import EditorState
 from webapp.loops.web.render import current_loop, render_lab, render_results
+from webapp.loops.web.sweep import shared_sweep
 from webapp.web import get_core, heavy, quotas
 from webapp.web.pages import INLINE_TOO_LARGE
 from webapp.web.security import owner_id
@@ -51,6 +53,8 @@ def shared(token: str):
     snapshot = service().store.shared(token)
     if snapshot is None:
         abort(404, "This shared trace does not exist or its owner stopped sharing it.")
+    if is_sweep(snapshot):
+        return shared_sweep(snapshot)
     results = render_results(snapshot, current=current_loop(snapshot.get("trace", [])), shared=True,
                              player_url=url_for("loops.shared", token=token))
     return render_template("loops/shared.html", results=results, snapshot=snapshot)
