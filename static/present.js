@@ -1,0 +1,54 @@
+// Replay at a pace (templates/chat/_replay.html, issue 31): the reply is written again in place from its
+// stored tokens, as the live stream wrote it; Stop closes the stream and puts the reply back. Without this
+// file the form opens the replay on a page of its own.
+(function () {
+  "use strict";
+  if (window.glassboxPresent) return;  // htmx runs this file again when it swaps the conversation
+  window.glassboxPresent = true;
+
+  var running = null;  // {source, item, saved, form}
+
+  function finish(restore) {
+    if (!running) return;
+    var r = running;
+    running = null;
+    r.source.close();
+    if (restore && r.item.isConnected) {
+      r.item.innerHTML = r.saved;
+      if (window.htmx) window.htmx.process(r.item);
+    }
+  }
+
+  document.addEventListener("submit", function (event) {
+    var form = event.target.closest && event.target.closest("form[data-replay]");
+    if (!form || !window.EventSource) return;
+    event.preventDefault();
+    finish(true);
+    var item = document.getElementById(form.getAttribute("data-replay"));
+    if (!item) return;
+    var pace = form.querySelector("select[name=pace]").value;
+    var saved = item.innerHTML;
+    var bubble = item.querySelector(".bubble");
+    bubble.innerHTML = '<p class="text token-view replaying"></p>';
+    var text = bubble.querySelector(".text");
+    var source = new EventSource(form.action + "?pace=" + encodeURIComponent(pace));
+    running = {source: source, item: item, saved: saved, form: form};
+    var stop = item.querySelector(".replay-stop");
+    if (stop) stop.hidden = false;
+    item.classList.add("show-tokens", "replaying");
+    source.addEventListener("token", function (e) { text.insertAdjacentHTML("beforeend", e.data); });
+    source.addEventListener("done", function () {
+      finish(true);
+      item.classList.remove("replaying");
+    });
+    source.onerror = function () { finish(true); item.classList.remove("replaying"); };
+  });
+
+  document.addEventListener("click", function (event) {
+    var stop = event.target.closest && event.target.closest(".replay-stop");
+    if (!stop || !running) return;
+    var item = running.item;
+    finish(true);
+    item.classList.remove("replaying");
+  });
+})();
