@@ -9,8 +9,10 @@ branch shown and the whole reply so far, then the live rest. Revoking ends every
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
 
 from flask import abort, redirect, render_template, request, stream_template, url_for
 
@@ -38,6 +40,24 @@ def render_token(event: Event) -> str | None:
     odds = event.data.odds
     shade = token_views.shade(odds.probability) if odds and odds.probability is not None else None
     return render_template("chat/_token.html", text=event.data.text, shade=shade, odds=odds)
+
+
+_RENDERED: dict[int, tuple[Event, str | None]] = {}  # a live token's HTML, rendered once for its followers
+_RENDERED_LOCK = threading.Lock()
+
+
+def shared_token(event: Event) -> str | None:
+    """render_token, once per event whoever follows it (the event is kept with it, so its id is not reused)."""
+    with _RENDERED_LOCK:
+        kept = _RENDERED.get(id(event))
+        if kept is not None and kept[0] is event:
+            return kept[1]
+    html = render_token(event)
+    with _RENDERED_LOCK:
+        if len(_RENDERED) > 4096:
+            _RENDERED.clear()
+        _RENDERED[id(event)] = (event, html)
+    return html
 
 
 # -- the presenter --------------------------------------------------------------------------------
@@ -123,6 +143,59 @@ def follow_page(link: PresentLink):
                            token=link.token, state=link.state)
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """What a conversation's followers are shown at one moment, read and rendered once for all of them."""
+
+    gone: bool  # the link revoked, or the conversation deleted
+    state_version: int = 0
+    player: str = ""
+    shown: tuple = ()  # (id, status) of each message of the branch shown
+    conversation: str = ""
+    live: int | None = None  # the reply being written
+
+
+def snapshot(links, token: str, owner: str, cid: str) -> Snapshot:
+    """The link and the branch shown now."""
+    link = links.get(token)
+    if link is None:
+        return Snapshot(gone=True)
+    messages = branch(cid)
+    if not messages and service().store.conversation(owner, cid) is None:
+        return Snapshot(gone=True)
+    live = messages[-1]["id"] if messages and messages[-1]["status"] == Status.PENDING else None
+    return Snapshot(False, link.state_version, render_template("follow/_chat_player.html", state=link.state),
+                    tuple((m["id"], m["status"]) for m in messages),
+                    render_template("follow/_chat_messages.html", messages=messages), live)
+
+
+class SharedReads:
+    """One read for every follower of a link: the first follower to look after a change here (or after
+    FOLLOW_POLL_SECONDS, for what changes on another front end) reads and renders; the rest take its answer.
+    Fifty followers woken by one new message then cost one read, not fifty, beside the presenter's reply."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[str, tuple[float, int, Snapshot]] = {}
+
+    def read(self, token: str, version: int, fresh: Callable[[], Snapshot], ended: int | None = None) -> Snapshot:
+        """The snapshot of this version, kept or read now; `ended`: a reply the caller saw end, so a kept
+        snapshot that shows it still live is read again."""
+        with self._lock:
+            kept = self._kept.get(token)
+            if (kept and kept[1] == version and time.monotonic() - kept[0] < FOLLOW_POLL_SECONDS
+                    and (ended is None or kept[2].live != ended)):
+                return kept[2]
+            value = fresh()
+            if len(self._kept) > 1000:  # links not followed any more
+                self._kept.clear()
+            self._kept[token] = (time.monotonic(), version, value)
+            return value
+
+
+SHARED = SharedReads()
+
+
 def follow_events(link: PresentLink) -> Iterator[str]:
     """The follower's stream: `conversation` (the branch shown, whenever it changes), `token` (the live
     reply's tokens), `player` (what the presenter points at), then `done` once the link is revoked."""
@@ -134,26 +207,28 @@ def follow_events(link: PresentLink) -> Iterator[str]:
     seen = CHANGES.version(key)
     quiet_since = time.monotonic()
     yield comment("open")
+    ended: int | None = None
+
+    def check() -> Snapshot:
+        return SHARED.read(token, CHANGES.version(key), lambda: snapshot(links, token, link.owner, cid), ended)
+
     while True:
-        now_link = links.get(token)
-        messages = branch(cid) if now_link is not None else []
-        if now_link is None or not messages and service().store.conversation(link.owner, cid) is None:
+        now = check()
+        if now.gone:
             yield frame("done", render_template("follow/_ended.html"))
             return
-        if now_link.state_version != state_version:
-            state_version = now_link.state_version
-            yield frame("player", render_template("follow/_chat_player.html", state=now_link.state))
-        now = tuple((m["id"], m["status"]) for m in messages)
-        if now != shown:
-            shown, quiet_since = now, time.monotonic()
-            yield frame("conversation", render_template("follow/_chat_messages.html", messages=messages))
-            live = messages[-1] if messages and messages[-1]["status"] == Status.PENDING else None
-            if live is not None:
-                ended = yield from follow_reply(links, token, live["id"], heartbeat, pace)
+        if now.state_version != state_version:
+            state_version = now.state_version
+            yield frame("player", now.player)
+        if now.shown != shown:
+            shown, quiet_since = now.shown, time.monotonic()
+            yield frame("conversation", now.conversation)
+            if now.live is not None:
+                ended = yield from follow_reply(now.live, heartbeat, pace, check)
                 if ended:
                     yield frame("done", render_template("follow/_ended.html"))
                     return
-                shown = None  # its end: read the branch again, and send it finished
+                shown, ended = None, now.live  # its end: read the branch again, and send it finished
             continue
         seen = CHANGES.wait(key, seen, FOLLOW_POLL_SECONDS)
         if time.monotonic() - quiet_since >= heartbeat:
@@ -161,7 +236,8 @@ def follow_events(link: PresentLink) -> Iterator[str]:
             yield comment("heartbeat")
 
 
-def follow_reply(links, token: str, message_id: int, heartbeat: float, pace: float) -> Generator[str, None, bool]:
+def follow_reply(message_id: int, heartbeat: float, pace: float,
+                 check: Callable[[], Snapshot]) -> Generator[str, None, bool]:
     """A live reply's tokens, as they come -> (returned) whether the link was revoked meanwhile."""
     job = service().job_for(message_id)
     source = (job.subscribe_batches(FOLLOW_POLL_SECONDS, watch=True) if job is not None
@@ -172,7 +248,7 @@ def follow_reply(links, token: str, message_id: int, heartbeat: float, pace: flo
             now = time.monotonic()
             if now - checked >= FOLLOW_POLL_SECONDS:
                 checked = now
-                if links.get(token) is None:
+                if check().gone:
                     return True
             if item is None:
                 if now - quiet_since >= heartbeat:
@@ -180,7 +256,7 @@ def follow_reply(links, token: str, message_id: int, heartbeat: float, pace: flo
                     yield comment("heartbeat")
                 continue
             batch = [item] if isinstance(item, Event) else item
-            frames = [frame("token", html) for event in batch if (html := render_token(event)) is not None]
+            frames = [frame("token", html) for event in batch if (html := shared_token(event)) is not None]
             if frames:
                 quiet_since = now
                 yield "".join(frames)
