@@ -51,4 +51,40 @@
     finish(true);
     item.classList.remove("replaying");
   });
+
+  // The live Loop-lab table follows its newest row while a run streams in, unless the reader scrolled
+  // up to look at an earlier one (then it stays where they are).
+  new MutationObserver(function (changes) {
+    changes.forEach(function (change) {
+      var body = change.target;
+      if (!change.addedNodes.length || !body.matches || !body.matches("tbody[sse-swap=rows]")) return;
+      var scroll = body.closest(".trace-scroll");
+      if (scroll && scroll.dataset.followed !== "no") scroll.scrollTop = scroll.scrollHeight;
+    });
+  }).observe(document.body, {childList: true, subtree: true});
+  document.addEventListener("scroll", function (event) {
+    var scroll = event.target;
+    if (!scroll.classList || !scroll.classList.contains("trace-scroll")) return;
+    scroll.dataset.followed = scroll.scrollHeight - scroll.scrollTop - scroll.clientHeight < 40 ? "yes" : "no";
+  }, true);
+
+  // While the Loop lab is presented, its player's loop goes to the followers (a small POST per step).
+  var lastSent = "";
+  function report() {
+    var present = document.querySelector("[data-presenting]");
+    var player = document.querySelector(".player");
+    if (!present || !player) return;
+    var at = player.querySelector(".player-at");
+    var trace = (player.getAttribute("data-url") || "").split("/").pop();
+    var body = "trace=" + encodeURIComponent(trace) + "&loop=" + encodeURIComponent(at ? at.textContent.trim() : "");
+    if (body === lastSent) return;
+    lastSent = body;
+    var token = document.querySelector("input[name=csrf_token]");
+    fetch(present.getAttribute("data-presenting"), {
+      method: "POST", body: body, credentials: "same-origin",
+      headers: {"Content-Type": "application/x-www-form-urlencoded", "X-CSRF-Token": token ? token.value : ""}
+    }).catch(function () {});
+  }
+  new MutationObserver(report).observe(document.body, {childList: true, subtree: true, characterData: true});
+  report();
 })();

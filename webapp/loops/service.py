@@ -7,12 +7,14 @@ from webapp.core.jobs import DONE, Job
 from webapp.loops.request import DemoRequest
 from webapp.loops.runs import LoopResult
 from webapp.loops.store import TraceStore
+from webapp.present import CHANGES
 
 
 class LoopService:
     def __init__(self, core: InferenceCore, store: TraceStore) -> None:
         self.core = core
         self.store = store
+        self.latest: dict[str, str] = {}  # each owner's newest run started here: its job's id
 
     def start(self, owner: str, request: DemoRequest) -> Job[DemoRequest, LoopResult]:
         def save(job: Job[DemoRequest, LoopResult], outcome: str, error: str | None) -> None:
@@ -20,7 +22,10 @@ class LoopService:
                 job.result.trace_id = self.store.save(owner, job.result.snapshot)
 
         job: Job[DemoRequest, LoopResult] = Job("loops", owner, request, on_finish=save, result=LoopResult())
-        return self.core.submit(job)
+        submitted = self.core.submit(job)
+        self.latest[owner] = submitted.id  # what a follow link of this owner's Loop lab shows (webapp/present.py)
+        CHANGES.notify(f"loops:{owner}")
+        return submitted
 
     def job(self, owner: str, job_id: str) -> Job[DemoRequest, LoopResult] | None:
         job = self.core.get(job_id)

@@ -10,6 +10,7 @@ from webapp.loops.web import pictures
 from webapp.loops.web.attention import attention_view
 from webapp.loops.web.blueprint import model_choices, service
 from webapp.loops.web.forms import PRESET_LABELS, EditorState
+from webapp.loops.web.present import present_token
 from webapp.web.security import owner_id
 
 
@@ -20,7 +21,7 @@ def editor_context(state: EditorState) -> dict:
 def render_lab(state: EditorState, *, results: str = "", status: int = 200, upload_error: str | None = None):
     recent = service().store.recent(owner_id())
     return render_template("loops/page.html", results=results, recent=recent, upload_error=upload_error,
-                           **editor_context(state)), status
+                           present_token=present_token(), **editor_context(state)), status
 
 
 def current_loop(rows: list) -> int | None:
