@@ -133,3 +133,23 @@ def test_follower_joins_late_sees_new_turns_live_and_revoke_ends_it(slow_chat_ap
     assert not reader.is_alive()
     assert sse_events("".join(got))[-1][0] == "done"
     assert follower.get(link).status_code == 404 and follower.get(link + "/events").status_code == 404
+
+
+def test_presentation_pace_spreads_a_live_reply_to_the_screen(tmp_path):
+    from tests.conftest import make_app
+    from tests.support.chat_models import tiny_chat_model
+    from webapp.web.state import glassbox
+    app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat")}, presentation_pace=5.0)
+    try:
+        client = app.test_client()
+        response = send(client, "Slowly", seed="3", max_new_tokens="10")
+        stream = client.get(stream_url(response.get_data(as_text=True)), buffered=False)
+        stamps = []
+        for chunk in stream.response:
+            stamps += [time.monotonic()] * chunk.decode().count("event: token")
+        reply = messages(app, conversation_id_of(response))[-1]
+        assert len(stamps) >= reply["tokens"] >= 3  # this seed: a few tokens, then the end
+        # the screen got one token every 1/5 s (unpaced, the tiny model writes them within milliseconds)
+        assert stamps[-1] - stamps[0] >= (len(stamps) - 1) / 5.0 * 0.9
+    finally:
+        glassbox(app).core.shutdown()
