@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--followers", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks-history.md")
     args = parser.parse_args()
     load_before = common.load_average()
     with tempfile.TemporaryDirectory() as work:
@@ -82,12 +83,13 @@ def main() -> None:
         finally:
             server.stop()
     p50, p95 = statistics.median(delays), statistics.quantiles(delays, n=20)[-1]
-    print(f"machine: {common.machine()}; revision {common.revision()}; load before {load_before}")
-    print(f"{args.followers} followers, {args.rounds} replies of {args.tokens} tokens: a token reaches a follower "
-          f"p50 {p50 * 1000:.1f} ms, p95 {p95 * 1000:.1f} ms after the presenter")
     a, f = statistics.median(alone), statistics.median(followed)
-    print(f"presenter's first token: {a * 1000:.0f} ms alone, {f * 1000:.0f} ms with {args.followers} followers "
-          f"({f / a:.2f}x)")
+    body = common.table(
+        ["followers", "replies × tokens", "follower delay p50 (ms)", "p95 (ms)", "presenter first token alone (ms)",
+         f"with {args.followers} followers (ms)", "ratio"],
+        [[args.followers, f"{args.rounds} × {args.tokens}", p50 * 1000, p95 * 1000, a * 1000, f * 1000, f / a]])
+    common.report("Follow links: followers of one presenter", body, load_before=load_before,
+                  write_doc=not args.no_doc)
 
 
 if __name__ == "__main__":
