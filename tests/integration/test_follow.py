@@ -8,8 +8,14 @@ import re
 import statistics
 import threading
 
+import psycopg
+import pytest
+
 from tests.integration.helpers import message_id, saved_message, start_reply, streamed_text
+from tests.integration.test_front_ends import fronts  # noqa: F401  (the two front ends on PostgreSQL)
 from tests.support.servers import Client, Gunicorn, model_env, stream_url, wait_until
+
+pytestmark = pytest.mark.integration
 
 FOLLOWERS = 20
 
@@ -24,12 +30,6 @@ def follow(client: Client, url: str, events: list, started: threading.Event) -> 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     return reader
-
-
-def after_last_conversation_before_tokens(events) -> list:
-    """The token events of the live reply: those after the `conversation` event that showed it pending."""
-    tokens = [e for e in events if e.name == "token"]
-    return tokens
 
 
 def test_twenty_followers_get_the_reply_live_a_late_joiner_all_of_it_and_revoke_ends_them(tmp_path):
@@ -93,3 +93,34 @@ def test_twenty_followers_get_the_reply_live_a_late_joiner_all_of_it_and_revoke_
         assert Client(server.url).get(link + "/events").status == 404
     finally:
         server.stop()
+
+
+def test_a_follower_on_the_other_front_end_follows_the_database(fronts):  # noqa: F811
+    """PostgreSQL, two front ends: the presenter on a, a follower on b gets the new message and the whole
+    reply (read from what a saves, as cross-front streams do), and revoking on a ends b's stream."""
+    a, b, _proxy = fronts
+    presenter = Client(a.url)
+    first = start_reply(presenter, tokens=3, content="Hello")
+    list(presenter.open_stream(first).events())
+    cid = re.search(r"/chat/c/([^/]+)/m/", first).group(1)
+    page = presenter.post(f"/chat/c/{cid}/present")
+    link = re.search(r'value="http://[^"]+?(/follow/[A-Za-z0-9_-]+)"', page.text).group(1)
+    log, opened = [], threading.Event()
+    reader = follow(Client(b.url), link + "/events", log, opened)
+    assert opened.wait(30)
+    reply = presenter.post("/chat/send", {"content": "Across front ends", "max_new_tokens": "40",
+                                          "conversation_id": cid}, htmx=True)
+    url = stream_url(reply.text)
+    list(presenter.open_stream(url).events())
+    with psycopg.connect(fronts_database(a)) as db:
+        saved = db.execute("SELECT content FROM messages WHERE id = %s", (message_id(url),)).fetchone()[0]
+    assert wait_until(lambda: streamed_text([e for e in log if e.name == "token"]) == saved.replace("\r", "\n"), 30)
+    assert wait_until(lambda: any("Across front ends" in e.data for e in log if e.name == "conversation"), 10)
+    presenter.post(f"/chat/c/{cid}/unpresent")
+    reader.join(10)
+    assert not reader.is_alive() and log[-1].name == "done"
+    assert Client(b.url).get(link).status == 404
+
+
+def fronts_database(server: Gunicorn) -> str:
+    return server.env["GLASSBOX_DATABASE_URL"]
