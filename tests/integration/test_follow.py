@@ -124,3 +124,27 @@ def test_a_follower_on_the_other_front_end_follows_the_database(fronts):  # noqa
 
 def fronts_database(server: Gunicorn) -> str:
     return server.env["GLASSBOX_DATABASE_URL"]
+
+
+def test_through_nginx_a_follower_gets_the_reply_spread_over_its_generation(stack):
+    """deploy/nginx.conf passes /follow/<token>/events unbuffered: tokens arrive as they are written."""
+    _app, proxy = stack
+    presenter = Client(proxy.url + "/glassbox")
+    first = start_reply(presenter, "", tokens=3, content="Hello")
+    list(presenter.open_stream(first).events())
+    cid = re.search(r"/chat/c/([^/]+)/m/", first).group(1)
+    page = presenter.post(f"/chat/c/{cid}/present")
+    link = re.search(r'value="http://[^"]+?(/glassbox/follow/[A-Za-z0-9_-]+)"', page.text).group(1)
+    log, opened = [], threading.Event()
+    reader = follow(Client(proxy.url + "/glassbox"), link + "/events", log, opened)
+    assert opened.wait(30)
+    reply = presenter.post("/chat/send", {"content": "Through the proxy", "max_new_tokens": "40",
+                                          "conversation_id": cid}, htmx=True)
+    own = [e for e in presenter.open_stream(stream_url(reply.text)).events() if e.name == "token"]
+    assert wait_until(lambda: sum(e.name == "token" for e in log) >= len(own), 30)
+    tokens = [e for e in log if e.name == "token"]
+    assert streamed_text(tokens) == streamed_text(own)
+    assert tokens[-1].at - tokens[0].at >= 0.5 * (len(own) - 1) * 0.05  # spread out, not one burst at the end
+    presenter.post(f"/chat/c/{cid}/unpresent")
+    reader.join(10)
+    assert not reader.is_alive()
