@@ -8,11 +8,23 @@
 
   var running = null;  // {source, item, saved, form}
 
+  // While a conversation is presented, a replay's start and end go to the followers' status line.
+  function tell(state) {
+    var present = document.querySelector("[data-presenting-chat]");
+    var token = document.querySelector("input[name=csrf_token]");
+    if (!present) return;
+    fetch(present.getAttribute("data-presenting-chat"), {
+      method: "POST", body: new URLSearchParams(state), credentials: "same-origin",
+      headers: {"X-CSRF-Token": token ? token.value : ""}
+    }).catch(function () {});
+  }
+
   function finish(restore) {
     if (!running) return;
     var r = running;
     running = null;
     r.source.close();
+    tell({view: "", message: ""});
     if (restore && r.item.isConnected) {
       r.item.innerHTML = r.saved;
       if (window.htmx) window.htmx.process(r.item);
@@ -33,6 +45,7 @@
     var text = bubble.querySelector(".text");
     var source = new EventSource(form.action + "?pace=" + encodeURIComponent(pace));
     running = {source: source, item: item, saved: saved, form: form};
+    tell({view: "replay", message: item.id.replace("message-", ""), token: ""});
     var stop = item.querySelector(".replay-stop");
     if (stop) stop.hidden = false;
     item.classList.add("show-tokens", "replaying");

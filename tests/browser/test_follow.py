@@ -65,3 +65,20 @@ def test_replay_writes_the_reply_again_and_stop_puts_it_back(page):
     stop.click()
     page.wait_for_function("() => !document.querySelector('li.replaying')")
     assert reply.locator(".text").inner_text() == before
+
+
+def test_the_live_loop_table_follows_its_newest_row(page):
+    page.goto("/loops/")
+    page.fill("#steps", "40")  # 150 ms a loop here: 6 s of rows, far more than the table shows at once
+    page.click("#run")
+    page.wait_for_selector("#results .run-status")
+    scroll = "#results .trace-scroll"
+    page.wait_for_function(f"() => document.querySelectorAll('{scroll} tbody tr').length >= 25")
+    # mid-run: the newest row is in sight, the table scrolled down to it
+    assert page.evaluate(f"""() => {{
+      const box = document.querySelector('{scroll}');
+      const rows = box.querySelectorAll('tbody tr');
+      const last = rows[rows.length - 1].getBoundingClientRect(), view = box.getBoundingClientRect();
+      return box.scrollTop > 0 && last.bottom <= view.bottom + 2 && last.top >= view.top;
+    }}""")
+    page.wait_for_selector("#summary", timeout=30_000)

@@ -153,3 +153,17 @@ def test_presentation_pace_spreads_a_live_reply_to_the_screen(tmp_path):
         assert stamps[-1] - stamps[0] >= (len(stamps) - 1) / 5.0 * 0.9
     finally:
         glassbox(app).core.shutdown()
+
+
+def test_the_presenters_page_reports_a_replay_to_the_followers(chat_app):
+    client = chat_app.test_client()
+    cid, reply = a_reply(client, chat_app, tokens=5)
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    state = {"view": "replay", "message": str(reply["id"]), "token": "3"}
+    assert client.post(f"/chat/c/{cid}/present/state", data=state, headers={"X-CSRF-Token": csrf}).status_code == 404
+    link = present(client, cid)
+    assert client.post(f"/chat/c/{cid}/present/state", data=state, headers={"X-CSRF-Token": csrf}).status_code == 204
+    assert "The presenter is replaying a reply (token 3)" in chat_app.test_client().get(link).get_data(as_text=True)
+    other = chat_app.test_client()  # only the owner reports
+    assert other.post(f"/chat/c/{cid}/present/state", data=state,
+                      headers={"X-CSRF-Token": csrf_of(other, "/chat/")}).status_code == 404
