@@ -10,6 +10,7 @@ import pytest
 
 from tests.browser.conftest import screenshot
 from tests.browser.test_chat import send
+from tests.browser.test_usability import axe
 
 pytestmark = pytest.mark.browser
 
@@ -43,6 +44,7 @@ def test_a_follower_page_updates_live_and_ends_on_revoke(open_context, problems)
     # then the finished reply, as the presenter's page shows it
     follower.wait_for_selector("#follow-live li.message.assistant:not(.pending) >> nth=1")
     screenshot(follower, "follow-chat")
+    assert axe(follower) == [] and axe(presenter) == []  # the follower's page; the Present box and replay control
 
     presenter.click("#present button.danger")
     follower.wait_for_function("() => document.querySelector('#follow-status').textContent"
