@@ -37,6 +37,7 @@ from webapp.v1 import bp as v1_bp
 from webapp.web import bodies, pages, prefs, retention, storage_errors, wording
 from webapp.web.api_keys import load as load_api_keys
 from webapp.web.counts import HeavyReads, NewSessions
+from webapp.web.follow import bp as follow_bp
 from webapp.web.ops import bp as ops_bp
 from webapp.web.security import GlassboxSessions, TrustedProxies, check_csrf, csrf_token
 from webapp.web.state import Glassbox, glassbox
@@ -104,7 +105,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
                                           stores=(chat.store, loops.store))
 
     # the API blueprints (/v1, /api/loops) put the API-key check in front of their own routes
-    for blueprint in (ops_bp, pages.bp, chat_bp, loops_bp, loops_api_bp, v1_bp):
+    for blueprint in (ops_bp, pages.bp, chat_bp, loops_bp, loops_api_bp, v1_bp, follow_bp):
         app.register_blueprint(blueprint)
     prefs.init_app(app)  # the colour theme each browser chose
 

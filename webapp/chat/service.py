@@ -34,6 +34,7 @@ from webapp.chat.store import (
 from webapp.core import InferenceCore, Refused
 from webapp.core.jobs import CANCELLED, DONE, Event, Job
 from webapp.db import SaveFailed, public_reason
+from webapp.present import CHANGES
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -300,6 +301,7 @@ class ChatService:
             self._leases.let_go(reply_id)
             self.store.take_back_turn(owner, ids)
             raise
+        CHANGES.notify(f"chat:{ids.conversation_id}")  # its followers (a follow link) see the turn at once
         return ids
 
     def show_version(self, conversation_id: str, message_id: int) -> None:
@@ -307,6 +309,7 @@ class ChatService:
         if any(m["status"] == Status.PENDING for m in self.history(conversation_id)):
             raise ChatError("Stop the running reply before switching versions.")
         self.store.show_message(conversation_id, message_id)
+        CHANGES.notify(f"chat:{conversation_id}")
 
     def submit_reply(self, owner: str, request: ChatRequest, *, model: str | None = None, ref: object = None,
                      on_finish: Callable[[ChatJob, str, str | None], None] | None = None,

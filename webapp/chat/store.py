@@ -156,6 +156,8 @@ class ChatStore:
             hidden = db.execute("UPDATE conversations SET owner = ? || owner WHERE id = ? AND owner = ?",
                                 (DELETING, conversation_id, owner)).rowcount
             db.execute("DELETE FROM conversation_shares WHERE conversation_id = ?", (conversation_id,))
+            # its follow links too (webapp/present.py): their followers' streams end at their next read
+            db.execute("DELETE FROM present_links WHERE kind = 'chat' AND target = ?", (conversation_id,))
         if hidden:
             self._delete_rows(conversation_id)
         return bool(hidden)

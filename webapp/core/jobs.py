@@ -198,13 +198,16 @@ class Job(Generic[RequestT, ResultT]):
         finally:
             batches.close()
 
-    def subscribe_batches(self, heartbeat: float = 1.0) -> Generator[list[Event] | None, None, None]:
+    def subscribe_batches(self, heartbeat: float = 1.0, *,
+                          watch: bool = False) -> Generator[list[Event] | None, None, None]:
         """subscribe(), the events that came together in one list: everything new since the subscriber
         last looked (a replay's whole log, the tokens of a step it was too slow for), so a stream can
-        write them at once. None every ``heartbeat`` seconds of silence."""
+        write them at once. None every ``heartbeat`` seconds of silence. `watch`: a follower of someone
+        else's job (a follow link), which neither keeps it alive nor cancels it by leaving."""
         with self._cond:
-            self._subscribers += 1
-            self._ever_subscribed = True
+            if not watch:
+                self._subscribers += 1
+                self._ever_subscribed = True
         sent, seen, last_position, announced_running = 0, -1, None, False
         try:
             while True:
@@ -232,11 +235,12 @@ class Job(Generic[RequestT, ResultT]):
                 if state in FINISHED:
                     return
         finally:
-            with self._cond:
-                self._subscribers -= 1
-                abandoned = self._subscribers == 0 and not self.finished_state
-            if abandoned:
-                self.cancel()
+            if not watch:
+                with self._cond:
+                    self._subscribers -= 1
+                    abandoned = self._subscribers == 0 and not self.finished_state
+                if abandoned:
+                    self.cancel()
 
     @property
     def subscribers(self) -> int:

@@ -9,6 +9,7 @@ from webapp.core.jobs import DONE, Job
 from webapp.loops.request import DemoRequest
 from webapp.loops.runs import BATCHED, KINDS, MAIN, LoopResult
 from webapp.loops.store import TraceStore
+from webapp.present import CHANGES
 
 LoopJob = Job[DemoRequest, LoopResult]
 
@@ -17,6 +18,7 @@ class LoopService:
     def __init__(self, core: InferenceCore, store: TraceStore) -> None:
         self.core = core
         self.store = store
+        self.latest: dict[str, str] = {}  # each owner's newest run started here: its job's id
 
     def start(self, owner: str, request: DemoRequest, *, save: bool = True,
               then: Callable[[LoopJob, str, str | None], None] | None = None) -> LoopJob:
@@ -32,7 +34,11 @@ class LoopService:
 
         job: Job[DemoRequest, LoopResult] = Job(self.kind(request), owner, request, on_finish=finish,
                                                  result=LoopResult())
-        return self.core.submit(job)
+        submitted = self.core.submit(job)
+        if save:  # a run of the owner's own (not one of a sweep's): what a follow link shows (webapp/present.py)
+            self.latest[owner] = submitted.id
+            CHANGES.notify(f"loops:{owner}")
+        return submitted
 
     def kind(self, request: DemoRequest) -> str:
         """Runs of a model that steps runs together join its batch (webapp/loops/batch.py); the others

@@ -14,8 +14,10 @@ from webapp.chat.web import token_views
 from webapp.chat.web.blueprint import service, settings
 from webapp.chat.web.forms import FormError, FormErrors, remembered_sampling, submitted_sampling
 from webapp.core import Refused
+from webapp.present import PresentLinks
 from webapp.web import is_htmx, quotas, refusal_headers, refusal_status
 from webapp.web.security import owner_id
+from webapp.web.state import glassbox
 from webapp.web.streams import held_slot
 
 
@@ -73,7 +75,13 @@ def page_context(page: ChatPage | None, sampling: SamplingParams, *, draft: str 
             "draft": draft, "errors": errors or {}, "sampling": sampling, "typed": typed or {},
             "max_new_tokens_limit": sampling_limit(),
             "budget": token_budget(messages, sampling.max_new_tokens, model),
-            "beside": beside_reply(page, beside), **more}
+            "beside": beside_reply(page, beside),
+            "present_token": present_token(conversation), **more}
+
+
+def present_token(conversation: dict | None) -> str | None:
+    """The conversation's follow link while its owner presents it (webapp/chat/web/present.py)."""
+    return PresentLinks(glassbox().db).of(conversation["owner"], "chat", conversation["id"]) if conversation else None
 
 
 def default_sampling() -> SamplingParams:

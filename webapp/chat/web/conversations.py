@@ -25,6 +25,7 @@ from webapp.chat.web.composer import (
     wait_for_reply,
 )
 from webapp.chat.web.forms import FormError, parse_content, parse_message, parse_sampling
+from webapp.chat.web.pace import paced, presentation_pace
 from webapp.web import is_htmx
 from webapp.web.security import owner_id
 from webapp.web.sse import finished_stream, stream_events, stream_job
@@ -97,9 +98,13 @@ def stream(conversation_id: str, message_id: int):
             return render_template("chat/_reply_status.html", event=event)
         return None
 
+    pace = presentation_pace()  # GLASSBOX_PRESENTATION_PACE: 0 leaves the events as they come
     if job is None:  # another front end runs it (docs/scaling.md): follow what it saves
-        return stream_events(service().follow(message_id, settings().heartbeat_seconds), render,
+        return stream_events(paced(service().follow(message_id, settings().heartbeat_seconds), pace), render,
                              lambda: render_message(conversation_id, message_id))
+    if pace:
+        return stream_events(paced(job.subscribe_batches(settings().heartbeat_seconds), pace), render,
+                             lambda: render_message(conversation_id, message_id, job))
     return stream_job(job, render, lambda job: render_message(conversation_id, message_id, job))
 
 

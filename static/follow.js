@@ -1,0 +1,44 @@
+// A follower's page (templates/follow/chat.html, follow/loops.html; issue 31): what the presenter does, as it
+// happens. Every event carries HTML the server rendered (escaped by Jinja): `conversation` replaces the
+// messages, `token` adds to the live reply; `run` replaces the Loop-lab table, `rows` adds a live run's rows
+// (the table keeps its newest row in sight); `player` says what the presenter points at; `done` ends it.
+(function () {
+  "use strict";
+  function start() {
+    var root = document.querySelector("[data-follow]");
+    if (!root || !window.EventSource) return;
+    var source = new EventSource(root.getAttribute("data-follow"));
+    var live = document.getElementById("follow-live");
+    var run = document.getElementById("follow-run");
+    function markLoop() {
+      var at = status.querySelector("[data-loop]");
+      if (!run || !at) return;
+      var rows = run.querySelectorAll("tbody tr");
+      rows.forEach(function (row, i) { row.classList.toggle("current", i + 1 === Number(at.getAttribute("data-loop"))); });
+      var row = rows[Number(at.getAttribute("data-loop")) - 1];
+      if (row) row.scrollIntoView({block: "nearest"});
+    }
+    source.addEventListener("run", function (e) { run.innerHTML = e.data; markLoop(); });
+    source.addEventListener("rows", function (e) {
+      var body = run.querySelector("tbody.follow-rows");
+      if (!body) return;
+      body.insertAdjacentHTML("beforeend", e.data);
+      var scroll = run.querySelector(".trace-scroll");
+      if (scroll) scroll.scrollTop = scroll.scrollHeight;
+    });
+    var status = document.getElementById("follow-status");
+    source.addEventListener("conversation", function (e) { live.innerHTML = e.data; });
+    source.addEventListener("token", function (e) {
+      var texts = live.querySelectorAll(".follow-text");
+      if (texts.length) texts[texts.length - 1].insertAdjacentHTML("beforeend", e.data);
+    });
+    source.addEventListener("player", function (e) { status.innerHTML = e.data; markLoop(); });
+    source.addEventListener("done", function (e) {
+      source.close();
+      status.innerHTML = e.data;
+      root.classList.add("follow-ended");
+    });
+  }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();

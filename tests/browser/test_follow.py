@@ -1,0 +1,86 @@
+"""Follow links and replays in Chromium (issue 31): a follower's page shows the presenter's new message and
+reply as they are written, and ends when the presenter stops presenting; Replay writes a reply again in place
+at the chosen pace, and Stop puts it back."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.browser.conftest import screenshot
+from tests.browser.test_chat import send
+from tests.browser.test_usability import axe
+
+pytestmark = pytest.mark.browser
+
+
+def test_a_follower_page_updates_live_and_ends_on_revoke(open_context, problems):
+    presenter = open_context().new_page()
+    presenter.goto("/chat/")
+    send(presenter, "First question", "5")
+    presenter.wait_for_selector("li.message.assistant.complete, li.message.assistant.stopped")
+    presenter.click("#present button[type=submit]")
+    link = presenter.locator("#present-url").input_value()
+    assert "/follow/" in link
+
+    follower = open_context().new_page()  # another browser: no cookie of the presenter's
+    follower.goto(link)
+    follower.wait_for_selector("#follow-live li.message.user")
+    send(presenter, "Second question, watched", "30")
+    follower.wait_for_function("() => document.querySelector('#follow-live').textContent"
+                               ".includes('Second question, watched')")
+    # the reply grows on the follower's page while the presenter's is still being written
+    seen, deadline = [], time.monotonic() + 20
+    while time.monotonic() < deadline:
+        text = follower.evaluate("() => (document.querySelector('#follow-live .follow-text') || {}).textContent")
+        if text is None:
+            break
+        if text and (not seen or seen[-1] != text):
+            seen.append(text)
+        time.sleep(0.03)
+    assert len(seen) >= 3, seen  # several states of the reply, not only its end
+    presenter.wait_for_selector("li.message.assistant.complete >> nth=1")
+    # then the finished reply, as the presenter's page shows it
+    follower.wait_for_selector("#follow-live li.message.assistant:not(.pending) >> nth=1")
+    screenshot(follower, "follow-chat")
+    assert axe(follower) == [] and axe(presenter) == []  # the follower's page; the Present box and replay control
+
+    presenter.click("#present button.danger")
+    follower.wait_for_function("() => document.querySelector('#follow-status').textContent"
+                               ".includes('stopped presenting')")
+    problems.allow(404)  # the revoked link, opened again on purpose
+    assert follower.goto(link).status == 404
+
+
+def test_replay_writes_the_reply_again_and_stop_puts_it_back(page):
+    page.goto("/chat/")
+    send(page, "Replay me", "20")
+    page.wait_for_selector("li.message.assistant.complete, li.message.assistant.stopped")
+    reply = page.locator("li.message.assistant").last
+    before = reply.locator(".text").inner_text()
+    reply.locator("select[name=pace]").select_option("5")
+    reply.locator("form.replay button[type=submit]").click()
+    page.wait_for_selector("li.message.assistant.replaying .replaying .tok")
+    stop = reply.locator(".replay-stop")
+    assert stop.is_visible()
+    stop.click()
+    page.wait_for_function("() => !document.querySelector('li.replaying')")
+    assert reply.locator(".text").inner_text() == before
+
+
+def test_the_live_loop_table_follows_its_newest_row(page):
+    page.goto("/loops/")
+    page.fill("#steps", "40")  # 150 ms a loop here: 6 s of rows, far more than the table shows at once
+    page.click("#run")
+    page.wait_for_selector("#results .run-status")
+    scroll = "#results .trace-scroll"
+    page.wait_for_function(f"() => document.querySelectorAll('{scroll} tbody tr').length >= 25")
+    # mid-run: the newest row is in sight, the table scrolled down to it
+    assert page.evaluate(f"""() => {{
+      const box = document.querySelector('{scroll}');
+      const rows = box.querySelectorAll('tbody tr');
+      const last = rows[rows.length - 1].getBoundingClientRect(), view = box.getBoundingClientRect();
+      return box.scrollTop > 0 && last.bottom <= view.bottom + 2 && last.top >= view.top;
+    }}""")
+    page.wait_for_selector("#summary", timeout=30_000)

@@ -1,0 +1,169 @@
+"""Follow links and replays at a pace (issue 31), in one process: present, follow, a late joiner, revoke;
+replay's pace, its bounds and Stop. The many-followers test on a real server is tests/integration/test_follow.py."""
+
+import re
+import threading
+import time
+from html import unescape
+
+import pytest
+
+from tests.chat.web.test_conversations import HX, conversation_id_of, messages, send, stream_url
+from tests.conftest import csrf_of, sse_events, wait_for
+from webapp.web.streams import open_streams
+
+
+def text_of(fragments: str) -> str:
+    return unescape(re.sub(r"<[^>]+>", "", fragments))
+
+
+def a_reply(client, app, tokens=40):
+    """A finished reply of `tokens` tokens (the tiny model may end a reply early: another seed then)."""
+    csrf = csrf_of(client, "/chat/")
+    for seed in range(30):
+        response = send(client, "Count for me", csrf=csrf, seed=str(seed), max_new_tokens=str(tokens))
+        client.get(stream_url(response.get_data(as_text=True))).get_data()
+        cid = conversation_id_of(response)
+        reply = messages(app, cid)[-1]
+        if reply["tokens"] == tokens:
+            return cid, reply
+    pytest.fail("no seed gave a reply of that length")
+
+
+def present(client, cid) -> str:
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    response = client.post(f"/chat/c/{cid}/present", data={"csrf_token": csrf})
+    assert response.status_code == 303
+    page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
+    return re.search(r'value="http://localhost(/follow/[A-Za-z0-9_-]+)"', page).group(1)
+
+
+def test_replay_takes_its_pace_and_gives_the_live_streams_events(chat_app):
+    client = chat_app.test_client()
+    cid, reply = a_reply(client, chat_app)
+    started = time.monotonic()
+    body = client.get(f"/chat/c/{cid}/m/{reply['id']}/replay?pace=10",
+                      headers={"Accept": "text/event-stream"}).get_data(as_text=True)
+    took = time.monotonic() - started
+    assert 4.0 * 0.8 <= took <= 4.0 * 1.2, took
+    events = sse_events(body)
+    tokens = [d for n, d in events if n == "token"]
+    assert len(tokens) == 40 and events[-1][0] == "done" and events[0][0] == "running"
+    assert 'class="tok s' in tokens[0]  # shaded by its stored odds, as live
+    assert text_of("".join(tokens)) == reply["content"]
+
+
+def test_replay_refuses_a_bad_pace_clearly(chat_app):
+    client = chat_app.test_client()
+    cid, reply = a_reply(client, chat_app, tokens=5)
+    for pace in ("0", "-1", "abc", "nan", "1e9", "0.1"):
+        response = client.get(f"/chat/c/{cid}/m/{reply['id']}/replay?pace={pace}")
+        assert response.status_code == 400, pace
+        assert "tokens per second" in response.get_data(as_text=True)
+    other = chat_app.test_client()  # someone else's reply: not found
+    assert other.get(f"/chat/c/{cid}/m/{reply['id']}/replay?pace=5").status_code == 404
+
+
+def test_stop_ends_a_replay_and_frees_its_slot(chat_app):
+    client = chat_app.test_client()
+    cid, reply = a_reply(client, chat_app)
+    response = client.get(f"/chat/c/{cid}/m/{reply['id']}/replay?pace=10",
+                          headers={"Accept": "text/event-stream"}, buffered=False)
+    chunks = iter(response.response)
+    first = time.monotonic()
+    seen = ""
+    while "event: token" not in seen:
+        seen += next(chunks).decode()
+    assert open_streams(chat_app).count == 1
+    response.close()  # Stop: the client closes the stream
+    assert time.monotonic() - first < 2.0
+    assert wait_for(lambda: open_streams(chat_app).count == 0)
+
+
+def test_replay_without_javascript_writes_the_page_as_it_goes(chat_app):
+    client = chat_app.test_client()
+    cid, reply = a_reply(client, chat_app, tokens=5)
+    page = client.get(f"/chat/c/{cid}/m/{reply['id']}/replay?pace=50").get_data(as_text=True)
+    assert "Replay at 50 tokens/s" in page and 'class="tok s' in page
+    chat_page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
+    assert f'action="/chat/c/{cid}/m/{reply["id"]}/replay"' in chat_page  # the control under the reply
+
+
+def test_follower_joins_late_sees_new_turns_live_and_revoke_ends_it(slow_chat_app):
+    app, client = slow_chat_app, slow_chat_app.test_client()
+    response = send(client, "First", seed="1", max_new_tokens="8")
+    client.get(stream_url(response.get_data(as_text=True))).get_data()
+    cid = conversation_id_of(response)
+    link = present(client, cid)
+    follower = app.test_client()  # no cookie of the presenter's
+    page = follower.get(link)
+    assert page.status_code == 200 and "First" in page.get_data(as_text=True)
+
+    got: list[str] = []
+
+    def follow():
+        stream = follower.get(link + "/events", buffered=False)
+        for chunk in stream.response:
+            got.append(chunk.decode())
+        stream.close()
+
+    reader = threading.Thread(target=follow)
+    reader.start()
+    assert wait_for(lambda: "event: conversation" in "".join(got))
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    second = send(client, "Second question", csrf=csrf, conversation_id=cid, seed="2", max_new_tokens="30")
+    client.get(stream_url(second.get_data(as_text=True))).get_data()
+    reply = messages(app, cid)[-1]
+    assert wait_for(lambda: reply["content"] and text_of("".join(
+        d for n, d in sse_events("".join(got)) if n == "token")) == reply["content"], 10)
+    # a late joiner: the whole branch, finished
+    late_stream = app.test_client().get(link + "/events", buffered=False)
+    late = ""
+    for chunk in late_stream.response:
+        late += chunk.decode()
+        if "event: conversation" in late:
+            break
+    late_stream.close()
+    shown = [d for n, d in sse_events(late) if n == "conversation"]
+    assert "Second question" in shown[0]
+    assert f'class="message assistant complete" id="follow-message-{reply["id"]}"' in shown[0]
+
+    client.post(f"/chat/c/{cid}/unpresent", data={"csrf_token": csrf}, headers=HX)
+    reader.join(5)
+    assert not reader.is_alive()
+    assert sse_events("".join(got))[-1][0] == "done"
+    assert follower.get(link).status_code == 404 and follower.get(link + "/events").status_code == 404
+
+
+def test_presentation_pace_spreads_a_live_reply_to_the_screen(tmp_path):
+    from tests.conftest import make_app
+    from tests.support.chat_models import tiny_chat_model
+    from webapp.web.state import glassbox
+    app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat")}, presentation_pace=5.0)
+    try:
+        client = app.test_client()
+        response = send(client, "Slowly", seed="3", max_new_tokens="10")
+        stream = client.get(stream_url(response.get_data(as_text=True)), buffered=False)
+        stamps = []
+        for chunk in stream.response:
+            stamps += [time.monotonic()] * chunk.decode().count("event: token")
+        reply = messages(app, conversation_id_of(response))[-1]
+        assert len(stamps) >= reply["tokens"] >= 3  # this seed: a few tokens, then the end
+        # the screen got one token every 1/5 s (unpaced, the tiny model writes them within milliseconds)
+        assert stamps[-1] - stamps[0] >= (len(stamps) - 1) / 5.0 * 0.9
+    finally:
+        glassbox(app).core.shutdown()
+
+
+def test_the_presenters_page_reports_a_replay_to_the_followers(chat_app):
+    client = chat_app.test_client()
+    cid, reply = a_reply(client, chat_app, tokens=5)
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    state = {"view": "replay", "message": str(reply["id"]), "token": "3"}
+    assert client.post(f"/chat/c/{cid}/present/state", data=state, headers={"X-CSRF-Token": csrf}).status_code == 404
+    link = present(client, cid)
+    assert client.post(f"/chat/c/{cid}/present/state", data=state, headers={"X-CSRF-Token": csrf}).status_code == 204
+    assert "The presenter is replaying a reply (token 3)" in chat_app.test_client().get(link).get_data(as_text=True)
+    other = chat_app.test_client()  # only the owner reports
+    assert other.post(f"/chat/c/{cid}/present/state", data=state,
+                      headers={"X-CSRF-Token": csrf_of(other, "/chat/")}).status_code == 404

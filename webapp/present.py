@@ -1,0 +1,100 @@
+"""Follow links (issue 31): a presenter's revocable read-only link to what they do as it happens.
+
+A link is a row (migration 006): its owner, what it follows (a conversation, or the owner's Loop lab) and the
+state the presenter's page last reported (the player's position, the trace shown). Every front end reads the
+same rows, so a follower on another front end sees the link revoked (the row gone) and each report.
+`Changes` wakes this process's followers at once when something they follow changes here; followers of
+another front end's presenter notice it at their next read of the database (FOLLOW_POLL_SECONDS).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+
+from webapp.db import AnyDatabase
+
+# How often a follower reads the database for what no wake-up tells it (a presenter on another front end,
+# a revoked link): a few small reads a second per follower.
+FOLLOW_POLL_SECONDS = 0.2
+# The largest state a presenter's page may report (a few numbers and names).
+MAX_STATE_BYTES = 2000
+
+
+@dataclass(frozen=True)
+class PresentLink:
+    token: str
+    owner: str
+    kind: str  # "chat" or "loops"
+    target: str  # the conversation's id; "" for the Loop lab
+    state: dict
+    state_version: int
+
+
+class PresentLinks:
+    def __init__(self, db: AnyDatabase) -> None:
+        self.db = db
+
+    def make(self, owner: str, kind: str, target: str) -> str:
+        """The link's token (made once per owner and thing presented; the same one until revoked)."""
+        with self.db.transaction() as db:
+            db.execute("INSERT INTO present_links (token, owner, kind, target, created_at) VALUES (?, ?, ?, ?, ?)"
+                       " ON CONFLICT DO NOTHING", (secrets.token_urlsafe(18), owner, kind, target, time.time()))
+            row = db.execute("SELECT token FROM present_links WHERE owner = ? AND kind = ? AND target = ?",
+                             (owner, kind, target)).fetchone()
+        return row[0]
+
+    def of(self, owner: str, kind: str, target: str) -> str | None:
+        with self.db.connect() as db:
+            row = db.execute("SELECT token FROM present_links WHERE owner = ? AND kind = ? AND target = ?",
+                             (owner, kind, target)).fetchone()
+        return row[0] if row else None
+
+    def revoke(self, owner: str, kind: str, target: str) -> None:
+        with self.db.transaction() as db:
+            db.execute("DELETE FROM present_links WHERE owner = ? AND kind = ? AND target = ?", (owner, kind, target))
+
+    def get(self, token: str) -> PresentLink | None:
+        with self.db.connect() as db:
+            row = db.execute("SELECT token, owner, kind, target, state, state_version FROM present_links"
+                             " WHERE token = ?", (token,)).fetchone()
+        if row is None:
+            return None
+        return PresentLink(row[0], row[1], row[2], row[3], json.loads(row[4]) if row[4] else {}, row[5])
+
+    def report(self, owner: str, kind: str, target: str, state: dict) -> bool:
+        """Keep what the presenter's page shows now -> whether a link took it (False: not presenting)."""
+        with self.db.transaction() as db:
+            return db.execute("UPDATE present_links SET state = ?, state_version = state_version + 1"
+                              " WHERE owner = ? AND kind = ? AND target = ?",
+                              (json.dumps(state), owner, kind, target)).rowcount > 0
+
+
+class Changes:
+    """Versions per key (a conversation, an owner's Loop lab), bumped when it changes in this process, so
+    that followers here wake at once instead of at their next poll."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._versions: dict[str, int] = {}
+
+    def notify(self, key: str) -> None:
+        with self._cond:
+            self._versions[key] = self._versions.get(key, 0) + 1
+            self._cond.notify_all()
+
+    def version(self, key: str) -> int:
+        with self._cond:
+            return self._versions.get(key, 0)
+
+    def wait(self, key: str, seen: int, timeout: float) -> int:
+        """Wait until `key` passes version `seen` or `timeout` passes -> its version."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._versions.get(key, 0) != seen, timeout)
+            return self._versions.get(key, 0)
+
+
+CHANGES = Changes()  # the process's: every app in it shares it (keys carry the ids they follow)
