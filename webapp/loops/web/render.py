@@ -31,11 +31,12 @@ def current_loop(rows: list) -> int | None:
 
 def render_results(snapshot: dict, *, job=None, trace_id: str | None = None, error: str | None = None,
                    recent: list | None = None, current: int | None = None, player_url: str | None = None,
-                   shared: bool = False, share_token: str | None = None) -> str:
+                   shared: bool = False, share_token: str | None = None, address: str | None = None) -> str:
     """The results section; with `recent`, also an out-of-band refresh of the saved-traces list.
 
     A finished trace gets the player: step links to `player_url` (its own page) with ?loop=N, and
-    with `current` the rows after loop N held back and loop N's letter ringed on the graph."""
+    with `current` the rows after loop N held back and loop N's letter ringed on the graph. `address`: the
+    page's own address once a live run is saved (static/room.js puts it in the address bar)."""
     summary = snapshot.get("summary")
     rows = snapshot.get("trace", [])
     req = snapshot["request"]
@@ -43,7 +44,7 @@ def render_results(snapshot: dict, *, job=None, trace_id: str | None = None, err
         player_url = url_for("loops.trace", trace_id=trace_id)
     context = {"snapshot": snapshot, "rows": rows, "summary": summary, "job": job, "trace_id": trace_id,
                "error": error, "steps": req["steps"], "recent": recent, "current": current,
-               "player_url": player_url, "shared": shared, "share_token": share_token,
+               "player_url": player_url, "shared": shared, "share_token": share_token, "address": address,
                "model_label": next((m["label"] for m in model_choices()
                                     if m["checkpoint"] == snapshot.get("checkpoint") and m["label"]), None)}
     if summary is not None:
