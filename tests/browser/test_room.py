@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from tests.browser.test_usability import axe
 from tests.support.servers import Gunicorn, model_env
 
 pytestmark = pytest.mark.browser
@@ -81,3 +82,37 @@ def test_without_javascript_a_run_lands_on_its_trace_with_its_table(open_page):
     assert re.search(r"/loops/traces/[^/?]+$", page.url)
     page.reload()
     assert page.evaluate(DST0) == "D" and page.locator("#steps").input_value() == "4"
+
+
+# -- 5. views that tell the truth: every shading has its key; in both themes zero is the faintest ---------
+RAMP_CONTRAST = """(selector) => {
+  const rgb = (c) => c.match(/[0-9.]+/g).slice(0, 3).map(Number);
+  const lum = ([r, g, b]) => [r, g, b]
+    .map((v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; })
+    .reduce((s, v, i) => s + v * [0.2126, 0.7152, 0.0722][i], 0);
+  const page = lum(rgb(getComputedStyle(document.documentElement).backgroundColor));
+  return [...document.querySelectorAll(selector)].map((e) => {
+    const l = lum(rgb(getComputedStyle(e).backgroundColor));
+    return Math.round(100 * (Math.max(l, page) + 0.05) / (Math.min(l, page) + 0.05)) / 100;
+  });
+}"""
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_inside_shadings_have_keys_and_zero_is_the_faintest_in_both_themes(open_page, problems, scheme):
+    page = open_page(scheme=scheme)
+    page.goto("/chat/")
+    page.fill("#content", "Look inside")
+    page.click("button.send")
+    page.wait_for_selector("li.message.assistant.complete")
+    page.get_by_role("button", name="Show tokens").click()
+    page.wait_for_selector("li.message.assistant .token-view + .legend")
+    reply = page.locator("li.message.assistant").last.get_attribute("id").split("-")[1]
+    page.goto(page.url.split("#")[0] + f"/m/{reply}/inside/1")
+    page.wait_for_selector("table.lens")
+    assert page.locator(".legend").count() == 2  # the lens's and the strips'
+    for ramp in (".legend .att", ".legend .cell"):
+        contrast = page.evaluate(RAMP_CONTRAST, ramp)
+        assert len(contrast) == 10 and contrast == sorted(contrast) and contrast[0] < 1.2, (ramp, contrast)
+    assert "Darker" not in page.locator("main").text_content()
+    assert axe(page) == []

@@ -280,10 +280,13 @@ class ChatService:
         (Refused) or a failure takes back everything saved for it, and re-raises."""
         conversation = turn.conversation
         name = turn.model or self.models.default
+        settings = turn.sampling.as_dict()
+        if turn.forced is not None and turn.forced.at is not None:  # the version says where it was branched
+            settings["branched_at"] = turn.forced.at
         try:
             ids = self.store.begin_turn(owner, conversation["id"] if conversation else None,
                                         user_text=turn.user_text, branch_from=turn.branch_from,
-                                        settings=turn.sampling.as_dict(), prompt=turn.prompt.as_dict(),
+                                        settings=settings, prompt=turn.prompt.as_dict(),
                                         max_messages=self.max_messages, model=self.models.record(name),
                                         intervention=turn.intervention)
         except ConversationFull as full:
