@@ -85,7 +85,7 @@
   // The theme button returns to this page as it is now (an address changed since it was drawn).
   document.addEventListener("submit", function (event) {
     var form = event.target;
-    if (!form.matches || !form.matches(".theme-form, .prefs-form")) return;
+    if (!form.matches || !form.matches(".theme-form, .present-form")) return;
     var next = form.querySelector("input[name=next]");
     if (next) next.value = location.pathname + location.search;
   });

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.browser.test_usability import axe
+from tests.browser.test_usability import axe, no_horizontal_scroll
 from tests.support.servers import Gunicorn, model_env
 
 pytestmark = pytest.mark.browser
@@ -116,3 +116,45 @@ def test_inside_shadings_have_keys_and_zero_is_the_faintest_in_both_themes(open_
         assert len(contrast) == 10 and contrast == sorted(contrast) and contrast[0] < 1.2, (ramp, contrast)
     assert "Darker" not in page.locator("main").text_content()
     assert axe(page) == []
+
+
+# -- 3. presentation mode ------------------------------------------------------------------------------
+SIZES_SEEN = """() => {
+  const px = (e) => parseFloat(getComputedStyle(e).fontSize);
+  const visible = (e) => e.getClientRects().length > 0 && !e.closest('.visually-hidden, [hidden]');
+  const text = [...document.querySelectorAll('main p, main td, main th, main li')].filter(visible).map(px);
+  const svg = [...document.querySelectorAll('svg[viewBox] text')].filter(visible).map((t) => {
+    const s = t.closest('svg');
+    return px(t) * s.getBoundingClientRect().width / s.viewBox.baseVal.width;
+  });
+  return {text: Math.min(...text), svg: svg.length ? Math.min(...svg) : null, count: svg.length};
+}"""
+
+
+def test_presentation_mode_is_large_type_remembered_and_every_chart_label_is_14px(open_page):
+    page = open_page()  # 1366 x 768: a projector's width
+    page.goto("/loops/")
+    normal = page.evaluate(SIZES_SEEN)
+    page.get_by_role("button", name="Large type").click()
+    page.wait_for_selector("html[data-present=on]")
+    assert page.get_by_role("button", name="Large type").get_attribute("aria-pressed") == "true"
+    page.fill("#steps", "20")
+    page.click("#run")
+    page.wait_for_selector("#summary", timeout=30_000)
+    sizes = page.evaluate(SIZES_SEEN)
+    assert sizes["count"] > 26 and sizes["svg"] >= 14, sizes  # the graph's letters and the chart's ticks
+    assert sizes["text"] >= 18 and normal["text"] < 18, (normal, sizes)  # the smallest table cell included
+    no_horizontal_scroll(page)
+    page.goto("/chat/")  # remembered in this browser's session, as the theme is
+    assert page.evaluate("() => document.documentElement.dataset.present") == "on"
+    page.fill("#content", "Hello")
+    page.click("button.send")
+    page.wait_for_selector("li.message.assistant.complete")
+    reply = page.locator("li.message.assistant").last.get_attribute("id").split("-")[1]
+    conversation = page.url.split("#")[0]
+    for path in ("", f"/m/{reply}/tokens?t=1", f"/m/{reply}/inside/1"):
+        page.goto(conversation + path)
+        assert page.evaluate(SIZES_SEEN)["text"] >= 18, path
+        no_horizontal_scroll(page)
+    page.get_by_role("button", name="Large type").click()
+    page.wait_for_function("() => !document.documentElement.dataset.present")
