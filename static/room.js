@@ -90,3 +90,17 @@
     if (next) next.value = location.pathname + location.search;
   });
 })();
+
+// Issue 31, item 6: on a phone the conversation list starts folded (it is open without JavaScript).
+(function () {
+  "use strict";
+  var narrow = window.matchMedia("(max-width: 50rem)");
+  function fold(root) {
+    if (!narrow.matches) return;
+    (root || document).querySelectorAll("#conversations details.conversation-list[open]").forEach(function (d) {
+      if (!d.hasAttribute("data-folded")) { d.open = false; d.setAttribute("data-folded", ""); }
+    });
+  }
+  document.addEventListener("DOMContentLoaded", function () { fold(); });
+  document.addEventListener("htmx:load", function () { fold(); });
+})();

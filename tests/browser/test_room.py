@@ -158,3 +158,55 @@ def test_presentation_mode_is_large_type_remembered_and_every_chart_label_is_14p
         no_horizontal_scroll(page)
     page.get_by_role("button", name="Large type").click()
     page.wait_for_function("() => !document.documentElement.dataset.present")
+
+
+# -- 6. a phone: nothing scrolls sideways, the tables included; the conversation list folds away ---------
+FITS = """() => {
+  const doc = document.scrollingElement;
+  const boxes = [...document.querySelectorAll('.trace-scroll, .table-scroll, .prompt-scroll')]
+    .filter((b) => b.getClientRects().length && b.scrollWidth > b.clientWidth + 1)
+    .map((b) => b.className + ' ' + b.scrollWidth + '>' + b.clientWidth);
+  return {page: [doc.scrollWidth, doc.clientWidth], boxes};
+}"""
+
+
+def fits(page, *, boxes=True) -> None:
+    found = page.evaluate(FITS)
+    width, client = found["page"]
+    assert width <= client, f"{page.url}: the page is {width}px wide in {client}px"
+    if boxes:
+        assert not [b for b in found["boxes"] if "prompt-scroll" not in b], f"{page.url}: {found['boxes']}"
+
+
+def test_at_390px_no_page_scrolls_sideways_and_the_conversation_list_folds(open_page):
+    page = open_page("phone")
+    page.goto("/loops/")
+    fits(page)
+    page.fill("#steps", "256")
+    page.click("#run")
+    page.wait_for_selector("#summary", timeout=60_000)
+    page.wait_for_url(re.compile(r"/loops/traces/"))
+    fits(page)
+    row = page.locator("#results tbody tr").nth(10).bounding_box()
+    assert row["height"] < 60, f"a Loop-table row is {row['height']}px tall"  # was ~125 px: Top 3 in one column
+    page.goto("/chat/")
+    for n in range(3):  # three conversations in the list
+        page.goto("/chat/")
+        page.fill("#content", f"Question {n}")
+        page.click("button.send")
+        page.wait_for_selector("li.message.assistant.complete")
+    fits(page)
+    listing = page.locator("#conversations details")
+    assert listing.count() == 1 and listing.get_attribute("open") is None  # folded on a phone
+    assert page.locator("#conversations li a").first.is_hidden()
+    page.locator("#conversations summary").click()
+    assert page.locator("#conversations li").count() == 3 and page.locator("#conversations li a").first.is_visible()
+    reply = page.locator("li.message.assistant").last.get_attribute("id").split("-")[1]
+    conversation = page.url.split("#")[0]
+    for path in (f"/m/{reply}/tokens?t=1", f"/m/{reply}/inside/1", f"/m/{reply}/prompt"):
+        page.goto(conversation + path)
+        fits(page)
+    desktop = open_page()
+    desktop.context.add_cookies(page.context.cookies())
+    desktop.goto(conversation)
+    assert desktop.locator("#conversations li a").first.is_visible()  # open where there is room
