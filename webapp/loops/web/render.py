@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from datetime import UTC, datetime
+
 from flask import render_template, request, url_for
 
 from webapp.loops.task import SYMBOLS
 from webapp.loops.verdict import of_trace
 from webapp.loops.web import pictures
 from webapp.loops.web.attention import attention_view
-from webapp.loops.web.blueprint import model_choices, service
+from webapp.loops.web.blueprint import bp, model_choices, service
 from webapp.loops.web.forms import PRESET_LABELS, EditorState
 from webapp.web.security import owner_id
 
@@ -57,3 +61,19 @@ def render_results(snapshot: dict, *, job=None, trace_id: str | None = None, err
             context["current_x"] = context["chart"]["x_of"](at)
             context["attention"] = attention_view(snapshot, current)
     return render_template("loops/_results.html", **context)
+
+
+@bp.app_template_global()
+def saved_trace_name(trace: dict) -> dict:
+    """What tells saved traces apart (issue 31: they all read "start A, k = 12"): when it was saved, the
+    model, and the table (identity, or a short fingerprint of its rules in their order)."""
+    saved = datetime.fromtimestamp(float(trace.get("created_at") or 0), UTC)
+    pairs = [list(p) for p in trace["request"].get("mapping", [])]
+    if pairs and all(s == d for s, d in pairs):
+        table = "identity table"
+    else:
+        table = "table " + hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:4]
+    checkpoint = trace.get("checkpoint") or ""
+    model = next((m["label"] or m["name"] for m in model_choices() if m["checkpoint"] == checkpoint), None)
+    return {"time": saved.strftime("%H:%M:%S"), "iso": saved.isoformat(timespec="seconds"),
+            "day": saved.strftime("%Y-%m-%d"), "model": model or checkpoint or "model not recorded", "table": table}
