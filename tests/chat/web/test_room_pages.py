@@ -29,3 +29,28 @@ def test_the_examples_are_forms_that_send_and_the_sampled_one_is_hot(chat_app):
         question, answer = service().store.messages(cid)[:2]
     assert question["content"] == "Write a short poem about the sea."
     assert answer["settings"]["temperature"] == 1.2
+
+
+def test_exports_carry_each_tokens_odds_and_the_seed_it_was_really_sampled_with(chat_app):
+    from webapp.chat.decode.generate import generate
+    from webapp.chat.web.blueprint import service
+    from webapp.web.state import glassbox
+    client = chat_app.test_client()
+    cid, mid, _ = test_glass.reply(client, "Hello there", max_new_tokens="10", temperature="0.9", top_k="20")
+    data = client.get(f"/chat/c/{cid}/export.json").get_json()
+    reply = next(m for m in data["messages"] if m["id"] == mid)
+    seed = reply["settings"]["seed"]
+    assert isinstance(seed, int) and reply["settings"]["seed_drawn"] is True  # none was typed: one was drawn
+    with chat_app.app_context():
+        details = service().details(mid)
+    assert [t["id"] for t in reply["tokens"]] == [row[0] for row in details.odds]
+    assert [t["p"] for t in reply["tokens"]] == [row[1] for row in details.odds]
+    assert all(0 < t["p"] <= 1 and t["rank"] >= 1 and t["text"] is not None for t in reply["tokens"])
+    loaded = glassbox(chat_app).core.models["chat"]
+    again = [p.token for p in generate(loaded, details.prompt["ids"], max_new_tokens=10, temperature=0.9, top_k=20,
+                                       seed=seed) if p.token is not None]
+    assert again == [t["id"] for t in reply["tokens"]]  # the real seed: it gives the same reply
+    markdown = client.get(f"/chat/c/{cid}/export.md").get_data(as_text=True)
+    assert f"seed {seed}" in markdown and "| # | token id | text | probability | rank |" in markdown
+    first = reply["tokens"][0]
+    assert f"| 1 | {first['id']} |" in markdown and f"{first['p'] * 100:.2f}%" in markdown
