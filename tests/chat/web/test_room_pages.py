@@ -54,3 +54,26 @@ def test_exports_carry_each_tokens_odds_and_the_seed_it_was_really_sampled_with(
     assert f"seed {seed}" in markdown and "| # | token id | text | probability | rank |" in markdown
     first = reply["tokens"][0]
     assert f"| 1 | {first['id']} |" in markdown and f"{first['p'] * 100:.2f}%" in markdown
+
+
+def test_a_shared_conversation_shows_its_tokens_shaded_and_its_prompt_read_only(chat_app):
+    from webapp.chat.web.blueprint import service
+    client = chat_app.test_client()
+    cid, mid, _ = test_glass.reply(client, "Hello there", max_new_tokens="6", temperature="0")
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    client.post(f"/chat/c/{cid}/share", data={"csrf_token": csrf})
+    link = re.search(r'/chat/shared/([\w-]+)', client.get(f"/chat/c/{cid}").get_data(as_text=True)).group(0)
+    stranger = chat_app.test_client()  # another browser: no cookie of the owner's
+    page = stranger.get(link).get_data(as_text=True)
+    with chat_app.app_context():
+        details = service().details(mid)
+    assert page.count('<a class="tok s') == 6 and "Shade: the model&#39;s probability" in page
+    assert f"{link}/m/{mid}/inside/5" in page and 'name="token"' not in page  # Inside, but no branching
+    prompt = stranger.get(f"{link}/m/{mid}/prompt")
+    assert prompt.status_code == 200
+    text = prompt.get_data(as_text=True)
+    assert "Back to the shared conversation" in text and f"/chat/c/{cid}" not in text
+    assert text.count('<span class="tokid">') == len(details.prompt["ids"])
+    assert stranger.get(f"{link}/m/{mid - 1}/prompt").status_code == 404  # the question has no prompt
+    client.post(f"/chat/c/{cid}/unshare", data={"csrf_token": csrf})
+    assert stranger.get(f"{link}/m/{mid}/prompt").status_code == 404
