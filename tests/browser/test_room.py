@@ -78,9 +78,10 @@ def test_without_javascript_a_run_lands_on_its_trace_with_its_table(open_page):
     page.get_by_role("button", name="Identity").click()
     page.select_option("#dst-0", "D")
     page.fill("#steps", "4")
-    page.click("#run")
-    assert re.search(r"/loops/traces/[^/?]+$", page.url)
-    page.reload()
+    page.click("#run")  # the form waits for the whole run, then the redirect to its trace
+    page.wait_for_url(re.compile(r"/loops/traces/[^/?]+$"))
+    page.wait_for_selector("#summary")
+    page.goto(page.url)  # open it again: the table is the trace's
     assert page.evaluate(DST0) == "D" and page.locator("#steps").input_value() == "4"
 
 
@@ -156,6 +157,7 @@ def test_presentation_mode_is_large_type_remembered_and_every_chart_label_is_14p
         page.goto(conversation + path)
         assert page.evaluate(SIZES_SEEN)["text"] >= 18, path
         no_horizontal_scroll(page)
+        assert axe(page) == [], path  # the conversation, Tokens and Inside in presentation mode
     page.get_by_role("button", name="Large type").click()
     page.wait_for_function("() => !document.documentElement.dataset.present")
 
