@@ -107,7 +107,7 @@ def test_show_tokens_survives_switching_versions_and_looks_pressed(open_page):
     toggle.click()
     page.wait_for_selector("li.message.assistant .token-view")
     toggle = page.locator("li.message.assistant .view-toggle button")
-    assert toggle.get_attribute("aria-pressed") == "true" and toggle.text_content() == "Show tokens"
+    assert toggle.get_attribute("aria-pressed") == "true" and toggle.text_content() == "Hide tokens"
     on = page.evaluate("(b) => getComputedStyle(b).backgroundColor", toggle.element_handle())
     assert on != off, "a pressed Show tokens must look pressed"
     page.get_by_role("button", name="Previous version").click()

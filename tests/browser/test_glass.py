@@ -50,10 +50,11 @@ def test_a_streaming_reply_can_show_its_tokens_live_and_stays_in_token_view(page
     pending = page.locator("li.message.assistant.pending")
     pending.get_by_role("button", name="Show tokens").click()
     page.wait_for_function("() => document.querySelector('li.message.pending.show-tokens .bubble .tok')")
+    assert page.locator("li.message.assistant .view-toggle button").last.text_content() == "Hide tokens"
     shade = page.evaluate("() => getComputedStyle(document.querySelector('li.message.pending .bubble .tok'))"
                           ".borderTopStyle")
     assert shade == "solid"  # token boundaries drawn while it streams
     page.wait_for_selector("li.message.assistant.complete")
     done = page.locator("li.message.assistant.complete")
     assert done.locator(".token-view a.tok").count() == 25  # remembered: the finished reply shows its tokens
-    assert done.get_by_role("button", name="Show tokens").get_attribute("aria-pressed") == "true"
+    assert done.get_by_role("button", name="Hide tokens").get_attribute("aria-pressed") == "true"

@@ -69,7 +69,7 @@ def test_the_attention_view_passes_axe_and_fits_a_phone(open_page, scheme):
         page = open_page(size, scheme)
         page.context.add_cookies(setup.context.cookies())
         page.goto(trace_url + "?loop=2")
-        assert page.locator("#attention .pc").count() == 3 * 88
+        assert page.locator("#attention .prompt-chars .pc").count() == 3 * 88
         no_horizontal_scroll(page)
         if size == "desktop":  # the whole prompt in view at once; a phone scrolls it
             fits = "(el => el.scrollWidth <= el.clientWidth)(document.querySelector('#attention .prompt-scroll'))"

@@ -242,8 +242,9 @@ def test_the_early_model_can_be_picked_and_its_trace_says_so(open_page):
 
 
 # -- 7. every page, both themes, both sizes: no horizontal scroll, no serious axe violation -----------
-@pytest.mark.parametrize("scheme", ["light", "dark"])
-def test_every_page_passes_axe_and_fits_a_phone(open_page, problems, scheme):
+@pytest.mark.parametrize("scheme, present", [("light", False), ("dark", False), ("light", True), ("dark", True)])
+def test_every_page_passes_axe_and_fits_a_phone(open_page, problems, scheme, present):
+    """present: in presentation mode (issue 31: large type, a projector's 1366 px only)."""
     problems.allow(404)
     setup = open_page()
     run_loops(setup, "20")
@@ -263,9 +264,12 @@ def test_every_page_passes_axe_and_fits_a_phone(open_page, problems, scheme):
              "trace-step": trace_url + "?loop=3", "shared": shared_url, "not-found": "/loops/traces/nope",
              "tokens": f"{chat_url}/m/{reply}/tokens?t=0", "prompt": f"{chat_url}/m/{reply}/prompt",
              "delete": f"{chat_url}/delete", "shared-chat": shared_chat}
+    if present:
+        setup.get_by_role("button", name="Large type").click()
+        setup.wait_for_selector("html[data-present=on]")
     context_cookies = setup.context.cookies()
     found = {}
-    for size in SIZES:
+    for size in (["desktop"] if present else SIZES):
         page = open_page(size, scheme)
         page.context.add_cookies(context_cookies)  # the same browser: its trace and conversation
         for name, url in pages.items():
@@ -276,5 +280,5 @@ def test_every_page_passes_axe_and_fits_a_phone(open_page, problems, scheme):
                 if problems_here:
                     found[f"{size} {name}"] = problems_here
             if name in ("trace", "conversation", "home"):
-                screenshot(page, f"issue14-{name}-{size}-{scheme}")
+                screenshot(page, f"issue14-{name}-{size}-{scheme}{'-present' if present else ''}")
     assert not found, found

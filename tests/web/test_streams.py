@@ -182,3 +182,31 @@ def open_replay(client, address):
     if response.status_code == 200:
         next(iter(response.response))
     return response
+
+
+def test_a_live_stream_refused_for_its_address_says_the_room_is_full_and_how_many_wait(tmp_path):
+    """Issue 31: ten colleagues behind one address sat at "Waiting for the model…" with nothing said. A live
+    stream past GLASSBOX_MAX_STREAMS_PER_CLIENT says so in its status and asks again later (no `done`)."""
+    app = make_app(tmp_path, {"loops": bundle(delay=0.02)}, max_streams=4, max_streams_per_client=1)
+    try:
+        held = open_replay(app.test_client(), "127.0.0.9")
+        assert held.status_code == 200
+        streams = []
+        for _ in range(2):  # two runs from the same address: their streams wait
+            client = app.test_client()
+            csrf = csrf_of(client, "/loops/")
+            table = {"csrf_token": csrf, "src": LETTERS, "dst": LETTERS[1:] + LETTERS[:1], "start": "A", "steps": "3"}
+            started = client.post("/loops/run", data=table, headers={"HX-Request": "true"})
+            streams.append((client, re.search(r'sse-connect="([^"]+)"', started.get_data(as_text=True)).group(1)))
+        for n, (client, url) in enumerate(streams, start=1):
+            answer = client.get(url, environ_base={"REMOTE_ADDR": "127.0.0.9"})
+            body = answer.get_data(as_text=True)  # read before the next request: each its own context
+            assert answer.status_code == 200 and answer.mimetype == "text/event-stream"
+            assert "retry: " in body and "event: position" in body and "event: done" not in body
+            assert f"The room is full from your address: {n} waiting" in body
+        held.close()  # a slot is free again: the stream now runs to its end
+        client, url = streams[0]
+        body = client.get(url, environ_base={"REMOTE_ADDR": "127.0.0.9"}).get_data(as_text=True)
+        assert "event: done" in body and "room is full" not in body
+    finally:
+        glassbox(app).core.shutdown()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
 import sqlite3
 import threading
 import time
@@ -38,6 +39,7 @@ from webapp.present import CHANGES
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+DRAWN_SEED_MAX = 2**32 - 1  # the seeds a person may type (webapp/chat/web/forms.py SEED_MAX)
 STATUS_OF_OUTCOME = {DONE: Status.COMPLETE, CANCELLED: Status.STOPPED}  # anything else is an error
 
 
@@ -281,16 +283,26 @@ class ChatService:
         (Refused) or a failure takes back everything saved for it, and re-raises."""
         conversation = turn.conversation
         name = turn.model or self.models.default
+        sampling = turn.sampling
+        if sampling.seed is None and sampling.temperature > 0:
+            # a seed drawn here rather than inside torch: the reply keeps the seed it was really sampled with,
+            # so an export can give it (issue 31) and the same seed reproduces the reply
+            sampling = dataclasses.replace(sampling, seed=secrets.randbelow(DRAWN_SEED_MAX + 1))
+        settings = sampling.as_dict()
+        if sampling.seed != turn.sampling.seed:
+            settings["seed_drawn"] = True
+        if turn.forced is not None and turn.forced.at is not None:  # the version says where it was branched
+            settings["branched_at"] = turn.forced.at
         try:
             ids = self.store.begin_turn(owner, conversation["id"] if conversation else None,
                                         user_text=turn.user_text, branch_from=turn.branch_from,
-                                        settings=turn.sampling.as_dict(), prompt=turn.prompt.as_dict(),
+                                        settings=settings, prompt=turn.prompt.as_dict(),
                                         max_messages=self.max_messages, model=self.models.record(name),
                                         intervention=turn.intervention)
         except ConversationFull as full:
             raise ChatError(str(full), 400) from None
         forced = turn.forced or Forced()
-        request = ChatRequest(tuple(turn.prompt.ids), turn.sampling, forced=forced.tokens, forced_odds=forced.odds,
+        request = ChatRequest(tuple(turn.prompt.ids), sampling, forced=forced.tokens, forced_odds=forced.odds,
                               edit=turn.edit)
         reply_id = ids.reply_id
         self._leases.hold(reply_id)

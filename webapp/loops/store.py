@@ -47,7 +47,8 @@ class TraceStore:
         for row in rows:
             snapshot = json.loads(row["snapshot"])
             out.append({"id": row["id"], "created_at": row["created_at"], "source": snapshot.get("source"),
-                        "request": snapshot["request"], "summary": snapshot.get("summary", {})})
+                        "request": snapshot["request"], "summary": snapshot.get("summary", {}),
+                        "checkpoint": snapshot.get("checkpoint")})
         return out
 
     # -- sweeps (webapp/loops/sweeping.py): kept beside the traces, so that quotas, retention and sharing

@@ -53,9 +53,31 @@ class ClientStreams:
     """Open streams per client address (as a trusted proxy reports it): one browser, or a script that
     drops its cookie, cannot take every slot from everyone else."""
 
+    WAITING_SECONDS = 10.0  # a refused stream retries every few seconds: seen since then, it still waits
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: dict[str, int] = {}
+        self._waiting: dict[str, dict[str, float]] = {}  # address -> {stream path: when last refused}
+
+    def waiting(self, client: str, key: str) -> int:
+        """Notes that stream `key` of this address was refused for now -> how many of its streams wait."""
+        now = time.monotonic()
+        with self._lock:
+            seen = self._waiting.setdefault(client, {})
+            seen[key] = now
+            for other in [k for k, at in seen.items() if now - at > self.WAITING_SECONDS]:
+                del seen[other]
+            return len(seen)
+
+    def arrived(self, client: str, key: str) -> None:
+        """Stream `key` got its slot: it waits no more."""
+        with self._lock:
+            seen = self._waiting.get(client)
+            if seen is not None:
+                seen.pop(key, None)
+                if not seen:
+                    del self._waiting[client]
 
     def take(self, client: str, limit: int) -> bool:
         with self._lock:

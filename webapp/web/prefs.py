@@ -1,4 +1,5 @@
-"""This browser's display preferences, kept in its session (no JavaScript needed): the colour theme."""
+"""This browser's display preferences, kept in its session (no JavaScript needed): the colour theme,
+and presentation mode (large type for a room, issue 31)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,26 @@ def next_theme(current: str) -> str:
     return THEMES[(THEMES.index(current) + 1) % len(THEMES)]
 
 
+def presenting() -> bool:
+    return session.get("present") is True
+
+
 @bp.post("/theme")
 def set_theme():
     """Sets the theme asked for (or the next one), then goes back to the page the form was on."""
     wanted = request.form.get("theme", "")
     session["theme"] = wanted if wanted in THEMES else next_theme(theme())
+    return back_to_page()
+
+
+@bp.post("/present")
+def set_present():
+    """Presentation mode on ("on") or off (anything else), then back to the page the form was on."""
+    session["present"] = request.form.get("present") == "on"
+    return back_to_page()
+
+
+def back_to_page():
     back = request.form.get("next", "")
     if any(ord(c) < 32 or ord(c) == 127 for c in back):  # CR/LF cannot go into a Location header
         abort(400, BAD_NEXT)
@@ -37,4 +53,4 @@ def set_theme():
 
 def init_app(app) -> None:
     app.register_blueprint(bp)
-    app.jinja_env.globals.update(theme=theme, next_theme=next_theme)
+    app.jinja_env.globals.update(theme=theme, next_theme=next_theme, presenting=presenting)

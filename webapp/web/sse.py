@@ -5,10 +5,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 
-from flask import Response, current_app, stream_with_context
+from flask import Response, current_app, render_template, request, stream_with_context
+from werkzeug.exceptions import TooManyRequests
 
 from webapp.core.jobs import AnyJob, Event
-from webapp.web.streams import StreamSlot, long_response
+from webapp.web.state import glassbox
+from webapp.web.streams import StreamSlot, long_response, take_slot
+
+ROOM_FULL_RETRY_MS = 3000  # how soon the browser asks again for a stream its address had no slot for
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")  # SSE's own line ends; str.splitlines() splits on more
 
@@ -73,7 +77,22 @@ def stream_events(events: Iterator[Event | list[Event] | None], render: Callable
                 yield "".join(frames)
         yield frame("done", render_final())
 
-    return event_stream(body())
+    try:
+        slot = take_slot()
+    except TooManyRequests:
+        return room_full()
+    glassbox().client_streams.arrived(request.remote_addr or "", request.path)
+    return event_stream(body(), slot)
+
+
+def room_full() -> Response:
+    """A live stream this address has no slot for (GLASSBOX_MAX_STREAMS_PER_CLIENT: ten people behind one
+    address): said in the reply's status, with how many of the address's streams wait, instead of a silent
+    "Waiting for the model…"; the browser asks again in ROOM_FULL_RETRY_MS (the stream ends without `done`)."""
+    settings = current_app.config["GLASSBOX"]
+    waiting = glassbox().client_streams.waiting(request.remote_addr or "", request.path)
+    html = render_template("_room_full.html", waiting=waiting, limit=settings.max_streams_per_client)
+    return sse_response(iter([f"retry: {ROOM_FULL_RETRY_MS}\n\n", frame("position", html)]))
 
 
 def finished_stream(html: str) -> Response:

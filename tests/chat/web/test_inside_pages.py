@@ -151,3 +151,42 @@ def test_inside_jobs_count_against_the_browsers_job_limit(tmp_path):
         assert answer.status_code == 429 and answer.get_json()["error"]
     finally:
         glassbox(app).core.shutdown()
+
+
+# -- issue 31, item 5: a person's token is named as such, with the model's own odds for it -----------------
+def test_typed_and_picked_tokens_are_named_as_such_with_the_models_own_odds_and_the_version_says_where(chat_app):
+    from webapp.chat.web.blueprint import service
+    client = chat_app.test_client()
+    cid, mid, _ = reply(client, "Hello there", max_new_tokens="8", temperature="0.9", top_k="0", seed="4")
+    with chat_app.app_context():
+        rows = service().details(mid).odds
+    sampled = client.get(f"/chat/c/{cid}/m/{mid}/inside/3").get_data(as_text=True)
+    assert "The model chose this token" in sampled and "A person" not in sampled
+    assert "branched at token" not in client.get(f"/chat/c/{cid}").get_data(as_text=True)
+
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    other = next(t for t, _, _ in rows[3][5] if t != rows[3][0])  # an alternative the model did not take
+    assert client.post(f"/chat/c/{cid}/m/{mid}/branch",
+                       data={"csrf_token": csrf, "index": "3", "token": str(other)}).status_code == 303
+    with chat_app.app_context():
+        picked_id = service().store.messages(cid)[-1]["id"]
+    conversation = client.get(f"/chat/c/{cid}").get_data(as_text=True)
+    shown = conversation.split(f'id="message-{picked_id}"')[1].split("</li>")[0]
+    assert "branched at token 4" in shown
+    picked = client.get(f"/chat/c/{cid}/m/{picked_id}/inside/3").get_data(as_text=True)
+    assert "A person picked this token" in picked and "it was sampled" not in picked
+    assert "The model chose this token" not in picked
+    assert "<strong>the model's own odds</strong>" in picked
+    kept = client.get(f"/chat/c/{cid}/m/{picked_id}/inside/1").get_data(as_text=True)
+    assert "this version kept it" in kept and "branched at token 4" in kept
+
+    assert client.post(f"/chat/c/{cid}/m/{picked_id}/branch",
+                       data={"csrf_token": csrf, "index": "2", "text": "ok"}).status_code == 303
+    with chat_app.app_context():
+        typed_id = service().store.messages(cid)[-1]["id"]
+    page = client.get(f"/chat/c/{cid}/m/{typed_id}/inside/2").get_data(as_text=True)
+    assert "A person typed this token" in page and "branched at token 3" in page
+    assert "it was sampled" not in page and "The model chose" not in page
+    own = client.get(f"/chat/c/{cid}/m/{typed_id}/inside/2.json").get_json()["lens"][-1]["chosen"]
+    # the model's own odds for the typed token, labelled as that (the JSON's last lens row: its softmax)
+    assert f"{own['p'] * 100:.2f}%, rank {own['rank']}" in page

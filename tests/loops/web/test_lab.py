@@ -234,3 +234,23 @@ def test_a_run_this_front_end_does_not_run_ends_its_stream_with_a_message_and_it
     assert "another front end runs it" in events[0][1] and "Saved traces" in events[0][1]
     stop = client.post("/loops/jobs/0123456789abcdef/stop", headers={"HX-Request": "true", "X-CSRF-Token": csrf})
     assert stop.status_code == 404 and "No such run." in stop.get_data(as_text=True)
+
+
+def test_saved_traces_are_named_by_time_model_and_table_and_a_live_run_gives_its_address(loop_app):
+    """Issue 31: saved traces no longer all read "start A, k = 12"; the final results carry the trace's own
+    address (static/room.js puts it in the address bar; without JavaScript the run redirects there)."""
+    client = loop_app.test_client()
+    csrf = csrf_of(client, "/loops/")
+    final = run_live(client, csrf)[-1][1]
+    trace_id = re.search(r'href="/loops/traces/(\w+)"', final).group(1)
+    assert f'data-address="/loops/traces/{trace_id}"' in final
+    identity = [[s, s] for s in SYMBOLS]
+    run_live(client, csrf, mapping=identity)
+    page = client.get("/loops/").get_data(as_text=True)
+    names = re.findall(r'<time datetime="([^"]+)"[^>]*>(\d\d:\d\d:\d\d)</time>\s*· ([^·]+) · ([^·]+) · start A, k = 4',
+                       page)
+    assert len(names) == 2, page
+    (newest_iso, _, model, newest_table), (_, _, model_2, cycle_table) = names
+    assert newest_table.strip() == "identity table" and re.fullmatch(r"table [0-9a-f]{4}", cycle_table.strip())
+    assert model.strip() == model_2.strip() and model.strip() != "model not recorded"
+    assert newest_iso.endswith("+00:00")

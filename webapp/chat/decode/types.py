@@ -42,6 +42,7 @@ class Forced:
 
     tokens: tuple[int, ...] = ()
     odds: tuple[TokenOdds | None, ...] = ()
+    at: int | None = None  # the first token a person gave (0-based): the reply is "branched at token at + 1"
 
 
 @dataclass(frozen=True)

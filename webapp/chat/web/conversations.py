@@ -11,7 +11,7 @@ from webapp.chat.decode.publish import TokenEvent
 from webapp.chat.model.prompt import PromptTooLong
 from webapp.chat.service import ChatError
 from webapp.chat.store import Status
-from webapp.chat.web import token_views
+from webapp.chat.web import exports, token_views
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, owned_page, service, settings
 from webapp.chat.web.composer import (
     composer_error,
@@ -194,7 +194,7 @@ def delete(conversation_id: str):
 @bp.get("/c/<conversation_id>/export.<fmt>")
 def export(conversation_id: str, fmt: str):
     conversation = owned_conversation(conversation_id)
-    messages = service().history(conversation_id)
+    messages = exports.with_tokens(service(), service().history(conversation_id))
     filename = f"glassbox-chat-{conversation_id}.{fmt}"
     disposition = {"Content-Disposition": f'attachment; filename="{filename}"'}
     if fmt == "json":  # the branch shown; ?branches=all adds every version (each with its parent_id)

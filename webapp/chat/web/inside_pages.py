@@ -107,13 +107,27 @@ def inside_page(conversation: dict, message: dict, index: int, shared: str | Non
     prompt_length = positions - min(index, positions)
     panel = TokenOdds.from_row(odds[index])
     text = token_text(tokenizer, report.request.token)[0]
+    branched_at = (message.get("settings") or {}).get("branched_at")
     page = render_template(
         "chat/inside.html", problem=None, report=report, token_text=text, token_name=whitespace_name(text),
         lens=lens, settled=report.settled_layer, heads=heads, chosen_head=chosen_head, panel=panel,
         attended=(inside_view.attended(tokenizer, report, *chosen_head, prompt_length) if chosen_head else []),
-        positions=positions, n_layer=n_layer, n_head=n_head, **common)
+        positions=positions, n_layer=n_layer, n_head=n_head, origin=token_origin(panel, index, branched_at),
+        branched_at=branched_at, **common)
     heavy.took(len(page))
     return page
+
+
+def token_origin(panel: TokenOdds, index: int, branched_at: int | None) -> str:
+    """Who put the token there: "typed" (a person, into a branch), "picked" (a person chose it from the
+    model's alternatives), "kept" (sampled in the version this one was branched from), or "sampled"."""
+    if panel.typed:
+        return "typed"
+    if branched_at is not None and index == branched_at:
+        return "picked"
+    if branched_at is not None and index < branched_at:
+        return "kept"
+    return "sampled"
 
 
 def page_parts(tokenizer, report: InsideReport) -> tuple[list[LensRowView], list[list[HeadView]]]:

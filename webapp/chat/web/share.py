@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from flask import abort, redirect, render_template, url_for
 
+from webapp.chat.service import ChatError
+from webapp.chat.web import token_views as glass
 from webapp.chat.web.blueprint import bp, owned_conversation, service
+from webapp.chat.web.inside_pages import shared_message
 from webapp.web.security import owner_id
 
 
@@ -31,4 +34,41 @@ def shared(token: str):
     if found is None:
         abort(404, "This shared conversation does not exist, or its owner stopped sharing it.")
     conversation, messages = found
-    return render_template("chat/shared.html", conversation=conversation, messages=messages, share_token=token)
+    return render_template("chat/shared.html", conversation=conversation, messages=messages, share_token=token,
+                           token_views=shared_token_views(messages))
+
+
+def shared_token_views(messages: list[dict]) -> dict[int, list]:
+    """Each finished reply's tokens shaded by their odds (issue 31: the shared page had none), where the model
+    that wrote it runs here to read its ids."""
+    replies = [m for m in messages if m["role"] == "assistant" and m["status"] != "pending" and m.get("tokens")]
+    details = service().details_of([m["id"] for m in replies]) if replies else {}
+    views = {}
+    for message in replies:
+        try:
+            tokenizer = service().writer(message).tokenizer
+        except ChatError:
+            continue
+        if message["id"] in details:
+            views[message["id"]] = glass.readable_token_views(tokenizer, details[message["id"]])[0]
+    return views
+
+
+@bp.get("/shared/<token>/m/<int:message_id>/prompt")
+def shared_prompt(token: str, message_id: int):
+    """The exact prompt of a reply of a shared conversation, read-only."""
+    conversation, message = shared_message(token, message_id)
+    if message["role"] != "assistant":
+        abort(404, "Only replies have a prompt.")
+    details = service().details(message_id)
+    if details.prompt is None or "prompt" in details.damaged:
+        abort(404, glass.DAMAGED_PROMPT)
+    try:
+        tokenizer = service().writer(message).tokenizer
+        report, parts = glass.prompt_view(tokenizer, details.prompt)
+    except ChatError as error:
+        abort(error.status, str(error))
+    except (TypeError, ValueError, IndexError, KeyError):  # JSON, but not what this code wrote
+        abort(404, glass.DAMAGED_PROMPT)
+    return render_template("chat/prompt.html", conversation=conversation, message=message, report=report,
+                           parts=parts, shared=token)

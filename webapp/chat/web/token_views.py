@@ -197,4 +197,4 @@ def branch_tokens(tokenizer, rows: list, form, max_chars: int) -> Forced:
     else:
         raise ValueError("Choose an alternative, or type how the reply should go on.")
     return Forced(tuple([o.token for o in kept] + tokens),
-                  tuple(None if o.typed else o for o in kept) + tuple(picked))
+                  tuple(None if o.typed else o for o in kept) + tuple(picked), at=index)

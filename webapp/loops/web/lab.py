@@ -88,8 +88,9 @@ def final_results(job) -> str:
         rows = [row for e in job.events if isinstance(e.data, RowsEvent) for row in e.data.rows]
         snapshot = {**metadata(req, "", "live"), "status": "stopped", "trace": rows}
         return render_results(snapshot, job=job, error=job.error or "Stopped.")
-    return render_results(snapshot, job=job, trace_id=job.result.trace_id,
-                          recent=service().store.recent(job.owner))
+    trace_id = job.result.trace_id
+    return render_results(snapshot, job=job, trace_id=trace_id, recent=service().store.recent(job.owner),
+                          address=url_for("loops.trace", trace_id=trace_id) if trace_id else None)
 
 
 @bp.post("/jobs/<job_id>/stop")

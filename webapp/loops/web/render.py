@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from datetime import UTC, datetime
+
 from flask import render_template, request, url_for
 
 from webapp.loops.task import SYMBOLS
 from webapp.loops.verdict import of_trace
 from webapp.loops.web import pictures
 from webapp.loops.web.attention import attention_view
-from webapp.loops.web.blueprint import model_choices, service
+from webapp.loops.web.blueprint import bp, model_choices, service
 from webapp.loops.web.forms import PRESET_LABELS, EditorState
 from webapp.loops.web.present import present_token
 from webapp.loops.web.sweep_form import FAMILY_LABELS, SweepForm
@@ -36,11 +40,12 @@ def current_loop(rows: list) -> int | None:
 
 def render_results(snapshot: dict, *, job=None, trace_id: str | None = None, error: str | None = None,
                    recent: list | None = None, current: int | None = None, player_url: str | None = None,
-                   shared: bool = False, share_token: str | None = None) -> str:
+                   shared: bool = False, share_token: str | None = None, address: str | None = None) -> str:
     """The results section; with `recent`, also an out-of-band refresh of the saved-traces list.
 
     A finished trace gets the player: step links to `player_url` (its own page) with ?loop=N, and
-    with `current` the rows after loop N held back and loop N's letter ringed on the graph."""
+    with `current` the rows after loop N held back and loop N's letter ringed on the graph. `address`: the
+    page's own address once a live run is saved (static/room.js puts it in the address bar)."""
     summary = snapshot.get("summary")
     rows = snapshot.get("trace", [])
     req = snapshot["request"]
@@ -48,7 +53,7 @@ def render_results(snapshot: dict, *, job=None, trace_id: str | None = None, err
         player_url = url_for("loops.trace", trace_id=trace_id)
     context = {"snapshot": snapshot, "rows": rows, "summary": summary, "job": job, "trace_id": trace_id,
                "error": error, "steps": req["steps"], "recent": recent, "current": current,
-               "player_url": player_url, "shared": shared, "share_token": share_token,
+               "player_url": player_url, "shared": shared, "share_token": share_token, "address": address,
                "compare_models": [m for m in model_choices() if m["checkpoint"] != snapshot.get("checkpoint")]
                if len(model_choices()) > 1 else [],
                "model_label": next((m["label"] for m in model_choices()
@@ -64,3 +69,19 @@ def render_results(snapshot: dict, *, job=None, trace_id: str | None = None, err
             context["current_x"] = context["chart"]["x_of"](at)
             context["attention"] = attention_view(snapshot, current)
     return render_template("loops/_results.html", **context)
+
+
+@bp.app_template_global()
+def saved_trace_name(trace: dict) -> dict:
+    """What tells saved traces apart (issue 31: they all read "start A, k = 12"): when it was saved, the
+    model, and the table (identity, or a short fingerprint of its rules in their order)."""
+    saved = datetime.fromtimestamp(float(trace.get("created_at") or 0), UTC)
+    pairs = [list(p) for p in trace["request"].get("mapping", [])]
+    if pairs and all(s == d for s, d in pairs):
+        table = "identity table"
+    else:
+        table = "table " + hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:4]
+    checkpoint = trace.get("checkpoint") or ""
+    model = next((m["label"] or m["name"] for m in model_choices() if m["checkpoint"] == checkpoint), None)
+    return {"time": saved.strftime("%H:%M:%S"), "iso": saved.isoformat(timespec="seconds"),
+            "day": saved.strftime("%Y-%m-%d"), "model": model or checkpoint or "model not recorded", "table": table}
