@@ -174,7 +174,7 @@ def test_it_takes_only_what_it_computes():
 
 
 def run_python(code: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=960,
                           env={**os.environ, "PYTHONPATH": ROOT, **env})
 
 

@@ -57,13 +57,17 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+COMPILE_TIMEOUT_SECONDS = 900
+
+
 def _compile(compiler: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # built aside, then renamed: never half a file
         built = Path(tmp) / target.name
+        # a first start on a busy machine compiles slowly, and giving up means decoding on torch's slower
+        # kernels until the next start: a generous bound, only against a compiler that hangs
         result = subprocess.run([compiler, *FLAGS, "-o", str(built), *map(str, SOURCES)], capture_output=True,
-                                text=True,
-                                timeout=120)
+                                text=True, timeout=COMPILE_TIMEOUT_SECONDS)
         if result.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
         os.replace(built, target)
