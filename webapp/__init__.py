@@ -34,7 +34,7 @@ from webapp.loops.runs import BATCHED as BATCHED_LOOPS
 from webapp.loops.web import api as loops_api_bp
 from webapp.loops.web import bp as loops_bp
 from webapp.v1 import bp as v1_bp
-from webapp.web import bodies, pages, prefs, retention, storage_errors, wording
+from webapp.web import bodies, heavy, pages, prefs, retention, storage_errors, wording
 from webapp.web.api_keys import load as load_api_keys
 from webapp.web.counts import HeavyReads, NewSessions
 from webapp.web.follow import bp as follow_bp
@@ -180,6 +180,7 @@ class SqliteInteger(IntegerConverter):
 
 def _before() -> None:
     g.started = time.perf_counter()
+    g.cpu_started = time.thread_time()  # a bulk request's CPU counts against the bulk share (web/heavy.py)
     CLIENT.set(request.remote_addr or "")  # jobs created by this request count against this address
     bodies.apply_body_limit()  # before the CSRF check reads the form
     check_csrf()
@@ -193,4 +194,5 @@ def _after(response):
     response.headers.setdefault("X-Frame-Options", "DENY")
     if "started" in g and response.mimetype != "text/event-stream":
         glassbox().latency.observe(time.perf_counter() - g.started)
+    heavy.charge_bulk_request()
     return response

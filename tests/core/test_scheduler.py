@@ -145,6 +145,20 @@ def test_bulk_share_owes_running_replies_the_rest_of_the_time():
     assert not quarter.due
 
 
+def test_bulk_time_spent_off_the_worker_is_owed_back_with_the_next_whole_job_s():
+    half = BulkShare(0.5)
+    threads = [threading.Thread(target=lambda: [half.ran_elsewhere(0.001) for _ in range(100)]) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not half.due  # taken in by the worker, at its next whole job's slice
+    half.ran_whole(0.1, replies_waiting=True)
+    assert abs(half.owed - 0.5) < 1e-9  # 0.1 on the worker, 0.4 from four request threads
+    half.ran_whole(0.1, replies_waiting=True)
+    assert abs(half.owed - 0.6) < 1e-9  # taken in once
+
+
 def test_the_next_whole_job_is_the_one_of_the_client_that_had_the_least_whole_job_time():
     scheduler = Scheduler()
     a1, a2, b1, b2 = job("whole", "a"), job("whole", "a"), job("whole", "b"), job("whole", "b")

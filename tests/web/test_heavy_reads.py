@@ -167,3 +167,20 @@ def test_a_json_url_answers_its_refusals_and_errors_as_json_whatever_the_client_
     assert "GLASSBOX_HEAVY_READ_BYTES_PER_SECOND" in refused.get_json()["error"]
     page = client.get(f"/loops/traces/{trace_id}", headers=browser_like)  # a page's error stays a page
     assert page.mimetype == "text/html"
+
+
+def test_a_heavy_read_s_cpu_time_counts_against_the_bulk_share_and_a_page_s_does_not(tight, monkeypatch):
+    core = glassbox(tight).core
+    charged: list[float] = []
+    charge = core.charge_bulk
+    monkeypatch.setattr(core, "charge_bulk", lambda seconds: charged.append(seconds) or charge(seconds))
+    client = tight.test_client()
+    own, _ = shared_inside(client)
+    NOW[0] += 100
+    charged.clear()
+    assert client.get(own).status_code == 200  # worked out, made into JSON: bulk
+    assert len(charged) == 1 and charged[0] > 0
+    assert client.get("/chat/").status_code == 200  # a page
+    assert len(charged) == 1
+    client.get(own), client.get(own)  # one more served, then one refused (429): refusing costs too
+    assert len(charged) == 3

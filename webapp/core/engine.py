@@ -129,6 +129,11 @@ class InferenceCore:
         if job is not None:
             job.counts[name] = job.counts.get(name, 0) + n
 
+    def charge_bulk(self, seconds: float) -> None:
+        """Bulk work done off the worker (a request thread's CPU on an Inside JSON, or on refusing one): owed
+        back to running replies as the worker's whole jobs are (scheduler.BulkShare), from any thread."""
+        self.bulk.ran_elsewhere(seconds)
+
     def _active_jobs(self, who: str, by: str = "owner") -> int:
         """Jobs of one owner (or client address) that are queued or running: what the limits count."""
         return sum(1 for j in self._jobs.values() if getattr(j, by) == who and j.state in (QUEUED, RUNNING))

@@ -18,6 +18,7 @@ The worker calls `add`, `drop_cancelled`, `take` and `positions` under the core'
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -74,16 +75,30 @@ class BulkShare:
     running: each second a whole job runs while a batch has rows is owed back to the batch as
     (1 - share) / share seconds of batched steps, paid before the whole job goes on (at its next
     InferenceCore.interleave) or the next one starts. With no reply running nothing is owed, and whole
-    jobs run back to back. Plain numbers; the worker measures the seconds."""
+    jobs run back to back. Plain numbers; the worker measures the seconds.
+
+    Whole work done off the worker counts too: the CPU time request threads spend on bulk answers (an
+    Inside report's JSON, a refusal of one) takes the same interpreter and cores from the replies, so it
+    is owed back alike (`ran_elsewhere`, from any thread; the worker takes it in at its next `ran_whole`)."""
 
     def __init__(self, share: float = 0.5) -> None:
         if not 0 < share <= 1:
             raise ValueError(f"the bulk share must be in (0, 1], not {share}")
         self.share = share
         self.owed = 0.0  # seconds of batched steps owed to the replies
+        self._elsewhere = 0.0  # bulk seconds spent by request threads, not yet taken in
+        self._lock = threading.Lock()
+
+    def ran_elsewhere(self, seconds: float) -> None:
+        """Request threads spent this long on bulk answers (any thread)."""
+        with self._lock:
+            self._elsewhere += seconds
 
     def ran_whole(self, seconds: float, replies_waiting: bool) -> None:
-        """A whole job held the worker this long; `replies_waiting`: a batch had rows meanwhile."""
+        """A whole job held the worker this long; `replies_waiting`: a batch had rows meanwhile. (On the
+        worker.) Bulk time spent elsewhere since the last call is owed for too."""
+        with self._lock:
+            seconds, self._elsewhere = seconds + self._elsewhere, 0.0
         if replies_waiting:
             self.owed += seconds * (1 - self.share) / self.share
 

@@ -14,22 +14,37 @@ past it, 429 with Retry-After (webapp/web/counts.py HeavyReads).
 from __future__ import annotations
 
 import math
+import time
 
-from flask import Response, current_app, request
+from flask import Response, current_app, g, request
 from werkzeug.exceptions import TooManyRequests
 
 from webapp.web.encoded import Encoded, KeptAnswers
 from webapp.web.state import glassbox
 
-__all__ = ["Encoded", "KeptAnswers", "admit", "answer", "took"]
+__all__ = ["Encoded", "KeptAnswers", "admit", "answer", "bulk_request", "charge_bulk_request", "took"]
 
 SMALLEST_CHARGE = 64 * 1024  # what a heavy answer counts at least, a 304 too: its lookups cost as much
 HEAVY_READS_FULL = ("This address has read more large answers (Inside reports, trace files) than "
                     "GLASSBOX_HEAVY_READ_BYTES_PER_SECOND allows ({rate:,} KiB a second); try again in {wait} s.")
 
 
+def bulk_request() -> None:
+    """This request's work is bulk (a heavy answer, a wait for a whole job, a refusal of either): the CPU time
+    its thread spends counts against GLASSBOX_BULK_SHARE as the worker's whole jobs do. The interpreter and
+    the cores are the replies' too, and a flood of such requests took more of them than its jobs did."""
+    g.bulk_request = True
+
+
+def charge_bulk_request() -> None:
+    """After a request (app.after_request): a bulk request's CPU time, charged to the core's bulk share."""
+    if g.get("bulk_request") and "cpu_started" in g:
+        glassbox().core.charge_bulk(time.thread_time() - g.cpu_started)
+
+
 def admit() -> None:
     """Before any work for a heavy answer: 429 with Retry-After when this address has spent its share."""
+    bulk_request()
     wait = glassbox().heavy_reads.wait(request.remote_addr or "")
     if wait > 0:
         rate = current_app.config["GLASSBOX"].heavy_read_bytes_per_second

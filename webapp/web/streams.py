@@ -17,6 +17,7 @@ from contextlib import contextmanager
 
 from flask import Flask, Response, abort, current_app, request, stream_with_context
 
+from webapp.web import heavy
 from webapp.web.counts import BulkShare, ClientStreams, OpenStreams
 from webapp.web.state import glassbox
 
@@ -62,6 +63,8 @@ def take_slot(bulk: bool = False) -> StreamSlot:
     """A slot, or a 503 with Retry-After (pages.http_error adds it to every 503) when none is free.
     Take it before queueing anything, so a refusal leaves nothing behind. `bulk`: a replay or a
     non-streamed API call, which also needs one of GLASSBOX_MAX_BULK_STREAMS."""
+    if bulk:
+        heavy.bulk_request()
     streams, settings = open_streams(), current_app.config["GLASSBOX"]
     clients = glassbox().client_streams
     share = glassbox().bulk_streams if bulk else None
