@@ -184,3 +184,17 @@ def test_a_heavy_read_s_cpu_time_counts_against_the_bulk_share_and_a_page_s_does
     assert len(charged) == 1
     client.get(own), client.get(own)  # one more served, then one refused (429): refusing costs too
     assert len(charged) == 3
+
+
+def test_an_answer_is_compressed_only_once_a_client_takes_gzip_and_then_once(app, monkeypatch):
+    import webapp.web.encoded as encoded
+    compressed = []
+    compress = encoded.gzip.compress
+    monkeypatch.setattr(encoded.gzip, "compress", lambda *a, **k: compressed.append(1) or compress(*a, **k))
+    client = app.test_client()
+    own, _ = shared_inside(client)
+    assert client.get(own, headers={"Accept-Encoding": "identity"}).status_code == 200
+    assert compressed == []  # read plain: never compressed
+    packed = [client.get(own, headers=GZIP) for _ in range(2)]
+    assert [p.headers.get("Content-Encoding") for p in packed] == ["gzip", "gzip"]
+    assert compressed == [1] and gzip.decompress(packed[1].data) == client.get(own).data

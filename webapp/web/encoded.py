@@ -9,23 +9,27 @@ import hashlib
 import json
 import threading
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True)
 class Encoded:
-    """An answer's bytes, kept: plain and gzip-compressed, and its entity tag (unquoted)."""
+    """An answer's bytes, kept: plain, gzip-compressed when a client first takes gzip (a report read once by a
+    client that takes none never is), and its entity tag (unquoted)."""
 
-    body: bytes
-    gzipped: bytes
-    etag: str
+    def __init__(self, body: bytes, etag: str) -> None:
+        self.body, self.etag = body, etag
+        self._gzipped: bytes | None = None
 
     @classmethod
     def json(cls, value: Any) -> Encoded:
         body = json.dumps(value, separators=(",", ":")).encode()
-        tag = hashlib.blake2b(body, digest_size=16).hexdigest()
-        return cls(body, gzip.compress(body, compresslevel=6, mtime=0), tag)
+        return cls(body, hashlib.blake2b(body, digest_size=16).hexdigest())
+
+    @property
+    def gzipped(self) -> bytes:
+        if self._gzipped is None:  # two threads at once may both compress: the same bytes, kept once
+            self._gzipped = gzip.compress(self.body, compresslevel=6, mtime=0)
+        return self._gzipped
 
 
 class KeptAnswers:
