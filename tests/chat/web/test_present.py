@@ -2,7 +2,6 @@
 replay's pace, its bounds and Stop. The many-followers test on a real server is tests/integration/test_follow.py."""
 
 import re
-import threading
 import time
 from html import unescape
 
@@ -10,6 +9,7 @@ import pytest
 
 from tests.chat.web.test_conversations import HX, conversation_id_of, messages, send, stream_url
 from tests.conftest import csrf_of, sse_events, wait_for
+from tests.support.follower import Follower
 from webapp.web.streams import open_streams
 
 
@@ -99,16 +99,8 @@ def test_follower_joins_late_sees_new_turns_live_and_revoke_ends_it(slow_chat_ap
     page = follower.get(link)
     assert page.status_code == 200 and "First" in page.get_data(as_text=True)
 
-    got: list[str] = []
-
-    def follow():
-        stream = follower.get(link + "/events", buffered=False)
-        for chunk in stream.response:
-            got.append(chunk.decode())
-        stream.close()
-
-    reader = threading.Thread(target=follow)
-    reader.start()
+    following = Follower(follower, link + "/events")
+    got, reader = following.got, following.reader
     assert wait_for(lambda: "event: conversation" in "".join(got))
     csrf = csrf_of(client, f"/chat/c/{cid}")
     second = send(client, "Second question", csrf=csrf, conversation_id=cid, seed="2", max_new_tokens="30")

@@ -2,10 +2,10 @@
 opens and the player's loop; revoking ends the stream and the link answers 404."""
 
 import re
-import threading
 
 from tests.conftest import csrf_of, sse_events, wait_for
 from tests.loops.web.test_lab import run_live
+from tests.support.follower import Follower
 
 
 def test_a_follower_sees_the_run_the_trace_and_the_player_then_revoke_ends_it(loop_app):
@@ -18,16 +18,8 @@ def test_a_follower_sees_the_run_the_trace_and_the_player_then_revoke_ends_it(lo
 
     follower = loop_app.test_client()
     assert follower.get(link).status_code == 200
-    got: list[str] = []
-
-    def follow():
-        stream = follower.get(link + "/events", buffered=False)
-        for chunk in stream.response:
-            got.append(chunk.decode())
-        stream.close()
-
-    reader = threading.Thread(target=follow)
-    reader.start()
+    following = Follower(follower, link + "/events")
+    got, reader = following.got, following.reader
     assert wait_for(lambda: "event: player" in "".join(got))
     events = run_live(client, csrf, steps="6")
     trace_id = re.search(r"/loops/traces/([0-9a-f]+)", events[-1][1]).group(1)
