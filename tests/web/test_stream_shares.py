@@ -142,3 +142,27 @@ def test_live_replies_may_use_every_slot(tmp_path):
             stream.close()
     finally:
         glassbox(app).core.shutdown()
+
+
+def test_when_every_bulk_slot_is_held_a_few_wait_for_one_and_the_rest_are_refused_at_once():
+    import threading
+
+    from webapp.web.counts import BulkShare
+    share = BulkShare()
+    assert share.take(2) and share.take(2)
+    assert not share.take(2)  # no wait asked: refused at once
+    waited, started = [], threading.Event()
+
+    def waiter():
+        started.set()
+        waited.append(share.take(2, wait=30))
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    assert started.wait(10)
+    assert wait_for(lambda: share.waiting == 1)
+    assert not share.take(2, wait=30)  # one waiter is all two slots allow: refused at once, not after 30 s
+    share.give_back()
+    thread.join(10)
+    assert waited == [True] and share.held == 2 and share.waiting == 0
+    assert not share.take(2, wait=0.05)  # nobody gives one back: refused when the wait runs out

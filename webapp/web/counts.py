@@ -96,22 +96,34 @@ class ClientStreams:
 
 
 class BulkShare:
-    """How many bulk slots (replays, non-streamed /v1 calls) are held: at most GLASSBOX_MAX_BULK_STREAMS."""
+    """How many bulk slots (replays, non-streamed /v1 calls, Inside reports being worked out) are held: at most
+    GLASSBOX_MAX_BULK_STREAMS. When all are held, a few requests (half as many as there are slots) wait up
+    to `wait` seconds for one rather than being refused at once: a script that asks again the moment it is
+    refused would otherwise spin, and its refusals cost the replies more than the waits. Few, so the waiting
+    threads never take the threads gunicorn keeps for page loads."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
         self.held = 0
+        self.waiting = 0
 
-    def take(self, limit: int) -> bool:
-        with self._lock:
+    def take(self, limit: int, wait: float = 0.0) -> bool:
+        with self._cond:
+            if limit and self.held >= limit and wait > 0 and self.waiting < max(1, limit // 2):
+                self.waiting += 1
+                try:
+                    self._cond.wait_for(lambda: self.held < limit, wait)
+                finally:
+                    self.waiting -= 1
             if limit and self.held >= limit:  # 0: no share of their own, only GLASSBOX_MAX_STREAMS
                 return False
             self.held += 1
             return True
 
     def give_back(self) -> None:
-        with self._lock:
+        with self._cond:
             self.held -= 1
+            self._cond.notify()
 
 
 class OpenStreams:

@@ -4,7 +4,8 @@ wait holds one of GLASSBOX_MAX_STREAMS slots, because each holds a gunicorn thre
 One client address holds at most GLASSBOX_MAX_STREAMS_PER_CLIENT of them (429 past that). Replays of
 saved traces, non-streamed /v1 calls and Inside reports being worked out ("bulk": nobody watches them
 token by token, and each may hold its slot for many seconds) share at most GLASSBOX_MAX_BULK_STREAMS of
-them, so a flood of those always leaves the rest to live replies.
+them, so a flood of those always leaves the rest to live replies. When they are all held, a few bulk requests
+wait a moment for one (webapp/web/counts.py BulkShare) instead of being refused outright.
 gunicorn has GLASSBOX_MAX_STREAMS + 8 threads (gunicorn.conf.py): as long as nothing long-lived runs
 without a slot, the 8 left over always answer page loads, however many streams a script opens.
 """
@@ -22,6 +23,7 @@ from webapp.web.counts import BulkShare, ClientStreams, OpenStreams
 from webapp.web.state import glassbox
 
 STREAMS_FULL = "Too many open streams; reload the page in a moment."
+BULK_WAIT_SECONDS = 2.0  # how long a few bulk requests wait for a bulk slot before being refused (counts.py)
 
 
 BULK_FULL = ("Too many replays and whole-reply API calls are running; try again in a moment "
@@ -71,7 +73,7 @@ def take_slot(bulk: bool = False) -> StreamSlot:
     client = request.remote_addr or ""
     if not clients.take(client, settings.max_streams_per_client):
         abort(429, STREAMS_PER_CLIENT.format(n=settings.max_streams_per_client))
-    if share is not None and not share.take(settings.max_bulk_streams):
+    if share is not None and not share.take(settings.max_bulk_streams, BULK_WAIT_SECONDS):
         clients.give_back(client)
         abort(503, BULK_FULL)
     if not streams.take(settings.max_streams):
