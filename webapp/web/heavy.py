@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from typing import Any
 
 from flask import Response, current_app, g, request
 from werkzeug.exceptions import TooManyRequests
@@ -22,7 +24,7 @@ from werkzeug.exceptions import TooManyRequests
 from webapp.web.encoded import Encoded, KeptAnswers
 from webapp.web.state import glassbox
 
-__all__ = ["Encoded", "KeptAnswers", "admit", "answer", "bulk_request", "charge_bulk_request", "took"]
+__all__ = ["Encoded", "KeptAnswers", "admit", "answer", "bulk_request", "charge_bulk_request", "kept_file", "took"]
 
 SMALLEST_CHARGE = 64 * 1024  # what a heavy answer counts at least, a 304 too: its lookups cost as much
 HEAVY_READS_FULL = ("This address has read more large answers (Inside reports, trace files) than "
@@ -71,3 +73,10 @@ def answer(encoded: Encoded, *, mimetype: str = "application/json", headers: dic
     if compressed:
         response.headers["Content-Encoding"] = "gzip"
     return response
+
+
+def kept_file(key: tuple, filename: str, make: Callable[[], Any]) -> Response:
+    """A saved file's JSON (a trace's, a sweep's) as an attachment: made once and kept as bytes under `key`
+    (webapp/web/encoded.py KeptAnswers). The kept bytes are anyone's who names the key: check the owner first."""
+    encoded = glassbox().kept_answers.get(key, lambda: Encoded.json(make()))
+    return answer(encoded, headers={"Content-Disposition": f'attachment; filename="{filename}"'})

@@ -203,6 +203,7 @@ def test_the_page_fills_in_live_then_is_saved_and_shared(bundled):
     assert page.count("<svg") >= 5 and "sse-connect" not in page
     assert client.get(f"/loops/traces/{saved}").status_code == 404  # a sweep is not a trace
     assert json.loads(client.get(f"/loops/sweeps/{saved}.json").data)["summary"]["sweep"]["seed"] == SWEEP["seed"]
+    assert bundled.test_client().get(f"/loops/sweeps/{saved}.json").status_code == 404  # kept, still the owner's
     client.post(f"/loops/sweeps/{saved}/share", data={"csrf_token": csrf})
     link = re.search(r'value="(http[^"]+/loops/shared/[^"]+)"', client.get(f"/loops/sweeps/{saved}").get_data(
         as_text=True)).group(1)

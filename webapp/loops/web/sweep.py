@@ -169,9 +169,9 @@ def sweep_saved(sweep_id: str):
 def sweep_download(sweep_id: str):
     """The sweep's file, a heavy answer as a trace's is (webapp/loops/web/traces.py download)."""
     heavy.admit()
-    encoded = glassbox().kept_answers.get(("sweep", sweep_id), lambda: heavy.Encoded.json(owned_sweep(sweep_id)))
-    attachment = f'attachment; filename="glassbox-sweep-{sweep_id}.json"'
-    return heavy.answer(encoded, headers={"Content-Disposition": attachment})
+    if not service().store.owns(owner_id(), sweep_id):  # before the kept bytes: they are anyone's who names it
+        abort(404, "No such sweep.")
+    return heavy.kept_file(("sweep", sweep_id), f"glassbox-sweep-{sweep_id}.json", lambda: owned_sweep(sweep_id))
 
 
 @bp.post("/sweeps/<sweep_id>/share")

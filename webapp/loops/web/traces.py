@@ -18,7 +18,6 @@ from webapp.web import get_core, heavy, quotas
 from webapp.web.pages import INLINE_TOO_LARGE
 from webapp.web.security import owner_id
 from webapp.web.sse import comment, event_stream, frame
-from webapp.web.state import glassbox
 
 
 @bp.get("/traces/<trace_id>")
@@ -68,9 +67,7 @@ def download(trace_id: str):
     if not service().store.owns(owner_id(), trace_id):
         abort(404, "No such trace.")
     # Compact (Encoded.json): a row's attention weights, one a line, made a long run's file too large to upload
-    encoded = glassbox().kept_answers.get(("trace", trace_id), lambda: heavy.Encoded.json(owned_trace(trace_id)))
-    attachment = f'attachment; filename="glassbox-trace-{trace_id}.json"'
-    return heavy.answer(encoded, headers={"Content-Disposition": attachment})
+    return heavy.kept_file(("trace", trace_id), f"glassbox-trace-{trace_id}.json", lambda: owned_trace(trace_id))
 
 
 # A paced replay holds a stream slot and a thread for its whole length, and an uploaded trace may
