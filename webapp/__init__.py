@@ -33,6 +33,7 @@ from webapp.loops import boot as loops_boot
 from webapp.loops.runs import BATCHED as BATCHED_LOOPS
 from webapp.loops.web import api as loops_api_bp
 from webapp.loops.web import bp as loops_bp
+from webapp.present import PresentLinks
 from webapp.v1 import bp as v1_bp
 from webapp.web import bodies, heavy, pages, prefs, retention, storage_errors, wording
 from webapp.web.api_keys import load as load_api_keys
@@ -102,7 +103,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
                                           api_keys=api_keys,
                                           heavy_reads=HeavyReads(settings.heavy_read_bytes_per_second),
                                           services=(chat, inside, attribution, patching, loops, sweeps, ablation),
-                                          stores=(chat.store, loops.store))
+                                          stores=(chat.store, loops.store, PresentLinks(db)))
 
     # the API blueprints (/v1, /api/loops) put the API-key check in front of their own routes
     for blueprint in (ops_bp, pages.bp, chat_bp, loops_bp, loops_api_bp, v1_bp, follow_bp):

@@ -72,6 +72,20 @@ class PresentLinks:
                               " WHERE owner = ? AND kind = ? AND target = ?",
                               (json.dumps(state), owner, kind, target)).rowcount > 0
 
+    # An OwnerStore (webapp/browsers.py): an idle browser's links go with its conversations and traces.
+    def stored_bytes(self, *owners: str) -> int:
+        if not owners:
+            return 0
+        marks = ", ".join("?" * len(owners))
+        with self.db.connect() as db:
+            return int(db.execute(f"SELECT COALESCE(SUM(LENGTH(state)), 0) FROM present_links WHERE owner IN ({marks})",
+                                  owners).fetchone()[0])
+
+    def forget_owner(self, owner: str) -> int:
+        """Revoke every link the owner made (a Loop-lab link outlives no trace: it follows the owner)."""
+        with self.db.transaction() as db:
+            return db.execute("DELETE FROM present_links WHERE owner = ?", (owner,)).rowcount
+
 
 class Changes:
     """Versions per key (a conversation, an owner's Loop lab), bumped when it changes in this process, so

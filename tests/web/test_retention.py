@@ -53,6 +53,7 @@ def a_browser_with_rows(app):
     run = client.post("/loops/run", data={"csrf_token": csrf_of(client, "/loops/"), "src": LETTERS, "dst": LETTERS,
                                           "start": "A", "steps": "2"})
     assert run.status_code == 303
+    assert client.post("/loops/present", data={"csrf_token": csrf_of(client, "/loops/")}).status_code == 303
     return client, owner_of(client)
 
 
@@ -64,12 +65,15 @@ def test_a_browser_idle_past_the_retention_loses_its_rows_and_no_one_else(app):
     _, active = a_browser_with_rows(app)
     sql(app, "UPDATE browsers SET seen_at = ? WHERE owner = ?", time.time() - 31 * DAY, idle)
     sql(app, "UPDATE browsers SET seen_at = ? WHERE owner = ?", time.time() - 29 * DAY, active)
+    [(follow,)] = sql(app, "SELECT token FROM present_links WHERE owner = ?", idle)
+    assert app.test_client().get(f"/follow/{follow}").status_code == 200
     glassbox(app).browsers.purged_at = 0.0
     assert app.test_client().get("/").status_code == 200  # any request runs the purge
-    for table in ("conversations", "traces", "browsers"):
+    for table in ("conversations", "traces", "browsers", "present_links"):
         assert sql(app, f"SELECT owner FROM {table} ORDER BY owner") == [(active,)]
     assert sql(app, "SELECT COUNT(*) FROM messages")[0][0] == 2
     assert app.test_client().get(f"/chat/shared/{token}").status_code == 404
+    assert app.test_client().get(f"/follow/{follow}").status_code == 404  # the Loop-lab link went with its owner
 
 
 def test_seen_is_written_once_a_day(app):
