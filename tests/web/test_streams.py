@@ -15,6 +15,7 @@ from tests.conftest import csrf_of, make_app, wait_for
 from tests.support.chat_models import tiny_chat_model
 from tests.support.loop_models import bundle
 from webapp.loops.web.traces import REPLAY_MAX_GAP_SECONDS, REPLAY_MAX_SECONDS, replay_frames, replay_schedule
+from webapp.web.counts import ClientStreams
 from webapp.web.state import glassbox
 from webapp.web.streams import open_streams
 
@@ -210,3 +211,19 @@ def test_a_live_stream_refused_for_its_address_says_the_room_is_full_and_how_man
         assert "event: done" in body and "room is full" not in body
     finally:
         glassbox(app).core.shutdown()
+
+
+def test_addresses_refused_once_and_never_back_are_forgotten():
+    """The count of waiting streams keeps no entry for an address that stopped asking: a crowd of
+    one-off addresses does not grow it without end."""
+    streams = ClientStreams()
+    wait = ClientStreams.WAITING_SECONDS
+    for n in range(100):
+        assert streams.waiting(f"10.0.0.{n}", "/loops/stream/x", now=1000.0) == 1
+    assert streams.waiting("10.0.1.1", "/a", now=1000.0 + wait / 2) == 1
+    assert streams.waiting_addresses() == 101
+    assert streams.waiting("10.0.1.1", "/b", now=1001.0 + wait) == 2  # its own /a is recent: still waiting
+    assert streams.waiting_addresses() == 1
+    streams.arrived("10.0.1.1", "/a")
+    streams.arrived("10.0.1.1", "/b")
+    assert streams.waiting_addresses() == 0

@@ -59,16 +59,31 @@ class ClientStreams:
         self._lock = threading.Lock()
         self._open: dict[str, int] = {}
         self._waiting: dict[str, dict[str, float]] = {}  # address -> {stream path: when last refused}
+        self._swept_at = 0.0
 
-    def waiting(self, client: str, key: str) -> int:
+    def waiting(self, client: str, key: str, now: float | None = None) -> int:
         """Notes that stream `key` of this address was refused for now -> how many of its streams wait."""
-        now = time.monotonic()
+        now = time.monotonic() if now is None else now
         with self._lock:
+            if now - self._swept_at > self.WAITING_SECONDS:  # addresses that never came back go too
+                self._swept_at = now
+                for address in list(self._waiting):
+                    self._drop_stale(address, now)
             seen = self._waiting.setdefault(client, {})
             seen[key] = now
-            for other in [k for k, at in seen.items() if now - at > self.WAITING_SECONDS]:
-                del seen[other]
+            self._drop_stale(client, now)
             return len(seen)
+
+    def _drop_stale(self, client: str, now: float) -> None:
+        seen = self._waiting[client]
+        for key in [k for k, at in seen.items() if now - at > self.WAITING_SECONDS]:
+            del seen[key]
+        if not seen:
+            del self._waiting[client]
+
+    def waiting_addresses(self) -> int:
+        with self._lock:
+            return len(self._waiting)
 
     def arrived(self, client: str, key: str) -> None:
         """Stream `key` got its slot: it waits no more."""
