@@ -275,7 +275,9 @@
     var item = form.closest("li.message");
     var on = item.classList.toggle("show-tokens");
     form.querySelector("input[name=view]").value = on ? "text" : "tokens";
-    form.querySelector("button").setAttribute("aria-pressed", on ? "true" : "false");
+    var button = form.querySelector("button");
+    button.classList.toggle("on", on);
+    button.textContent = on ? "Hide tokens" : "Show tokens";
   });
 
   function setupPlayers() { document.querySelectorAll(".player").forEach(setupPlayer); }

@@ -104,11 +104,3 @@
   document.addEventListener("DOMContentLoaded", function () { fold(); });
   document.addEventListener("htmx:load", function () { fold(); });
 })();
-
-// Issue 31, item 7: a streaming reply's token toggle says what it will do next (app.js flips its state).
-document.addEventListener("htmx:beforeRequest", function (event) {
-  var form = event.detail && event.detail.elt;
-  if (!form || !form.matches || !form.matches("form[data-live-tokens]")) return;
-  var button = form.querySelector("button");
-  button.textContent = button.getAttribute("aria-pressed") === "true" ? "Hide tokens" : "Show tokens";
-});

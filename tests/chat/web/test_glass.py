@@ -209,12 +209,12 @@ def test_a_reply_can_be_read_as_its_tokens_in_place_and_the_choice_is_kept(chat_
     client = chat_app.test_client()
     cid, mid, _ = reply(client, "Token view please", max_new_tokens="6", seed="2")
     page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
-    assert 'aria-pressed="false">Show tokens' in page and '<p class="text token-view">' not in page
+    assert '<button type="submit">Show tokens' in page and '<p class="text token-view">' not in page
     csrf = csrf_of(client, f"/chat/c/{cid}")
     fragment = client.post(f"/chat/c/{cid}/m/{mid}/view", data={"csrf_token": csrf, "view": "tokens"},
                            headers={"HX-Request": "true"}).get_data(as_text=True)
     assert fragment.lstrip().startswith(f'<li class="message assistant complete" id="message-{mid}"')
-    assert fragment.count('<a class="tok s') == 6 and 'aria-pressed="true"' in fragment
+    assert fragment.count('<a class="tok s') == 6 and 'class="on">Hide tokens' in fragment
     again = client.get(f"/chat/c/{cid}").get_data(as_text=True)  # kept with the reply
     assert again.count('<a class="tok s') == 6
     other = chat_app.test_client()
