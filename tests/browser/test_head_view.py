@@ -1,7 +1,7 @@
 """One head over a reply (query × key) in Debian's Chromium: reached from the Inside page's chosen head, with
 and without JavaScript, the few-shot examples summed and then every position shown, axe-core with no serious
-or critical violation in both themes, and no horizontal scroll of the page at 390 px (the matrix scrolls in
-its own region)."""
+or critical violation in both themes and in presentation mode (labels at least 14 px), and no horizontal
+scroll of the page at 390 px (the matrix scrolls in its own region)."""
 
 from __future__ import annotations
 
@@ -67,6 +67,16 @@ def test_one_head_over_the_reply_fits_a_phone_and_passes_axe_in_both_themes(brow
                     found[f"{scheme} {url}"] = violations
             screenshot(viewer, f"head-phone-{scheme}")
         assert not found, found
+
+        page.goto(head_url)  # presentation mode: labels readable from the back of a room
+        page.get_by_role("button", name="Large type").click()
+        page.wait_for_selector("html[data-present=on]")
+        no_horizontal_scroll(page)
+        assert not axe(page)
+        sizes = page.evaluate("() => [...document.querySelectorAll('table.qk :is(th, th *)')]"
+                              ".map(e => parseFloat(getComputedStyle(e).fontSize))")
+        assert min(sizes) >= 14, sizes
+        screenshot(page, "head-desktop-present")
     finally:
         for context in contexts:
             context.close()
