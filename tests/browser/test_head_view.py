@@ -58,7 +58,7 @@ def test_one_head_over_the_reply_fits_a_phone_and_passes_axe_in_both_themes(brow
 
         found = {}
         for scheme in ("light", "dark"):
-            for url in (head_url, head_url + "?keys=all"):
+            for url in (head_url, head_url + "?keys=all", head_url + "?rows=user"):
                 viewer = open_page("phone", scheme, cookies=cookies)
                 viewer.goto(url)
                 no_horizontal_scroll(viewer)

@@ -1,8 +1,9 @@
 """One head over a whole reply, on the shared core: Inside's checks and context (the same ids the model had,
-the same 404s and 409s), the query rows (the reply's positions up to the one that produced the token, the
-last MAX_ROWS of them), the prompt's regions (its start, few-shot examples, earlier turns, the user's
-message, the reply) as positions of that context, a job per request on the writer's "head" kind, and
-finished reports kept, a bounded number, under their request, never under a message id."""
+the same 404s and 409s), the query rows (the reply's positions up to the one that produced the token, or
+from the user's message on; the last MAX_ROWS of them), the prompt's regions (its start, few-shot examples,
+earlier turns, the user's message, the reply) as positions of that context, a job per request on the
+writer's "head" kind, and finished reports kept, a bounded number, under their request, never under a
+message id."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from webapp.core.jobs import Job
 from webapp.core.kept import KeptResults
 
 MAX_ROWS = 64  # query rows worked out and shown: the cost and the page grow with them
+ROWS = ("reply", "user")  # where the query rows may start: the reply's start marker, the user's message
 
 
 @dataclass(frozen=True)
@@ -47,17 +49,21 @@ class HeadService:
         return int(config.n_layer), int(config.n_head)
 
     def request_for(self, model: str, message: dict, details: ReplyDetails, index: int, layer: int,
-                    head: int) -> HeadRequest:
-        """Block `layer` (1-based), head `head` over token `index`'s context. Raises ChatError: 404 (no such
-        token or head), 409 (not finished)."""
+                    head: int, rows: str = "reply") -> HeadRequest:
+        """Block `layer` (1-based), head `head` over token `index`'s context, its query rows from the reply's
+        start (`rows` "reply") or from the user's message ("user"), the last MAX_ROWS. Raises ChatError:
+        404 (no such token or head), 409 (not finished)."""
         n_layer, n_head = self.heads(model)
         if not (1 <= layer <= n_layer and 0 <= head < n_head):
             raise ChatError(f"No head {layer}.{head}: this model has blocks 1 to {n_layer} and heads 0 to "
                             f"{n_head - 1} in each.", 404)
         inside = self.inside.request_for(message, details, index)  # the 404s and 409s, as Inside's
         p = len(inside.context_ids) - 1
-        reply_start = p - index  # the position of the reply's start marker (it produced token 0)
-        first = max(reply_start, p - MAX_ROWS + 1, 0)
+        first = p - index  # the position of the reply's start marker (it produced token 0)
+        if rows == "user":
+            user = [r for r in regions(details.prompt, index, p + 1) if r.kind == "user"]
+            first = user[0].start if user else first
+        first = max(first, p - MAX_ROWS + 1, 0)
         return HeadRequest(inside.context_ids, index, layer, head, first)
 
     def report(self, model: str, request: HeadRequest) -> HeadReport | None:

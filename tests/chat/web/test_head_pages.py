@@ -113,6 +113,29 @@ def test_a_prompt_whose_parts_cannot_be_read_is_one_region():
     assert regions({"ids": [0] * 10, "parts": [{"kind": "bos"}]}, 0, 10) == [Region("prompt", 0, 10)]
 
 
+def test_rows_may_start_at_the_users_message(chat_app):
+    client = chat_app.test_client()
+    cid, mid, _ = reply(client, "Why so?", max_new_tokens="5", temperature="0")
+    details = details_of(chat_app, mid)
+    prompt = details.prompt["ids"]
+    user = next(p for p in details.prompt["parts"] if p["kind"] == "turn")
+    url = f"/chat/c/{cid}/m/{mid}/inside/4/head/2.0"
+    data = client.get(f"{url}.json?rows=user").get_json()
+    context = prompt + [row[0] for row in details.odds[:4]]
+    assert data["queries"] == list(range(user["start"], len(context)))
+    model = glassbox(chat_app).core.models["chat"].model
+    want = reference(model, context)[1][0, user["start"]:]
+    torch.testing.assert_close(torch.tensor(data["weights"]), want, atol=1e-5, rtol=1e-4)
+    page = client.get(url).get_data(as_text=True)
+    assert f'href="{url}?rows=user#matrix">the user\'s message</a>' in page
+    rows = client.get(f"{url}?rows=user").get_data(as_text=True)
+    assert re.search(r'<th scope="rowgroup" rowspan="9" class="qk-region user">the user&#39;s message</th>', rows)
+    assert re.search(r'<th scope="rowgroup" rowspan="5" class="qk-region reply">the reply</th>', rows)
+    assert rows.count('<th scope="row">') == 14 and f'href="{url}?keys=all&amp;rows=user#matrix"' in rows
+    bad = client.get(f"{url}.json?rows=everything")
+    assert bad.status_code == 400 and "rows must be one of reply, user" in bad.get_json()["error"]
+
+
 def test_a_long_reply_shows_its_last_rows_only(chat_app):
     client = chat_app.test_client()
     cid, mid, _ = reply(client, "Go on", max_new_tokens=str(MAX_ROWS + 6), temperature="0")

@@ -2,7 +2,7 @@
 tokens and the prompt's regions, as a page reached from the Inside page's chosen head (no JavaScript
 needed: the request waits for its job, as Inside's does) and as JSON (docs/api.md). The owner's, and
 read-only through a share link; Inside's 404s and 409s for the same message, 400 for a head that is not
-"block.head", 404 for a head the model does not have."""
+"block.head" (or rows that are not "reply" or "user"), 404 for a head the model does not have."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def head_service() -> HeadService:
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/inside/<int:index>/head/<name>")
 def head(conversation_id: str, message_id: int, index: int, name: str):
-    """Block L, head H (`name` "L.H") over the reply up to token `index`; ?keys=all: every key position."""
+    """Block L, head H (`name` "L.H") over the reply up to token `index`; ?keys=all: every key position;
+    ?rows=user: query rows from the user's message on (the reply's start marker by default)."""
     conversation = owned_conversation(conversation_id)
     return head_page(conversation, owned_message(conversation_id, message_id), index, name)
 
@@ -80,9 +81,10 @@ def head_page(conversation: dict, message: dict, index: int, name: str, shared: 
     n_layer, n_head = head_service().heads(runnable_writer(message))
     text = token_text(tokenizer, odds[index][0])[0]
     layer, number = report.request.layer, report.request.head
+    rows = head_view.parse_rows(request.args.get("rows"))  # resolve() checked it
     page = render_template(
         "chat/head.html", problem=None, report=report, matrix=head_view.matrix(tokenizer, report, found, expand),
-        expand=expand, layer=layer, head=number, token_text=text, token_name=whitespace_name(text),
+        expand=expand, rows=rows, layer=layer, head=number, token_text=text, token_name=whitespace_name(text),
         positions=len(report.request.context_ids), max_rows=MAX_ROWS,
         previous=neighbour(layer, number, -1, n_layer, n_head), following=neighbour(layer, number, 1, n_layer, n_head),
         **common)
@@ -97,15 +99,17 @@ def neighbour(layer: int, head: int, step: int, n_layer: int, n_head: int) -> st
 
 
 def resolve(message: dict, index: int, name: str) -> tuple[HeadReport, list[Region]]:
-    """The report for head `name` over token `index`'s context, kept or worked out now by a job this request
-    waits for, and the context's regions. Raises BadHead (400), InsideError: 404 (no such token or head),
-    409 (cannot run here, not finished), 429/503 (refused, still running), 500 (the job failed)."""
+    """The report for head `name` over token `index`'s context (rows as ?rows= says), kept or worked out now
+    by a job this request waits for, and the context's regions. Raises BadHead (400), InsideError: 404 (no
+    such token or head), 409 (cannot run here, not finished), 429/503 (refused, still running), 500 (the job
+    failed)."""
     layer, number = head_view.parse_head(name)
+    rows = head_view.parse_rows(request.args.get("rows"))
     heads = head_service()
     model = runnable_writer(message)
     details = service().details(message["id"])
     try:
-        wanted = heads.request_for(model, message, details, index, layer, number)
+        wanted = heads.request_for(model, message, details, index, layer, number, rows)
     except ChatError as error:
         raise InsideError(str(error), error.status) from None
     found = regions(details.prompt, index, len(wanted.context_ids))

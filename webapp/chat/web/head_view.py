@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from webapp.chat.decode.head import HeadReport
-from webapp.chat.heads import MAX_ROWS, Region
+from webapp.chat.heads import MAX_ROWS, ROWS, Region
 from webapp.chat.web.inside_view import attention_shade
 from webapp.chat.web.token_views import Named, token_text
 
@@ -19,7 +19,16 @@ SPOKEN = 0.01  # a cell with at least this weight carries its percentage as text
 
 
 class BadHead(ValueError):
-    """?head= or /head/<L.H> that is not "block.head" in numbers."""
+    """/head/<L.H> that is not "block.head" in numbers, or ?rows= that is not one of ROWS."""
+
+
+def parse_rows(value: str | None) -> str:
+    """?rows= -> where the query rows start ("reply" when absent). Raises BadHead."""
+    if value is None:
+        return "reply"
+    if value not in ROWS:
+        raise BadHead(f"rows must be one of {', '.join(ROWS)} (where the query rows start), not {value!r}.")
+    return value
 
 
 def parse_head(value: str) -> tuple[int, int]:
