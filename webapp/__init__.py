@@ -20,6 +20,7 @@ from webapp.browsers import Browsers
 from webapp.chat import ablation as chat_ablation
 from webapp.chat import boot as chat_boot
 from webapp.chat.decode.patching import PatchingJobs
+from webapp.chat.heads import HeadService
 from webapp.chat.patching import PatchingService
 from webapp.chat.registry import ChatModels
 from webapp.chat.web import bp as chat_bp
@@ -94,6 +95,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     inside = chat_boot.inside_service(core, chat_models, settings)
     ablation = chat_ablation.AblationService(core, chat)
     attribution = chat_boot.attribution_service(core, inside, settings)
+    heads = HeadService(core, inside, settings.inside_cache_entries)
     patching = PatchingService(core, inside, settings.inside_cache_entries, settings.patching_max_cells)
     loops = loops_boot.service(core, db)
     sweeps = loops_boot.sweeps(loops, settings)
@@ -102,7 +104,8 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
                                           new_sessions=NewSessions(settings.max_new_sessions_per_minute),
                                           api_keys=api_keys,
                                           heavy_reads=HeavyReads(settings.heavy_read_bytes_per_second),
-                                          services=(chat, inside, attribution, patching, loops, sweeps, ablation),
+                                          services=(chat, inside, attribution, heads, patching, loops, sweeps,
+                                                    ablation),
                                           stores=(chat.store, loops.store, PresentLinks(db)))
 
     # the API blueprints (/v1, /api/loops) put the API-key check in front of their own routes
@@ -149,6 +152,8 @@ def _start_core(settings: Settings, models: dict[str, Any] | None) -> tuple[Infe
         executors[chat.job_kind("ablate", name)] = chat_ablation.executor(loaded)
         # "Who pushed this token": whole jobs on that model (webapp/chat/decode/attribution.py)
         executors[chat.attribution_kind(name)] = chat_boot.attribution_executor(loaded)
+        # one head over a whole reply, query × key (webapp/chat/decode/head.py)
+        executors[chat.job_kind("head", name)] = chat_boot.head_executor(loaded)
         # "Patch from another question" (webapp/chat/decode/patching.py)
         executors[chat.job_kind("patching", name)] = PatchingJobs(loaded)
         warmups[kind] = _warm_up(chat_boot)

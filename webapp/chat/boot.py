@@ -11,6 +11,7 @@ from webapp.chat.decode.alone import ChatAlone
 from webapp.chat.decode.attribution import AttributionJobs
 from webapp.chat.decode.batched import ChatBatch
 from webapp.chat.decode.generate import generate
+from webapp.chat.decode.head import HeadJobs
 from webapp.chat.decode.inside import InsideJobs
 from webapp.chat.decode.prefill import pin_prompt_head
 from webapp.chat.decode.prefix_cache import PrefixCache
@@ -143,6 +144,12 @@ def attribution_executor(loaded) -> AttributionJobs:
     """The core's executor for "Who pushed this token" jobs: whole jobs on the local chat model, reading
     the replies' kept caches as Inside does."""
     return AttributionJobs(loaded, prefix_cache(loaded) if loaded.supports_kv_cache else None)
+
+
+def head_executor(loaded) -> HeadJobs:
+    """The core's executor for one head over a reply (query × key): whole jobs on the local chat model,
+    reading the replies' kept caches as Inside does."""
+    return HeadJobs(loaded, prefix_cache(loaded) if loaded.supports_kv_cache else None)
 
 
 def attribution_service(core: InferenceCore, inside: InsideService, settings) -> AttributionService:

@@ -102,6 +102,10 @@ def test_a_conversation_keeps_its_model_and_a_restart_without_it_answers_409_nam
         assert split["logit"] == pytest.approx(want["logit"], rel=1e-4, abs=1e-4)
         finished = glassbox(app).core.job_metrics.finished  # counted just after the job's end is announced
         assert wait_for(lambda: finished.get(("attribution:second", "done")) == 1)
+        # one head over the reply: the second model's weights, on its own kind of job
+        head = client.get(f"/chat/c/{cid}/m/{reply['id']}/inside/0/head/1.0.json").get_json()
+        assert head["weights"][-1] == pytest.approx(inside.json["attention"]["weights"][0][0], abs=1e-6)
+        assert wait_for(lambda: finished.get(("head:second", "done")) == 1)
         # the next turn of that conversation is the second model's too
         followed = send(client, "And again", conversation_id=cid, max_new_tokens="4", temperature="0")
         finish(client, followed.get_data(as_text=True))

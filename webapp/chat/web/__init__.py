@@ -1,14 +1,15 @@
 """Chat on the web: the blueprint (blueprint.py) and its routes — conversations.py (pages, sending,
 streams), glass.py (tokens, odds, branches, prompt), inside_pages.py (inside a token: logit lens, attention),
-share.py (read-only links), ablate_views.py (switching parts off), attribution_pages.py (who pushed a token:
-direct logit attribution), patching_pages.py (patch from another question), present.py (follow
-links and replays at a pace)."""
+head_pages.py (one head over a reply, query × key), share.py (read-only links), ablate_views.py (switching
+parts off), attribution_pages.py (who pushed a token: direct logit attribution), patching_pages.py (patch
+from another question), present.py (follow links and replays at a pace)."""
 
 from webapp.chat.web import (  # noqa: F401  (each registers its routes on bp)
     ablate_views,
     attribution_pages,
     conversations,
     glass,
+    head_pages,
     inside_pages,
     patching_pages,
     present,
