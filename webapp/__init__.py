@@ -19,7 +19,9 @@ from webapp import instance
 from webapp.browsers import Browsers
 from webapp.chat import ablation as chat_ablation
 from webapp.chat import boot as chat_boot
+from webapp.chat.decode.lens import LensJobs
 from webapp.chat.decode.patching import PatchingJobs
+from webapp.chat.lens import LensService
 from webapp.chat.patching import PatchingService
 from webapp.chat.registry import ChatModels
 from webapp.chat.web import bp as chat_bp
@@ -94,6 +96,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     ablation = chat_ablation.AblationService(core, chat)
     attribution = chat_boot.attribution_service(core, inside, settings)
     patching = PatchingService(core, inside, settings.inside_cache_entries, settings.patching_max_cells)
+    lens = LensService(core, inside, settings.inside_cache_entries)
     loops = loops_boot.service(core, db)
     sweeps = loops_boot.sweeps(loops, settings)
     # The one application state (webapp/web/state.py), read through glassbox()
@@ -101,7 +104,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
                                           new_sessions=NewSessions(settings.max_new_sessions_per_minute),
                                           api_keys=api_keys,
                                           heavy_reads=HeavyReads(settings.heavy_read_bytes_per_second),
-                                          services=(chat, inside, attribution, patching, loops, sweeps, ablation),
+                                          services=(chat, inside, attribution, patching, lens, loops, sweeps, ablation),
                                           stores=(chat.store, loops.store))
 
     # the API blueprints (/v1, /api/loops) put the API-key check in front of their own routes
@@ -150,6 +153,8 @@ def _start_core(settings: Settings, models: dict[str, Any] | None) -> tuple[Infe
         executors[chat.attribution_kind(name)] = chat_boot.attribution_executor(loaded)
         # "Patch from another question" (webapp/chat/decode/patching.py)
         executors[chat.job_kind("patching", name)] = PatchingJobs(loaded)
+        # the logit lens over a whole reply (webapp/chat/decode/lens.py)
+        executors[chat.job_kind("lens", name)] = LensJobs(loaded)
         warmups[kind] = _warm_up(chat_boot)
     if "loops" in models:
         core_models["loops"] = models["loops"]

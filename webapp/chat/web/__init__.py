@@ -1,8 +1,8 @@
 """Chat on the web: the blueprint (blueprint.py) and its routes — conversations.py (pages, sending,
 streams), glass.py (tokens, odds, branches, prompt), inside_pages.py (inside a token: logit lens, attention),
 share.py (read-only links), ablate_views.py (switching parts off), attribution_pages.py (who pushed a token:
-direct logit attribution), patching_pages.py (patch from another question), present.py (follow
-links and replays at a pace)."""
+direct logit attribution), patching_pages.py (patch from another question), lens_pages.py (the logit
+lens over a whole reply), present.py (follow links and replays at a pace)."""
 
 from webapp.chat.web import (  # noqa: F401  (each registers its routes on bp)
     ablate_views,
@@ -10,6 +10,7 @@ from webapp.chat.web import (  # noqa: F401  (each registers its routes on bp)
     conversations,
     glass,
     inside_pages,
+    lens_pages,
     patching_pages,
     present,
     share,
