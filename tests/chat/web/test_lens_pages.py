@@ -211,3 +211,45 @@ def test_a_long_reply_shows_its_first_columns_and_says_so(chat_app, monkeypatch)
     assert all(len(row["top"]) == 4 for row in data["rows"])
     page = client.get(f"/chat/c/{cid}/m/{mid}/lens").get_data(as_text=True)
     assert "Showing the first 4 of 7 tokens" in page
+
+
+def test_a_reply_still_being_written_and_a_damaged_record_of_what_was_switched_off_answer_409(tmp_path, chat_app):
+    from tests.conftest import make_app
+    from tests.support.chat_models import tiny_chat_model
+    slow = make_app(tmp_path / "slow", {"chat": tiny_chat_model(tmp_path / "slow" / "chat", seconds_per_step=0.05)})
+    try:
+        client = slow.test_client()
+        sent = send(client, "Hello", max_new_tokens="200")
+        mid = int(re.search(r"/m/(\d+)/stream", stream_url(sent.get_data(as_text=True))).group(1))
+        cid = re.search(r'name="conversation_id" value="([0-9a-f]+)"', sent.get_data(as_text=True)).group(1)
+        answer = client.get(f"/chat/c/{cid}/m/{mid}/lens.json")
+        assert answer.status_code == 409 and "still being written" in answer.get_json()["error"]
+        page = client.get(f"/chat/c/{cid}/m/{mid}/lens")
+        assert page.status_code == 409 and "still being written" in page.get_data(as_text=True)
+    finally:
+        glassbox(slow).core.shutdown()
+
+    client = chat_app.test_client()
+    cid, mid = greedy_reply(client, "Hello", 3)
+    with test_ablation.store(chat_app).db.transaction() as db:
+        db.execute("UPDATE messages SET intervention = ? WHERE id = ?", ('{"heads": ["9.9"], "mode": "zero"}', mid))
+    answer = client.get(f"/chat/c/{cid}/m/{mid}/lens.json")
+    assert answer.status_code == 409 and "switched off cannot be read" in answer.get_json()["error"]
+
+
+def test_lens_jobs_count_against_the_browsers_job_limit(tmp_path):
+    from tests.conftest import make_app
+    from tests.support.chat_models import tiny_chat_model
+    app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat", seconds_per_step=0.05)},
+                   max_jobs_per_owner=1)
+    try:
+        client = app.test_client()
+        sent = send(client, "Hello", max_new_tokens="2")
+        url = stream_url(sent.get_data(as_text=True))
+        assert sse_events(client.get(url).get_data(as_text=True))[-1][0] == "done"
+        cid, mid = url.split("/")[3], int(re.search(r"/m/(\d+)/stream", url).group(1))
+        send(client, "And?", conversation_id=cid, max_new_tokens="200")  # running: the browser's one job
+        answer = client.get(f"/chat/c/{cid}/m/{mid}/lens.json")
+        assert answer.status_code == 429 and "error" in answer.get_json()
+    finally:
+        glassbox(app).core.shutdown()
