@@ -154,7 +154,8 @@ def _start_core(settings: Settings, models: dict[str, Any] | None) -> tuple[Infe
         # "Patch from another question" (webapp/chat/decode/patching.py)
         executors[chat.job_kind("patching", name)] = PatchingJobs(loaded)
         # the logit lens over a whole reply (webapp/chat/decode/lens.py)
-        executors[chat.job_kind("lens", name)] = LensJobs(loaded)
+        executors[chat.job_kind("lens", name)] = LensJobs(
+            loaded, chat_boot.prefix_cache(loaded) if loaded.supports_kv_cache else None)
         warmups[kind] = _warm_up(chat_boot)
     if "loops" in models:
         core_models["loops"] = models["loops"]

@@ -40,3 +40,16 @@ def test_the_output_layer_in_chunks_gives_what_it_gives_at_once():
     mine = probs.gather(-1, written.view(1, 10, 1).expand(4, 10, 1))
     torch.testing.assert_close(whole.written_p, mine[..., 0])
     assert torch.equal(whole.written_rank, (probs > mine).sum(-1) + 1)
+
+
+def test_a_kept_kv_caches_first_positions_give_the_same_residuals_as_running_everything():
+    from webapp.chat.model.gpt import Chunk
+    model = small_gpt()
+    ids = torch.randint(0, 300, (1, 24), generator=torch.Generator().manual_seed(4))
+    cache = model.new_cache()
+    with torch.inference_mode():
+        model.prefill([Chunk(ids[0, :20].tolist(), cache, 0, logits=False)])
+    for start in (5, 14):
+        past = [(k[:, :, :start], v[:, :, :start]) for k, v in zip(cache.k, cache.v)]
+        reused = reply_residuals(model, ids[:, start:], 14, start=start, past=past)  # (L, 10, C)
+        torch.testing.assert_close(reused, reply_residuals(model, ids, 14), rtol=1e-5, atol=1e-5)

@@ -96,6 +96,15 @@ def test_every_cell_is_nanogpts_math_and_the_last_row_is_the_replys_own_odds(cha
     assert [w["p"] for w in last] == pytest.approx([row[1] for row in odds], rel=1e-3)
     assert [w["rank"] for w in last] == [row[3] for row in odds]
     assert [c["odds"] for c in data["columns"]] == [{"p": row[1], "rank": row[3]} for row in odds]
+    # the finished reply's KV cache was kept: the prompt's keys and values came from it, as Inside's do
+    from webapp.chat.lens import LensService
+    service_ = glassbox(chat_app).service(LensService)
+    (report,) = [service_.report("glassbox", request) for (_, request) in list(service_.kept._kept)]
+    assert report is not None and report.reused_positions == len(prompt) - 1
+    service_.kept.clear()
+    glassbox(chat_app).core.models["chat"].prefix_cache.clear()  # cold: the whole context runs
+    cold = client.get(f"/chat/c/{cid}/m/{mid}/lens.json").get_json()
+    assert_cells_are_the_references(cold, probs, len(prompt) - 1, reply)
 
 
 def test_an_ablated_version_is_read_with_the_same_parts_off_and_its_last_row_is_its_own_odds(chat_app):

@@ -2,7 +2,8 @@
 read out through the final layer norm and the output layer.
 
 One forward of the prompt and the reply, through the model's own modules in nanoGPT's order (as
-webapp/chat/model/inside.py, nothing hooked), keeping the residual stream at the reply's positions:
+webapp/chat/model/inside.py, nothing hooked), keeping the residual stream at the reply's positions (the
+prompt's first positions may come as a kept KV cache's keys and values instead, as Inside's do):
 
     x_0 = wte(ids) + wpe(positions)                                    after the embeddings
     for each block l = 1..n_layer:
@@ -27,6 +28,7 @@ import torch
 from torch.nn import functional as F
 
 from webapp.chat.model.edits import Edit, edit_heads, edit_mlp
+from webapp.chat.model.inside import KeysValues
 
 LOGIT_FLOATS = 2**23  # logits worked out at once (32 MiB of float32): rows of the output layer per chunk
 
@@ -44,26 +46,38 @@ class LensGrid:
 
 @torch.inference_mode()
 def reply_residuals(model: Any, ids: torch.Tensor, first: int, between: Callable[[], None] | None = None,
-                    edit: Edit | None = None) -> torch.Tensor:
-    """Run ids (1, T) at positions 0..T-1 -> the residual stream at positions first..T-1 after the embeddings
-    and after each block, (L, T - first, C). between: called after each block; edit: heads' and MLPs'
-    outputs replaced as in every forward of the model (webapp/chat/model/edits.py)."""
+                    edit: Edit | None = None, start: int = 0, past: KeysValues | None = None) -> torch.Tensor:
+    """Run ids (1, T) at positions start..start+T-1 -> the residual stream at positions first.. after the
+    embeddings and after each block, (L, start + T - first, C). between: called after each block; edit:
+    heads' and MLPs' outputs replaced as in every forward of the model (webapp/chat/model/edits.py); past:
+    the keys and values of positions 0..start-1 per layer (read, never written), e.g. a reply's kept KV cache
+    (a run with the same edit); without it start must be 0. first >= start."""
+    if (start > 0) != (past is not None) or first < start:
+        raise ValueError("positions before `start` need their keys and values (past), and only they; first >= start")
     config = model.config
     C, nh = config.n_embd, config.n_head
     hs, T = C // nh, ids.size(1)
     kv_dtype = getattr(model, "kv_dtype", None)  # the reply's KV cache kept keys and values in this dtype
     transformer = model.transformer
-    x = transformer.wte(ids) + transformer.wpe(torch.arange(T, dtype=torch.long, device=ids.device))  # (1, T, C)
-    kept = [x[0, first:]]
+    positions = torch.arange(start, start + T, dtype=torch.long, device=ids.device)  # (T,)
+    x = transformer.wte(ids) + transformer.wpe(positions)  # (1, T, C)
+    # row i (position start + i) sees keys 0..start + i
+    mask = None if past is None else torch.ones(T, start + T, dtype=torch.bool, device=ids.device).tril(start)
+    kept = [x[0, first - start:]]
     for layer, block in enumerate(transformer.h):
         q, k, v = block.attn.c_attn(block.ln_1(x)).split(C, dim=2)
         q, k, v = (t.view(1, T, nh, hs).transpose(1, 2) for t in (q, k, v))  # (1, nh, T, hs)
         if kv_dtype is not None:  # what the cache would have held
             k, v = k.to(kv_dtype).to(q.dtype), v.to(kv_dtype).to(q.dtype)
-        y = edit_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True), layer, edit)  # (1, nh, T, hs)
+        if past is not None:
+            past_k, past_v = past[layer]
+            k = torch.cat([past_k[:, :, :start].to(q.dtype), k], dim=2)  # (1, nh, start + T, hs)
+            v = torch.cat([past_v[:, :, :start].to(q.dtype), v], dim=2)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)  # (1, nh, T, hs)
+        y = edit_heads(y, layer, edit, start)
         x = x + block.attn.c_proj(y.transpose(1, 2).contiguous().view(1, T, C))
-        x = x + edit_mlp(block.mlp(block.ln_2(x)), layer, edit)
-        kept.append(x[0, first:])
+        x = x + edit_mlp(block.mlp(block.ln_2(x)), layer, edit, start)
+        kept.append(x[0, first - start:])
         if between is not None:
             between()
     return torch.stack(kept)
