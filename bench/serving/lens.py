@@ -7,6 +7,8 @@ a prompt of about 544 tokens and a reply of 256 (the most the grid shows).
 
 Per model, through a share link (no cookie needed):
 - the JSON, cold: the job runs (one forward over prompt and reply, the output layer in chunks), then JSON;
+- the JSON with the reply's KV cache kept (as right after it finished): the prompt's keys and values are
+  read from it, only the reply's positions run;
 - the JSON again: the report and its bytes kept;
 - the page: the report kept, the grid's rows rendered (once per report), then again with them kept;
 and the job's own work on the calling thread (webapp/chat/decode/lens.lens_report), so what the app adds
@@ -23,7 +25,7 @@ import torch
 
 from bench import common
 from bench.decode.prefix import long_message
-from bench.serving.attribution import load
+from bench.serving.attribution import keep_cache, load
 from bench.serving.inside import timed_get
 
 
@@ -75,10 +77,14 @@ def measure(name: str, args) -> list:
             url = f"/chat/shared/{token}/m/{mid}/lens"
             client = app.test_client()
             service = glassbox(app).service(LensService)
-            cold, again, page, page_again, bare = [], [], [], [], []
+            cold, kept, again, page, page_again, bare = [], [], [], [], [], []
             for _ in range(args.reps):
                 service.kept.clear()
+                loaded.prefix_cache.clear()  # nothing kept from the warm-up's pinned head either
                 cold.append(timed_get(client, f"{url}.json"))
+                service.kept.clear()  # as right after the reply finished: its KV cache kept
+                keep_cache(loaded, prompt + reply)
+                kept.append(timed_get(client, f"{url}.json"))
                 again.append(timed_get(client, f"{url}.json"))
                 page.append(timed_get(client, url))
                 page_again.append(timed_get(client, url))
@@ -95,7 +101,9 @@ def measure(name: str, args) -> list:
     reps = f"{args.reps} reps"
     spread = f"{reps}, range {min(cold):.3g}–{max(cold):.3g}"
     return [[label, "JSON, cold (the job runs)", context, common.median(cold), spread],
-            [label, "the job alone (calling thread)", context, common.median(bare), reps],
+            [label, f"JSON, the reply's KV cache kept ({len(prompt) - 1} positions reused)", context,
+             common.median(kept), reps],
+            [label, "the job alone, cold (calling thread)", context, common.median(bare), reps],
             [label, "JSON again (kept)", context, common.median(again), f"{reps}; {json_bytes:,} bytes"],
             [label, "page (report kept, rows rendered)", context, common.median(page), f"{reps}; {page_bytes:,} bytes"],
             [label, "page again (rows kept)", context, common.median(page_again), reps]]
