@@ -19,8 +19,10 @@ from webapp import instance
 from webapp.browsers import Browsers
 from webapp.chat import ablation as chat_ablation
 from webapp.chat import boot as chat_boot
+from webapp.chat.decode.lens import LensJobs
 from webapp.chat.decode.patching import PatchingJobs
 from webapp.chat.heads import HeadService
+from webapp.chat.lens import LensService
 from webapp.chat.patching import PatchingService
 from webapp.chat.registry import ChatModels
 from webapp.chat.web import bp as chat_bp
@@ -97,6 +99,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     attribution = chat_boot.attribution_service(core, inside, settings)
     heads = HeadService(core, inside, settings.inside_cache_entries)
     patching = PatchingService(core, inside, settings.inside_cache_entries, settings.patching_max_cells)
+    lens = LensService(core, inside, settings.inside_cache_entries)
     loops = loops_boot.service(core, db)
     sweeps = loops_boot.sweeps(loops, settings)
     # The one application state (webapp/web/state.py), read through glassbox()
@@ -104,7 +107,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
                                           new_sessions=NewSessions(settings.max_new_sessions_per_minute),
                                           api_keys=api_keys,
                                           heavy_reads=HeavyReads(settings.heavy_read_bytes_per_second),
-                                          services=(chat, inside, attribution, heads, patching, loops, sweeps,
+                                          services=(chat, inside, attribution, heads, patching, lens, loops, sweeps,
                                                     ablation),
                                           stores=(chat.store, loops.store, PresentLinks(db)))
 
@@ -156,6 +159,9 @@ def _start_core(settings: Settings, models: dict[str, Any] | None) -> tuple[Infe
         executors[chat.job_kind("head", name)] = chat_boot.head_executor(loaded)
         # "Patch from another question" (webapp/chat/decode/patching.py)
         executors[chat.job_kind("patching", name)] = PatchingJobs(loaded)
+        # the logit lens over a whole reply (webapp/chat/decode/lens.py)
+        executors[chat.job_kind("lens", name)] = LensJobs(
+            loaded, chat_boot.prefix_cache(loaded) if loaded.supports_kv_cache else None)
         warmups[kind] = _warm_up(chat_boot)
     if "loops" in models:
         core_models["loops"] = models["loops"]

@@ -166,7 +166,7 @@ class ChatModels:
 
     def job_kind(self, work: str, name: str) -> str:
         """The core's job kind for one kind of work on this model ("chat", "inside", "attribution", "ablate",
-        "patching", "head"): the default model keeps the plain name, another adds its own ("inside:second")."""
+        "patching", "head", "lens"): the default model keeps the plain name, another adds its own ("inside:second")."""
         return work if name == self.default else f"{work}:{name}"
 
     def kind(self, name: str) -> str:

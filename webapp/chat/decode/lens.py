@@ -1,0 +1,97 @@
+"""The logit lens over a whole reply, on the core's worker (webapp/chat/model/lens.py does the torch work).
+
+A lens job is a whole job (`LensJobs`), run between two batched steps like an Inside job, letting running
+replies step between its blocks and between its chunks of the output layer (core.interleave). It reads the
+model and, when one is kept, a finished reply's KV cache (its prompt's keys and values, copied when more
+than a few positions are left to run, as Inside's are), and writes neither. A reply written with parts
+switched off is read with the same parts off: the same Edit its run had (zeros, or the means over its
+exact prompt: webapp/chat/decode/ablation.py), so the last layer is the reply's own odds; its keys and
+values were never kept, so none are read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from webapp.chat.decode.ablation import AblationRequest, ablation_result
+from webapp.chat.decode.inside import IN_PLACE_RUN, kept_prefix
+from webapp.chat.decode.prefix_cache import PrefixCache
+from webapp.chat.model.ablation import Parts
+from webapp.chat.model.lens import lens_grid, reply_residuals
+from webapp.chat.model.loading import LoadedChatModel
+from webapp.core.executors import WholeJobs, Worker, between_units
+from webapp.core.jobs import Job
+from webapp.core.threads import torch_threads
+
+
+@dataclass(frozen=True)
+class LensRequest:
+    """A reply's first tokens after its exact prompt, and what its run had switched off (None: nothing).
+    Column r is position len(prompt) - 1 + r, the one that produced reply token r."""
+
+    prompt_ids: tuple[int, ...]
+    reply_ids: tuple[int, ...]
+    parts: Parts | None = None
+
+
+@dataclass
+class LensReport:
+    """Plain lists, [layer][column]: layer 0 the embeddings, layer l after block l."""
+
+    request: LensRequest
+    top: list[list[int]]
+    top_p: list[list[float]]
+    written_p: list[list[float]]
+    written_rank: list[list[int]]
+    reused_positions: int = 0  # positions whose keys and values came from a kept KV cache
+
+
+@dataclass
+class LensResult:
+    report: LensReport | None = None
+
+
+def lens_report(loaded: LoadedChatModel, request: LensRequest, between: Callable[[], None] | None = None,
+                prefix: PrefixCache | None = None) -> LensReport:
+    """Run the model over the prompt and the reply (reusing a kept KV cache's first positions for a reply
+    written with nothing switched off) -> the report."""
+    model: Any = loaded.model  # nanoGPT's layout (checked before the job: InsideService.unavailable)
+    edit = None
+    if request.parts is not None:  # the reply's own Edit, as its run had it
+        edit = ablation_result(loaded, AblationRequest(request.prompt_ids, request.parts), between).edit
+    ids = list(request.prompt_ids) + list(request.reply_ids[:-1])  # the last token produced nothing shown
+    first = len(request.prompt_ids) - 1  # the position that produced the reply's first token
+    # an edited run's keys and values are its own: never kept, so never read (webapp/chat/decode/generate.py)
+    start, past, copied = kept_prefix(model, ids, prefix if edit is None else None)
+    if start > first:  # the residuals from `first` on are needed: run from there
+        start, past = first, [(k[:, :, :first], v[:, :, :first]) for k, v in past or []]
+        if not copied and len(ids) - start > IN_PLACE_RUN:  # long enough to let replies step: a copy
+            past, copied = [(k.clone(), v.clone()) for k, v in past], True
+    device = model.transformer.wte.weight.device
+    with torch.inference_mode():
+        run = torch.tensor([ids[start:]], dtype=torch.long, device=device)  # (1, T)
+        # reading a kept cache in place, nothing may step in between (a reply could take that cache)
+        residuals = reply_residuals(model, run, first, between if past is None or copied else None, edit,
+                                    start, past if start else None)  # (L, R, C)
+        written = torch.tensor(request.reply_ids, dtype=torch.long)
+        grid = lens_grid(model, residuals, written, between)  # the cache is no longer read
+    return LensReport(request, grid.top.tolist(), grid.top_p.tolist(), grid.written_p.tolist(),
+                      grid.written_rank.tolist(), start)
+
+
+class LensJobs(WholeJobs[LensRequest, LensResult]):
+    """The core's executor for whole-reply lens jobs: one at a time, between batched steps."""
+
+    def __init__(self, loaded: LoadedChatModel, prefix: PrefixCache | None = None) -> None:
+        self.loaded, self.prefix = loaded, prefix  # the chat replies' kept caches (built at boot), read only
+
+    def run(self, job: Job[LensRequest, LensResult], core: Worker) -> None:
+        job.raise_if_cancelled()
+
+        between = between_units(job, core)
+        with torch_threads(self.loaded.torch_threads):
+            job.result = LensResult(lens_report(self.loaded, job.request, between, self.prefix))

@@ -1,0 +1,92 @@
+"""The logit lens over a whole reply, on the shared core: the Inside service's checks (the model that wrote the
+reply, running here, in nanoGPT's layout), a request built from what the reply saved (its exact prompt, its
+tokens, what its run had switched off), a job per request on the writer's "lens" kind (or the one already
+queued or running), and finished reports kept, a bounded number, under their request."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from webapp.chat.decode.lens import LensReport, LensRequest, LensResult
+from webapp.chat.inside import InsideService
+from webapp.chat.model.ablation import Parts, parse_parts
+from webapp.chat.service import ChatError
+from webapp.chat.store import ReplyDetails, Status
+from webapp.core import InferenceCore
+from webapp.core.jobs import Job
+from webapp.core.kept import KeptResults, Key
+
+Built = TypeVar("Built")
+MAX_COLUMNS = 256  # reply tokens shown: (n_layer + 1) × 256 cells is already a large page
+
+
+class LensService:
+    """What the lens views call; knows the core and the Inside service, never the device."""
+
+    def __init__(self, core: InferenceCore, inside: InsideService, keep: int = 32) -> None:
+        self.core, self.inside, self.models = core, inside, inside.models
+        # GLASSBOX_INSIDE_CACHE_ENTRIES reports kept, as Inside's
+        self.kept: KeptResults[LensRequest, LensResult, LensReport] = KeptResults(
+            core, keep, lambda result: result.report, on_forget=self._forget_made)
+        self._made: dict[Key, dict[str, Any]] = {}  # what views made of a kept report
+        self._lock = threading.Lock()
+
+    def request_for(self, model: str, message: dict, details: ReplyDetails) -> LensRequest:
+        """The reply's exact prompt, its first tokens (at most MAX_COLUMNS, and only those whose context fit
+        the model's window in one piece) and what its run switched off. Raises ChatError (404, 409)."""
+        if message["role"] != "assistant":
+            raise ChatError("Only replies have tokens to look into.", 404)
+        if message["status"] == Status.PENDING:
+            raise ChatError("This reply is still being written; look inside it once it has finished.", 409)
+        odds, prompt = details.odds, details.prompt
+        if odds is None or prompt is None or details.damaged:
+            raise ChatError("This reply's tokens and prompt were not kept (or are damaged).", 404)
+        if not odds:
+            raise ChatError("This reply has no tokens to look into.", 404)
+        prompt_ids = tuple(prompt["ids"])
+        # past the window the generator went on from the last block_size ids (generate.Sequence._open_window):
+        # those tokens' positions are not the ones one forward over the prompt and the reply would give
+        fits = self.models.get(model).block_size - len(prompt_ids) + 1
+        if fits < 1:
+            raise ChatError("This reply's prompt fills the model's window.", 409)
+        reply = tuple(row[0] for row in odds[:min(MAX_COLUMNS, fits)])
+        return LensRequest(prompt_ids, reply, self.parts_of(model, message))
+
+    def parts_of(self, model: str, message: dict) -> Parts | None:
+        """What the reply's run switched off (its record, `messages.intervention`), None for nothing."""
+        record = message.get("intervention")
+        if not record:
+            return None
+        config: Any = self.models.get(model).model.config  # nanoGPT's layout: checked before (unavailable)
+        try:
+            return parse_parts(record.get("heads") or [], record.get("layers") or [], record.get("mlps") or [],
+                               record.get("mode"), config.n_layer, config.n_head)
+        except (ValueError, AttributeError):
+            raise ChatError("This version's record of what was switched off cannot be read.", 409) from None
+
+    def report(self, model: str, request: LensRequest) -> LensReport | None:
+        return self.kept.get(model, request)
+
+    def made_of(self, model: str, request: LensRequest, what: str, make: Callable[[], Built]) -> Built:
+        """What a view makes of a kept report (its JSON, the page's table), made once and kept with it."""
+        key = (model, request)
+        with self._lock:
+            found = self._made.get(key, {}).get(what)
+        if found is not None:
+            return found
+        made = make()
+        if key in self.kept:
+            with self._lock:
+                self._made.setdefault(key, {})[what] = made
+        return made
+
+    def start(self, owner: str, model: str, request: LensRequest) -> Job[LensRequest, LensResult]:
+        """The job working this request out on that model: the one already queued or running, else a new
+        one. Raises Refused (queue full, too many jobs for this browser or address)."""
+        return self.kept.start(self.models.job_kind("lens", model), owner, model, request, LensResult())
+
+    def _forget_made(self, key: Key) -> None:
+        with self._lock:
+            self._made.pop(key, None)
