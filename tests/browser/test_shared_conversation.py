@@ -68,6 +68,8 @@ def test_a_newcomer_reads_a_shared_conversation_its_tokens_prompt_inside_and_bot
     assert newcomer.locator(".shared-tokens .token-view a.tok").count() == 8
     assert newcomer.locator(".shared-tokens .legend").is_visible()
     assert newcomer.get_by_text("version 2 of 2").is_visible()
+    newcomer.locator(".model-card summary").click()  # what wrote the replies
+    assert newcomer.locator(".model-card dt", has_text="Parameters").is_visible()
     check(newcomer, conversation_id, f"page-{scheme}")
 
     newcomer.get_by_role("link", name="Tokens", exact=True).click()

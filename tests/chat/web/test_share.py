@@ -62,6 +62,7 @@ def test_the_shared_page_links_each_replys_tokens_and_compare_with_its_other_ver
     assert f'href="{link}/m/{second}/tokens">Tokens</a>' in page
     assert f'href="{link}/m/{second}/compare/{first}">Compare with version 1</a>' in page
     assert "version 2 of 2" in page and "branched at token 4" in page
+    assert f"Model: <strong>{store(chat_app).messages(cid)[-1]['model']}</strong>" in page  # the model card
     assert f"{link}/m/{second}/prompt" in page and f"{link}/m/{second}/inside/0" in page
     read_only(page, link, cid)
     owner.post(f"/chat/c/{cid}/m/{first}/show", data={"csrf_token": csrf_of(owner, f"/chat/c/{cid}")})
