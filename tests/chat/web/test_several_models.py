@@ -93,6 +93,9 @@ def test_a_conversation_keeps_its_model_and_a_restart_without_it_answers_409_nam
         assert reply["model_file"].startswith("model.safetensors@")
         page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
         assert 'class="model-name">second</span>' in page and "Model: <strong>second</strong>" in page
+        client.post(f"/chat/c/{cid}/share", data={"csrf_token": csrf_of(client, f"/chat/c/{cid}")})
+        link = re.search(r"/chat/shared/[\w-]+", client.get(f"/chat/c/{cid}").get_data(as_text=True)).group(0)
+        assert "Model: <strong>second</strong>" in app.test_client().get(link).get_data(as_text=True)  # shared too
         inside = client.get(f"/chat/c/{cid}/m/{reply['id']}/inside/0.json")
         assert inside.status_code == 200, inside.get_data(as_text=True)
         # who pushed its token: the second model's numbers, worked out on its own kind of job

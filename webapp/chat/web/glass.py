@@ -33,21 +33,29 @@ def reply_details(conversation_id: str, message_id: int) -> tuple[dict, ReplyDet
 def tokens(conversation_id: str, message_id: int):
     """Every token of a reply shaded by its probability; ?t=N shows token N's alternatives (no JS needed)."""
     message, details = reply_details(conversation_id, message_id)
-    views, damaged = glass.readable_token_views(tokenizer_of(message), details)
-    selected = request.args.get("t", type=int)
-    selected = selected if selected is not None and 0 <= selected < len(views) else None
-    return render_template("chat/tokens.html", conversation=owned_conversation(conversation_id), message=message,
-                           tokens=views, selected=selected, settings=message["settings"] or {}, damaged=damaged)
+    return tokens_page(owned_conversation(conversation_id), message, details)
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/tokens/<int:index>")
 def token_panel(conversation_id: str, message_id: int, index: int):
     """One token's alternatives, as the fragment htmx puts in the token view's panel."""
-    message, details = reply_details(conversation_id, message_id)
+    return panel_fragment(*reply_details(conversation_id, message_id), index)
+
+
+def tokens_page(conversation: dict, message: dict, details: ReplyDetails, shared: str | None = None):
+    """The Tokens page, the owner's or (`shared`: the share token) read-only through a share link."""
+    views, damaged = glass.readable_token_views(tokenizer_of(message), details)
+    selected = request.args.get("t", type=int)
+    selected = selected if selected is not None and 0 <= selected < len(views) else None
+    return render_template("chat/tokens.html", conversation=conversation, message=message, tokens=views,
+                           selected=selected, settings=message["settings"] or {}, damaged=damaged, shared=shared)
+
+
+def panel_fragment(message: dict, details: ReplyDetails, index: int, shared: str | None = None):
     views, damaged = glass.readable_token_views(tokenizer_of(message), details)
     if not 0 <= index < len(views):
         abort(404, damaged or "No such token in this reply.")
-    return render_template("chat/_token_panel.html", token=views[index], message=message)
+    return render_template("chat/_token_panel.html", token=views[index], message=message, shared=shared)
 
 
 @bp.post("/c/<conversation_id>/m/<int:message_id>/branch")
@@ -76,15 +84,21 @@ def branch(conversation_id: str, message_id: int):
 @bp.get("/c/<conversation_id>/m/<int:message_id>/compare/<int:other_id>")
 def compare(conversation_id: str, message_id: int, other_id: int):
     """Two versions of a reply side by side: where their tokens first differ, and the odds there."""
-    message, details = reply_details(conversation_id, message_id)
-    other, other_details = reply_details(conversation_id, other_id)
+    return compare_page(owned_conversation(conversation_id), reply_details(conversation_id, message_id),
+                        reply_details(conversation_id, other_id))
+
+
+def compare_page(conversation: dict, one: tuple[dict, ReplyDetails], two: tuple[dict, ReplyDetails],
+                 shared: str | None = None):
+    """Two replies of one conversation, (message, details) each: 404 unless they answer the same message."""
+    (message, details), (other, other_details) = one, two
     if message["parent_id"] != other["parent_id"]:
         abort(404, "These replies answer different messages.")
     tokenizers = tokenizer_of(message), tokenizer_of(other)
     a, b = (glass.readable_token_views(t, d)[0] for t, d in zip(tokenizers, (details, other_details)))
     first = glass.first_difference(a, b, same_vocabulary=tokenizers[0].name == tokenizers[1].name)
-    return render_template("chat/compare.html", conversation=owned_conversation(conversation_id),
-                           sides=[(message, a), (other, b)], first=first)
+    return render_template("chat/compare.html", conversation=conversation, sides=[(message, a), (other, b)],
+                           first=first, shared=shared)
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/prompt")

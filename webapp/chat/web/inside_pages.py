@@ -64,13 +64,19 @@ def shared_inside_json(token: str, message_id: int, index: int):
     return inside_answer(shared_message(token, message_id)[1], index)
 
 
+SHARING_STOPPED = "This shared conversation does not exist, or its owner stopped sharing it."
+
+
 def shared_message(token: str, message_id: int) -> tuple[dict, dict]:
-    """A message of the branch a shared link shows (404 for anything else)."""
+    """A message of the conversation a shared link opens: one of the branch shown, or another version of it
+    (Compare shows those side by side). 404 for a message of any other conversation."""
     found = service().shared(token)
     if found is None:
-        abort(404, "This shared conversation does not exist, or its owner stopped sharing it.")
+        abort(404, SHARING_STOPPED)
     conversation, messages = found
     message = next((m for m in messages if m["id"] == message_id), None)
+    if message is None:
+        message = service().message(conversation["id"], message_id)
     if message is None:
         abort(404, "No such message in this shared conversation.")
     return conversation, message

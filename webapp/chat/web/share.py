@@ -1,16 +1,20 @@
 """Read-only links to a conversation, made on purpose by its owner, revocable.
 
 The conversation's own address stays private to the browser that made it; a shared link opens the branch
-shown, read-only, for anyone on the intranet who has it (no editing, no new replies, no streams)."""
+shown, read-only, for anyone on the intranet who has it (no editing, no new replies, no streams): each reply's
+tokens and odds, its prompt, Inside, and its other versions compared with it. No link on these pages names the
+conversation's own id: they all go through the share token, so unsharing closes every one of them."""
 
 from __future__ import annotations
 
 from flask import abort, redirect, render_template, url_for
 
 from webapp.chat.service import ChatError
+from webapp.chat.store import ReplyDetails
 from webapp.chat.web import token_views as glass
 from webapp.chat.web.blueprint import bp, owned_conversation, service
-from webapp.chat.web.inside_pages import shared_message
+from webapp.chat.web.glass import compare_page, panel_fragment, tokens_page
+from webapp.chat.web.inside_pages import SHARING_STOPPED, shared_message
 from webapp.web.security import owner_id
 
 
@@ -32,7 +36,7 @@ def unshare(conversation_id: str):
 def shared(token: str):
     found = service().shared(token)
     if found is None:
-        abort(404, "This shared conversation does not exist, or its owner stopped sharing it.")
+        abort(404, SHARING_STOPPED)
     conversation, messages = found
     return render_template("chat/shared.html", conversation=conversation, messages=messages, share_token=token,
                            token_views=shared_token_views(messages))
@@ -72,3 +76,32 @@ def shared_prompt(token: str, message_id: int):
         abort(404, glass.DAMAGED_PROMPT)
     return render_template("chat/prompt.html", conversation=conversation, message=message, report=report,
                            parts=parts, shared=token)
+
+
+def shared_reply(token: str, message_id: int) -> tuple[dict, dict, ReplyDetails]:
+    """(conversation, reply, its details) of a shared conversation; 404 for a question, or anything else."""
+    conversation, message = shared_message(token, message_id)
+    if message["role"] != "assistant":
+        abort(404, "Only replies have tokens and a prompt.")
+    return conversation, message, service().details(message_id)
+
+
+@bp.get("/shared/<token>/m/<int:message_id>/tokens")
+def shared_tokens(token: str, message_id: int):
+    """A shared reply's tokens with their odds, read-only: no branching, no switching parts off."""
+    conversation, message, details = shared_reply(token, message_id)
+    return tokens_page(conversation, message, details, shared=token)
+
+
+@bp.get("/shared/<token>/m/<int:message_id>/tokens/<int:index>")
+def shared_token_panel(token: str, message_id: int, index: int):
+    _, message, details = shared_reply(token, message_id)
+    return panel_fragment(message, details, index, shared=token)
+
+
+@bp.get("/shared/<token>/m/<int:message_id>/compare/<int:other_id>")
+def shared_compare(token: str, message_id: int, other_id: int):
+    """Two versions of a shared reply side by side; both must be of the shared conversation."""
+    conversation, message, details = shared_reply(token, message_id)
+    other = shared_reply(token, other_id)
+    return compare_page(conversation, (message, details), other[1:], shared=token)
