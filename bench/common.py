@@ -226,6 +226,68 @@ def bandwidth_gbs(gib: float = 2.0, reps: int = 5, device="cpu") -> dict:
     return out
 
 
+def read_bandwidth_gbs(gib: float = 1.0, reps: int = 5, device="cpu") -> float:
+    """The machine's read bandwidth as a roofline divides by: the better of bandwidth_gbs's two, GB/s, with the
+    current torch threads (measure it at each thread count a benchmark runs)."""
+    return max(bandwidth_gbs(gib, reps=reps, device=device).values())
+
+
+# -- the roofline: a decode step that did nothing but read its bytes once, at the measured bandwidth ----------
+def kv_bytes(config, context: float, element_size: int) -> float:
+    """Bytes of keys and values one row's decode step reads when it attends over `context` positions (its new
+    one included): a key and a value of n_embd numbers a position, every layer."""
+    return 2 * config.n_layer * config.n_embd * context * element_size
+
+
+def kv_element_size(model) -> int:
+    """Bytes of one cached key or value number: the model's KV cache dtype (bfloat16 at the reduced CPU
+    precisions, webapp.chat.model.precision), else its activations'."""
+    dtype = getattr(model, "kv_dtype", None) or model.transformer.wte.weight.dtype
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def step_bytes(model, contexts) -> float:
+    """Bytes one decode step of Glassbox's `model` reads with one row attending over each of `contexts`
+    positions: the weights once (weight_bytes_per_token) and each row's keys and values."""
+    size = kv_element_size(model)
+    return weight_bytes_per_token(model) + sum(kv_bytes(model.config, c, size) for c in contexts)
+
+
+def mean_context(prompt: int, steps: int) -> float:
+    """The mean number of positions `steps` single-token decode steps attend over after a `prompt`-token
+    prefill: step i decodes position prompt + i and attends over prompt + i + 1."""
+    return prompt + (steps + 1) / 2
+
+
+def gguf_weight_bytes(path) -> int:
+    """Bytes of tensors a llama.cpp decode step of the GGUF file at `path` reads: every tensor at its stored
+    type, less the tables it reads one row of (position_embd; token_embd when an output.weight of its own
+    is stored, else token_embd is the tied output layer, read whole)."""
+    from gguf import GGUFReader  # llama.cpp's gguf-py (in the app's environment: webapp.chat.model.gguf)
+    sizes = {t.name: int(t.n_bytes) for t in GGUFReader(str(path)).tensors}
+    skip = {"position_embd.weight"} | ({"token_embd.weight"} if "output.weight" in sizes else set())
+    return sum(n for name, n in sizes.items() if name not in skip)
+
+
+LLAMACPP_KV_BYTES = 2  # llama.cpp's default KV cache type is f16
+
+
+def roofline(rate: float, bytes_per_step: float, bandwidth: float, rows: int = 1) -> tuple[float, float]:
+    """(roofline tokens/s, rate ÷ roofline) for a decode rate of `rate` tokens/s whose every step makes `rows`
+    tokens reading `bytes_per_step` bytes, at `bandwidth` GB/s."""
+    roof = rows * bandwidth * 1e9 / bytes_per_step
+    return roof, rate / roof
+
+
+def roofline_note(bandwidths: dict) -> str:
+    """The line a report gives under a table with roofline columns: what was divided by what."""
+    measured = ", ".join(f"{t} thread{'s' if t != 1 else ''} {bw:.1f} GB/s" for t, bw in bandwidths.items())
+    return ("- roofline tok/s = tokens a step × measured read bandwidth ÷ bytes a step reads (its tensors at their "
+            "stored types, lm_head whole, one row of each embedding table; plus each row's keys and values at the "
+            "context its steps attend over, a run's mean); fraction = measured ÷ roofline. Read bandwidth (the "
+            f"better of a `sum` and an `mv` over 1 GiB, best of 5, bench.common.read_bandwidth_gbs): {measured}\n")
+
+
 def sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()

@@ -6,8 +6,9 @@ the same random weights, against the machine's memory roofline.
 
 Variants run interleaved (seed, glassbox, hf, glassbox-bf16, seed, glassbox, ...) and each figure is
 the median over --reps. The seed loop pays a whole prefill per token, so it makes only --seed-new
-tokens (its rate is per token all the same). Roofline = measured read bandwidth / bytes of weights one
-decode step reads; bandwidth is measured before every round and the median is used.
+tokens (its rate is per token all the same). Roofline = measured read bandwidth / bytes one decode step
+reads (weights, and the KV cache at the mean context of the run's steps: bench.common.roofline); bandwidth
+is measured before every round and the median is used.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def bench_size(size: str, args, device, bandwidths: list[float]):
         runs = {v: [] for v in variants}
         for r in range(args.reps):
             gib = 2.0 if device.type == "cpu" else 8.0
-            bandwidths.append(max(common.bandwidth_gbs(gib, reps=3, device=device).values()))
+            bandwidths.append(common.read_bandwidth_gbs(gib, reps=3, device=device))
             for v in variants:
                 common.sync(device)
                 runs[v].append(runners[v](ids, r))
@@ -77,10 +78,14 @@ def bench_size(size: str, args, device, bandwidths: list[float]):
             print(f"  {size} prompt {length} rep {r + 1}: " + ", ".join(
                 f"{v} {runs[v][-1].tokens_per_s:.2f} tok/s ttft {runs[v][-1].ttft_s:.2f}s" for v in variants),
                 flush=True)
+        # bytes a step reads: the variant's own weights (the seed loop and transformers: float32's) and its
+        # KV cache at the mean context of the run's decode steps
         results[length] = {v: (common.median(x.ttft_s for x in rs), common.median(x.tokens_per_s for x in rs),
-                               rs[0].new_tokens) for v, rs in runs.items()}
-    sizes = {"fp32": common.weight_bytes_per_token(model),
-             "bf16": common.weight_bytes_per_token(models["bf16"]) if "bf16" in models else None}
+                               rs[0].new_tokens,
+                               common.step_bytes(models["bf16" if v == "glassbox-bf16" else "fp32"],
+                                                 [common.mean_context(length, rs[0].new_tokens - 1)]))
+                           for v, rs in runs.items()}
+    sizes = {"fp32": common.weight_bytes_per_token(model)}
     n_params = model.num_params()
     del hf, models, loaded, model
     return results, sizes, n_params, check
@@ -102,12 +107,12 @@ def main(argv=None):
                      )
         bw = common.median(bandwidths) if bandwidths else float("nan")
         for length, by_variant in results.items():
-            ours = by_variant.get("glassbox", (float("nan"),) * 3)
-            for v, (ttft, rate, n) in by_variant.items():
-                wbytes = nbytes["bf16"] if v == "glassbox-bf16" else nbytes["fp32"]
-                roof = bw * 1e9 / wbytes
+            ours = by_variant.get("glassbox", (float("nan"),) * 4)
+            fp32_bytes = by_variant.get("glassbox", by_variant.get("seed", (0, 0, 0, float("nan"))))[3]
+            for v, (ttft, rate, n, step) in by_variant.items():
+                roof, fraction = common.roofline(rate, step, bw)
                 rows.append([size, length, v, n, ttft, rate, ours[1] / rate if v != "glassbox" else 1.0,
-                             roof, rate / roof, rate / (bw * 1e9 / nbytes["fp32"])])
+                             roof, fraction, common.roofline(rate, fp32_bytes, bw)[1]])
     bw = common.median(bandwidths)
     header = ["model", "prompt", "variant", "new tokens", "TTFT s", "decode tok/s", "glassbox ÷ variant",
               "roofline tok/s (own dtype)", "fraction of own roofline", "fraction of fp32 roofline"]

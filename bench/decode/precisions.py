@@ -9,7 +9,9 @@ Variants, interleaved in every repetition: float32, bfloat16 (weights; float32 a
 decoded with Glassbox's kernel (webapp/chat/model/kernels) and with torch's kernels (`kernels.disabled()`,
 the path taken where no C compiler is found). Figures are medians over --reps. Greedy agreement: the
 greedy reply of each variant against float32 with the kernel (the exact reference), as the first token
-that differs and the share of equal positions.
+that differs and the share of equal positions. Beside every rate its roofline (bench.common.roofline: the
+read bandwidth measured at that thread count in every repetition, median, ÷ the bytes a step of that
+precision reads at the run's mean context) and the fraction of it reached.
 """
 
 from __future__ import annotations
@@ -57,10 +59,12 @@ def main(argv=None):
     variants = [(p, kernel) for p in PRECISIONS for kernel in (True, False)]
     rates = {(t, v): [] for t in threads for v in variants}
     ttfts = {(t, v): [] for t in threads for v in variants}
+    bandwidths: dict[int, list[float]] = {t: [] for t in threads}
     with torch.inference_mode():
         for rep in range(args.reps):
             for t in threads:
                 torch.set_num_threads(t)
+                bandwidths[t].append(common.read_bandwidth_gbs())
                 for precision, kernel in variants:
                     with contextlib.nullcontext() if kernel else kernels.disabled():
                         run = common.glassbox(models[precision], ids, args.new, top_k=50, seed=rep)
@@ -75,21 +79,32 @@ def main(argv=None):
             with contextlib.nullcontext() if kernel else kernels.disabled():
                 agree[(precision, kernel)] = agreement(greedy(models[precision], ids, args.new), reference)
 
-    header = ["precision", "kernel"] + [f"{t} thr tok/s" for t in threads] + [f"{t} thr × fp32 torch" for t in threads]
+    header = ["precision", "kernel"]
+    for t in threads:
+        header += [f"{t} thr tok/s", f"{t} thr roofline tok/s", f"{t} thr fraction of roofline"]
+    header += [f"{t} thr × fp32 torch" for t in threads]
     header += [f"TTFT {max(threads)} thr (s)", "first greedy token ≠ fp32", "greedy tokens = fp32"]
+    bandwidth = {t: common.median(bandwidths[t]) for t in threads}
+    steps = {p: common.step_bytes(models[p].model, [common.mean_context(args.context, args.new - 1)])
+             for p in PRECISIONS}
     rows = []
     for v in variants:
         med = [common.median(rates[(t, v)]) for t in threads]
         base = [common.median(rates[(t, ("float32", False))]) for t in threads]
         first, share = agree[v]
-        rows.append([v[0], "glassbox" if v[1] else "torch", *med, *[m / b for m, b in zip(med, base)],
+        cells = []
+        for t, rate in zip(threads, med):
+            cells += [rate, *common.roofline(rate, steps[v[0]], bandwidth[t])]
+        rows.append([v[0], "glassbox" if v[1] else "torch", *cells, *[m / b for m, b in zip(med, base)],
                      common.median(ttfts[(max(threads), v)]), "none" if first is None else first, f"{share:.0%}"])
     body = (common.table(header, rows)
             + f"\n\n- {args.size}, random GPT-2-init weights, {args.context}-token prompt, {args.new} new tokens "
             + f"(top-k 50 for speed, greedy for agreement), medians of {args.reps} interleaved repetitions; "
             + "kernel: `glassbox` = webapp/chat/model/kernels "
             + f"({'compiled' if kernels.library() else 'unavailable: ' + str(kernels.unavailable_reason)}), "
-            + "`torch` = torch's kernels (oneDNN, torch's weight-only int8).\n")
+            + "`torch` = torch's kernels (oneDNN, torch's weight-only int8).\n"
+            + "- bytes a step reads: " + ", ".join(f"{p} {b / 2**20:.0f} MiB" for p, b in steps.items()) + "\n"
+            + common.roofline_note(bandwidth))
     common.report(f"bench.decode.precisions: {args.size}, decode by precision and kernel", body,
                   load_before=load_before, write_doc=not args.no_doc)
 

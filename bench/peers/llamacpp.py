@@ -16,7 +16,12 @@ context: prefill seconds, decode tokens/s (--new single-token steps / their seco
 --reps with the variants interleaved, and Glassbox ÷ llama.cpp. Also how far the two agree: the largest
 |logit difference| after the prompt (fp32 vs f32, the first 50257 ids) and, for each variant, how many
 greedy tokens match Glassbox fp32's before the first difference. The table is printed and, unless
---no-doc, appended to docs/benchmarks-history.md (bench.common.report).
+--no-doc, appended to docs/benchmarks-history.md (bench.common.report). Beside every decode rate, its
+roofline (bench.common.roofline): the read bandwidth measured at that thread count in every repetition
+(median) ÷ the bytes one step reads — Glassbox's tensors at their stored types, llama.cpp's GGUF tensors at
+theirs (bench.common.gguf_weight_bytes), each with its KV cache (float32 or bfloat16; llama.cpp's f16) at
+the mean context of the run's steps — and the fraction of it reached. With only Glassbox's variants
+(--variants gb-fp32,gb-bf16,gb-int8) nothing of llama.cpp's environment is built or read.
 
 Its environment is its own, under .bench/llamacpp/ (gitignored), made on first use and reused: a venv
 (torch==2.13.0 CPU first, for the converter; numpy, safetensors, transformers, pyyaml, tqdm), the
@@ -193,7 +198,9 @@ def first_divergence(a: list[int], b: list[int], n: int) -> int | None:
 
 def main(argv=None):
     args = parse_args(argv)
-    setup(converter=args.gguf_writer == "llamacpp")
+    needs_llama = args.batched or args.setup_only or any(v in LLAMA_TYPE for v in args.variants.split(","))
+    if needs_llama:
+        setup(converter=args.gguf_writer == "llamacpp")
     if args.batched and not args.setup_only:
         from bench.peers import llamacpp_batched
         return llamacpp_batched.main(args)
@@ -209,7 +216,7 @@ def main(argv=None):
             print(f"warning: other processes keep {before:.1f} cores busy: the timings (2 threads above "
                   "all) will suffer", flush=True)
     fp32 = common.random_gpt(args.size, seed=0)
-    paths = export_and_convert(args.size, fp32, args.gguf_writer)
+    paths = export_and_convert(args.size, fp32, args.gguf_writer) if needs_llama else {}
     if args.setup_only:
         for t, p in paths.items():
             print(f"{t}: {p} ({p.stat().st_size / 1e6:.0f} MB)")
@@ -237,6 +244,7 @@ def main(argv=None):
 
     runs = {}  # (threads, context, variant) -> list of results
     info = {}
+    bandwidths: dict[int, list[float]] = {t: [] for t in threads}
     for t in threads:
         torch.set_num_threads(t)
         workers = {}
@@ -253,6 +261,7 @@ def main(argv=None):
             for v in variants:
                 run[v](warm, 4)  # allocator, oneDNN primitives, ggml's thread pool: before any timing
             for r in range(args.reps):
+                bandwidths[t].append(common.read_bandwidth_gbs())
                 for c in contexts:
                     ids = common.prompt_ids(c)
                     for v in variants:
@@ -285,6 +294,18 @@ def main(argv=None):
             return "n/a"
         return f"{common.median(ratios):.3g} ({min(ratios):.3g}–{max(ratios):.3g})"
 
+    bandwidth = {t: common.median(bandwidths[t]) for t in threads}
+    llama_weights = {v: common.gguf_weight_bytes(paths[LLAMA_TYPE[v]]) for v in variants if v in LLAMA_TYPE}
+
+    def step_bytes(v: str, c: int) -> float:
+        """Bytes one of variant v's decode steps reads after a c-token prompt (at the run's mean context)."""
+        context = common.mean_context(c, args.new)
+        if v in gb:
+            return common.step_bytes(gb[v], [context])
+        if v in llama_weights:
+            return llama_weights[v] + common.kv_bytes(fp32.config, context, common.LLAMACPP_KV_BYTES)
+        return float("nan")
+
     rows = []
     for t in threads:
         for c in contexts:
@@ -292,10 +313,12 @@ def main(argv=None):
                 if g not in variants and lc not in variants:
                     continue
                 rg, rl = rate(t, c, g), rate(t, c, lc)
-                rows.append([t, c, f"{g} / {lc}", rg, rl, rg / rl, paired(t, c, g, lc), prefill(t, c, g),
-                             prefill(t, c, lc)])
-    header = ["threads", "context", "precisions", "Glassbox tok/s", "llama.cpp tok/s",
-              "Glassbox ÷ llama.cpp", "per rep: median (range)", "Glassbox prefill s", "llama.cpp prefill s"]
+                rows.append([t, c, f"{g} / {lc}", rg, *common.roofline(rg, step_bytes(g, c), bandwidth[t]),
+                             rl, *common.roofline(rl, step_bytes(lc, c), bandwidth[t]), rg / rl,
+                             paired(t, c, g, lc), prefill(t, c, g), prefill(t, c, lc)])
+    header = ["threads", "context", "precisions", "Glassbox tok/s", "Glassbox roofline tok/s", "Glassbox fraction",
+              "llama.cpp tok/s", "llama.cpp roofline tok/s", "llama.cpp fraction", "Glassbox ÷ llama.cpp",
+              "per rep: median (range)", "Glassbox prefill s", "llama.cpp prefill s"]
 
     # agreement, from the first rep: logits after the prompt (fp32 vs f32), greedy streams vs gb-fp32
     agree_rows = []
@@ -325,7 +348,10 @@ def main(argv=None):
     others = [x["others"] for rs in runs.values() for x in rs]
     sizes = ", ".join(f"{k} {p.stat().st_size / 1e6:.0f} MB" for k, p in paths.items())
     system = info.get("system_info", "n/a")
+    read = ", ".join(f"{v} {step_bytes(v, contexts[0]) / 2**20:.0f} MiB" for v in variants)
     body = (common.table(header, rows) + "\n\n" + agree + "\n\n"
+            + common.roofline_note(bandwidth)
+            + f"- bytes a step reads after the {contexts[0]}-token prompt (at its steps' mean context): {read}\n"
             + f"- model: random `{args.size}` (seed 0, {n_params / 1e6:.1f}M parameters), exported by "
             + "webapp.chat.model.hf.export_hf and converted by llama.cpp's convert_hf_to_gguf.py "
             + f"(--outtype f32/f16/q8_0; GGUF {sizes})\n"

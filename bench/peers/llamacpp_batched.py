@@ -8,8 +8,11 @@ Each row of both engines holds its own context (--contexts' first value + 7 r to
 bench.decode.batch_step's caches_for makes them) and every step decodes at that same context again. For each
 precision pair (float32 / f32, bfloat16 / f16, int8 / q8_0) the Glassbox model and a llama.cpp worker are
 loaded, then for each rep and batch size Glassbox's steps and llama.cpp's run one after the other; tokens/s
-= B / the median step, and each rep's own ratio (median and range over reps). llama.cpp's environment and
-GGUF files are bench.peers.llamacpp's.
+= B / the median step, and each rep's own ratio (median and range over reps). Beside each engine's rate its
+roofline (bench.common.roofline): B × the read bandwidth at that thread count (measured in every rep, median)
+÷ the bytes a step of B rows must read (its tensors at their stored types, each row's keys and values at its
+own context: Glassbox's float32 or bfloat16 cache, llama.cpp's f16). llama.cpp's environment and GGUF files are
+bench.peers.llamacpp's.
 """
 
 from __future__ import annotations
@@ -137,6 +140,8 @@ def main(args) -> int:
     prompts = [common.prompt_ids(context + 7 * r, seed=r) for r in range(max(batches))]
     results = {}  # (threads, precision, batch) -> [(glassbox step s, llama.cpp step s) per rep]
     others, info = [], {}
+    bandwidths: dict[int, list[float]] = {t: [] for t in threads}
+    step_bytes = {}  # (precision, batch) -> (Glassbox's bytes a step, llama.cpp's)
     for t in threads:
         torch.set_num_threads(t)
         for precision in precisions:
@@ -145,8 +150,15 @@ def main(args) -> int:
             worker = BatchWorker(paths[PAIRS[precision]], t, prompts)
             info = worker.info
             load = OtherLoad([worker.proc.pid])
+            llama_weights = common.gguf_weight_bytes(paths[PAIRS[precision]])
+            for b in batches:  # row r attends over its context + 7 r prompt ids in both engines
+                step_bytes[precision, b] = (
+                    common.step_bytes(model, [positions[r] + 1 for r in range(b)]),
+                    llama_weights + sum(common.kv_bytes(model.config, len(prompts[r]), common.LLAMACPP_KV_BYTES)
+                                        for r in range(b)))
             try:
                 for rep in range(args.reps):
+                    bandwidths[t].append(common.read_bandwidth_gbs())
                     for b in batches:
                         load.start()
                         ours = common.median(measure(model, idx, caches, positions, b, args.steps, odds=False)[0])
@@ -158,15 +170,21 @@ def main(args) -> int:
             finally:
                 worker.close()
             del model, caches
+    bandwidth = {t: common.median(bandwidths[t]) for t in threads}
     rows = []
     for (t, precision, b), pairs in results.items():
         ours = common.median(p[0] for p in pairs)
         theirs = common.median(p[1] for p in pairs)
         ratios = [p[1] / p[0] for p in pairs]
-        rows.append([t, f"{precision} / {PAIRS[precision]}", b, b / ours, b / theirs, theirs / ours,
+        gb_bytes, llama_bytes = step_bytes[precision, b]
+        rows.append([t, f"{precision} / {PAIRS[precision]}", b,
+                     b / ours, *common.roofline(b / ours, gb_bytes, bandwidth[t], rows=b),
+                     b / theirs, *common.roofline(b / theirs, llama_bytes, bandwidth[t], rows=b), theirs / ours,
                      f"{common.median(ratios):.3g} ({min(ratios):.3g}–{max(ratios):.3g})"])
-    body = (common.table(["threads", "precision (Glassbox / llama.cpp)", "B", "Glassbox tok/s", "llama.cpp tok/s",
-                          "Glassbox ÷ llama.cpp", "per rep: median (range)"], rows) + "\n\n"
+    body = (common.table(["threads", "precision (Glassbox / llama.cpp)", "B", "Glassbox tok/s",
+                          "Glassbox roofline tok/s", "Glassbox fraction", "llama.cpp tok/s", "llama.cpp roofline tok/s",
+                          "llama.cpp fraction", "Glassbox ÷ llama.cpp", "per rep: median (range)"], rows) + "\n\n"
+            + common.roofline_note(bandwidth)
             + f"- one decode step of B rows, each with its own context of {context} + 7 r tokens, decoded at that "
             + f"context again each step; {args.steps} timed steps (after a warm-up) per batch size and rep, their "
             + f"median; {args.reps} reps, the two engines one after the other in each; tokens/s = B / step\n"

@@ -38,10 +38,15 @@ class DecodingLinear:
             return self.matmul(x)
         if kernels.supports(x, self.weight):
             return kernels.linear(x, self.weight, self.bias, self.scale, norm, gelu, residual)
-        y = self.matmul(x if norm is None else norm(x))
+        y = self.decode_matmul(x if norm is None else norm(x))
         if gelu:
             y = F.gelu(y)
         return y if residual is None else residual + y
+
+    def decode_matmul(self, x: Tensor) -> Tensor:
+        """x @ Wᵀ + b for a decode step's few rows where the kernel cannot run: matmul() unless a layer
+        has a path of its own for few rows (precision.WeightOnlyLinear's int8)."""
+        return self.matmul(x)
 
 
 class Linear(DecodingLinear, nn.Linear):

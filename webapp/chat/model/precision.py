@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from webapp.chat.model.gpt import GPT
-from webapp.chat.model.linear import DecodingLinear, onednn_linear
+from webapp.chat.model.linear import DecodingLinear, _onednn_bfloat16, onednn_linear
 
 PRECISIONS = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
               "float16": "float16", "fp16": "float16", "int8": "int8"}
@@ -53,8 +53,10 @@ class WeightOnlyLinear(DecodingLinear, nn.Module):
     int8: W_q = round(W / scale), scale = max |W_row| / 127, so each weight is off by half a step at most.
     Decoding runs Glassbox's kernel (webapp/chat/model/kernels), which reads the stored bytes once per step and
     sums each row alone; for int8 it quantizes each row of x in blocks of 32 and multiplies int8 by int8.
-    Prefill, and decoding without that kernel, run torch's kernels in bfloat16 (oneDNN's inner product,
-    torch's weight-only int8 matmul): both compute each row alone too."""
+    Prefill (and every other call of many rows) runs oneDNN's inner product, which computes each row alone
+    too: bfloat16 weights as they are; int8 weights dequantized (W_q * scale) a block of output rows at a
+    time (int8_matmul). A decode step without the kernel runs torch's weight-only int8 matmul, in bfloat16,
+    which reads the int8 bytes themselves: for a few rows, dequantizing would cost more than the product."""
 
     def __init__(self, linear: nn.Linear, weights: str):
         super().__init__()
@@ -70,20 +72,60 @@ class WeightOnlyLinear(DecodingLinear, nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, C_in)
+        rows = x.reshape(-1, self.in_features)  # (N, C_in)
         if self.scale is None:
-            y = onednn_linear(rows, self.weight, None).float()
-        elif self.in_features % 16:  # torch's int8 kernel crashes on such widths: dequantize instead
+            y = onednn_linear(rows.to(torch.bfloat16), self.weight, None).float()
+        else:
+            y = int8_matmul(rows, self.weight, self.scale)
+        return self._finish(y, x)
+
+    def decode_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale is None:
+            return self.matmul(x)
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, C_in)
+        if self.in_features % 16:  # torch's int8 kernel crashes on such widths: dequantize instead
             dequantized = (self.weight.float() * self.scale[:, None]).to(torch.bfloat16)
             y = onednn_linear(rows, dequantized, None).float()
         else:
             y = torch._weight_int8pack_mm(rows.contiguous(), self.weight, self.scale.to(torch.bfloat16)).float()
+        return self._finish(y, x)
+
+    def _finish(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, weights={self.weight.dtype}"
+
+
+DEQUANTIZE_BLOCK = 1 << 20  # int8 weights dequantized at once: a block small beside the layer, large for a GEMM
+
+
+def int8_dtype() -> torch.dtype:
+    """What int8_matmul dequantizes to: bfloat16 where oneDNN has a bfloat16 inner product (AVX-512, AMX:
+    the speed of bfloat16's prefill), float32 elsewhere (where bfloat16's would be widened anyway)."""
+    return torch.bfloat16 if _onednn_bfloat16() else torch.float32
+
+
+def int8_matmul(rows: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """rows (M, K) float32 @ (weight (N, K) int8 * scale (N,))ᵀ -> (M, N) float32: a block of the weight's
+    output rows at a time is dequantized (W_q * scale, exact in float32 but for the product's one rounding;
+    rounded to bfloat16 where int8_dtype() says) and multiplied by rows in that dtype by oneDNN's inner
+    product, whose every row is computed alike whatever the number of rows (one row run as two): a GEMM's
+    speed, where torch's weight-only int8 kernel multiplies many rows at a fraction of it. The blocks
+    depend on the weight's shape alone, never on the rows."""
+    dtype = int8_dtype()
+    rows = rows.to(dtype)
+    n, k = weight.shape
+    step = max(1, DEQUANTIZE_BLOCK // k)
+    if step >= n:
+        return onednn_linear(rows, (weight * scale[:, None]).to(dtype), None).float()
+    out = torch.empty(rows.shape[0], n)
+    for start in range(0, n, step):
+        block = (weight[start:start + step] * scale[start:start + step, None]).to(dtype)
+        out[:, start:start + step] = onednn_linear(rows, block, None)
+    return out
 
 
 def apply_precision(model: nn.Module, precision: str) -> nn.Module:
@@ -109,4 +151,5 @@ def apply_precision(model: nn.Module, precision: str) -> nn.Module:
     return model
 
 
-__all__ = ["PRECISIONS", "PrecisionError", "WeightOnlyLinear", "apply_precision", "parse_precision"]
+__all__ = ["PRECISIONS", "PrecisionError", "WeightOnlyLinear", "apply_precision", "int8_matmul",
+           "parse_precision"]
