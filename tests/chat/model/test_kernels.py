@@ -92,6 +92,26 @@ def test_int8_sums_are_the_same_integers_with_and_without_vnni(tmp_path):
             assert torch.equal(outs[1], kernels.linear(x, w, bias, scale)), (m, k, n)
 
 
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the portable build is an x86-64 one")
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8"])
+def test_avx2s_tiles_give_the_generic_codes_bits(tmp_path, fmt):
+    """On AVX2 without AVX-512 the tiles are written in 8-lane registers (GCC kept the generic 16-lane
+    vectors in memory there): the same fused products in the same order, so the same bits as the generic
+    code, for one row and for batches, with and without a tail of K."""
+    avx2 = build(tmp_path / "avx2.so", ["-march=x86-64-v3"])
+    generic = build(tmp_path / "generic.so", ["-march=x86-64-v3", "-DGLASSBOX_GENERIC_TILES"])
+    torch.manual_seed(4)
+    for m, k, n in [(1, 1024, 96), (5, 1000, 37), (3, 17, 5), (16, 1024, 40), (7, 64, 9)]:
+        w, scale, _ = weights(fmt, n, k)
+        bias, x = torch.randn(n), torch.randn(m, k)
+        outs = [torch.empty(m, n) for _ in range(2)]
+        for lib, out in zip((avx2, generic), outs):
+            assert lib.glassbox_linear(kernels.KINDS[w.dtype], x.data_ptr(), m, k, k, w.data_ptr(), n,
+                                       None if scale is None else scale.data_ptr(), bias.data_ptr(), out.data_ptr(),
+                                       2, None, None, 0.0, 0, None) == 0
+        assert torch.equal(outs[0], outs[1]), (fmt, m, k, n)
+
+
 @pytest.mark.parametrize("fmt", ["float32", "int8"])
 @pytest.mark.parametrize("bias", [True, False])
 def test_the_layer_norm_before_and_the_gelu_and_residual_after_are_torchs(fmt, bias):

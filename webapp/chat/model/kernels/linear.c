@@ -30,7 +30,9 @@
  * arguments).
  *
  * Written with GCC's vector extensions (AVX-512 intrinsics to widen weights and for VNNI): one source for
- * AVX-512, AVX2 or SSE, compiled for the machine it runs on (webapp/chat/model/kernels/__init__.py).
+ * AVX-512, AVX2 or SSE, compiled for the machine it runs on (webapp/chat/model/kernels/__init__.py). On
+ * AVX2 without AVX-512 the tiles are written in 8-lane intrinsics instead (GCC keeps 16-lane vectors in
+ * memory there), the same sums in the same order (-DGLASSBOX_GENERIC_TILES builds the generic ones).
  */
 #include "vectors.h"
 
@@ -43,6 +45,82 @@ enum { I8 = 2 };          /* int8 weights (F32 and BF16: vectors.h) */
 enum { AHEAD = 8192 };
 #define PREFETCH(p) __builtin_prefetch((const char *)(p) + AHEAD, 0, 0)
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) && !defined(GLASSBOX_GENERIC_TILES)
+/* AVX2 without AVX-512: GCC keeps 16-lane vectors in memory there (two registers each, spilled and
+ * reloaded every step), which made a decode step compute-bound. The same sums in pairs of 8-lane
+ * registers: lane j of 16 is lane j of `lo` (j < 8) or of `hi`, the same fused multiply-adds in the same
+ * order, and lanes_sum's tree (8, 4, 2, 1) at the end, so every result is the bits the generic code gives. */
+static inline __attribute__((always_inline)) __m256 load8_w(int kind, const void *w, int64_t at) {
+    if (kind == F32) return _mm256_loadu_ps((const float *)w + at);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + at))), 16));
+}
+
+static inline __attribute__((always_inline)) float lanes_sum8x2(__m256 lo, __m256 hi) {
+    __m256 t = _mm256_add_ps(lo, hi);                                                   /* width 8 */
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));     /* width 4 */
+    u = _mm_add_ps(u, _mm_movehl_ps(u, u));                                             /* width 2 */
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));                            /* width 1 */
+}
+
+/* dots[i][j] = x[i] . W[n0 + j] for i < mr, j < nr (at most 2 by 2: the sums, weights and x in 14 of the
+ * 16 registers) */
+static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr, const float *x, int64_t ldx,
+                                                       const void *w, int64_t K, int64_t n0, float dots[MR][NR]) {
+    __m256 lo[2][2], hi[2][2];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) lo[i][j] = hi[i][j] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + LANES <= K; k += LANES) {
+        __m256 wl[2], wh[2];
+        for (int j = 0; j < nr; j++) {
+            wl[j] = load8_w(kind, w, (n0 + j) * K + k);
+            wh[j] = load8_w(kind, w, (n0 + j) * K + k + 8);
+            PREFETCH((const char *)w + ((n0 + j) * K + k) * (kind == F32 ? 4 : 2));
+        }
+        for (int i = 0; i < mr; i++) {
+            __m256 xl = _mm256_loadu_ps(x + i * ldx + k), xh = _mm256_loadu_ps(x + i * ldx + k + 8);
+            for (int j = 0; j < nr; j++) {
+                lo[i][j] = _mm256_fmadd_ps(xl, wl[j], lo[i][j]);
+                hi[i][j] = _mm256_fmadd_ps(xh, wh[j], hi[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            float s = lanes_sum8x2(lo[i][j], hi[i][j]);
+            for (int64_t t = k; t < K; t++) s = fmaf(x[i * ldx + t], w_at(kind, w, (n0 + j) * K + t), s);
+            dots[i][j] = s;
+        }
+}
+
+/* float32 and bfloat16 weights: 2-by-2 tiles over the batch's MR by NR (the weights come again from L1) */
+#define TILES(KIND)                                                                                  \
+    static void tiles_##KIND(int mr, int nr, const float *x, int64_t ldx, const void *w, int64_t K,  \
+                             int64_t n0, float dots[MR][NR]) {                                       \
+        if (mr > 1) {                                                                                \
+            for (int i0 = 0; i0 < mr; i0 += 2)                                                      \
+                for (int j0 = 0; j0 < nr; j0 += 2) {                                                 \
+                    float part[MR][NR];                                                              \
+                    const float *xi = x + i0 * ldx;                                                  \
+                    int two_rows = mr - i0 >= 2, two_cols = nr - j0 >= 2;                            \
+                    if (two_rows && two_cols) tile(KIND, 2, 2, xi, ldx, w, K, n0 + j0, part);        \
+                    else if (two_rows) tile(KIND, 2, 1, xi, ldx, w, K, n0 + j0, part);               \
+                    else if (two_cols) tile(KIND, 1, 2, xi, ldx, w, K, n0 + j0, part);               \
+                    else tile(KIND, 1, 1, xi, ldx, w, K, n0 + j0, part);                             \
+                    for (int i = 0; i < 2 && i0 + i < mr; i++)                                       \
+                        for (int j = 0; j < 2 && j0 + j < nr; j++) dots[i0 + i][j0 + j] = part[i][j]; \
+                }                                                                                    \
+            return;                                                                                  \
+        }                                                                                            \
+        /* One row of x: one row of W at a time, as below */                                        \
+        float one[MR][NR];                                                                           \
+        for (int j = 0; j < nr; j++) {                                                               \
+            tile(KIND, 1, 1, x, ldx, w, K, n0 + j, one);                                             \
+            dots[0][j] = one[0][0];                                                                  \
+        }                                                                                            \
+    }
+#else
 /* dots[i][j] = x[m0 + i] . W[n0 + j] for i < mr, j < nr; mr and nr are constants where inlined */
 static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr, const float *x, int64_t ldx,
                                                        const void *w, int64_t K, int64_t n0, float dots[MR][NR]) {
@@ -93,6 +171,7 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
                 dots[i][j] = one[0][0];                                                              \
             }                                                                                        \
     }
+#endif
 TILES(F32)
 TILES(BF16)
 
@@ -146,6 +225,65 @@ static inline f32x16 q8_chunk(f32x16 acc, const uint8_t *xu, const float *xs, co
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) && !defined(GLASSBOX_GENERIC_TILES)
+/* AVX2 (no VNNI, no 64-byte registers): a chunk's 16 lane dots from two 32-byte halves, by llama.cpp's sign
+ * trick: |x_q| (unsigned) times w with x_q's sign, pairs summed in 16 bits (at most 2 * 127 * 127, no
+ * saturation), then pairs of pairs in 32 bits: the integers q8_chunk computes, so the same results. */
+static inline __attribute__((always_inline)) __m256i q8_lane_dots(const uint8_t *xu, const int8_t *w) {
+    __m256i xq = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xu), _mm256_set1_epi8((char)0x80));
+    __m256i wv = _mm256_loadu_si256((const __m256i *)w);
+    __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(xq, xq), _mm256_sign_epi8(wv, xq));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+/* dots[i][j] for i < mr, j < nr, at most 2 by 2 (as tile's) */
+static inline __attribute__((always_inline)) void tile_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K,
+                                                          int64_t n0, float dots[MR][NR]) {
+    __m256 lo[2][2], hi[2][2];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) lo[i][j] = hi[i][j] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < x.chunks; c++) {
+        int64_t k = c * QCHUNK;
+        const int8_t *wj[2];
+        int8_t tail[2][QCHUNK];
+        for (int j = 0; j < nr; j++) {
+            wj[j] = w + (n0 + j) * K + k;
+            PREFETCH(wj[j]);
+            if (K - k < QCHUNK) {  /* the row's last, partial chunk: never read past the weights */
+                memset(tail[j], 0, QCHUNK);
+                memcpy(tail[j], wj[j], (size_t)(K - k));
+                wj[j] = tail[j];
+            }
+        }
+        for (int i = 0; i < mr; i++) {
+            const uint8_t *xi = x.xu + i * x.chunks * QCHUNK + k;
+            const float *si = x.xs + (i * x.chunks + c) * LANES;
+            __m256 sl = _mm256_loadu_ps(si), sh = _mm256_loadu_ps(si + 8);
+            for (int j = 0; j < nr; j++) {
+                lo[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_lane_dots(xi, wj[j])), sl, lo[i][j]);
+                hi[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_lane_dots(xi + 32, wj[j] + 32)), sh, hi[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) dots[i][j] = lanes_sum8x2(lo[i][j], hi[i][j]);
+}
+
+static void tiles_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K, int64_t n0, float dots[MR][NR]) {
+    for (int i0 = 0; i0 < mr; i0 += 2)
+        for (int j0 = 0; j0 < nr; j0 += 2) {
+            float part[MR][NR];
+            q8rows xi = {x.xu + i0 * x.chunks * QCHUNK, x.xs + i0 * x.chunks * LANES, x.chunks};
+            int two_rows = mr - i0 >= 2, two_cols = nr - j0 >= 2;
+            if (two_rows && two_cols) tile_q8(2, 2, xi, w, K, n0 + j0, part);
+            else if (two_rows) tile_q8(2, 1, xi, w, K, n0 + j0, part);
+            else if (two_cols) tile_q8(1, 2, xi, w, K, n0 + j0, part);
+            else tile_q8(1, 1, xi, w, K, n0 + j0, part);
+            for (int i = 0; i < 2 && i0 + i < mr; i++)
+                for (int j = 0; j < 2 && j0 + j < nr; j++) dots[i0 + i][j0 + j] = part[i][j];
+        }
+}
+#else
 static inline __attribute__((always_inline)) void tile_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K,
                                                           int64_t n0, float dots[MR][NR]) {
     f32x16 acc[MR][NR];
@@ -205,6 +343,7 @@ static void tiles_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K, int64
             dots[i][j] = one[0][0];
         }
 }
+#endif
 
 /* What surrounds a linear layer in a transformer block, done here rather than by a library call each: a
  * layer norm of the input rows (over K, float32 sums), and GELU and a residual add on the outputs. */
