@@ -63,6 +63,77 @@ static inline float lanes_max(f32x16 v) {
     return top;
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) && !defined(GLASSBOX_GENERIC_TILES)
+/* AVX2 without AVX-512 (GCC keeps 16-lane vectors in memory there, see linear.c): the generic head below,
+ * the same operations in the same order in pairs of 8-lane registers -- a score's lanes summed by
+ * lanes_sum's tree, the output's 16-lane slices one at a time over V (each its even and odd sums), the
+ * exponentials as they are -- every product and add fused. (GCC's generic code leaves some of them unfused
+ * in the head size 64 instantiation, so there the last bits differ from a -DGLASSBOX_GENERIC_TILES build;
+ * a row alone and in a batch take this same code either way.) */
+static inline __attribute__((always_inline)) __m256 load8_kv(int kind, const void *w, int64_t at) {
+    if (kind == F32) return _mm256_loadu_ps((const float *)w + at);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + at))), 16));
+}
+
+static inline __attribute__((always_inline)) float sum8x2(__m256 lo, __m256 hi) {
+    __m256 t = _mm256_add_ps(lo, hi);
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    u = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
+}
+
+static inline __attribute__((always_inline)) void attend_head(int kind, int hv, const float *qh, const void *K,
+                                                              const void *V, int64_t head, int64_t n, float scale,
+                                                              float *p, float *oh) {
+    const int64_t hs = 16 * hv;
+    __m256 ql[MAX_HS / LANES], qh8[MAX_HS / LANES];
+    __m256 sc = _mm256_set1_ps(scale);
+    for (int d = 0; d < hv; d++) {
+        ql[d] = _mm256_mul_ps(_mm256_loadu_ps(qh + 16 * d), sc);
+        qh8[d] = _mm256_mul_ps(_mm256_loadu_ps(qh + 16 * d + 8), sc);
+    }
+    float top = -INFINITY;
+    for (int64_t t = 0; t < n; t++) {
+        int64_t at = head + t * hs;
+        __m256 lo = _mm256_mul_ps(ql[0], load8_kv(kind, K, at)), hi = _mm256_mul_ps(qh8[0], load8_kv(kind, K, at + 8));
+        for (int d = 1; d < hv; d++) {
+            lo = _mm256_fmadd_ps(ql[d], load8_kv(kind, K, at + 16 * d), lo);
+            hi = _mm256_fmadd_ps(qh8[d], load8_kv(kind, K, at + 16 * d + 8), hi);
+        }
+        p[t] = sum8x2(lo, hi);
+        top = p[t] > top ? p[t] : top;
+    }
+    for (int64_t u = n; u % LANES; u++) p[u] = -INFINITY;  /* whole vectors below: e^-inf = 0 */
+    f32x16 total16 = {0};
+    for (int64_t u = 0; u < n; u += LANES) {
+        f32x16 e = exp16(load_x(p + u) - top);
+        memcpy(p + u, &e, sizeof e);
+        total16 += e;
+    }
+    float inv = 1.0f / lanes_sum(total16);
+    __m256 inv8 = _mm256_set1_ps(inv);
+    for (int d = 0; d < hv; d++) {
+        __m256 el = _mm256_setzero_ps(), eh = el, ol = el, oh8 = el;
+        int64_t u = 0;
+        for (; u + 2 <= n; u += 2) {
+            int64_t at = head + u * hs + 16 * d;
+            __m256 pe = _mm256_set1_ps(p[u]), po = _mm256_set1_ps(p[u + 1]);
+            el = _mm256_fmadd_ps(pe, load8_kv(kind, V, at), el);
+            eh = _mm256_fmadd_ps(pe, load8_kv(kind, V, at + 8), eh);
+            ol = _mm256_fmadd_ps(po, load8_kv(kind, V, at + hs), ol);
+            oh8 = _mm256_fmadd_ps(po, load8_kv(kind, V, at + hs + 8), oh8);
+        }
+        if (u < n) {
+            __m256 pe = _mm256_set1_ps(p[u]);
+            el = _mm256_fmadd_ps(pe, load8_kv(kind, V, head + u * hs + 16 * d), el);
+            eh = _mm256_fmadd_ps(pe, load8_kv(kind, V, head + u * hs + 16 * d + 8), eh);
+        }
+        _mm256_storeu_ps(oh + 16 * d, _mm256_mul_ps(_mm256_add_ps(el, ol), inv8));
+        _mm256_storeu_ps(oh + 16 * d + 8, _mm256_mul_ps(_mm256_add_ps(eh, oh8), inv8));
+    }
+}
+#else
 /* One head, hs = 16 * hv: p (n scores, room for a multiple of 16) is scratch. kind and hv are constants
  * where inlined. */
 static inline __attribute__((always_inline)) void attend_head(int kind, int hv, const float *qh, const void *K,
@@ -118,6 +189,7 @@ static inline __attribute__((always_inline)) void attend_head(int kind, int hv, 
         memcpy(oh + 16 * d, &o, sizeof o);
     }
 }
+#endif
 
 /* Any head size: one position at a time. */
 static void attend_plain(int kind, const float *qh, const void *K, const void *V, int64_t head, int64_t n,
