@@ -75,8 +75,7 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
         __m256 wl[2], wh[2];
         for (int j = 0; j < nr; j++) {
             wl[j] = load8_w(kind, w, (n0 + j) * K + k);
-            wh[j] = load8_w(kind, w, (n0 + j) * K + k + 8);
-            PREFETCH((const char *)w + ((n0 + j) * K + k) * (kind == F32 ? 4 : 2));
+            wh[j] = load8_w(kind, w, (n0 + j) * K + k + 8);  /* no PREFETCH: the hardware's alone streams faster here */
         }
         for (int i = 0; i < mr; i++) {
             __m256 xl = _mm256_loadu_ps(x + i * ldx + k), xh = _mm256_loadu_ps(x + i * ldx + k + 8);
