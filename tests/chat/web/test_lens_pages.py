@@ -262,3 +262,17 @@ def test_lens_jobs_count_against_the_browsers_job_limit(tmp_path):
         assert answer.status_code == 429 and "error" in answer.get_json()
     finally:
         glassbox(app).core.shutdown()
+
+
+def test_inside_on_an_ablated_version_says_it_reads_the_whole_model_not_the_panels_odds(chat_app):
+    """Inside runs the model whole: on a version written with parts switched off its last row is not the
+    token panel's, and the page says so (and points to the lens, which reads it with the parts off)."""
+    client = chat_app.test_client()
+    cid, mid = greedy_reply(client, "What is a head?", 4)
+    plain = client.get(f"/chat/c/{cid}/m/{mid}/inside/0").get_data(as_text=True)
+    assert "The last row is the token panel's" in plain and "nothing switched off" not in plain
+    new = client.post(f"/chat/c/{cid}/m/{mid}/ablate.json", json={"heads": ["1.0"]}).get_json()["message_id"]
+    finish(client, cid, new)
+    page = client.get(f"/chat/c/{cid}/m/{new}/inside/0").get_data(as_text=True)
+    assert "this page reads the whole" in page and "nothing switched off" in page
+    assert "The last row is the token panel's" not in page and f"/chat/c/{cid}/m/{new}/lens" in page
