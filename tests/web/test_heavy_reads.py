@@ -77,7 +77,7 @@ def test_the_inside_json_is_made_once_and_served_the_same_gzip_or_plain(app, mon
     assert plain.get_json()["token"]["index"] == 23 and len(plain.get_json()["attention"]["weights"]) == 2
     assert client.get(shared, headers={"Accept-Encoding": "gzip;q=0, identity"}).data == plain.data  # refused: plain
     assert made == [1]  # serialised once: the owner's, gzip or not, and the share link's are the same bytes
-    kept = glassbox(app).service(InsideService)._made  # kept with its report
+    kept = glassbox(app).service(InsideService).kept._made  # kept with its report
     assert [what["json"].body for what in kept.values()] == [plain.data]
     etag = plain.headers["ETag"]
     again = client.get(own, headers={"If-None-Match": etag})

@@ -4,9 +4,8 @@ and keep finished reports, a bounded number, least recently used forgotten first
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from webapp.chat.decode.inside import InsideReport, InsideRequest, InsideResult
 from webapp.chat.model.inside import layout_problem
@@ -15,7 +14,7 @@ from webapp.chat.service import ChatError
 from webapp.chat.store import ReplyDetails, Status
 from webapp.core import InferenceCore
 from webapp.core.jobs import Job
-from webapp.core.kept import KeptResults, Key
+from webapp.core.kept import KeptResults
 
 Built = TypeVar("Built")
 REMOTE = ("Replies here come from a remote server (GLASSBOX_CHAT_BACKEND), not from a model running in "
@@ -31,9 +30,7 @@ class InsideService:
         # under (the model that works it out, the request): two models' reports on one text are two
         # reports; GLASSBOX_INSIDE_CACHE_ENTRIES of them
         self.kept: KeptResults[InsideRequest, InsideResult, InsideReport] = KeptResults(
-            core, keep, lambda result: result.report, on_forget=self._forget_made)
-        self._made: dict[Key, dict[str, Any]] = {}  # what views made of a kept report
-        self._lock = threading.Lock()
+            core, keep, lambda result: result.report)
         self._layout: dict[int, str | None] = {}  # id(model) -> why it cannot be looked into
 
     def writer(self, message: dict) -> str:
@@ -81,24 +78,10 @@ class InsideService:
         return self.kept.get(model, request)
 
     def made_of(self, model: str, request: InsideRequest, what: str, make: Callable[[], Built]) -> Built:
-        """What a view makes of a kept report (its JSON as bytes: webapp/web/heavy.py), made once and kept with
-        the report, forgotten with it. A report not kept (GLASSBOX_INSIDE_CACHE_ENTRIES=0) makes it each time."""
-        key = (model, request)
-        with self._lock:
-            found = self._made.get(key, {}).get(what)
-        if found is not None:
-            return found
-        made = make()
-        if key in self.kept:
-            with self._lock:
-                self._made.setdefault(key, {})[what] = made
-        return made
+        """What a view makes of a kept report, made once and kept with it (KeptResults.made_of)."""
+        return self.kept.made_of(model, request, what, make)
 
     def start(self, owner: str, model: str, request: InsideRequest) -> Job[InsideRequest, InsideResult]:
         """The job working this request out on that model: the one already queued or running, else a new
         one. Raises Refused (queue full, too many jobs for this browser or address)."""
         return self.kept.start(self.models.inside_kind(model), owner, model, request, InsideResult())
-
-    def _forget_made(self, key: Key) -> None:
-        with self._lock:
-            self._made.pop(key, None)

@@ -5,7 +5,6 @@ queued or running), and finished reports kept, a bounded number, under their req
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -16,7 +15,7 @@ from webapp.chat.service import ChatError
 from webapp.chat.store import ReplyDetails, Status
 from webapp.core import InferenceCore
 from webapp.core.jobs import Job
-from webapp.core.kept import KeptResults, Key
+from webapp.core.kept import KeptResults
 
 Built = TypeVar("Built")
 MAX_COLUMNS = 256  # reply tokens shown: (n_layer + 1) × 256 cells is already a large page
@@ -29,9 +28,7 @@ class LensService:
         self.core, self.inside, self.models = core, inside, inside.models
         # GLASSBOX_INSIDE_CACHE_ENTRIES reports kept, as Inside's
         self.kept: KeptResults[LensRequest, LensResult, LensReport] = KeptResults(
-            core, keep, lambda result: result.report, on_forget=self._forget_made)
-        self._made: dict[Key, dict[str, Any]] = {}  # what views made of a kept report
-        self._lock = threading.Lock()
+            core, keep, lambda result: result.report)
 
     def request_for(self, model: str, message: dict, details: ReplyDetails) -> LensRequest:
         """The reply's exact prompt, its first tokens (at most MAX_COLUMNS, and only those whose context fit
@@ -70,23 +67,10 @@ class LensService:
         return self.kept.get(model, request)
 
     def made_of(self, model: str, request: LensRequest, what: str, make: Callable[[], Built]) -> Built:
-        """What a view makes of a kept report (its JSON, the page's table), made once and kept with it."""
-        key = (model, request)
-        with self._lock:
-            found = self._made.get(key, {}).get(what)
-        if found is not None:
-            return found
-        made = make()
-        if key in self.kept:
-            with self._lock:
-                self._made.setdefault(key, {})[what] = made
-        return made
+        """What a view makes of a kept report, made once and kept with it (KeptResults.made_of)."""
+        return self.kept.made_of(model, request, what, make)
 
     def start(self, owner: str, model: str, request: LensRequest) -> Job[LensRequest, LensResult]:
         """The job working this request out on that model: the one already queued or running, else a new
         one. Raises Refused (queue full, too many jobs for this browser or address)."""
         return self.kept.start(self.models.job_kind("lens", model), owner, model, request, LensResult())
-
-    def _forget_made(self, key: Key) -> None:
-        with self._lock:
-            self._made.pop(key, None)

@@ -11,23 +11,24 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from webapp.core.engine import InferenceCore
 from webapp.core.jobs import DONE, FINISHED, Job, RequestT, ResultT
 
 Kept = TypeVar("Kept")
+Built = TypeVar("Built")
 Key = tuple[str, Hashable]  # (the model's registry name, the request)
 
 
 class KeptResults(Generic[RequestT, ResultT, Kept]):
     """What finished jobs of one kind of work found (`found(job.result)`, None: nothing to keep), at most
-    `keep` of them; `on_forget(key)` is told when one is forgotten (what was made of it goes too)."""
+    `keep` of them, and what views made of each (made_of), forgotten with it."""
 
-    def __init__(self, core: InferenceCore, keep: int, found: Callable[[ResultT], Kept | None],
-                 on_forget: Callable[[Key], None] | None = None) -> None:
-        self.core, self.keep, self._found, self._on_forget = core, keep, found, on_forget
+    def __init__(self, core: InferenceCore, keep: int, found: Callable[[ResultT], Kept | None]) -> None:
+        self.core, self.keep, self._found = core, keep, found
         self._kept: collections.OrderedDict[Key, Kept] = collections.OrderedDict()
+        self._made: dict[Key, dict[str, Any]] = {}
         self._lock = threading.Lock()
 
     def get(self, model: str, request: RequestT) -> Kept | None:
@@ -41,6 +42,20 @@ class KeptResults(Generic[RequestT, ResultT, Kept]):
     def __contains__(self, key: Key) -> bool:
         with self._lock:
             return key in self._kept
+
+    def made_of(self, model: str, request: RequestT, what: str, make: Callable[[], Built]) -> Built:
+        """What a view makes of a kept result (its JSON as bytes, a page's table), made once and kept with the
+        result, forgotten with it. A result not kept (keep 0, or already forgotten) makes it each time."""
+        key = (model, request)
+        with self._lock:
+            found: Built | None = self._made.get(key, {}).get(what)
+        if found is not None:
+            return found
+        made = make()
+        with self._lock:
+            if key in self._kept:
+                self._made.setdefault(key, {})[what] = made
+        return made
 
     def clear(self) -> None:
         with self._lock:
@@ -76,8 +91,8 @@ class KeptResults(Generic[RequestT, ResultT, Kept]):
             self._forgot(old)
 
     def _forgot(self, key: Key) -> None:
-        if self._on_forget is not None:
-            self._on_forget(key)
+        with self._lock:
+            self._made.pop(key, None)
 
 
 __all__ = ["KeptResults"]
