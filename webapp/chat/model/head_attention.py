@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from webapp.chat.model.inside import KeysValues
+from webapp.chat.model.inside import KeysValues, queries_keys_values
 
 
 @torch.inference_mode()
@@ -44,14 +44,7 @@ def head_attention(model: Any, ids: torch.Tensor, layer: int, head: int, first: 
     positions = torch.arange(start, S, dtype=torch.long, device=ids.device)  # (T,)
     x = transformer.wte(ids) + transformer.wpe(positions)  # (1, T, C)
     for n, block in enumerate(transformer.h):
-        q, k, v = block.attn.c_attn(block.ln_1(x)).split(C, dim=2)
-        q, k, v = (t.view(1, T, nh, hs).transpose(1, 2) for t in (q, k, v))  # (1, nh, T, hs)
-        if kv_dtype is not None:  # what the cache would have held
-            k, v = k.to(kv_dtype).to(q.dtype), v.to(kv_dtype).to(q.dtype)
-        if past is not None:
-            past_k, past_v = past[n]
-            k = torch.cat([past_k[:, :, :start].to(q.dtype), k], dim=2)  # (1, nh, S, hs)
-            v = torch.cat([past_v[:, :, :start].to(q.dtype), v], dim=2)
+        q, k, v = queries_keys_values(block, x, nh, kv_dtype, None if past is None else past[n], start)
         if n == layer:
             rows = q[0, head, first - start:]  # (R, hs)
             scores = (rows @ k[0, head].transpose(0, 1)) * (1.0 / math.sqrt(hs))  # (R, S)

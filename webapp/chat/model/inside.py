@@ -76,6 +76,23 @@ def _has(module: nn.Module, name: str) -> bool:
 KeysValues = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (1, nh, >= start, hs)
 
 
+def queries_keys_values(block: Any, x: torch.Tensor, nh: int, kv_dtype: torch.dtype | None,
+                        past: tuple[torch.Tensor, torch.Tensor] | None, start: int) -> tuple[torch.Tensor, ...]:
+    """A block's queries for the T positions run (1, nh, T, hs), and its keys and values over every position
+    (1, nh, start + T, hs): the kept cache's first `start`, then those run here, rounded to kv_dtype as the
+    cache would have held them."""
+    T, C = x.size(1), x.size(2)
+    q, k, v = block.attn.c_attn(block.ln_1(x)).split(C, dim=2)
+    q, k, v = (t.view(1, T, nh, C // nh).transpose(1, 2) for t in (q, k, v))  # (1, nh, T, hs)
+    if kv_dtype is not None:
+        k, v = k.to(kv_dtype).to(q.dtype), v.to(kv_dtype).to(q.dtype)
+    if past is not None:
+        past_k, past_v = past
+        k = torch.cat([past_k[:, :, :start].to(q.dtype), k], dim=2)
+        v = torch.cat([past_v[:, :, :start].to(q.dtype), v], dim=2)
+    return q, k, v
+
+
 @torch.inference_mode()
 def look_inside(model: Any, ids: torch.Tensor, start: int = 0, past: KeysValues | None = None,
                 between: Callable[[], None] | None = None, edit: Edit | None = None) -> Inside:
@@ -97,14 +114,7 @@ def look_inside(model: Any, ids: torch.Tensor, start: int = 0, past: KeysValues 
     residuals, attention, heads, mlps = [x[0, -1]], [], [], []
     blocks = list(transformer.h)
     for layer, block in enumerate(blocks):
-        q, k, v = block.attn.c_attn(block.ln_1(x)).split(C, dim=2)
-        q, k, v = (t.view(1, T, nh, hs).transpose(1, 2) for t in (q, k, v))  # (1, nh, T, hs)
-        if kv_dtype is not None:  # what the cache would have held
-            k, v = k.to(kv_dtype).to(q.dtype), v.to(kv_dtype).to(q.dtype)
-        if past is not None:
-            past_k, past_v = past[layer]
-            k = torch.cat([past_k[:, :, :start].to(q.dtype), k], dim=2)  # (1, nh, S, hs)
-            v = torch.cat([past_v[:, :, :start].to(q.dtype), v], dim=2)
+        q, k, v = queries_keys_values(block, x, nh, kv_dtype, None if past is None else past[layer], start)
         last = layer == len(blocks) - 1  # the last block is needed at p alone
         # position p: scores over every position (all are before it, or it), the softmax kept
         scores = (q[:, :, -1:] @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (1, nh, 1, S)

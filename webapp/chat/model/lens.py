@@ -28,7 +28,7 @@ import torch
 from torch.nn import functional as F
 
 from webapp.chat.model.edits import Edit, edit_heads, edit_mlp
-from webapp.chat.model.inside import KeysValues
+from webapp.chat.model.inside import KeysValues, queries_keys_values
 
 LOGIT_FLOATS = 2**23  # logits worked out at once (32 MiB of float32): rows of the output layer per chunk
 
@@ -56,7 +56,7 @@ def reply_residuals(model: Any, ids: torch.Tensor, first: int, between: Callable
         raise ValueError("positions before `start` need their keys and values (past), and only they; first >= start")
     config = model.config
     C, nh = config.n_embd, config.n_head
-    hs, T = C // nh, ids.size(1)
+    T = ids.size(1)
     kv_dtype = getattr(model, "kv_dtype", None)  # the reply's KV cache kept keys and values in this dtype
     transformer = model.transformer
     positions = torch.arange(start, start + T, dtype=torch.long, device=ids.device)  # (T,)
@@ -65,14 +65,7 @@ def reply_residuals(model: Any, ids: torch.Tensor, first: int, between: Callable
     mask = None if past is None else torch.ones(T, start + T, dtype=torch.bool, device=ids.device).tril(start)
     kept = [x[0, first - start:]]
     for layer, block in enumerate(transformer.h):
-        q, k, v = block.attn.c_attn(block.ln_1(x)).split(C, dim=2)
-        q, k, v = (t.view(1, T, nh, hs).transpose(1, 2) for t in (q, k, v))  # (1, nh, T, hs)
-        if kv_dtype is not None:  # what the cache would have held
-            k, v = k.to(kv_dtype).to(q.dtype), v.to(kv_dtype).to(q.dtype)
-        if past is not None:
-            past_k, past_v = past[layer]
-            k = torch.cat([past_k[:, :, :start].to(q.dtype), k], dim=2)  # (1, nh, start + T, hs)
-            v = torch.cat([past_v[:, :, :start].to(q.dtype), v], dim=2)
+        q, k, v = queries_keys_values(block, x, nh, kv_dtype, None if past is None else past[layer], start)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)  # (1, nh, T, hs)
         y = edit_heads(y, layer, edit, start)
         x = x + block.attn.c_proj(y.transpose(1, 2).contiguous().view(1, T, C))
