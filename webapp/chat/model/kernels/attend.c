@@ -70,19 +70,6 @@ static inline float lanes_max(f32x16 v) {
  * exponentials as they are -- every product and add fused. (GCC's generic code leaves some of them unfused
  * in the head size 64 instantiation, so there the last bits differ from a -DGLASSBOX_GENERIC_TILES build;
  * a row alone and in a batch take this same code either way.) */
-static inline __attribute__((always_inline)) __m256 load8_kv(int kind, const void *w, int64_t at) {
-    if (kind == F32) return _mm256_loadu_ps((const float *)w + at);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(
-        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + at))), 16));
-}
-
-static inline __attribute__((always_inline)) float sum8x2(__m256 lo, __m256 hi) {
-    __m256 t = _mm256_add_ps(lo, hi);
-    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-    u = _mm_add_ps(u, _mm_movehl_ps(u, u));
-    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
-}
-
 static inline __attribute__((always_inline)) void attend_head(int kind, int hv, const float *qh, const void *K,
                                                               const void *V, int64_t head, int64_t n, float scale,
                                                               float *p, float *oh) {
@@ -96,12 +83,12 @@ static inline __attribute__((always_inline)) void attend_head(int kind, int hv, 
     float top = -INFINITY;
     for (int64_t t = 0; t < n; t++) {
         int64_t at = head + t * hs;
-        __m256 lo = _mm256_mul_ps(ql[0], load8_kv(kind, K, at)), hi = _mm256_mul_ps(qh8[0], load8_kv(kind, K, at + 8));
+        __m256 lo = _mm256_mul_ps(ql[0], load8_w(kind, K, at)), hi = _mm256_mul_ps(qh8[0], load8_w(kind, K, at + 8));
         for (int d = 1; d < hv; d++) {
-            lo = _mm256_fmadd_ps(ql[d], load8_kv(kind, K, at + 16 * d), lo);
-            hi = _mm256_fmadd_ps(qh8[d], load8_kv(kind, K, at + 16 * d + 8), hi);
+            lo = _mm256_fmadd_ps(ql[d], load8_w(kind, K, at + 16 * d), lo);
+            hi = _mm256_fmadd_ps(qh8[d], load8_w(kind, K, at + 16 * d + 8), hi);
         }
-        p[t] = sum8x2(lo, hi);
+        p[t] = lanes_sum8x2(lo, hi);
         top = p[t] > top ? p[t] : top;
     }
     for (int64_t u = n; u % LANES; u++) p[u] = -INFINITY;  /* whole vectors below: e^-inf = 0 */
@@ -119,15 +106,15 @@ static inline __attribute__((always_inline)) void attend_head(int kind, int hv, 
         for (; u + 2 <= n; u += 2) {
             int64_t at = head + u * hs + 16 * d;
             __m256 pe = _mm256_set1_ps(p[u]), po = _mm256_set1_ps(p[u + 1]);
-            el = _mm256_fmadd_ps(pe, load8_kv(kind, V, at), el);
-            eh = _mm256_fmadd_ps(pe, load8_kv(kind, V, at + 8), eh);
-            ol = _mm256_fmadd_ps(po, load8_kv(kind, V, at + hs), ol);
-            oh8 = _mm256_fmadd_ps(po, load8_kv(kind, V, at + hs + 8), oh8);
+            el = _mm256_fmadd_ps(pe, load8_w(kind, V, at), el);
+            eh = _mm256_fmadd_ps(pe, load8_w(kind, V, at + 8), eh);
+            ol = _mm256_fmadd_ps(po, load8_w(kind, V, at + hs), ol);
+            oh8 = _mm256_fmadd_ps(po, load8_w(kind, V, at + hs + 8), oh8);
         }
         if (u < n) {
             __m256 pe = _mm256_set1_ps(p[u]);
-            el = _mm256_fmadd_ps(pe, load8_kv(kind, V, head + u * hs + 16 * d), el);
-            eh = _mm256_fmadd_ps(pe, load8_kv(kind, V, head + u * hs + 16 * d + 8), eh);
+            el = _mm256_fmadd_ps(pe, load8_w(kind, V, head + u * hs + 16 * d), el);
+            eh = _mm256_fmadd_ps(pe, load8_w(kind, V, head + u * hs + 16 * d + 8), eh);
         }
         _mm256_storeu_ps(oh + 16 * d, _mm256_mul_ps(_mm256_add_ps(el, ol), inv8));
         _mm256_storeu_ps(oh + 16 * d + 8, _mm256_mul_ps(_mm256_add_ps(eh, oh8), inv8));

@@ -50,19 +50,6 @@ enum { AHEAD = 8192 };
  * reloaded every step), which made a decode step compute-bound. The same sums in pairs of 8-lane
  * registers: lane j of 16 is lane j of `lo` (j < 8) or of `hi`, the same fused multiply-adds in the same
  * order, and lanes_sum's tree (8, 4, 2, 1) at the end, so every result is the bits the generic code gives. */
-static inline __attribute__((always_inline)) __m256 load8_w(int kind, const void *w, int64_t at) {
-    if (kind == F32) return _mm256_loadu_ps((const float *)w + at);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(
-        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + at))), 16));
-}
-
-static inline __attribute__((always_inline)) float lanes_sum8x2(__m256 lo, __m256 hi) {
-    __m256 t = _mm256_add_ps(lo, hi);                                                   /* width 8 */
-    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));     /* width 4 */
-    u = _mm_add_ps(u, _mm_movehl_ps(u, u));                                             /* width 2 */
-    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));                            /* width 1 */
-}
-
 /* dots[i][j] = x[i] . W[n0 + j] for i < mr, j < nr (at most 2 by 2: the sums, weights and x in 14 of the
  * 16 registers) */
 static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr, const float *x, int64_t ldx,

@@ -62,6 +62,23 @@ static inline float lanes_sum(f32x16 v) {
     return s[0];
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+/* AVX2 without AVX-512 (linear.c's and attend.c's 8-lane paths): 8 weights widened to float32, and the sum of
+ * 16 lanes held as two halves, by lanes_sum's tree (8, 4, 2, 1), so the same bits */
+static inline __attribute__((always_inline)) __m256 load8_w(int kind, const void *w, int64_t at) {
+    if (kind == F32) return _mm256_loadu_ps((const float *)w + at);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + at))), 16));
+}
+
+static inline __attribute__((always_inline)) float lanes_sum8x2(__m256 lo, __m256 hi) {
+    __m256 t = _mm256_add_ps(lo, hi);                                                   /* width 8 */
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));     /* width 4 */
+    u = _mm_add_ps(u, _mm_movehl_ps(u, u));                                             /* width 2 */
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));                            /* width 1 */
+}
+#endif
+
 /* Scratch memory, 64-byte aligned (a 64-byte load from it never splits a cache line), at least `bytes`
  * rounded up to whole lines as aligned_alloc wants; free() it. */
 static inline void *scratch(int64_t bytes) {
