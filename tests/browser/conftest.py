@@ -108,12 +108,14 @@ def open_page(browser, server, problems):
     browser context: its own owner)."""
     contexts = []
 
-    def open_(size="desktop", scheme="light", js=True):
+    def open_(size="desktop", scheme="light", js=True, cookies=None):
         context = browser.new_context(base_url=server.url, viewport=SIZES[size], color_scheme=scheme,
                                       java_script_enabled=js)
         context.add_init_script(REPORT_CSP)
         context.set_default_timeout(20_000)
         context.on("page", problems.watch)
+        if cookies:  # another page of the same browser (its owner's cookie)
+            context.add_cookies(cookies)
         contexts.append(context)
         return context.new_page()
 

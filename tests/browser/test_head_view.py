@@ -7,76 +7,59 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.conftest import REPORT_CSP, screenshot
+from tests.browser.conftest import screenshot
 from tests.browser.test_chat import send
-from tests.browser.test_usability import SIZES, axe, no_horizontal_scroll
+from tests.browser.test_usability import axe, no_horizontal_scroll
 
 pytestmark = pytest.mark.browser
 
 
-def test_one_head_over_the_reply_fits_a_phone_and_passes_axe_in_both_themes(browser, server, problems):
-    contexts = []
+def test_one_head_over_the_reply_fits_a_phone_and_passes_axe_in_both_themes(open_page):
+    page = open_page()
+    page.goto("/chat/")
+    send(page, "Which head reads what?", max_new_tokens="8")
+    page.wait_for_selector("li.message.assistant.complete")
+    tokens = page.get_by_role("link", name="Tokens").get_attribute("href")
+    page.goto(tokens.split("?")[0].replace("/tokens", "/inside/6") + "?head=2.1#head")
+    page.get_by_role("link", name="This head over the whole reply").click()
+    page.wait_for_selector("table.qk")
+    assert "Block 2, head 1" in page.locator("h1").text_content()
+    assert page.locator("table.qk tbody th[scope=row]").count() == 7  # the start marker, tokens 1..6
+    assert "few-shot examples" in page.locator("table.qk thead").text_content()
+    head_url = page.url.split("#")[0]
+    screenshot(page, "head-desktop")
+    cookies = page.context.cookies()
 
-    def open_page(size="desktop", scheme="light", js=True, cookies=None):
-        context = browser.new_context(base_url=server.url, viewport=SIZES[size], color_scheme=scheme,
-                                      java_script_enabled=js)
-        context.add_init_script(REPORT_CSP)
-        context.set_default_timeout(20_000)
-        context.on("page", problems.watch)
-        if cookies:
-            context.add_cookies(cookies)
-        contexts.append(context)
-        return context.new_page()
+    plain = open_page("phone", js=False, cookies=cookies)  # no JavaScript: links all the way
+    plain.goto(head_url.replace("/head/2.1", "?head=1.0"))
+    plain.get_by_role("link", name="This head over the whole reply").click()
+    assert "Block 1, head 0" in plain.locator("h1").text_content()
+    plain.get_by_role("link", name="Show every position").click()
+    assert plain.locator("table.qk th.summed").count() == 0
+    columns = plain.locator("table.qk thead th[scope=col]").count()
+    assert columns == plain.locator("table.qk tbody tr").first.locator("td").count() > 200
+    no_horizontal_scroll(plain)
+    region = plain.locator(".qk-scroll")
+    assert region.evaluate("e => e.scrollWidth > e.clientWidth")  # the matrix scrolls in its own region
 
-    try:
-        page = open_page()
-        page.goto("/chat/")
-        send(page, "Which head reads what?", max_new_tokens="8")
-        page.wait_for_selector("li.message.assistant.complete")
-        tokens = page.get_by_role("link", name="Tokens").get_attribute("href")
-        page.goto(tokens.split("?")[0].replace("/tokens", "/inside/6") + "?head=2.1#head")
-        page.get_by_role("link", name="This head over the whole reply").click()
-        page.wait_for_selector("table.qk")
-        assert "Block 2, head 1" in page.locator("h1").text_content()
-        assert page.locator("table.qk tbody th[scope=row]").count() == 7  # the start marker, tokens 1..6
-        assert "few-shot examples" in page.locator("table.qk thead").text_content()
-        head_url = page.url.split("#")[0]
-        screenshot(page, "head-desktop")
-        cookies = page.context.cookies()
+    found = {}
+    for scheme in ("light", "dark"):
+        for url in (head_url, head_url + "?keys=all", head_url + "?rows=user"):
+            viewer = open_page("phone", scheme, cookies=cookies)
+            viewer.goto(url)
+            no_horizontal_scroll(viewer)
+            violations = axe(viewer)
+            if violations:
+                found[f"{scheme} {url}"] = violations
+        screenshot(viewer, f"head-phone-{scheme}")
+    assert not found, found
 
-        plain = open_page("phone", js=False, cookies=cookies)  # no JavaScript: links all the way
-        plain.goto(head_url.replace("/head/2.1", "?head=1.0"))
-        plain.get_by_role("link", name="This head over the whole reply").click()
-        assert "Block 1, head 0" in plain.locator("h1").text_content()
-        plain.get_by_role("link", name="Show every position").click()
-        assert plain.locator("table.qk th.summed").count() == 0
-        columns = plain.locator("table.qk thead th[scope=col]").count()
-        assert columns == plain.locator("table.qk tbody tr").first.locator("td").count() > 200
-        no_horizontal_scroll(plain)
-        region = plain.locator(".qk-scroll")
-        assert region.evaluate("e => e.scrollWidth > e.clientWidth")  # the matrix scrolls in its own region
-
-        found = {}
-        for scheme in ("light", "dark"):
-            for url in (head_url, head_url + "?keys=all", head_url + "?rows=user"):
-                viewer = open_page("phone", scheme, cookies=cookies)
-                viewer.goto(url)
-                no_horizontal_scroll(viewer)
-                violations = axe(viewer)
-                if violations:
-                    found[f"{scheme} {url}"] = violations
-            screenshot(viewer, f"head-phone-{scheme}")
-        assert not found, found
-
-        page.goto(head_url)  # presentation mode: labels readable from the back of a room
-        page.get_by_role("button", name="Large type").click()
-        page.wait_for_selector("html[data-present=on]")
-        no_horizontal_scroll(page)
-        assert not axe(page)
-        sizes = page.evaluate("() => [...document.querySelectorAll('table.qk :is(th, th *)')]"
-                              ".map(e => parseFloat(getComputedStyle(e).fontSize))")
-        assert min(sizes) >= 14, sizes
-        screenshot(page, "head-desktop-present")
-    finally:
-        for context in contexts:
-            context.close()
+    page.goto(head_url)  # presentation mode: labels readable from the back of a room
+    page.get_by_role("button", name="Large type").click()
+    page.wait_for_selector("html[data-present=on]")
+    no_horizontal_scroll(page)
+    assert not axe(page)
+    sizes = page.evaluate("() => [...document.querySelectorAll('table.qk :is(th, th *)')]"
+                          ".map(e => parseFloat(getComputedStyle(e).fontSize))")
+    assert min(sizes) >= 14, sizes
+    screenshot(page, "head-desktop-present")
