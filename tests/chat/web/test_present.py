@@ -135,15 +135,16 @@ def test_presentation_pace_spreads_a_live_reply_to_the_screen(tmp_path):
     try:
         client = app.test_client()
         response = send(client, "Slowly", seed="3", max_new_tokens="10")
+        opened = time.monotonic()
         stream = client.get(stream_url(response.get_data(as_text=True)), buffered=False)
         stamps = []
         for chunk in stream.response:
             stamps += [time.monotonic()] * chunk.decode().count("event: token")
         reply = messages(app, conversation_id_of(response))[-1]
         assert len(stamps) >= reply["tokens"] >= 3  # this seed: a few tokens, then the end
-        # the screen got one token every 1/5 s (unpaced, the tiny model writes them within milliseconds); one
-        # gap of slack: on a loaded machine this reader may take the first token late, and the rest on time
-        assert stamps[-1] - stamps[0] >= (len(stamps) - 2) / 5.0
+        # the screen got one token every 1/5 s (unpaced, the tiny model writes them within milliseconds). Timed
+        # from opening the stream: a loaded reader may take tokens late and several at once, never early
+        assert stamps[-1] - opened >= (len(stamps) - 1) / 5.0
     finally:
         glassbox(app).core.shutdown()
 
