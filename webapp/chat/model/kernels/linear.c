@@ -41,7 +41,9 @@ enum { I8 = 2 };          /* int8 weights (F32 and BF16: vectors.h) */
 
 /* Each weight is read once per step: ask for it AHEAD bytes early, with the hint that it will not be
  * used again soon (non-temporal), so that the stream runs ahead of the hardware's own prefetcher and
- * does not push the rest of the process (the interpreter between calls included) out of the caches. */
+ * does not push the rest of the process (the interpreter between calls included) out of the caches.
+ * Not for float32 weights, whose rows the hardware's prefetcher alone streams faster (docs/benchmarks.md,
+ * "One stream on the AMD EPYC with AVX-512"). */
 enum { AHEAD = 8192 };
 #define PREFETCH(p) __builtin_prefetch((const char *)(p) + AHEAD, 0, 0)
 
@@ -118,7 +120,7 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
         f32x16 wv[NR];
         for (int j = 0; j < nr; j++) {
             wv[j] = load_w(kind, w, (n0 + j) * K + k);
-            PREFETCH((const char *)w + ((n0 + j) * K + k) * (kind == F32 ? 4 : 2));
+            if (kind != F32) PREFETCH((const uint16_t *)w + (n0 + j) * K + k);
         }
         for (int i = 0; i < mr; i++) {
             f32x16 xv = load_x(x + i * ldx + k);
