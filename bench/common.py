@@ -279,9 +279,14 @@ def roofline(rate: float, bytes_per_step: float, bandwidth: float, rows: int = 1
     return roof, rate / roof
 
 
-def roofline_note(bandwidths: dict) -> str:
-    """The line a report gives under a table with roofline columns: what was divided by what."""
-    measured = ", ".join(f"{t} thread{'s' if t != 1 else ''} {bw:.1f} GB/s" for t, bw in bandwidths.items())
+def roofline_note(bandwidths: dict, each: dict | None = None) -> str:
+    """The line a report gives under a table with roofline columns: what was divided by what. `each`: every
+    measurement behind a median (thread count -> GB/s per rep), whose range is printed: on a shared VM the
+    bandwidth itself moves between runs, and a fraction is only as steady as its divisor."""
+    def spread(t) -> str:
+        values = (each or {}).get(t) or []
+        return f" (each rep {min(values):.1f}–{max(values):.1f}, median used)" if len(values) > 1 else ""
+    measured = ", ".join(f"{t} thread{'s' if t != 1 else ''} {bw:.1f} GB/s{spread(t)}" for t, bw in bandwidths.items())
     return ("- roofline tok/s = tokens a step × measured read bandwidth ÷ bytes a step reads (its tensors at their "
             "stored types, lm_head whole, one row of each embedding table; plus each row's keys and values at the "
             "context its steps attend over, a run's mean); fraction = measured ÷ roofline. Read bandwidth (the "

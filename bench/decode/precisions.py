@@ -104,7 +104,7 @@ def main(argv=None):
             + f"({'compiled' if kernels.library() else 'unavailable: ' + str(kernels.unavailable_reason)}), "
             + "`torch` = torch's kernels (oneDNN, torch's weight-only int8).\n"
             + "- bytes a step reads: " + ", ".join(f"{p} {b / 2**20:.0f} MiB" for p, b in steps.items()) + "\n"
-            + common.roofline_note(bandwidth))
+            + common.roofline_note(bandwidth, bandwidths))
     common.report(f"bench.decode.precisions: {args.size}, decode by precision and kernel", body,
                   load_before=load_before, write_doc=not args.no_doc)
 

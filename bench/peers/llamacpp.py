@@ -350,7 +350,7 @@ def main(argv=None):
     system = info.get("system_info", "n/a")
     read = ", ".join(f"{v} {step_bytes(v, contexts[0]) / 2**20:.0f} MiB" for v in variants)
     body = (common.table(header, rows) + "\n\n" + agree + "\n\n"
-            + common.roofline_note(bandwidth)
+            + common.roofline_note(bandwidth, bandwidths)
             + f"- bytes a step reads after the {contexts[0]}-token prompt (at its steps' mean context): {read}\n"
             + f"- model: random `{args.size}` (seed 0, {n_params / 1e6:.1f}M parameters), exported by "
             + "webapp.chat.model.hf.export_hf and converted by llama.cpp's convert_hf_to_gguf.py "

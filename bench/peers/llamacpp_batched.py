@@ -184,7 +184,7 @@ def main(args) -> int:
     body = (common.table(["threads", "precision (Glassbox / llama.cpp)", "B", "Glassbox tok/s",
                           "Glassbox roofline tok/s", "Glassbox fraction", "llama.cpp tok/s", "llama.cpp roofline tok/s",
                           "llama.cpp fraction", "Glassbox ÷ llama.cpp", "per rep: median (range)"], rows) + "\n\n"
-            + common.roofline_note(bandwidth)
+            + common.roofline_note(bandwidth, bandwidths)
             + f"- one decode step of B rows, each with its own context of {context} + 7 r tokens, decoded at that "
             + f"context again each step; {args.steps} timed steps (after a warm-up) per batch size and rep, their "
             + f"median; {args.reps} reps, the two engines one after the other in each; tokens/s = B / step\n"
