@@ -271,16 +271,43 @@ def test_a_whole_block_in_one_call_is_its_calls_one_by_one(precision):
         keys, values = [c.k[0] for c in caches], [c.v[0] for c in caches]
         written = [k[0, :, p].clone() for k, p in zip(keys, positions)]
         got = x.clone()
+        plan = kernels.plan_block(block._parameters_in_order(), block.ln_1.eps, 4)
+        assert plan is not None
         with kernels.disabled():  # refused, untouched: the caller then goes one call at a time
-            assert not kernels.block(got, block._parameters_in_order(), block.ln_1.eps, 4, keys, values, positions)
+            assert not kernels.block(got, plan, keys, values, positions)
         assert torch.equal(got, x)
-        assert kernels.block(got, block._parameters_in_order(), block.ln_1.eps, 4, keys, values, positions)
+        assert kernels.block(got, plan, keys, values, positions)
         assert torch.equal(got, expected)  # the same sums, bit for bit
         assert all(torch.equal(k[0, :, p], w) for k, p, w in zip(keys, positions, written))
         # what the kernel cannot take, it refuses rather than misreads
-        assert not kernels.block(torch.randn(3, 1, 128)[..., ::2], block._parameters_in_order(), block.ln_1.eps, 4,
-                                 keys, values, positions)
-        assert not kernels.block(got, block._parameters_in_order(), block.ln_1.eps, 4, keys, values, [5, 17, 64])
+        assert not kernels.block(torch.randn(3, 1, 128)[..., ::2], plan, keys, values, positions)
+        assert not kernels.block(got, plan, keys, values, [5, 17, 64])
+
+
+def test_a_blocks_plan_follows_its_parameters_when_they_are_replaced_or_moved():
+    """The kernel's plan of a block's parameters is made once: a model converted (apply_precision) or moved
+    (.half().float()) after it has decoded decodes as one converted or moved before it ever did."""
+    from webapp.chat.model.gpt import GPT, Chunk, GPTConfig
+    from webapp.chat.model.precision import apply_precision
+    config = GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=4, n_embd=64)
+
+    def model():
+        torch.manual_seed(7)
+        return GPT(config).eval()
+
+    def step(m):
+        cache = m.new_cache(max_len=32)
+        m.prefill([Chunk(list(range(9)), cache)])
+        return m.decode_step(torch.tensor([[9]]), [cache], [9])
+
+    with torch.inference_mode():
+        used = model()
+        step(used)  # plans made for float32
+        assert torch.equal(step(apply_precision(used, "int8")), step(apply_precision(model(), "int8")))
+        used, fresh = model(), model()
+        step(used)
+        assert torch.equal(step(used.half().float()), step(fresh.half().float()))
+        assert not torch.equal(step(fresh), step(model()))  # the move changed the weights: a test that can fail
 
 
 def test_a_block_the_kernel_would_misread_is_refused_and_left_to_the_calls_one_by_one():
@@ -295,18 +322,25 @@ def test_a_block_the_kernel_would_misread_is_refused_and_left_to_the_calls_one_b
     with torch.inference_mode():
         for cache, n in zip(caches, positions):
             model.prefill([Chunk(torch.randint(0, 64, (n,)).tolist(), cache)])
-        assert kernels.block(x.clone(), params, 1e-5, 4, keys, values, positions)  # the baseline: taken
+        plan = kernels.plan_block(params, 1e-5, 4)
+        assert plan is not None and kernels.block(x.clone(), plan, keys, values, positions)  # the baseline: taken
+        # parameters it would misread: no plan at all
+        misread = [
+            params[:3] + [params[3][:10]] + params[4:],  # a scale too short
+            params[:3] + [None] + params[4:],  # int8 without its scales
+            params[:1] + [params[1][:32]] + params[2:],  # ln_1's bias too short
+        ]
+        assert all(kernels.plan_block(bad, 1e-5, 4) is None for bad in misread)
+        assert kernels.plan_block(params, 1e-5, 5) is None  # heads that do not divide the width
+        # calls that do not match the plan or each other: refused, x untouched
         refused = [
-            (x, params, 4, keys, values, positions[:1]),  # a position short
-            (x, params, 4, keys[:1], values, positions),  # a cache short
-            (x, params, 8, keys, values, positions),  # heads that do not match the cache's
-            (x, params[:3] + [params[3][:10]] + params[4:], 4, keys, values, positions),  # a scale too short
-            (x, params[:3] + [None] + params[4:], 4, keys, values, positions),  # int8 without its scales
-            (x, params[:1] + [params[1][:32]] + params[2:], 4, keys, values, positions),  # ln_1's bias too short
+            (x, plan, keys, values, positions[:1]),  # a position short
+            (x, plan, keys[:1], values, positions),  # a cache short
+            (x, kernels.plan_block(params, 1e-5, 8), keys, values, positions),  # heads that do not match the cache's
         ]
         for case in refused:
             got = case[0].clone()
-            assert not kernels.block(got, case[1], 1e-5, *case[2:])
+            assert not kernels.block(got, *case[1:])
             assert torch.equal(got, x)
         # a row count the caches do not match is the caller's mistake, said plainly
         with pytest.raises(ValueError, match="one each"):

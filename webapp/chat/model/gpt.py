@@ -254,9 +254,24 @@ class Block(nn.Module):
 
     def _fused(self, x: Tensor, caches: list[KVCache], layer: int, positions: list[int]) -> bool:
         """The whole block's decode step in one kernel call, in place on x; False: not done (no kernel)."""
-        return self.ln_1.eps == self.ln_2.eps and kernels.block(
-            x, self._parameters_in_order(), self.ln_1.eps, self.attn.n_head, [c.k[layer] for c in caches],
-            [c.v[layer] for c in caches], positions)
+        plan = self._kernel_plan()
+        return plan is not None and kernels.block(x, plan, [c.k[layer] for c in caches], [c.v[layer] for c in caches],
+                                                  positions)
+
+    def _kernel_plan(self) -> kernels.BlockPlan | None:
+        """The kernel's plan of this block's parameters, made once (checking them every step cost more than
+        a small model's step): made again when a part is replaced (apply_precision) or moved (_apply)."""
+        parts = (self.ln_1, self.ln_2, self.attn.c_attn, self.attn.c_proj, self.mlp.c_fc, self.mlp.c_proj)
+        made = self.__dict__.get("_plan")  # a plain attribute: never a parameter, buffer or submodule
+        if made is None or any(a is not b for a, b in zip(made[0], parts)):
+            plan = (kernels.plan_block(self._parameters_in_order(), self.ln_1.eps, self.attn.n_head)
+                    if self.ln_1.eps == self.ln_2.eps else None)
+            self.__dict__["_plan"] = made = (parts, plan)  # the parts held, so none's id is reused while it lives
+        return made[1]
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        self.__dict__.pop("_plan", None)  # .to(), .float(), ...: the tensors may move
+        return super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
 
     def _parameters_in_order(self) -> list[Tensor | None]:
         """The tensors kernels.block takes, in nanoGPT's order (a linear layer: weight, scale, bias)."""

@@ -25,6 +25,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -182,33 +183,55 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out.view(*x.shape[:-1], N)
 
 
-def block(x: torch.Tensor, params: list[torch.Tensor | None], eps: float, n_head: int, keys: list[torch.Tensor],
-          values: list[torch.Tensor], positions: list[int]) -> bool:
-    """One transformer block's decode step in place on x (B, 1, C), float32, each row a sequence of its own:
-    x += attention(ln_1(x)); x += mlp(ln_2(x)), the same sums as a call per layer (linear(), attend()).
-    params: the block's tensors in nanoGPT's order (linear.c, glassbox_block; scales and biases may be
-    None); keys[r], values[r]: row r's cache of this layer, (1, nh, max_len, hs); positions[r]: row r's new
-    position. -> False, having done nothing, when the kernel cannot take these (then call per layer)."""
+@dataclass(frozen=True)
+class BlockPlan:
+    """A transformer block's parameters, checked once for glassbox_block: their format and their pointers in
+    nanoGPT's order (the tensors are held, so the pointers stay valid as long as the plan does)."""
+    kind: int
+    n_embd: int
+    n_head: int
+    eps: float
+    tensors: tuple[torch.Tensor | None, ...]
+    pointers: ctypes.Array  # type: ignore[type-arg]
+
+
+def plan_block(params: list[torch.Tensor | None], eps: float, n_head: int) -> BlockPlan | None:
+    """The plan for block() of a block with these parameters (nanoGPT's order: linear.c, glassbox_block; scales
+    and biases may be None), or None when the kernel cannot take them (then call per layer)."""
     weights = [w for w in (params[2], params[5], params[10], params[13]) if w is not None]
-    if len(weights) != 4:
-        return False
+    if len(weights) != 4 or library() is None:
+        return None
     kind = KINDS.get(weights[0].dtype)
-    B, C = x.shape[0], x.shape[-1]
-    if (_disabled or kind is None or library() is None or x.dtype != torch.float32 or x.device.type != "cpu"
-            or not x.is_contiguous() or x.numel() != B * C or C % n_head or not B == len(keys) == len(values)
-            == len(positions) or (x.requires_grad and torch.is_grad_enabled())):
-        return False
+    C = weights[0].shape[-1]
+    if kind is None or C % n_head:
+        return None
     shapes = (3 * C, C), (C, C), (4 * C, C), (C, 4 * C)
     if any(w.dtype != weights[0].dtype or w.device.type != "cpu" or not w.is_contiguous() or tuple(w.shape) != shape
            for w, shape in zip(weights, shapes)):
-        return False
+        return None
     # each vector's length: ln_1 C, C; c_attn scale, bias 3C; c_proj C; ln_2 C, C; c_fc 4C; mlp c_proj C
     sizes = dict(zip((0, 1, 3, 4, 6, 7, 8, 9, 11, 12, 14, 15), (C, C, 3 * C, 3 * C, C, C, C, C, 4 * C, 4 * C, C, C)))
     required = (0, 8, 3, 6, 11, 14) if kind == KINDS[torch.int8] else (0, 8)  # norms' weights; int8's scales
     if any(params[i] is None for i in required):
-        return False
+        return None
     if any(t is not None and (t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous()
                               or t.numel() != sizes[i]) for i, t in ((i, params[i]) for i in sizes)):
+        return None
+    pointers = (ctypes.c_void_p * 16)(*(None if t is None else t.data_ptr() for t in params))
+    return BlockPlan(kind, C, n_head, eps, tuple(params), pointers)
+
+
+def block(x: torch.Tensor, plan: BlockPlan, keys: list[torch.Tensor], values: list[torch.Tensor],
+          positions: list[int]) -> bool:
+    """One transformer block's decode step in place on x (B, 1, C), float32, each row a sequence of its own:
+    x += attention(ln_1(x)); x += mlp(ln_2(x)), the same sums as a call per layer (linear(), attend()).
+    plan: the block's parameters (plan_block); keys[r], values[r]: row r's cache of this layer,
+    (1, nh, max_len, hs); positions[r]: row r's new position. -> False, having done nothing, when the kernel
+    cannot take these (then call per layer)."""
+    B, C, n_head = x.shape[0], plan.n_embd, plan.n_head
+    if (_disabled or x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous()
+            or x.numel() != B * C or x.shape[-1] != C or not B == len(keys) == len(values) == len(positions)
+            or (x.requires_grad and torch.is_grad_enabled())):
         return False
     cache = keys[0]
     if (cache.dtype not in (torch.float32, torch.bfloat16) or cache.device.type != "cpu"
@@ -216,10 +239,9 @@ def block(x: torch.Tensor, params: list[torch.Tensor | None], eps: float, n_head
             or not 0 <= min(positions) <= max(positions) < cache.shape[-2] or cache.shape[-3] != n_head
             or cache.shape[-1] != C // n_head or cache.numel() != n_head * cache.shape[-2] * (C // n_head)):
         return False
-    pointers = (ctypes.c_void_p * 16)(*(None if t is None else t.data_ptr() for t in params))
-    assert _library is not None  # the callers asked supports() first
+    assert _library is not None  # plan_block found it
     status = _library.glassbox_block(
-        kind, KINDS[cache.dtype], x.data_ptr(), B, C, n_head, pointers, eps,
+        plan.kind, KINDS[cache.dtype], x.data_ptr(), B, C, n_head, plan.pointers, plan.eps,
         (ctypes.c_void_p * B)(*(t.data_ptr() for t in keys)), (ctypes.c_void_p * B)(*(t.data_ptr() for t in values)),
         (ctypes.c_int64 * B)(*positions), cache.shape[-2], torch.get_num_threads())
     if status != 0:
@@ -254,4 +276,5 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor
         raise RuntimeError(f"decode attention kernel failed ({status})")
 
 
-__all__ = ["attend", "attends", "block", "cache_dir", "disabled", "library", "linear", "supports", "unavailable_reason"]
+__all__ = ["BlockPlan", "attend", "attends", "block", "cache_dir", "disabled", "library", "linear", "plan_block",
+           "supports", "unavailable_reason"]
