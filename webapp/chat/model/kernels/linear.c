@@ -43,7 +43,7 @@ enum { I8 = 2 };          /* int8 weights (F32 and BF16: vectors.h) */
  * used again soon (non-temporal), so that the stream runs ahead of the hardware's own prefetcher and
  * does not push the rest of the process (the interpreter between calls included) out of the caches.
  * Not for float32 weights, whose rows the hardware's prefetcher alone streams faster (docs/benchmarks.md,
- * "One stream on the AMD EPYC with AVX-512"). */
+ * "One stream on the AMD EPYC with AVX-512, model 17"). */
 enum { AHEAD = 8192 };
 #define PREFETCH(p) __builtin_prefetch((const char *)(p) + AHEAD, 0, 0)
 
