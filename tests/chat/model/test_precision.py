@@ -137,6 +137,30 @@ def test_int8_prefill_in_blocks_is_the_same_as_in_one(monkeypatch):
         assert torch.equal(q(x), whole)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kernels_dequantization_is_torchs_bit_for_bit(dtype):
+    """int8 prefill widens its weights with the decode kernel's library (one pass on every thread): the same
+    bits as torch's (w * scale).to(dtype), at odd widths, scales from 1e-30 to 1e30 and rounding ties; and a
+    prefill with the kernel switched off (torch's dequantization) gives the same outputs."""
+    if kernels.library() is None:
+        pytest.skip(f"no decode kernel here: {kernels.unavailable_reason}")
+    torch.manual_seed(9)
+    w = torch.randint(-127, 128, (37, 1027), dtype=torch.int8)
+    scale = torch.rand(37) * torch.logspace(-30, 30, 37)
+    scale[0] = 1 + 2 ** -8  # 127 * scale: a product that sits near a bfloat16 rounding tie
+    fast = kernels.dequantize(w, scale, dtype)
+    assert fast is not None and fast.dtype == dtype
+    want = (w * scale[:, None]).to(dtype)
+    assert torch.equal(fast.view(torch.int16) if dtype == torch.bfloat16 else fast.view(torch.int32),
+                       want.view(torch.int16) if dtype == torch.bfloat16 else want.view(torch.int32))
+    q, _ = int8_layer(6)
+    x = torch.randn(9, 64)
+    with torch.inference_mode():
+        with_kernel = q(x)
+        with kernels.disabled():
+            assert torch.equal(q(x), with_kernel)
+
+
 def test_an_int8_decode_step_without_the_kernel_reads_the_int8_weights():
     """Few rows and no kernel: torch's weight-only int8 matmul (bfloat16 inputs), not a dequantized copy."""
     q, dequantized = int8_layer(6, k=64, n=32)

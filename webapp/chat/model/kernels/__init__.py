@@ -32,7 +32,7 @@ import torch
 
 log = logging.getLogger("glassbox.kernels")
 
-SOURCES = [Path(__file__).with_name(name) for name in ("linear.c", "attend.c", "amx.c")]  # + vectors.h
+SOURCES = [Path(__file__).with_name(name) for name in ("linear.c", "attend.c", "amx.c", "dequantize.c")]  # + vectors.h
 HEADER = Path(__file__).with_name("vectors.h")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # the kernels' formats (vectors.h, linear.c)
@@ -122,6 +122,9 @@ def _load() -> ctypes.CDLL:
     lib.glassbox_attend.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                     ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                     ctypes.c_void_p, ctypes.c_int]
+    lib.glassbox_dequantize.restype = ctypes.c_int
+    lib.glassbox_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
+                                        ctypes.c_void_p, ctypes.c_int]
     return lib
 
 
@@ -249,6 +252,24 @@ def block(x: torch.Tensor, plan: BlockPlan, keys: list[torch.Tensor], values: li
     return True
 
 
+def dequantize(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """(weight (N, K) int8 * scale (N,) float32[:, None]).to(dtype), float32 or bfloat16, the same bits, in one
+    pass on torch's threads (dequantize.c); None when the kernel is not in use or cannot take these (then
+    compute it with torch)."""
+    if (_disabled or dtype not in (torch.float32, torch.bfloat16) or weight.dtype != torch.int8 or weight.dim() != 2
+            or scale.dtype != torch.float32 or scale.shape != weight.shape[:1]
+            or not all(t.device.type == "cpu" and t.is_contiguous() for t in (weight, scale))
+            or library() is None):
+        return None
+    out = torch.empty(weight.shape, dtype=dtype)
+    assert _library is not None
+    status = _library.glassbox_dequantize(weight.data_ptr(), scale.data_ptr(), weight.shape[0], weight.shape[1],
+                                          KINDS[dtype], out.data_ptr(), torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"dequantize kernel failed ({status})")
+    return out
+
+
 def attends(q: torch.Tensor, out: torch.Tensor, keys: torch.Tensor) -> bool:
     """Whether attend() can take these: contiguous float32 queries and outputs, and a contiguous float32
     or bfloat16 cache, on the CPU."""
@@ -276,5 +297,5 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor
         raise RuntimeError(f"decode attention kernel failed ({status})")
 
 
-__all__ = ["BlockPlan", "attend", "attends", "block", "cache_dir", "disabled", "library", "linear", "plan_block",
-           "supports", "unavailable_reason"]
+__all__ = ["BlockPlan", "attend", "attends", "block", "cache_dir", "dequantize", "disabled", "library", "linear",
+           "plan_block", "supports", "unavailable_reason"]
