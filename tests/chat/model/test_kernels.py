@@ -4,6 +4,7 @@ per machine, and a clear fallback to torch's kernels where it cannot be compiled
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import os
 import platform
@@ -308,6 +309,10 @@ def test_a_blocks_plan_follows_its_parameters_when_they_are_replaced_or_moved():
         step(used)
         assert torch.equal(step(used.half().float()), step(fresh.half().float()))
         assert not torch.equal(step(fresh), step(model()))  # the move changed the weights: a test that can fail
+        copied = copy.deepcopy(used)  # a copy makes its own plans (pointers into its own tensors)
+        for p in used.parameters():
+            p.zero_()
+        assert torch.equal(step(copied), step(fresh))
 
 
 def test_a_block_the_kernel_would_misread_is_refused_and_left_to_the_calls_one_by_one():

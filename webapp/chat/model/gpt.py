@@ -273,6 +273,9 @@ class Block(nn.Module):
         self.__dict__.pop("_plan", None)  # .to(), .float(), ...: the tensors may move
         return super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_plan"}  # a copy's plan points at its own tensors
+
     def _parameters_in_order(self) -> list[Tensor | None]:
         """The tensors kernels.block takes, in nanoGPT's order (a linear layer: weight, scale, bias)."""
         attn, mlp = self.attn, self.mlp
