@@ -85,8 +85,7 @@ class WeightOnlyLinear(DecodingLinear, nn.Module):
             return self.matmul(x)
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, C_in)
         if self.in_features % 16:  # torch's int8 kernel crashes on such widths: dequantize instead
-            dequantized = (self.weight.float() * self.scale[:, None]).to(torch.bfloat16)
-            y = onednn_linear(rows, dequantized, None).float()
+            y = onednn_linear(rows, dequantized(self.weight, self.scale, torch.bfloat16), None).float()
         else:
             y = torch._weight_int8pack_mm(rows.contiguous(), self.weight, self.scale.to(torch.bfloat16)).float()
         return self._finish(y, x)

@@ -21,14 +21,7 @@ static void store_row(int kind, void *dst, const float *src, int64_t n) {
         return;
     }
     uint16_t *h = dst;
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t bits;
-        memcpy(&bits, src + i, sizeof bits);
-        if ((bits & 0x7FFFFFFFu) > 0x7F800000u)
-            h[i] = (uint16_t)((bits >> 16) | 0x40u);  /* NaN stays NaN (rounding would carry it to inf or 0) */
-        else
-            h[i] = (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);  /* round to nearest even */
-    }
+    for (int64_t i = 0; i < n; i++) h[i] = to_bf16(src[i]);
 }
 
 /* e^x, 16 at a time, for x <= 0 (a score less the largest): 2^n * e^r, r = x - n ln 2 in [-ln2/2, ln2/2],

@@ -16,12 +16,7 @@ int glassbox_dequantize(const int8_t *w, const float *scale, int64_t N, int64_t 
             for (int64_t k = 0; k < K; k++) o[k] = (float)row[k] * s;
         } else {
             uint16_t *o = (uint16_t *)out + n * K;
-            for (int64_t k = 0; k < K; k++) {
-                float f = (float)row[k] * s;  /* finite: an int8 times a finite scale */
-                uint32_t bits;
-                memcpy(&bits, &f, sizeof bits);
-                o[k] = (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);  /* to nearest even */
-            }
+            for (int64_t k = 0; k < K; k++) o[k] = to_bf16((float)row[k] * s);
         }
     }
     return 0;

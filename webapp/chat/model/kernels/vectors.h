@@ -79,6 +79,15 @@ static inline __attribute__((always_inline)) float lanes_sum8x2(__m256 lo, __m25
 }
 #endif
 
+/* float32 to bfloat16 (raw bits), to nearest even as torch rounds; a NaN stays a NaN (rounding would carry it
+ * to inf or 0) */
+static inline uint16_t to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((bits >> 16) | 0x40u);
+    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
 /* Scratch memory, 64-byte aligned (a 64-byte load from it never splits a cache line), at least `bytes`
  * rounded up to whole lines as aligned_alloc wants; free() it. */
 static inline void *scratch(int64_t bytes) {
