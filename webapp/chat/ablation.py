@@ -22,8 +22,8 @@ from webapp.chat.model.edits import Edit
 from webapp.chat.model.inside import layout_problem
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.prompt import PromptReport
+from webapp.chat.records import Status
 from webapp.chat.service import ROOT, ChatError, ChatService, Turn
-from webapp.chat.store import Status
 from webapp.core import InferenceCore
 from webapp.core.jobs import Job
 from webapp.core.kept import KeptResults

@@ -9,8 +9,8 @@ from typing import Any
 
 from webapp.chat.decode.attribution import AttributionReport, AttributionRequest, AttributionResult
 from webapp.chat.inside import InsideService
+from webapp.chat.records import ReplyDetails
 from webapp.chat.service import ChatError
-from webapp.chat.store import ReplyDetails
 from webapp.core import InferenceCore
 from webapp.core.jobs import Job
 from webapp.core.kept import KeptResults

@@ -10,7 +10,8 @@ import time
 from collections.abc import Iterator
 
 from webapp.chat.decode.publish import TokenEvent
-from webapp.chat.store import ChatStore, Status
+from webapp.chat.records import Status
+from webapp.chat.store import ChatStore
 from webapp.core.jobs import Event
 
 # How often a follower reads the row: a fraction of the owner's save interval, so text arrives within

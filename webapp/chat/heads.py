@@ -13,8 +13,8 @@ from typing import Any
 from webapp.chat.decode.head import HeadReport, HeadRequest, HeadResult
 from webapp.chat.inside import InsideService
 from webapp.chat.model.prompt import PromptReport
+from webapp.chat.records import ReplyDetails
 from webapp.chat.service import ChatError
-from webapp.chat.store import ReplyDetails
 from webapp.core import InferenceCore
 from webapp.core.jobs import Job
 from webapp.core.kept import KeptResults

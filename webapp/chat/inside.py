@@ -9,9 +9,9 @@ from typing import TypeVar
 
 from webapp.chat.decode.inside import InsideReport, InsideRequest, InsideResult
 from webapp.chat.model.inside import layout_problem
+from webapp.chat.records import ReplyDetails, Status
 from webapp.chat.registry import ChatModels, ModelRecord, model_record
 from webapp.chat.service import ChatError
-from webapp.chat.store import ReplyDetails, Status
 from webapp.core import InferenceCore
 from webapp.core.jobs import Job
 from webapp.core.kept import KeptResults

@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 from webapp.chat.decode.lens import LensReport, LensRequest, LensResult
 from webapp.chat.inside import InsideService
 from webapp.chat.model.ablation import Parts, parse_parts
+from webapp.chat.records import ReplyDetails, Status
 from webapp.chat.service import ChatError
-from webapp.chat.store import ReplyDetails, Status
 from webapp.core import InferenceCore
 from webapp.core.jobs import Job
 from webapp.core.kept import KeptResults

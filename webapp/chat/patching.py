@@ -10,8 +10,8 @@ from typing import Any, cast
 from webapp.chat.decode.patching import PatchingRequest, PatchingResult
 from webapp.chat.inside import InsideService
 from webapp.chat.model.patching import Patching, first_difference
+from webapp.chat.records import ReplyDetails
 from webapp.chat.service import ChatError
-from webapp.chat.store import ReplyDetails
 from webapp.core import InferenceCore
 from webapp.core.jobs import Job
 from webapp.core.kept import KeptResults

@@ -20,18 +20,9 @@ from webapp.chat.follow import follow_reply
 from webapp.chat.model.edits import Edit
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.prompt import PromptBuilder, PromptReport
+from webapp.chat.records import ChatPage, ConversationFull, ReplyDetails, ReplySignals, Status, TurnIds
 from webapp.chat.registry import ChatModels, model_record
-from webapp.chat.store import (
-    LEASE_RENEW_SECONDS,
-    ROOT,
-    ChatPage,
-    ChatStore,
-    ConversationFull,
-    ReplyDetails,
-    ReplySignals,
-    Status,
-    TurnIds,
-)
+from webapp.chat.store import LEASE_RENEW_SECONDS, ROOT, ChatStore
 from webapp.core import InferenceCore, Refused
 from webapp.core.jobs import CANCELLED, DONE, Event, Job
 from webapp.db import SaveFailed, public_reason

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import secrets
 import time
 import uuid
-from dataclasses import dataclass
-from enum import StrEnum
 
 from webapp.chat.decode.types import ReplyStats
+from webapp.chat.records import (
+    ChatPage,
+    ConversationFull,
+    ReplyDetails,
+    ReplySignals,
+    Status,
+    TurnIds,
+    branch,
+    details_from_row,
+    message_from_row,
+)
 from webapp.chat.registry import ModelRecord
 from webapp.db import AnyDatabase, in_batches
 
@@ -28,107 +36,6 @@ DELETING = "deleting:"
 # out (webapp/chat/follow.py), so within this long of its front end dying.
 REPLY_LEASE_SECONDS = 15.0
 LEASE_RENEW_SECONDS = 5.0
-
-
-class Status(StrEnum):
-    """A message's status (messages.status). A StrEnum equals the string saved, so rows read back as
-    plain strings compare equal to it, and SQL and templates keep the literal."""
-
-    PENDING = "pending"  # a reply being written (or queued)
-    COMPLETE = "complete"
-    STOPPED = "stopped"
-    ERROR = "error"
-
-
-class ConversationFull(Exception):
-    """begin_turn would take the conversation past its limit of messages (every version counts)."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"This conversation has reached its limit of {limit} messages. Start a new chat. "
-                         "Every version counts: regenerated replies, edited questions and branches too.")
-        self.limit = limit
-
-
-@dataclass(frozen=True)
-class TurnIds:
-    """What begin_turn saved, so that take_back_turn can undo it."""
-
-    conversation_id: str
-    created: bool
-    shown: int | None  # the leaf shown before
-    user_id: int | None
-    reply_id: int
-    title: str | None = None  # the title before, when the turn changed it (an edited first question)
-    # What the page after the turn needs, read back by the writes themselves (ChatPage.after):
-    kept: int = 0  # the conversation's messages before the turn
-    saved: tuple[dict, ...] = ()  # the messages saved (the question, the reply), as read back
-    conversation: dict | None = None  # the conversation after the turn
-
-
-@dataclass(frozen=True)
-class ReplyDetails:
-    """What a reply saved beside its text (reply_details): its prompt (PromptReport.as_dict) and its odds, one
-    row per token (TokenOdds.as_row). None: saved before they were kept, or damaged (not JSON, or not the
-    shape written here: a disk or a hand that changed the row), and then named in `damaged`, which the
-    views say instead of failing."""
-
-    prompt: dict | None = None
-    odds: list | None = None
-    damaged: tuple[str, ...] = ()  # "prompt", "odds"
-
-
-@dataclass(frozen=True)
-class ReplySignals:
-    """What other front ends asked about a pending reply (the reply_signals table)."""
-
-    stop_requested: bool = False
-    followed: bool = False
-
-
-@dataclass
-class ChatPage:
-    """What a chat page shows, read at once (ChatStore.page): the conversation (None: a new chat), the
-    owner's conversations newest first, every message of it by id and the leaf shown, its read-only link."""
-
-    conversation: dict | None
-    conversations: list[dict]
-    tree: dict[int, dict]
-    leaf: int | None
-    share_token: str | None = None
-    messages: list[dict] = dataclasses.field(init=False)  # the branch shown, oldest first (see branch)
-
-    def __post_init__(self) -> None:
-        self.messages = branch(self.tree, self.leaf)
-
-    def after(self, turn: TurnIds) -> ChatPage | None:
-        """The page once `turn` was saved, from what was read before and what the turn saved; None when
-        the conversation changed between the two (another tab's turn): read it again then."""
-        current = self.conversation is None if turn.created else (
-            self.conversation is not None and self.conversation["id"] == turn.conversation_id
-            and turn.shown == self.leaf and turn.kept == len(self.tree))
-        if not current or turn.conversation is None or not turn.saved:
-            return None
-        conversation = turn.conversation
-        others = [c for c in self.conversations if c["id"] != conversation["id"]]
-        conversations = sorted([conversation, *others], key=lambda c: c["updated_at"], reverse=True)
-        tree = {**self.tree, **{m["id"]: m for m in turn.saved}}
-        return ChatPage(conversation, conversations, tree, turn.reply_id, self.share_token)
-
-
-def branch(everything: dict[int, dict], leaf: int | None) -> list[dict]:
-    """The branch that ends at `leaf`, oldest first; each message says which version of its place it is."""
-    path, node = [], everything.get(leaf) if leaf is not None else None
-    while node is not None:
-        path.append(node)
-        node = everything.get(node["parent_id"])
-    path.reverse()
-    siblings: dict = {}
-    for m in everything.values():
-        siblings.setdefault((m["parent_id"], m["role"]), []).append(m["id"])
-    for m in path:
-        m["versions"] = siblings[(m["parent_id"], m["role"])]
-        m["version"] = m["versions"].index(m["id"]) + 1
-    return path
 
 
 class ChatStore:
@@ -204,7 +111,7 @@ class ChatStore:
                 return self._tree(conversation_id, db)
         rows = db.execute("SELECT *, (SELECT leaf_id FROM conversations WHERE id = ?) AS shown_leaf FROM messages"
                           " WHERE conversation_id = ? ORDER BY id", (conversation_id, conversation_id)).fetchall()
-        everything = {r["id"]: _message(r) for r in rows}
+        everything = {r["id"]: message_from_row(r) for r in rows}
         leaf = None
         for m in everything.values():
             leaf = m.pop("shown_leaf")
@@ -231,7 +138,7 @@ class ChatStore:
         with self.db.connect() as db:
             row = db.execute("SELECT * FROM messages WHERE id = ? AND conversation_id = ?",
                              (message_id, conversation_id)).fetchone()
-        return _message(row) if row else None
+        return message_from_row(row) if row else None
 
     def show_message(self, conversation_id: str, message_id: int) -> None:
         """Show the branch through a message: down to its newest descendant, newest child at each step."""
@@ -320,12 +227,12 @@ class ChatStore:
             parent = shown if branch_from is None else (branch_from or None)
             saved, user_id = [], None
             if user_text is not None:
-                saved.append(_message(db.execute(
+                saved.append(message_from_row(db.execute(
                     "INSERT INTO messages (conversation_id, role, content, status, created_at,"
                     " parent_id) VALUES (?, 'user', ?, 'complete', ?, ?) RETURNING *",
                     (conversation_id, user_text, now, parent)).fetchone()))
                 parent = user_id = saved[-1]["id"]
-            saved.append(_message(db.execute(
+            saved.append(message_from_row(db.execute(
                 "INSERT INTO messages (conversation_id, role, content, status, settings, created_at,"
                 " parent_id, runner, lease_until, model, model_file, model_precision, intervention)"
                 " VALUES (?, 'assistant', '', 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
@@ -409,7 +316,7 @@ class ChatStore:
         """What a reply saved beside its text (ReplyDetails)."""
         with self.db.connect() as db:
             row = db.execute("SELECT prompt, odds FROM reply_details WHERE message_id = ?", (message_id,)).fetchone()
-        return _details(row)
+        return details_from_row(row)
 
     def details_of(self, message_ids: list[int]) -> dict[int, ReplyDetails]:
         """details() of several replies, read in one statement."""
@@ -420,7 +327,7 @@ class ChatStore:
             rows = {r["message_id"]: r for r in db.execute(
                 f"SELECT message_id, prompt, odds FROM reply_details WHERE message_id IN ({marks})",
                 tuple(message_ids)).fetchall()}
-        return {message_id: _details(rows.get(message_id)) for message_id in message_ids}
+        return {message_id: details_from_row(rows.get(message_id)) for message_id in message_ids}
 
 
     # -- what the quotas and the retention ask (OwnerStore, webapp/browsers.py) -----------------------
@@ -448,37 +355,3 @@ class ChatStore:
 
 def _title(text: str) -> str:
     return " ".join(text.split())[:TITLE_CHARS] or "New chat"
-
-
-def _details(row) -> ReplyDetails:
-    read: dict = {}
-    damaged = []
-    for field, kind in (("prompt", dict), ("odds", list)):
-        if row is None or not row[field]:
-            continue
-        try:
-            value = json.loads(row[field])
-        except ValueError:
-            value = None
-        if isinstance(value, kind):
-            read[field] = value
-        else:
-            damaged.append(field)
-    return ReplyDetails(**read, damaged=tuple(damaged))
-
-
-def _message(row) -> dict:
-    message = dict(row)
-    message["settings"] = json.loads(message["settings"]) if message["settings"] else None
-    # what an ablated version switched off (webapp/chat/ablation.py); None for every other message
-    message["intervention"] = _json_or_none(message.get("intervention"))
-    return message
-
-
-def _json_or_none(text: str | None) -> dict | None:
-    """A JSON object column; None when empty or damaged (the page then shows the version unlabelled)."""
-    try:
-        found = json.loads(text) if text else None
-    except ValueError:
-        return None
-    return found if isinstance(found, dict) else None

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from flask import Blueprint, abort, current_app
 
+from webapp.chat.records import ChatPage
 from webapp.chat.service import ChatService
-from webapp.chat.store import ChatPage
 from webapp.config import Settings
 from webapp.web.security import owner_id
 from webapp.web.state import glassbox

@@ -8,8 +8,8 @@ from flask import current_app, redirect, render_template, request, session, url_
 from webapp.chat.decode.publish import chat_result
 from webapp.chat.decode.types import ChatJob, SamplingParams
 from webapp.chat.model.prompt import PromptTooLong
+from webapp.chat.records import ChatPage, Status
 from webapp.chat.service import ChatError, Turn
-from webapp.chat.store import ChatPage, Status
 from webapp.chat.web import token_views
 from webapp.chat.web.blueprint import service, settings
 from webapp.chat.web.forms import FormError, FormErrors, remembered_sampling, submitted_sampling

@@ -9,8 +9,8 @@ from flask import Response, abort, current_app, redirect, render_template, reque
 
 from webapp.chat.decode.publish import TokenEvent
 from webapp.chat.model.prompt import PromptTooLong
+from webapp.chat.records import Status
 from webapp.chat.service import ChatError
-from webapp.chat.store import Status
 from webapp.chat.web import exports, token_views
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, owned_page, service, settings
 from webapp.chat.web.composer import (

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from flask import abort, redirect, render_template, request, url_for
 
+from webapp.chat.records import ReplyDetails
 from webapp.chat.service import ChatError
-from webapp.chat.store import ReplyDetails
 from webapp.chat.web import token_views as glass
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, owned_page, service, settings
 from webapp.chat.web.composer import default_sampling, reply_fragment, start_reply

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from flask import abort, redirect, render_template, request, stream_template, url_for
 
 from webapp.chat.decode.publish import TokenEvent
+from webapp.chat.records import Status
 from webapp.chat.service import ChatError
-from webapp.chat.store import Status
 from webapp.chat.web import token_views
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service, settings
 from webapp.chat.web.composer import render_message

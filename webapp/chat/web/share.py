@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from flask import abort, redirect, render_template, url_for
 
+from webapp.chat.records import ReplyDetails
 from webapp.chat.service import ChatError
-from webapp.chat.store import ReplyDetails
 from webapp.chat.web import token_views as glass
 from webapp.chat.web.blueprint import bp, owned_conversation, service
 from webapp.chat.web.glass import compare_page, panel_fragment, tokens_page

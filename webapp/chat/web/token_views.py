@@ -11,7 +11,7 @@ from webapp.chat.decode.odds import TokenOdds
 from webapp.chat.decode.types import Forced
 from webapp.chat.model.prompt import PromptReport
 from webapp.chat.model.tokenizer import special_name, token_bytes
-from webapp.chat.store import ReplyDetails
+from webapp.chat.records import ReplyDetails
 
 SHADES = 10  # probability buckets, each a CSS class (the CSP allows no inline styles)
 # What a special token would mean at that point of a reply. Any special ends a reply without being
