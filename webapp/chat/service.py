@@ -7,8 +7,6 @@ import dataclasses
 import logging
 import secrets
 import sqlite3
-import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -17,12 +15,13 @@ import psycopg
 
 from webapp.chat.decode.types import ChatJob, ChatRequest, ChatResult, Forced, SamplingParams
 from webapp.chat.follow import follow_reply
+from webapp.chat.leases import Leases
 from webapp.chat.model.edits import Edit
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.prompt import PromptBuilder, PromptReport
 from webapp.chat.records import ChatPage, ConversationFull, ReplyDetails, ReplySignals, Status, TurnIds
 from webapp.chat.registry import ChatModels, model_record
-from webapp.chat.store import LEASE_RENEW_SECONDS, ROOT, ChatStore
+from webapp.chat.store import ROOT, ChatStore
 from webapp.core import InferenceCore, Refused
 from webapp.core.jobs import CANCELLED, DONE, Event, Job
 from webapp.db import SaveFailed, public_reason
@@ -381,44 +380,3 @@ def heed(job: ChatJob, signals: ReplySignals) -> None:
         job.watched_elsewhere()
     if signals.stop_requested:  # Stop pressed on another front end
         job.cancel()
-
-
-class Leases:
-    """Keeps the leases of the replies this front end runs or has queued: every LEASE_RENEW_SECONDS, one
-    UPDATE for all of them, on a thread that runs while there are any. A queued reply saves nothing, and a
-    running one saves only as it produces, so without this a long wait would look like a dead front end
-    to the others (ChatStore.reply_progress); the same round reads what other front ends asked (Stop), so
-    a reply still waiting in line is stopped too."""
-
-    def __init__(self, store: ChatStore, heed: Callable[[int, ReplySignals], None]) -> None:
-        self.store, self.heed = store, heed
-        self._lock = threading.Lock()
-        self._held: set[int] = set()
-        self._thread: threading.Thread | None = None
-
-    def hold(self, message_id: int) -> None:
-        with self._lock:
-            self._held.add(message_id)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._renew, name="glassbox-leases", daemon=True)
-                self._thread.start()
-
-    def let_go(self, message_id: int) -> None:
-        with self._lock:
-            self._held.discard(message_id)
-
-    def _renew(self) -> None:
-        while True:
-            time.sleep(LEASE_RENEW_SECONDS)
-            with self._lock:
-                held = sorted(self._held)
-                if not held:
-                    self._thread = None
-                    return
-            try:
-                asked = self.store.renew_leases(held)
-            except Exception as error:  # the database is away: the next round tries again
-                log.warning("renewing the leases of %d replies failed: %s", len(held), error)
-                continue
-            for message_id, signals in asked.items():  # a waiting reply reads them here: it saves nothing
-                self.heed(message_id, signals)
