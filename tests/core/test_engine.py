@@ -113,7 +113,7 @@ def test_cancelled_while_queued_never_runs_and_on_finish_is_called(core):
 
 
 def test_a_result_whose_save_failed_is_saved_as_failed_once_the_disk_has_room(monkeypatch):
-    monkeypatch.setattr("webapp.core.engine.SAVE_RETRY_SECONDS", 0.05)
+    monkeypatch.setattr("webapp.core.saves.SAVE_RETRY_SECONDS", 0.05)
     core = InferenceCore({}, {"t": FunctionJobs()}, keep_finished=1)
     disk_full, saved = threading.Event(), []
     disk_full.set()

@@ -32,6 +32,7 @@ from webapp.core.executors import BatchedJobs, Executor, StepReport, WholeJobs
 from webapp.core.jobs import CANCELLED, DONE, FAILED, QUEUED, RUNNING, AnyJob, Job, JobCancelled, RequestT, ResultT
 from webapp.core.metrics import JobMetrics, StepMetrics
 from webapp.core.refusals import CoreClosed, QueueFull, TooManyFromClient, TooManyJobs
+from webapp.core.saves import Saves
 from webapp.core.scheduler import BulkShare, Scheduler, prefill_pass
 from webapp.core.threads import torch_threads
 
@@ -39,7 +40,6 @@ log = logging.getLogger("glassbox.core")
 # How long a whole job (a Loop-lab run, an Inside report) may hold the worker before running replies step
 # again: a few decoding steps of a large model, a blink on screen.
 BATCH_SLICE_SECONDS = 0.05
-SAVE_RETRY_SECONDS = 5.0  # how often a result whose save failed (disk full) is tried again
 
 
 class InferenceCore:
@@ -65,8 +65,7 @@ class InferenceCore:
         self._running: dict[str, AnyJob] = {}
         self._jobs: collections.OrderedDict[str, AnyJob] = collections.OrderedDict()
         self._keep_finished = keep_finished
-        self._unsaved: dict[str, AnyJob] = {}  # finished, but their result could not be saved yet (see _retry_saves)
-        self._last_save_try = 0.0
+        self.saves = Saves()  # finished jobs whose result could not be saved yet, tried again
         self._lock = threading.Condition()
         self._closed = False
         self.closing = threading.Event()  # set when shutdown begins: what a paced replay waits on, not a sleep
@@ -164,7 +163,7 @@ class InferenceCore:
         self._warm_up()
         spent = self.step_metrics.spent
         while True:
-            self._retry_saves()
+            self.saves.retry()
             waited = time.perf_counter()
             turn = self._next_turn()
             spent("waiting", time.perf_counter() - waited)
@@ -215,7 +214,7 @@ class InferenceCore:
                     return admitted, whole
                 if self._closed:
                     return None
-                if self._unsaved and self._save_retry_due():
+                if self.saves.retry_due():
                     return [], None
                 self._lock.wait(0.5)
 
@@ -369,7 +368,7 @@ class InferenceCore:
     def _finish(self, job: AnyJob, outcome: str, error: str | None) -> None:
         if job.save_error is not None:  # its partial result could not be saved: it stopped for that
             outcome, error = FAILED, job.save_error
-        outcome, error = self._call_on_finish(job, outcome, error)
+        outcome, error = self.saves.call_on_finish(job, outcome, error)
         job.set_state(outcome, error)
         with self._lock:
             self._running.pop(job.id, None)
@@ -378,55 +377,16 @@ class InferenceCore:
         self.job_metrics.job_finished(job)
 
     def _finish_unstarted(self, job: AnyJob) -> None:
-        outcome, error = self._call_on_finish(job, CANCELLED, None)
+        outcome, error = self.saves.call_on_finish(job, CANCELLED, None)
         job.set_state(outcome, error)
         self.counters[outcome] += 1
         self._retire(job)
         self.job_metrics.job_finished(job)
 
-    def _call_on_finish(self, job: AnyJob, outcome: str, error: str | None) -> tuple[str, str | None]:
-        """Save before announcing the end, so a reload right after "done" finds the saved result.
-        -> the outcome to announce: failed, with the reason, when the result could not be saved
-        (disk full, read-only database), so nobody is told a reply was kept that was not."""
-        if job.on_finish is None:
-            return outcome, error
-        try:
-            job.on_finish(job, outcome, error)
-        except Exception as exc:
-            log.error("saving job %s (%s) failed: %s", job.id, job.kind, exc)
-            job.save_error = job.save_error or f"Could not save the result: {exc or type(exc).__name__}"
-            with self._lock:
-                self._unsaved[job.id] = job
-            return FAILED, job.save_error
-        return outcome, error
-
-    def _save_retry_due(self) -> bool:
-        return time.monotonic() - self._last_save_try >= SAVE_RETRY_SECONDS
-
-    def _retry_saves(self) -> None:
-        """Save again, as failed with the reason the user was shown, the results whose last save failed
-        (the disk was full, the database read-only), until it works: no reply stays pending in the
-        database while the process lives. Until then the job stays findable, so pages show its outcome."""
-        if not self._unsaved or not self._save_retry_due():
-            return
-        self._last_save_try = time.monotonic()
-        with self._lock:
-            unsaved = list(self._unsaved.values())
-        for job in unsaved:
-            try:
-                if job.on_finish is not None:
-                    job.on_finish(job, FAILED, job.save_error)
-            except Exception as exc:
-                log.warning("saving job %s (%s) failed again: %s", job.id, job.kind, exc)
-                return  # the disk is still full: try them all again later
-            log.info("saved job %s (%s) at last", job.id, job.kind)
-            with self._lock:
-                self._unsaved.pop(job.id, None)
-
     def _retire(self, job: AnyJob) -> None:
         # Finished jobs stay findable for replay; the oldest finished ones are forgotten.
         self._jobs.move_to_end(job.id)
-        finished = [j for j in self._jobs.values() if j.state not in (QUEUED, RUNNING) and j.id not in self._unsaved]
+        finished = [j for j in self._jobs.values() if j.state not in (QUEUED, RUNNING) and not self.saves.pending(j.id)]
         for old in finished[: max(0, len(finished) - self._keep_finished)]:
             del self._jobs[old.id]
 
