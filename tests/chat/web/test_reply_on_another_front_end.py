@@ -144,7 +144,7 @@ def test_the_leases_of_replies_waiting_in_line_are_renewed_while_they_wait(tmp_p
     """A queued reply saves nothing; its front end still keeps its lease, so no follower takes it for dead."""
     from tests.conftest import make_app
     from tests.support.chat_models import tiny_chat_model
-    monkeypatch.setattr("webapp.chat.service.LEASE_RENEW_SECONDS", 0.2)
+    monkeypatch.setattr("webapp.chat.leases.LEASE_RENEW_SECONDS", 0.2)
     app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat", seconds_per_step=0.02)}, max_batch=1)
     try:
         client = app.test_client()
@@ -166,7 +166,7 @@ def test_a_stop_recorded_by_another_front_end_stops_a_reply_still_waiting_in_lin
     """A queued reply saves nothing: its front end reads the request when it renews the leases."""
     from tests.conftest import make_app
     from tests.support.chat_models import tiny_chat_model
-    monkeypatch.setattr("webapp.chat.service.LEASE_RENEW_SECONDS", 0.2)
+    monkeypatch.setattr("webapp.chat.leases.LEASE_RENEW_SECONDS", 0.2)
     app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat", seconds_per_step=0.02)}, max_batch=1)
     try:
         client = app.test_client()
