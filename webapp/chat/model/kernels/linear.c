@@ -47,6 +47,12 @@ enum { I8 = 2 };          /* int8 weights (F32 and BF16: vectors.h) */
 enum { AHEAD = 8192 };
 #define PREFETCH(p) __builtin_prefetch((const char *)(p) + AHEAD, 0, 0)
 
+/* A batch of more than MR rows passes over a tile of weights more than once: the first pass reads them from
+ * memory, the later ones from the caches. During a later pass, float32 tiles ask for the next tile's weights
+ * (`next`, its first row; -1: none) into L2, so that its first pass finds them there instead of waiting on
+ * memory while the multiply-adds idle (docs/benchmarks.md, "The batched step on the AMD EPYC with AVX-512"). */
+#define PREFETCH_NEXT_TILE(p) __builtin_prefetch((p), 0, 2)
+
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) && !defined(GLASSBOX_GENERIC_TILES)
 /* AVX2 without AVX-512: GCC keeps 16-lane vectors in memory there (two registers each, spilled and
  * reloaded every step), which made a decode step compute-bound. The same sums in pairs of 8-lane
@@ -55,7 +61,8 @@ enum { AHEAD = 8192 };
 /* dots[i][j] = x[i] . W[n0 + j] for i < mr, j < nr (at most 2 by 2: the sums, weights and x in 14 of the
  * 16 registers) */
 static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr, const float *x, int64_t ldx,
-                                                       const void *w, int64_t K, int64_t n0, float dots[MR][NR]) {
+                                                       const void *w, int64_t K, int64_t n0, float dots[MR][NR],
+                                                       int64_t next) {
     __m256 lo[2][2], hi[2][2];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) lo[i][j] = hi[i][j] = _mm256_setzero_ps();
@@ -65,6 +72,7 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
         for (int j = 0; j < nr; j++) {
             wl[j] = load8_w(kind, w, (n0 + j) * K + k);
             wh[j] = load8_w(kind, w, (n0 + j) * K + k + 8);  /* no PREFETCH: the hardware's alone streams faster here */
+            if (kind == F32 && next >= 0) PREFETCH_NEXT_TILE((const float *)w + (next + j) * K + k);
         }
         for (int i = 0; i < mr; i++) {
             __m256 xl = _mm256_loadu_ps(x + i * ldx + k), xh = _mm256_loadu_ps(x + i * ldx + k + 8);
@@ -85,17 +93,18 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
 /* float32 and bfloat16 weights: 2-by-2 tiles over the batch's MR by NR (the weights come again from L1) */
 #define TILES(KIND)                                                                                  \
     static void tiles_##KIND(int mr, int nr, const float *x, int64_t ldx, const void *w, int64_t K,  \
-                             int64_t n0, float dots[MR][NR]) {                                       \
+                             int64_t n0, float dots[MR][NR], int64_t next) {                         \
         if (mr > 1) {                                                                                \
             for (int i0 = 0; i0 < mr; i0 += 2)                                                      \
                 for (int j0 = 0; j0 < nr; j0 += 2) {                                                 \
                     float part[MR][NR];                                                              \
                     const float *xi = x + i0 * ldx;                                                  \
                     int two_rows = mr - i0 >= 2, two_cols = nr - j0 >= 2;                            \
-                    if (two_rows && two_cols) tile(KIND, 2, 2, xi, ldx, w, K, n0 + j0, part);        \
-                    else if (two_rows) tile(KIND, 2, 1, xi, ldx, w, K, n0 + j0, part);               \
-                    else if (two_cols) tile(KIND, 1, 2, xi, ldx, w, K, n0 + j0, part);               \
-                    else tile(KIND, 1, 1, xi, ldx, w, K, n0 + j0, part);                             \
+                    int64_t ahead = next < 0 ? -1 : next + j0;  /* the next tile's rows for these */  \
+                    if (two_rows && two_cols) tile(KIND, 2, 2, xi, ldx, w, K, n0 + j0, part, ahead); \
+                    else if (two_rows) tile(KIND, 2, 1, xi, ldx, w, K, n0 + j0, part, ahead);        \
+                    else if (two_cols) tile(KIND, 1, 2, xi, ldx, w, K, n0 + j0, part, ahead);        \
+                    else tile(KIND, 1, 1, xi, ldx, w, K, n0 + j0, part, ahead);                      \
                     for (int i = 0; i < 2 && i0 + i < mr; i++)                                       \
                         for (int j = 0; j < 2 && j0 + j < nr; j++) dots[i0 + i][j0 + j] = part[i][j]; \
                 }                                                                                    \
@@ -104,14 +113,25 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
         /* One row of x: one row of W at a time, as below */                                        \
         float one[MR][NR];                                                                           \
         for (int j = 0; j < nr; j++) {                                                               \
-            tile(KIND, 1, 1, x, ldx, w, K, n0 + j, one);                                             \
+            tile(KIND, 1, 1, x, ldx, w, K, n0 + j, one, -1);                                         \
             dots[0][j] = one[0][0];                                                                  \
         }                                                                                            \
     }
 #else
+/* Holds a vector in a register for all its uses. Left to itself GCC keeps only one side of a tile in
+ * registers and folds the other into every multiply-add as a memory operand, loading it again each time
+ * (a 6-by-4 tile made 28 loads for 24 multiply-adds, and waited on the loads). With both sides held, 10.
+ * It changes which instructions load, never the multiply-adds or their order. */
+#ifdef __AVX512F__
+#define IN_REGISTER(v) __asm__("" : "+v"(v))
+#else
+#define IN_REGISTER(v) ((void)0)
+#endif
+
 /* dots[i][j] = x[m0 + i] . W[n0 + j] for i < mr, j < nr; mr and nr are constants where inlined */
 static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr, const float *x, int64_t ldx,
-                                                       const void *w, int64_t K, int64_t n0, float dots[MR][NR]) {
+                                                       const void *w, int64_t K, int64_t n0, float dots[MR][NR],
+                                                       int64_t next) {
     f32x16 acc[MR][NR];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) acc[i][j] = (f32x16){0};
@@ -121,9 +141,12 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
         for (int j = 0; j < nr; j++) {
             wv[j] = load_w(kind, w, (n0 + j) * K + k);
             if (kind != F32) PREFETCH((const uint16_t *)w + (n0 + j) * K + k);
+            if (mr > 1) IN_REGISTER(wv[j]);
+            if (kind == F32 && next >= 0) PREFETCH_NEXT_TILE((const float *)w + (next + j) * K + k);
         }
         for (int i = 0; i < mr; i++) {
             f32x16 xv = load_x(x + i * ldx + k);
+            if (mr > 1) IN_REGISTER(xv);
             for (int j = 0; j < nr; j++) acc[i][j] += xv * wv[j];
         }
     }
@@ -140,14 +163,14 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
 /* float32 and bfloat16 weights, widened as they are read */
 #define TILES(KIND)                                                                                  \
     static void tiles_##KIND(int mr, int nr, const float *x, int64_t ldx, const void *w, int64_t K,  \
-                             int64_t n0, float dots[MR][NR]) {                                       \
+                             int64_t n0, float dots[MR][NR], int64_t next) {                         \
         if (nr == NR && mr > 1) {                                                                    \
             switch (mr) {                                                                            \
-                case 2: tile(KIND, 2, NR, x, ldx, w, K, n0, dots); return;                           \
-                case 3: tile(KIND, 3, NR, x, ldx, w, K, n0, dots); return;                           \
-                case 4: tile(KIND, 4, NR, x, ldx, w, K, n0, dots); return;                           \
-                case 5: tile(KIND, 5, NR, x, ldx, w, K, n0, dots); return;                           \
-                default: tile(KIND, 6, NR, x, ldx, w, K, n0, dots); return;                          \
+                case 2: tile(KIND, 2, NR, x, ldx, w, K, n0, dots, next); return;                     \
+                case 3: tile(KIND, 3, NR, x, ldx, w, K, n0, dots, next); return;                     \
+                case 4: tile(KIND, 4, NR, x, ldx, w, K, n0, dots, next); return;                     \
+                case 5: tile(KIND, 5, NR, x, ldx, w, K, n0, dots, next); return;                     \
+                default: tile(KIND, 6, NR, x, ldx, w, K, n0, dots, next); return;                    \
             }                                                                                        \
         }                                                                                            \
         /* One row of x (a lone reply streams faster through one row of W at a time), or the last   \
@@ -155,7 +178,7 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
         float one[MR][NR];                                                                           \
         for (int j = 0; j < nr; j++)                                                                 \
             for (int i = 0; i < mr; i++) {                                                           \
-                tile(KIND, 1, 1, x + i * ldx, ldx, w, K, n0 + j, one);                               \
+                tile(KIND, 1, 1, x + i * ldx, ldx, w, K, n0 + j, one, -1);                           \
                 dots[i][j] = one[0][0];                                                              \
             }                                                                                        \
     }
@@ -414,7 +437,8 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
                 q8rows xm = {q.xu + m0 * q.chunks * QCHUNK, q.xs + m0 * q.chunks * LANES, q.chunks};
                 tiles_q8(mr, nr, xm, w, K, n0, dots);
             } else {
-                (kind == F32 ? tiles_F32 : tiles_BF16)(mr, nr, x + m0 * ldx, ldx, w, K, n0, dots);
+                int64_t next = m0 > 0 && n0 + 2 * NR <= N ? n0 + NR : -1;  /* a later pass: fetch the next tile */
+                (kind == F32 ? tiles_F32 : tiles_BF16)(mr, nr, x + m0 * ldx, ldx, w, K, n0, dots, next);
             }
             for (int i = 0; i < mr; i++)
                 for (int j = 0; j < nr; j++) {
