@@ -201,8 +201,9 @@ typedef struct {        /* x quantized: per row, chunks * QCHUNK bytes and chunk
     int64_t chunks;
 } q8rows;
 
-static void quantize_rows(const float *x, int64_t M, int64_t K, int64_t ldx, uint8_t *xu, float *xs) {
+static void quantize_rows(const float *x, int64_t M, int64_t K, int64_t ldx, uint8_t *xu, float *xs, int threads) {
     int64_t chunks = (K + QCHUNK - 1) / QCHUNK;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (M > 1)
     for (int64_t m = 0; m < M; m++)
         for (int64_t blk = 0; blk < 2 * chunks; blk++) {
             const float *xb = x + m * ldx;
@@ -357,9 +358,12 @@ static void tiles_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K, int64
 #endif
 
 /* What surrounds a linear layer in a transformer block, done here rather than by a library call each: a
- * layer norm of the input rows (over K, float32 sums), and GELU and a residual add on the outputs. */
+ * layer norm of the input rows (over K, float32 sums), and GELU and a residual add on the outputs. The rows
+ * of a batch are normed (and int8's quantized) on all the threads, each row by one thread, in its own order:
+ * one thread alone kept the other waiting. */
 static void layer_norm_rows(const float *x, int64_t M, int64_t K, int64_t ldx, const float *g, const float *beta,
-                            float eps, float *out) {
+                            float eps, float *out, int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static) if (M > 1)
     for (int64_t m = 0; m < M; m++) {
         const float *row = x + m * ldx;
         float sum = 0.0f, sq = 0.0f;
@@ -382,8 +386,13 @@ static inline f32x16 gelu16(f32x16 v) {
     return 0.5f * v * (1.0f + where(z < 0.0f, -erf_a, erf_a));
 }
 
-/* y = gelu(y) (when asked) + residual (when given), over M * N outputs, 16 at a time */
-static void finish_outputs(float *y, int64_t count, int gelu, const float *residual) {
+/* Below this many outputs they are finished on one thread: sharing them would cost more than it saves */
+enum { FINISH_ALONE = 8192 };
+
+/* y = gelu(y) (when asked) + residual (when given), over M * N outputs, 16 at a time, shared among the threads
+ * (each output on its own: the same bits however they are shared) */
+static void finish_outputs(float *y, int64_t count, int gelu, const float *residual, int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static) if (count >= FINISH_ALONE)
     for (int64_t i = 0; i < count; i += LANES) {
         int64_t n = count - i < LANES ? count - i : LANES;
         float part[LANES] = {0}, add[LANES] = {0};
@@ -407,13 +416,13 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
     float *xs = 0, *normed = 0;
     if (norm_w) {
         if (!(normed = scratch(M * K * (int64_t)sizeof(float)))) return -2;
-        layer_norm_rows(x, M, K, ldx, norm_w, norm_b, eps, normed);
+        layer_norm_rows(x, M, K, ldx, norm_w, norm_b, eps, normed, threads);
         x = normed, ldx = K;
     }
     if (kind != F32) {  /* AMX's tiles where the CPU has them (amx.c), for every batch size alike */
         int status = amx_linear(kind, x, M, K, ldx, w, N, scale, b, y, threads);
         if (status <= 0) {
-            if (!status && (gelu || residual)) finish_outputs(y, M * N, gelu, residual);
+            if (!status && (gelu || residual)) finish_outputs(y, M * N, gelu, residual, threads);
             free(normed);
             return status;
         }
@@ -422,7 +431,7 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
         xu = scratch(M * q.chunks * QCHUNK);
         xs = scratch(M * q.chunks * LANES * (int64_t)sizeof(float));
         if (!xu || !xs) { free(xu); free(xs); free(normed); return -2; }
-        quantize_rows(x, M, K, ldx, xu, xs);
+        quantize_rows(x, M, K, ldx, xu, xs, threads);
         q.xu = xu, q.xs = xs;
     }
     int64_t tiles = (N + NR - 1) / NR;
@@ -449,7 +458,7 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
                 }
         }
     }
-    if (gelu || residual) finish_outputs(y, M * N, gelu, residual);
+    if (gelu || residual) finish_outputs(y, M * N, gelu, residual, threads);
     free(xu);
     free(xs);
     free(normed);
