@@ -48,10 +48,17 @@ enum { AHEAD = 8192 };
 #define PREFETCH(p) __builtin_prefetch((const char *)(p) + AHEAD, 0, 0)
 
 /* A batch of more than MR rows passes over a tile of weights more than once: the first pass reads them from
- * memory, the later ones from the caches. During a later pass, float32 tiles ask for the next tile's weights
- * (`next`, its first row; -1: none) into L2, so that its first pass finds them there instead of waiting on
- * memory while the multiply-adds idle (docs/benchmarks.md, "The batched step on the AMD EPYC with AVX-512"). */
-#define PREFETCH_NEXT_TILE(p) __builtin_prefetch((p), 0, 2)
+ * memory, the later ones from the caches. A later pass asks for the next tile's weights into L2 meanwhile,
+ * so that the next first pass finds them there instead of waiting on memory while the multiply-adds idle
+ * (docs/benchmarks.md, "The batched step on the AMD EPYC with AVX-512"). A tile's `next` says which pass it
+ * is: STREAM, the only pass (the batch has at most MR rows: bfloat16 prefetches AHEAD as above); CACHED, a
+ * pass that prefetches nothing (the first of several, or a later one with no next tile); or the first row
+ * of the next tile (a later pass). */
+enum { STREAM = -1, CACHED = -2 };
+static inline __attribute__((always_inline)) void prefetch_next_tile(int kind, const void *w, int64_t at) {
+    if (kind == F32 || at % 32 == 0)  /* a line each: 16 float32 weights, or 32 bfloat16 */
+        __builtin_prefetch((const char *)w + at * (kind == F32 ? 4 : 2), 0, 2);
+}
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) && !defined(GLASSBOX_GENERIC_TILES)
 /* AVX2 without AVX-512: GCC keeps 16-lane vectors in memory there (two registers each, spilled and
@@ -72,7 +79,7 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
         for (int j = 0; j < nr; j++) {
             wl[j] = load8_w(kind, w, (n0 + j) * K + k);
             wh[j] = load8_w(kind, w, (n0 + j) * K + k + 8);  /* no PREFETCH: the hardware's alone streams faster here */
-            if (kind == F32 && next >= 0) PREFETCH_NEXT_TILE((const float *)w + (next + j) * K + k);
+            if (next >= 0) prefetch_next_tile(kind, w, (next + j) * K + k);
         }
         for (int i = 0; i < mr; i++) {
             __m256 xl = _mm256_loadu_ps(x + i * ldx + k), xh = _mm256_loadu_ps(x + i * ldx + k + 8);
@@ -100,7 +107,7 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
                     float part[MR][NR];                                                              \
                     const float *xi = x + i0 * ldx;                                                  \
                     int two_rows = mr - i0 >= 2, two_cols = nr - j0 >= 2;                            \
-                    int64_t ahead = next < 0 ? -1 : next + j0;  /* the next tile's rows for these */  \
+                    int64_t ahead = next < 0 ? next : next + j0;  /* the next tile's rows for these */\
                     if (two_rows && two_cols) tile(KIND, 2, 2, xi, ldx, w, K, n0 + j0, part, ahead); \
                     else if (two_rows) tile(KIND, 2, 1, xi, ldx, w, K, n0 + j0, part, ahead);        \
                     else if (two_cols) tile(KIND, 1, 2, xi, ldx, w, K, n0 + j0, part, ahead);        \
@@ -113,7 +120,7 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
         /* One row of x: one row of W at a time, as below */                                        \
         float one[MR][NR];                                                                           \
         for (int j = 0; j < nr; j++) {                                                               \
-            tile(KIND, 1, 1, x, ldx, w, K, n0 + j, one, -1);                                         \
+            tile(KIND, 1, 1, x, ldx, w, K, n0 + j, one, STREAM);                                     \
             dots[0][j] = one[0][0];                                                                  \
         }                                                                                            \
     }
@@ -140,9 +147,9 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
         f32x16 wv[NR];
         for (int j = 0; j < nr; j++) {
             wv[j] = load_w(kind, w, (n0 + j) * K + k);
-            if (kind != F32) PREFETCH((const uint16_t *)w + (n0 + j) * K + k);
+            if (kind != F32 && next == STREAM) PREFETCH((const uint16_t *)w + (n0 + j) * K + k);
             if (mr > 1) IN_REGISTER(wv[j]);
-            if (kind == F32 && next >= 0) PREFETCH_NEXT_TILE((const float *)w + (next + j) * K + k);
+            if (next >= 0) prefetch_next_tile(kind, w, (next + j) * K + k);
         }
         for (int i = 0; i < mr; i++) {
             f32x16 xv = load_x(x + i * ldx + k);
@@ -178,7 +185,7 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
         float one[MR][NR];                                                                           \
         for (int j = 0; j < nr; j++)                                                                 \
             for (int i = 0; i < mr; i++) {                                                           \
-                tile(KIND, 1, 1, x + i * ldx, ldx, w, K, n0 + j, one, -1);                           \
+                tile(KIND, 1, 1, x + i * ldx, ldx, w, K, n0 + j, one, next < 0 ? next : next + j);    \
                 dots[i][j] = one[0][0];                                                              \
             }                                                                                        \
     }
@@ -446,7 +453,7 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
                 q8rows xm = {q.xu + m0 * q.chunks * QCHUNK, q.xs + m0 * q.chunks * LANES, q.chunks};
                 tiles_q8(mr, nr, xm, w, K, n0, dots);
             } else {
-                int64_t next = m0 > 0 && n0 + 2 * NR <= N ? n0 + NR : -1;  /* a later pass: fetch the next tile */
+                int64_t next = M <= MR ? STREAM : m0 == 0 || n0 + 2 * NR > N ? CACHED : n0 + NR;
                 (kind == F32 ? tiles_F32 : tiles_BF16)(mr, nr, x + m0 * ldx, ldx, w, K, n0, dots, next);
             }
             for (int i = 0; i < mr; i++)
