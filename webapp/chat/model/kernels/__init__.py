@@ -32,8 +32,9 @@ import torch
 
 log = logging.getLogger("glassbox.kernels")
 
-SOURCES = [Path(__file__).with_name(name) for name in ("linear.c", "attend.c", "amx.c", "dequantize.c")]  # + vectors.h
-HEADER = Path(__file__).with_name("vectors.h")
+SOURCES = [Path(__file__).with_name(name)
+           for name in ("linear.c", "linear_int8.c", "attend.c", "amx.c", "dequantize.c")]
+HEADERS = [Path(__file__).with_name(name) for name in ("vectors.h", "linear.h")]  # in the cache's key too
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # the kernels' formats (vectors.h, linear.c)
 
@@ -102,7 +103,7 @@ def _load() -> ctypes.CDLL:
     if not compiler:
         raise RuntimeError("no C compiler (cc or gcc) on PATH")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    code = [path.read_text() for path in (*SOURCES, HEADER)]
+    code = [path.read_text() for path in (*SOURCES, *HEADERS)]
     key = hashlib.sha256("\n".join([*code, compiler, version, " ".join(FLAGS), _cpu_flags()]).encode()).hexdigest()[:16]
     target = cache_dir() / f"linear-{key}.so"
     if not target.exists():

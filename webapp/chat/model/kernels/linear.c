@@ -16,7 +16,7 @@
  * the lanes added in a fixed tree, then the tail of K -- whichever tile of rows it is computed in and
  * whichever thread computes it. float32 and bfloat16 weights are widened to float32 exactly (bfloat16
  * by a shift); products and sums are float32. int8 weights are multiplied by int8-quantized activations
- * instead (tile_q8, below).
+ * instead (linear_int8.c).
  *
  * Batches: a tile holds up to MR = 6 rows of x by NR = 4 weight rows, 24 sums in registers, so each
  * weight vector loaded is used for 6 rows (16 rows pass over a weight tile 3 times, from L1 or L2, where
@@ -34,18 +34,8 @@
  * AVX2 without AVX-512 the tiles are written in 8-lane intrinsics instead (GCC keeps 16-lane vectors in
  * memory there), the same sums in the same order (-DGLASSBOX_GENERIC_TILES builds the generic ones).
  */
-#include "vectors.h"
+#include "linear.h"
 
-enum { MR = 6, NR = 4 };  /* a tile: up to MR rows of x times NR rows of W (24 sums in registers) */
-enum { I8 = 2 };          /* int8 weights (F32 and BF16: vectors.h) */
-
-/* Each weight is read once per step: ask for it AHEAD bytes early, with the hint that it will not be
- * used again soon (non-temporal), so that the stream runs ahead of the hardware's own prefetcher and
- * does not push the rest of the process (the interpreter between calls included) out of the caches.
- * Not for float32 weights, whose rows the hardware's prefetcher alone streams faster (docs/benchmarks.md,
- * "One stream on the AMD EPYC with AVX-512, model 17"). */
-enum { AHEAD = 8192 };
-#define PREFETCH(p) __builtin_prefetch((const char *)(p) + AHEAD, 0, 0)
 
 /* A batch of more than MR rows passes over a tile of weights more than once: the first pass reads them from
  * memory, the later ones from the caches. A later pass asks for the next tile's weights into L2 meanwhile,
@@ -192,177 +182,6 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
 #endif
 TILES(F32)
 TILES(BF16)
-
-/* int8 weights meet int8 activations, as llama.cpp's q8_0 does: each row of x is quantized in blocks of
- * QBLOCK values (one float32 scale each, absmax / 127, rounded to nearest even), and each output is then a
- * sum over chunks of QCHUNK = 2 blocks of
- *     float(lane dots) * (the block's x scale),   lane j's dot = sum of 4 products x_q[4j..4j+3] * w[4j..4j+3]
- * in 16 float32 lanes, exact in integers within a chunk; times the weight row's scale at the end. AVX-512
- * VNNI computes a chunk's 16 lane dots in one instruction (64 int8 weights, no widening); elsewhere a
- * loop computes the same integers. A row's result depends only on that row: row invariance holds. */
-enum { QBLOCK = 32, QCHUNK = 64 };
-
-typedef struct {        /* x quantized: per row, chunks * QCHUNK bytes and chunks * LANES scales */
-    const uint8_t *xu;  /* x_q + 128 (unsigned, as VNNI multiplies), zero-padded to whole chunks */
-    const float *xs;    /* each chunk's lane scales: 8 lanes per block */
-    int64_t chunks;
-} q8rows;
-
-static void quantize_rows(const float *x, int64_t M, int64_t K, int64_t ldx, uint8_t *xu, float *xs, int threads) {
-    int64_t chunks = (K + QCHUNK - 1) / QCHUNK;
-    #pragma omp parallel for num_threads(threads) schedule(static) if (M > 1)
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t blk = 0; blk < 2 * chunks; blk++) {
-            const float *xb = x + m * ldx;
-            int64_t lo = blk * QBLOCK, hi = lo + QBLOCK < K ? lo + QBLOCK : K;
-            float amax = 0.0f;
-            for (int64_t k = lo; k < hi; k++) amax = fabsf(xb[k]) > amax ? fabsf(xb[k]) : amax;
-            float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            uint8_t *qb = xu + m * chunks * QCHUNK;
-            for (int64_t k = lo; k < lo + QBLOCK; k++) {
-                int q = k < hi ? (int)nearbyintf(xb[k] * inv) : 0;
-                qb[k] = (uint8_t)((q > 127 ? 127 : q < -127 ? -127 : q) + 128);
-            }
-            float *sb = xs + m * chunks * LANES + (blk / 2) * LANES + (blk % 2) * (LANES / 2);
-            for (int j = 0; j < LANES / 2; j++) sb[j] = d;
-        }
-}
-
-#if !(defined(__AVX512VNNI__) && defined(__AVX512BW__))
-/* Without VNNI: acc += float(lane dots of a chunk of x and 64 weights at w, the first `valid` of them) * x's
- * lane scales, the same integers as VNNI's (tile_q8) */
-static inline f32x16 q8_chunk(f32x16 acc, const uint8_t *xu, const float *xs, const int8_t *w, int64_t valid) {
-    float a[LANES];
-    memcpy(a, &acc, sizeof a);
-    for (int j = 0; j < LANES; j++) {
-        int32_t dot = 0;
-        for (int e = 4 * j; e < 4 * j + 4 && e < valid; e++) dot += ((int32_t)xu[e] - 128) * w[e];
-        a[j] = fmaf((float)dot, xs[j], a[j]);
-    }
-    memcpy(&acc, a, sizeof acc);
-    return acc;
-}
-#endif
-
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) && !defined(GLASSBOX_GENERIC_TILES)
-/* AVX2 (no VNNI, no 64-byte registers): a chunk's 16 lane dots from two 32-byte halves, by llama.cpp's sign
- * trick: |x_q| (unsigned) times w with x_q's sign, pairs summed in 16 bits (at most 2 * 127 * 127, no
- * saturation), then pairs of pairs in 32 bits: the integers q8_chunk computes, so the same results. */
-static inline __attribute__((always_inline)) __m256i q8_lane_dots(const uint8_t *xu, const int8_t *w) {
-    __m256i xq = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xu), _mm256_set1_epi8((char)0x80));
-    __m256i wv = _mm256_loadu_si256((const __m256i *)w);
-    __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(xq, xq), _mm256_sign_epi8(wv, xq));
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-}
-
-/* dots[i][j] for i < mr, j < nr, at most 2 by 2 (as tile's) */
-static inline __attribute__((always_inline)) void tile_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K,
-                                                          int64_t n0, float dots[MR][NR]) {
-    __m256 lo[2][2], hi[2][2];
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) lo[i][j] = hi[i][j] = _mm256_setzero_ps();
-    for (int64_t c = 0; c < x.chunks; c++) {
-        int64_t k = c * QCHUNK;
-        const int8_t *wj[2];
-        int8_t tail[2][QCHUNK];
-        for (int j = 0; j < nr; j++) {
-            wj[j] = w + (n0 + j) * K + k;
-            PREFETCH(wj[j]);
-            if (K - k < QCHUNK) {  /* the row's last, partial chunk: never read past the weights */
-                memset(tail[j], 0, QCHUNK);
-                memcpy(tail[j], wj[j], (size_t)(K - k));
-                wj[j] = tail[j];
-            }
-        }
-        for (int i = 0; i < mr; i++) {
-            const uint8_t *xi = x.xu + i * x.chunks * QCHUNK + k;
-            const float *si = x.xs + (i * x.chunks + c) * LANES;
-            __m256 sl = _mm256_loadu_ps(si), sh = _mm256_loadu_ps(si + 8);
-            for (int j = 0; j < nr; j++) {
-                lo[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_lane_dots(xi, wj[j])), sl, lo[i][j]);
-                hi[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_lane_dots(xi + 32, wj[j] + 32)), sh, hi[i][j]);
-            }
-        }
-    }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) dots[i][j] = lanes_sum8x2(lo[i][j], hi[i][j]);
-}
-
-static void tiles_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K, int64_t n0, float dots[MR][NR]) {
-    for (int i0 = 0; i0 < mr; i0 += 2)
-        for (int j0 = 0; j0 < nr; j0 += 2) {
-            float part[MR][NR];
-            q8rows xi = {x.xu + i0 * x.chunks * QCHUNK, x.xs + i0 * x.chunks * LANES, x.chunks};
-            int two_rows = mr - i0 >= 2, two_cols = nr - j0 >= 2;
-            if (two_rows && two_cols) tile_q8(2, 2, xi, w, K, n0 + j0, part);
-            else if (two_rows) tile_q8(2, 1, xi, w, K, n0 + j0, part);
-            else if (two_cols) tile_q8(1, 2, xi, w, K, n0 + j0, part);
-            else tile_q8(1, 1, xi, w, K, n0 + j0, part);
-            for (int i = 0; i < 2 && i0 + i < mr; i++)
-                for (int j = 0; j < 2 && j0 + j < nr; j++) dots[i0 + i][j0 + j] = part[i][j];
-        }
-}
-#else
-static inline __attribute__((always_inline)) void tile_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K,
-                                                          int64_t n0, float dots[MR][NR]) {
-    f32x16 acc[MR][NR];
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) acc[i][j] = (f32x16){0};
-    for (int64_t c = 0; c < x.chunks; c++) {
-        int64_t k = c * QCHUNK;
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-        /* VNNI multiplies unsigned by signed: x_q + 128 by w, less 128 * (sum of w), is exactly x_q . w.
-         * Each weight vector and its sum once for all rows; one weight row at a time (sixteen sums, the
-         * rows' x and its scales would not all fit in registers). */
-        __m512i zero = _mm512_setzero_si512();
-        for (int j = 0; j < nr; j++) {
-            const int8_t *wj = w + (n0 + j) * K + k;
-            PREFETCH(wj);
-            __m512i wv = K - k >= QCHUNK ? _mm512_loadu_si512(wj) : _mm512_maskz_loadu_epi8((1ULL << (K - k)) - 1, wj);
-            __m512i neg = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8((char)128), wv));
-            for (int i = 0; i < mr; i++) {
-                __m512i dots = _mm512_dpbusd_epi32(neg, _mm512_loadu_si512(x.xu + i * x.chunks * QCHUNK + k), wv);
-                acc[i][j] = (f32x16)_mm512_fmadd_ps(_mm512_cvtepi32_ps(dots),
-                                                    _mm512_loadu_ps(x.xs + (i * x.chunks + c) * LANES),
-                                                    (__m512)acc[i][j]);
-            }
-        }
-#else
-        for (int j = 0; j < nr; j++)
-            for (int i = 0; i < mr; i++)
-                acc[i][j] = q8_chunk(acc[i][j], x.xu + i * x.chunks * QCHUNK + k, x.xs + (i * x.chunks + c) * LANES,
-                                     w + (n0 + j) * K + k, K - k);
-#endif
-    }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) dots[i][j] = lanes_sum(acc[i][j]);
-}
-
-static void tiles_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K, int64_t n0, float dots[MR][NR]) {
-    if (mr > 4) {  /* 4 rows at a time at most: VNNI's sums, weights and their sums fill the registers */
-        float rest[MR][NR];
-        q8rows more = {x.xu + 4 * x.chunks * QCHUNK, x.xs + 4 * x.chunks * LANES, x.chunks};
-        tiles_q8(4, nr, x, w, K, n0, dots);
-        tiles_q8(mr - 4, nr, more, w, K, n0, rest);
-        for (int i = 4; i < mr; i++) memcpy(dots[i], rest[i - 4], sizeof dots[i]);
-        return;
-    }
-    if (nr == NR && mr > 1) {
-        switch (mr) {
-            case 2: tile_q8(2, NR, x, w, K, n0, dots); return;
-            case 3: tile_q8(3, NR, x, w, K, n0, dots); return;
-            default: tile_q8(4, NR, x, w, K, n0, dots); return;
-        }
-    }
-    float one[MR][NR];  /* a lone row streams one row of W at a time, as above */
-    for (int j = 0; j < nr; j++)
-        for (int i = 0; i < mr; i++) {
-            q8rows xi = {x.xu + i * x.chunks * QCHUNK, x.xs + i * x.chunks * LANES, x.chunks};
-            tile_q8(1, 1, xi, w, K, n0 + j, one);
-            dots[i][j] = one[0][0];
-        }
-}
-#endif
 
 /* What surrounds a linear layer in a transformer block, done here rather than by a library call each: a
  * layer norm of the input rows (over K, float32 sums), and GELU and a residual add on the outputs. The rows
