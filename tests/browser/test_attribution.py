@@ -6,69 +6,52 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.conftest import REPORT_CSP, screenshot
+from tests.browser.conftest import screenshot
 from tests.browser.test_chat import send
 from tests.browser.test_usability import SIZES, axe, no_horizontal_scroll
 
 pytestmark = pytest.mark.browser
 
 
-def test_who_pushed_a_token_from_the_token_panel_with_and_without_javascript_passes_axe(browser, server, problems):
-    contexts = []
+def test_who_pushed_a_token_from_the_token_panel_with_and_without_javascript_passes_axe(open_page):
+    page = open_page()
+    page.goto("/chat/")
+    send(page, "Who pushed it", max_new_tokens="6")
+    page.wait_for_selector("li.message.assistant.complete")
+    page.get_by_role("link", name="Tokens").click()
+    page.locator(".token-view a.tok").nth(2).hover()
+    page.wait_for_function("() => document.querySelector('#token-panel h2')?.textContent.includes('Token 3')")
+    page.get_by_role("link", name="Who pushed this token").click()
+    page.wait_for_selector("table.push-grid")
+    assert "Who pushed token 3" in page.locator("h1").text_content()
+    grid = page.locator("table.push-grid").first
+    assert grid.locator("tbody tr").count() == 2  # the tiny model: 2 layers of 2 heads, and their MLPs
+    assert grid.locator("tbody td").count() == 2 * 3
+    assert page.locator(".push-legend").is_visible()
+    assert "pushes up" in page.locator(".push-legend").text_content()
+    assert page.locator("ol.largest li").count() == 8  # 4 heads, 2 MLPs, the embeddings, the biases
+    assert "The 8 that pushed hardest" in page.locator("#largest").text_content()
+    page.locator("select#against").select_option(index=1)
+    page.get_by_role("button", name="Split").click()
+    page.wait_for_selector("text=minus that of")
+    attribution_url = page.url
+    screenshot(page, "attribution-desktop")
+    cookies = page.context.cookies()
 
-    def open_page(size="desktop", scheme="light", js=True, cookies=None):
-        context = browser.new_context(base_url=server.url, viewport=SIZES[size], color_scheme=scheme,
-                                      java_script_enabled=js)
-        context.add_init_script(REPORT_CSP)
-        context.set_default_timeout(20_000)
-        context.on("page", problems.watch)
-        if cookies:
-            context.add_cookies(cookies)
-        contexts.append(context)
-        return context.new_page()
+    plain = open_page(js=False, cookies=cookies)  # no JavaScript: links and a GET form
+    plain.goto(attribution_url.split("/attribution/")[0] + "/tokens?t=1")
+    plain.get_by_role("link", name="Who pushed this token").click()
+    assert "Who pushed token 2" in plain.locator("h1").text_content()
+    assert plain.locator("table.push-grid").first.locator("tbody tr").count() == 2
 
-    try:
-        page = open_page()
-        page.goto("/chat/")
-        send(page, "Who pushed it", max_new_tokens="6")
-        page.wait_for_selector("li.message.assistant.complete")
-        page.get_by_role("link", name="Tokens").click()
-        page.locator(".token-view a.tok").nth(2).hover()
-        page.wait_for_function("() => document.querySelector('#token-panel h2')?.textContent.includes('Token 3')")
-        page.get_by_role("link", name="Who pushed this token").click()
-        page.wait_for_selector("table.push-grid")
-        assert "Who pushed token 3" in page.locator("h1").text_content()
-        grid = page.locator("table.push-grid").first
-        assert grid.locator("tbody tr").count() == 2  # the tiny model: 2 layers of 2 heads, and their MLPs
-        assert grid.locator("tbody td").count() == 2 * 3
-        assert page.locator(".push-legend").is_visible()
-        assert "pushes up" in page.locator(".push-legend").text_content()
-        assert page.locator("ol.largest li").count() == 8  # 4 heads, 2 MLPs, the embeddings, the biases
-        assert "The 8 that pushed hardest" in page.locator("#largest").text_content()
-        page.locator("select#against").select_option(index=1)
-        page.get_by_role("button", name="Split").click()
-        page.wait_for_selector("text=minus that of")
-        attribution_url = page.url
-        screenshot(page, "attribution-desktop")
-        cookies = page.context.cookies()
-
-        plain = open_page(js=False, cookies=cookies)  # no JavaScript: links and a GET form
-        plain.goto(attribution_url.split("/attribution/")[0] + "/tokens?t=1")
-        plain.get_by_role("link", name="Who pushed this token").click()
-        assert "Who pushed token 2" in plain.locator("h1").text_content()
-        assert plain.locator("table.push-grid").first.locator("tbody tr").count() == 2
-
-        found = {}
-        for size in SIZES:
-            for scheme in ("light", "dark"):
-                viewer = open_page(size, scheme, cookies=cookies)
-                viewer.goto(attribution_url)
-                no_horizontal_scroll(viewer)
-                violations = axe(viewer)
-                if violations:
-                    found[f"{size} {scheme}"] = violations
-                screenshot(viewer, f"attribution-{size}-{scheme}")
-        assert not found, found
-    finally:
-        for context in contexts:
-            context.close()
+    found = {}
+    for size in SIZES:
+        for scheme in ("light", "dark"):
+            viewer = open_page(size, scheme, cookies=cookies)
+            viewer.goto(attribution_url)
+            no_horizontal_scroll(viewer)
+            violations = axe(viewer)
+            if violations:
+                found[f"{size} {scheme}"] = violations
+            screenshot(viewer, f"attribution-{size}-{scheme}")
+    assert not found, found

@@ -6,71 +6,54 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.conftest import REPORT_CSP, screenshot
+from tests.browser.conftest import screenshot
 from tests.browser.test_chat import send
 from tests.browser.test_usability import SIZES, axe, no_horizontal_scroll
 
 pytestmark = pytest.mark.browser
 
 
-def test_inside_a_token_from_a_reply_with_and_without_javascript_passes_axe(browser, server, problems):
-    contexts = []
+def test_inside_a_token_from_a_reply_with_and_without_javascript_passes_axe(open_page):
+    page = open_page()
+    page.goto("/chat/")
+    send(page, "Look inside", max_new_tokens="6")
+    page.wait_for_selector("li.message.assistant.complete")
+    page.get_by_role("link", name="Tokens").click()  # click 1
+    page.locator(".token-view a.tok").nth(2).hover()
+    page.wait_for_function("() => document.querySelector('#token-panel h2')?.textContent.includes('Token 3')")
+    page.get_by_role("link", name="Inside this token").click()  # click 2
+    page.wait_for_selector("table.lens")
+    assert "Inside token 3" in page.locator("h1").text_content()
+    assert page.locator("table.lens tbody tr").count() == 3  # the tiny model: embeddings + 2 blocks
+    page.locator("a.strip").nth(3).click()  # block 2, head 1
+    page.wait_for_selector(".head-detail")
+    assert "Block 2, head 1" in page.locator(".head-detail h3").text_content()
+    inside_url = page.url
+    screenshot(page, "inside-desktop")
+    cookies = page.context.cookies()
 
-    def open_page(size="desktop", scheme="light", js=True, cookies=None):
-        context = browser.new_context(base_url=server.url, viewport=SIZES[size], color_scheme=scheme,
-                                      java_script_enabled=js)
-        context.add_init_script(REPORT_CSP)
-        context.set_default_timeout(20_000)
-        context.on("page", problems.watch)
-        if cookies:
-            context.add_cookies(cookies)
-        contexts.append(context)
-        return context.new_page()
+    plain = open_page(js=False, cookies=cookies)  # no JavaScript: links all the way
+    plain.goto(inside_url.split("/inside/")[0] + "/tokens?t=1")
+    plain.get_by_role("link", name="Inside this token").click()
+    assert "Inside token 2" in plain.locator("h1").text_content()
+    assert plain.locator("table.lens tbody tr").count() == 3
 
-    try:
-        page = open_page()
-        page.goto("/chat/")
-        send(page, "Look inside", max_new_tokens="6")
-        page.wait_for_selector("li.message.assistant.complete")
-        page.get_by_role("link", name="Tokens").click()  # click 1
-        page.locator(".token-view a.tok").nth(2).hover()
-        page.wait_for_function("() => document.querySelector('#token-panel h2')?.textContent.includes('Token 3')")
-        page.get_by_role("link", name="Inside this token").click()  # click 2
-        page.wait_for_selector("table.lens")
-        assert "Inside token 3" in page.locator("h1").text_content()
-        assert page.locator("table.lens tbody tr").count() == 3  # the tiny model: embeddings + 2 blocks
-        page.locator("a.strip").nth(3).click()  # block 2, head 1
-        page.wait_for_selector(".head-detail")
-        assert "Block 2, head 1" in page.locator(".head-detail h3").text_content()
-        inside_url = page.url
-        screenshot(page, "inside-desktop")
-        cookies = page.context.cookies()
+    found = {}
+    for size in SIZES:
+        for scheme in ("light", "dark"):
+            viewer = open_page(size, scheme, cookies=cookies)
+            viewer.goto(inside_url)
+            no_horizontal_scroll(viewer)
+            violations = axe(viewer)
+            if violations:
+                found[f"{size} {scheme}"] = violations
+            if size == "phone":
+                screenshot(viewer, f"inside-phone-{scheme}")
+    assert not found, found
 
-        plain = open_page(js=False, cookies=cookies)  # no JavaScript: links all the way
-        plain.goto(inside_url.split("/inside/")[0] + "/tokens?t=1")
-        plain.get_by_role("link", name="Inside this token").click()
-        assert "Inside token 2" in plain.locator("h1").text_content()
-        assert plain.locator("table.lens tbody tr").count() == 3
-
-        found = {}
-        for size in SIZES:
-            for scheme in ("light", "dark"):
-                viewer = open_page(size, scheme, cookies=cookies)
-                viewer.goto(inside_url)
-                no_horizontal_scroll(viewer)
-                violations = axe(viewer)
-                if violations:
-                    found[f"{size} {scheme}"] = violations
-                if size == "phone":
-                    screenshot(viewer, f"inside-phone-{scheme}")
-        assert not found, found
-
-        # WCAG's reflow width, 320 px: the chosen head's table scrolls in its own box, never the page
-        narrow = open_page("phone", cookies=cookies)
-        narrow.set_viewport_size({"width": 320, "height": 640})
-        narrow.goto(inside_url)
-        assert narrow.locator(".head-detail table.attended tbody tr").count() > 0
-        no_horizontal_scroll(narrow)
-    finally:
-        for context in contexts:
-            context.close()
+    # WCAG's reflow width, 320 px: the chosen head's table scrolls in its own box, never the page
+    narrow = open_page("phone", cookies=cookies)
+    narrow.set_viewport_size({"width": 320, "height": 640})
+    narrow.goto(inside_url)
+    assert narrow.locator(".head-detail table.attended tbody tr").count() > 0
+    no_horizontal_scroll(narrow)
