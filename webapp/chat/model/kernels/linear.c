@@ -34,7 +34,7 @@
  * AVX2 without AVX-512 the tiles are written in 8-lane intrinsics instead (GCC keeps 16-lane vectors in
  * memory there), the same sums in the same order (-DGLASSBOX_GENERIC_TILES builds the generic ones).
  */
-#include "linear.h"
+#include "tiles.h"
 
 
 /* A batch of more than MR rows passes over a tile of weights more than once: the first pass reads them from

@@ -1,6 +1,6 @@
 /* int8 weights times int8-quantized activations, for glassbox_linear (linear.c): x's rows quantized as
- * linear.h says, and the tiles that multiply them, with VNNI, AVX2 or plain loops (the same integers). */
-#include "linear.h"
+ * tiles.h says, and the tiles that multiply them, with VNNI, AVX2 or plain loops (the same integers). */
+#include "tiles.h"
 
 
 void quantize_rows(const float *x, int64_t M, int64_t K, int64_t ldx, uint8_t *xu, float *xs, int threads) {

@@ -1,7 +1,7 @@
 /* What linear.c and linear_int8.c share: the shape of a tile, the int8 format and its quantized rows of x,
  * and the weights' prefetch. */
-#ifndef GLASSBOX_LINEAR_H
-#define GLASSBOX_LINEAR_H
+#ifndef GLASSBOX_TILES_H
+#define GLASSBOX_TILES_H
 #include "vectors.h"
 
 enum { MR = 6, NR = 4 };  /* a tile: up to MR rows of x times NR rows of W (24 sums in registers) */
