@@ -8,7 +8,7 @@ import pytest
 
 from tests.browser.conftest import screenshot
 from tests.browser.test_chat import send
-from tests.browser.test_usability import SIZES, axe, no_horizontal_scroll
+from tests.browser.test_usability import every_size_and_scheme
 
 pytestmark = pytest.mark.browser
 
@@ -44,14 +44,5 @@ def test_who_pushed_a_token_from_the_token_panel_with_and_without_javascript_pas
     assert "Who pushed token 2" in plain.locator("h1").text_content()
     assert plain.locator("table.push-grid").first.locator("tbody tr").count() == 2
 
-    found = {}
-    for size in SIZES:
-        for scheme in ("light", "dark"):
-            viewer = open_page(size, scheme, cookies=cookies)
-            viewer.goto(attribution_url)
-            no_horizontal_scroll(viewer)
-            violations = axe(viewer)
-            if violations:
-                found[f"{size} {scheme}"] = violations
-            screenshot(viewer, f"attribution-{size}-{scheme}")
+    found = every_size_and_scheme(open_page, attribution_url, cookies, "attribution")
     assert not found, found

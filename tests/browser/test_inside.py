@@ -8,7 +8,7 @@ import pytest
 
 from tests.browser.conftest import screenshot
 from tests.browser.test_chat import send
-from tests.browser.test_usability import SIZES, axe, no_horizontal_scroll
+from tests.browser.test_usability import every_size_and_scheme, no_horizontal_scroll
 
 pytestmark = pytest.mark.browser
 
@@ -38,17 +38,7 @@ def test_inside_a_token_from_a_reply_with_and_without_javascript_passes_axe(open
     assert "Inside token 2" in plain.locator("h1").text_content()
     assert plain.locator("table.lens tbody tr").count() == 3
 
-    found = {}
-    for size in SIZES:
-        for scheme in ("light", "dark"):
-            viewer = open_page(size, scheme, cookies=cookies)
-            viewer.goto(inside_url)
-            no_horizontal_scroll(viewer)
-            violations = axe(viewer)
-            if violations:
-                found[f"{size} {scheme}"] = violations
-            if size == "phone":
-                screenshot(viewer, f"inside-phone-{scheme}")
+    found = every_size_and_scheme(open_page, inside_url, cookies, "inside")
     assert not found, found
 
     # WCAG's reflow width, 320 px: the chosen head's table scrolls in its own box, never the page

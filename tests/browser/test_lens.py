@@ -9,7 +9,7 @@ import pytest
 
 from tests.browser.conftest import screenshot
 from tests.browser.test_chat import send
-from tests.browser.test_usability import SIZES, axe, no_horizontal_scroll
+from tests.browser.test_usability import axe, every_size_and_scheme, no_horizontal_scroll
 
 pytestmark = pytest.mark.browser
 
@@ -38,20 +38,11 @@ def test_the_whole_reply_lens_from_a_reply_fits_a_phone_and_passes_axe(open_page
     plain.goto(lens_url)
     assert plain.locator("table.lens-grid tbody td.cell").count() == 3 * 12
 
-    found = {}
-    for size in SIZES:
-        for scheme in ("light", "dark"):
-            viewer = open_page(size, scheme)
-            viewer.context.add_cookies(cookies)
-            viewer.goto(lens_url)
-            no_horizontal_scroll(viewer)
-            region = viewer.locator(".table-scroll[role=region]")
-            assert region.evaluate("(e) => e.clientWidth <= document.documentElement.clientWidth")
-            violations = axe(viewer)
-            if violations:
-                found[f"{size} {scheme}"] = violations
-            if size == "phone":
-                screenshot(viewer, f"lens-phone-{scheme}")
+    def grid_in_its_box(viewer):
+        region = viewer.locator(".table-scroll[role=region]")
+        assert region.evaluate("(e) => e.clientWidth <= document.documentElement.clientWidth")
+
+    found = every_size_and_scheme(open_page, lens_url, cookies, "lens", check=grid_in_its_box)
     viewer = open_page()
     viewer.context.add_cookies(cookies)
     viewer.goto(lens_url)

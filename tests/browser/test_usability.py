@@ -55,6 +55,25 @@ def axe(page) -> list[str]:
             for v in result["violations"] if v["impact"] in ("serious", "critical")]
 
 
+
+def every_size_and_scheme(open_page, url: str, cookies, name: str, check=None) -> dict[str, list[str]]:
+    """`url` at every size of SIZES in both colour schemes, each page its own context with `cookies`: no
+    horizontal scroll, `check(page)` where given, a screenshot (name-size-scheme); returns axe's serious and
+    critical violations by "size scheme" (empty: none)."""
+    found = {}
+    for size in SIZES:
+        for scheme in ("light", "dark"):
+            page = open_page(size, scheme, cookies=cookies)
+            page.goto(url)
+            no_horizontal_scroll(page)
+            if check:
+                check(page)
+            violations = axe(page)
+            if violations:
+                found[f"{size} {scheme}"] = violations
+            screenshot(page, f"{name}-{size}-{scheme}")
+    return found
+
 # -- 2. forms that respect input ----------------------------------------------------------------
 @pytest.mark.parametrize("size", SIZES)
 def test_every_sampling_error_shows_beside_its_field_with_what_was_typed(open_page, problems, size):
