@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.browser.conftest import screenshot
-from tests.browser.test_chat import send
+from tests.browser.test_chat import token_panel
 from tests.browser.test_usability import every_size_and_scheme
 
 pytestmark = pytest.mark.browser
@@ -15,12 +15,7 @@ pytestmark = pytest.mark.browser
 
 def test_who_pushed_a_token_from_the_token_panel_with_and_without_javascript_passes_axe(open_page):
     page = open_page()
-    page.goto("/chat/")
-    send(page, "Who pushed it", max_new_tokens="6")
-    page.wait_for_selector("li.message.assistant.complete")
-    page.get_by_role("link", name="Tokens").click()
-    page.locator(".token-view a.tok").nth(2).hover()
-    page.wait_for_function("() => document.querySelector('#token-panel h2')?.textContent.includes('Token 3')")
+    token_panel(page, "Who pushed it", "6", 2)
     page.get_by_role("link", name="Who pushed this token").click()
     page.wait_for_selector("table.push-grid")
     assert "Who pushed token 3" in page.locator("h1").text_content()

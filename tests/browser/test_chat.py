@@ -26,6 +26,17 @@ def send(page, text: str, max_new_tokens: str | None = None) -> None:
     page.click("button.send")
 
 
+def token_panel(page, text: str, max_new_tokens: str, index: int) -> None:
+    """A reply to `text` in a new chat, its Tokens view, and token `index`'s panel open (by hovering it)."""
+    page.goto("/chat/")
+    send(page, text, max_new_tokens=max_new_tokens)
+    page.wait_for_selector("li.message.assistant.complete")
+    page.get_by_role("link", name="Tokens").click()
+    page.locator(".token-view a.tok").nth(index).hover()
+    shown = f"() => document.querySelector('#token-panel h2')?.textContent.includes('Token {index + 1}')"
+    page.wait_for_function(shown)
+
+
 def watch_reply(page, seconds: float = 20) -> list[str]:
     """The pending reply's text, sampled until the reply is final: the states the reader saw."""
     page.wait_for_selector(PENDING)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.browser.conftest import REPORT_CSP, screenshot
-from tests.browser.test_chat import send
+from tests.browser.test_chat import token_panel
 from tests.browser.test_usability import SIZES
 
 pytestmark = pytest.mark.browser
@@ -30,12 +30,7 @@ def test_a_patching_map_fills_in_live_and_without_javascript(browser, server, pr
 
     try:
         page = open_page()
-        page.goto("/chat/")
-        send(page, "Where is France?", max_new_tokens="4")
-        page.wait_for_selector("li.message.assistant.complete")
-        page.get_by_role("link", name="Tokens").click()
-        page.locator(".token-view a.tok").nth(1).hover()
-        page.wait_for_function("() => document.querySelector('#token-panel h2')?.textContent.includes('Token 2')")
+        token_panel(page, "Where is France?", "4", 1)
         page.get_by_role("link", name="Patch from another question").click()
         assert page.locator("#patching-corrupted").input_value() == "Where is France?"
         page.fill("#patching-corrupted", "Where is Jordan?")
