@@ -55,7 +55,6 @@ def axe(page) -> list[str]:
             for v in result["violations"] if v["impact"] in ("serious", "critical")]
 
 
-
 def every_size_and_scheme(open_page, url: str, cookies, name: str, check=None) -> dict[str, list[str]]:
     """`url` at every size of SIZES in both colour schemes, each page its own context with `cookies`: no
     horizontal scroll, `check(page)` where given, a screenshot (name-size-scheme); returns axe's serious and
@@ -73,6 +72,7 @@ def every_size_and_scheme(open_page, url: str, cookies, name: str, check=None) -
                 found[f"{size} {scheme}"] = violations
             screenshot(page, f"{name}-{size}-{scheme}")
     return found
+
 
 # -- 2. forms that respect input ----------------------------------------------------------------
 @pytest.mark.parametrize("size", SIZES)
