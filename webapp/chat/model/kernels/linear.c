@@ -41,7 +41,7 @@
  * memory, the later ones from the caches. A later pass asks for the next tile's weights into L2 meanwhile,
  * so that the next first pass finds them there instead of waiting on memory while the multiply-adds idle
  * (docs/benchmarks.md, "The batched step on the AMD EPYC with AVX-512"). A tile's `next` says which pass it
- * is: STREAM, the only pass (the batch has at most MR rows: bfloat16 prefetches AHEAD as above); CACHED, a
+ * is: STREAM, the only pass (at most MR rows; bfloat16 batches of two or more prefetch AHEAD, tiles.h); CACHED, a
  * pass that prefetches nothing (the first of several, or a later one with no next tile); or the first row
  * of the next tile (a later pass). */
 enum { STREAM = -1, CACHED = -2 };
@@ -137,7 +137,7 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
         f32x16 wv[NR];
         for (int j = 0; j < nr; j++) {
             wv[j] = load_w(kind, w, (n0 + j) * K + k);
-            if (kind != F32 && next == STREAM) PREFETCH((const uint16_t *)w + (n0 + j) * K + k);
+            if (kind != F32 && mr > 1 && next == STREAM) PREFETCH((const uint16_t *)w + (n0 + j) * K + k);
             if (mr > 1) IN_REGISTER(wv[j]);
             if (next >= 0) prefetch_next_tile(kind, w, (next + j) * K + k);
         }

@@ -112,7 +112,7 @@ static inline __attribute__((always_inline)) void tile_q8(int mr, int nr, q8rows
         __m512i zero = _mm512_setzero_si512();
         for (int j = 0; j < nr; j++) {
             const int8_t *wj = w + (n0 + j) * K + k;
-            PREFETCH(wj);
+            if (mr > 1) PREFETCH(wj);  /* a lone row: the hardware's prefetcher alone (tiles.h) */
             __m512i wv = K - k >= QCHUNK ? _mm512_loadu_si512(wj) : _mm512_maskz_loadu_epi8((1ULL << (K - k)) - 1, wj);
             __m512i neg = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8((char)128), wv));
             for (int i = 0; i < mr; i++) {

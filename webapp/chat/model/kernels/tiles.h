@@ -7,11 +7,11 @@
 enum { MR = 6, NR = 4 };  /* a tile: up to MR rows of x times NR rows of W (24 sums in registers) */
 enum { I8 = 2 };          /* int8 weights (F32 and BF16: vectors.h) */
 
-/* Each weight is read once per step: ask for it AHEAD bytes early, with the hint that it will not be
- * used again soon (non-temporal), so that the stream runs ahead of the hardware's own prefetcher and
- * does not push the rest of the process (the interpreter between calls included) out of the caches.
- * Not for float32 weights, whose rows the hardware's prefetcher alone streams faster (docs/benchmarks.md,
- * "One stream on the AMD EPYC with AVX-512, model 17"). */
+/* Each weight is read once per step: a batch of a few rows asks for it AHEAD bytes early, with the hint
+ * that it will not be used again soon (non-temporal), so that the stream runs ahead of the hardware's own
+ * prefetcher and does not push the rest of the process (the interpreter between calls included) out of
+ * the caches. Not for float32 weights, nor for a lone row at any precision: the hardware's prefetcher
+ * alone streams those faster (docs/benchmarks.md, "One stream on the AMD EPYC with AVX-512, model 17"). */
 enum { AHEAD = 8192 };
 #define PREFETCH(p) __builtin_prefetch((const char *)(p) + AHEAD, 0, 0)
 
