@@ -13,10 +13,12 @@ at matching precisions: gb-fp32 / llama-f32, gb-bf16 / llama-f16, gb-int8 / llam
 bf16 and int8 through webapp.chat.model.precision.apply_precision; int8 is skipped with a note where that module
 is missing). For each thread count (torch.set_num_threads; llama.cpp n_threads = n_threads_batch) and
 context: prefill seconds, decode tokens/s (--new single-token steps / their seconds), their medians over
---reps with the variants interleaved, and Glassbox ÷ llama.cpp. Also how far the two agree: the largest
-|logit difference| after the prompt (fp32 vs f32, the first 50257 ids) and, for each variant, how many
-greedy tokens match Glassbox fp32's before the first difference. The table is printed and, unless
---no-doc, appended to docs/benchmarks-history.md (bench.common.report). Beside every decode rate, its
+--reps, and Glassbox ÷ llama.cpp. Within a rep every variant prefills, then the variants take turns of --slice
+decode steps each (A B C, C B A, ...): this VM's read bandwidth swings between two levels within seconds, and
+whole runs one after the other met different levels (one rep's ratio 0.73×, the next 1.12×). Also how far the
+two agree: the largest |logit difference| after the prompt (fp32 vs f32, the first 50257 ids) and, for each
+variant, how many greedy tokens match Glassbox fp32's before the first difference. The table is printed and,
+unless --no-doc, appended to docs/benchmarks-history.md (bench.common.report). Beside every decode rate, its
 roofline (bench.common.roofline): the read bandwidth measured at that thread count in every repetition
 (median) ÷ the bytes one step reads — Glassbox's tensors at their stored types, llama.cpp's GGUF tensors at
 theirs (bench.common.gguf_weight_bytes), each with its KV cache (float32 or bfloat16; llama.cpp's f16) at
@@ -70,23 +72,26 @@ def last_logits():
     return np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(nv,))
 
 
+tok = None
 for line in sys.stdin:
-    req = json.loads(line)
-    llm.reset()
+    req = json.loads(line)  # {"ids", "new", "logits"}: a new prompt; {"new"} alone: carry on from the last token
     t0 = time.perf_counter()
-    llm.eval(req["ids"])
-    last = last_logits()
-    tok = int(np.argmax(last))
+    logits, tokens = None, []
+    if "ids" in req:
+        llm.reset()
+        llm.eval(req["ids"])
+        last = last_logits()
+        tok = int(np.argmax(last))
+        tokens.append(tok)
+        if req.get("logits"):
+            logits = last[:req.get("vocab", 50257)].tolist()
     t1 = time.perf_counter()
-    logits = last[:req.get("vocab", 50257)].tolist() if req.get("logits") else None
-    tokens = [tok]
-    t2 = time.perf_counter()
     for _ in range(req["new"]):
         llm.eval([tok])
         tok = int(np.argmax(last_logits()))
         tokens.append(tok)
-    t3 = time.perf_counter()
-    proto.write(json.dumps({"prefill_s": t1 - t0, "decode_s": t3 - t2, "tokens": tokens, "logits": logits}) + "\n")
+    t2 = time.perf_counter()
+    proto.write(json.dumps({"prefill_s": t1 - t0, "decode_s": t2 - t1, "tokens": tokens, "logits": logits}) + "\n")
     proto.flush()
 """
 
@@ -105,8 +110,16 @@ class LlamaWorker:
             raise RuntimeError(f"the llama.cpp worker exited ({self.proc.wait()}); its stderr is above")
         return json.loads(line)
 
-    def run(self, ids: list[int], new: int, logits: bool = False) -> dict:
-        self.proc.stdin.write(json.dumps({"ids": ids, "new": new, "logits": logits}) + "\n")
+    def start(self, ids: list[int], logits: bool = False) -> dict:
+        """The prompt's prefill and its greedy token (and its logits, when asked)"""
+        return self._ask({"ids": ids, "new": 0, "logits": logits})
+
+    def more(self, new: int) -> dict:
+        """`new` decode steps from where the last call stopped"""
+        return self._ask({"new": new})
+
+    def _ask(self, request: dict) -> dict:
+        self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         return self._read()
 
@@ -141,30 +154,62 @@ def glassbox_model(size: str, precision: str):
     return apply_precision(model, precision).eval()
 
 
-def glassbox_run(model, ids: list[int], new: int, logits: bool = False) -> dict:
-    """Greedy: the whole prompt through prefill, then `new` decode_step calls with a list of one
-    KVCache (the app's batched path with one row). Token i+1 comes from step i; the last step's pick is
-    where llama.cpp's also stops."""
-    import torch
+class GlassboxStream:
+    """Greedy decoding in this process, as LlamaWorker does it in its own: the whole prompt through prefill
+    (start), then decode_step calls with a list of one KVCache (the app's batched path with one row), `new`
+    at a time (more). Token i+1 comes from step i."""
 
-    from webapp.chat.model.gpt import Chunk
-    with torch.inference_mode():
-        cache = model.new_cache(batch=1, max_len=len(ids) + new + 1)
-        t0 = time.perf_counter()
-        out = model.prefill([Chunk(ids, cache)])[0]
-        tok = out.argmax(dim=-1, keepdim=True)  # (1, 1)
-        tokens = [int(tok)]
-        t1 = time.perf_counter()
-        first = out[0, :50257].float().tolist() if logits else None
-        pos = len(ids)
-        t2 = time.perf_counter()
-        for _ in range(new):
-            out = model.decode_step(tok, [cache], [pos])
-            tok = out.argmax(dim=-1, keepdim=True)
-            tokens.append(int(tok))  # the host needs it (a server streams it): one sync per token, as the app
-            pos += 1
-        t3 = time.perf_counter()
-    return {"prefill_s": t1 - t0, "decode_s": t3 - t2, "tokens": tokens, "logits": first}
+    def __init__(self, model, max_len: int):
+        self.model, self.max_len = model, max_len
+
+    def start(self, ids: list[int], logits: bool = False) -> dict:
+        import torch
+
+        from webapp.chat.model.gpt import Chunk
+        with torch.inference_mode():
+            self.cache = self.model.new_cache(batch=1, max_len=self.max_len)
+            t0 = time.perf_counter()
+            out = self.model.prefill([Chunk(ids, self.cache)])[0]
+            self.tok = out.argmax(dim=-1, keepdim=True)  # (1, 1)
+            first = int(self.tok)
+            t1 = time.perf_counter()
+        self.pos = len(ids)
+        return {"prefill_s": t1 - t0, "decode_s": 0.0, "tokens": [first],
+                "logits": out[0, :50257].float().tolist() if logits else None}
+
+    def more(self, new: int) -> dict:
+        import torch
+        tokens = []
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            for _ in range(new):
+                out = self.model.decode_step(self.tok, [self.cache], [self.pos])
+                self.tok = out.argmax(dim=-1, keepdim=True)
+                tokens.append(int(self.tok))  # the host needs it (a server streams it): one sync per token
+                self.pos += 1
+            t1 = time.perf_counter()
+        return {"prefill_s": 0.0, "decode_s": t1 - t0, "tokens": tokens, "logits": None}
+
+
+def slices(new: int, size: int) -> list[int]:
+    """`new` decode steps in turns of `size` (0: all at once)"""
+    size = size if size > 0 else new
+    return [min(size, new - at) for at in range(0, new, size)]
+
+
+def decode_interleaved(streams: dict, order: list[str], ids: list[int], new: int, size: int,
+                       logits: set[str]) -> dict:
+    """Every stream's prefill, then its `new` steps in turns of `size`, the variants taking turns (their order
+    reversed at every turn: A B C, C B A, ...) so that each meets the machine's changes of pace in the same
+    measure -> {variant: {prefill_s, decode_s (summed), tokens, logits}}"""
+    results = {v: streams[v].start(ids, logits=v in logits) for v in order}
+    for n in slices(new, size):
+        for v in order:
+            part = streams[v].more(n)
+            results[v]["decode_s"] += part["decode_s"]
+            results[v]["tokens"] += part["tokens"]
+        order = order[::-1]
+    return results
 
 
 # -- the benchmark ---------------------------------------------------------------------------------------
@@ -175,6 +220,8 @@ def parse_args(argv=None):
     p.add_argument("--contexts", default="300,800", help="prompt lengths in tokens")
     p.add_argument("--new", type=int, default=200, help="decode steps (new tokens) per run")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--slice", type=int, default=20,
+                   help="decode steps each variant takes at its turn before the next variant's (0: a whole run)")
     p.add_argument("--variants", default=",".join(v for pair in PAIRS for v in pair))
     p.add_argument("--batched", action="store_true",
                    help="time one batched decode step at --batches (both engines) instead of single streams")
@@ -254,21 +301,21 @@ def main(argv=None):
                 info = workers[v].info
                 print(f"  loaded {v} with {t} threads in {info['load_s']:.2f}s", flush=True)
         try:
-            run = {v: (lambda ids, new, logits=False, v=v: glassbox_run(gb[v], ids, new, logits)) for v in gb}
-            run.update({v: w.run for v, w in workers.items()})
+            streams = {v: GlassboxStream(gb[v], n_ctx) for v in gb}
+            streams.update(workers)
             load = OtherLoad([w.proc.pid for w in workers.values()])
-            warm = common.prompt_ids(40, seed=40)
-            for v in variants:
-                run[v](warm, 4)  # allocator, oneDNN primitives, ggml's thread pool: before any timing
+            # allocator, oneDNN primitives, ggml's thread pool: before any timing
+            decode_interleaved(streams, variants, common.prompt_ids(40, seed=40), 4, 0, set())
             for r in range(args.reps):
                 bandwidths[t].append(common.read_bandwidth_gbs())
                 for c in contexts:
-                    ids = common.prompt_ids(c)
-                    for v in variants:
-                        load.start()
-                        res = run[v](ids, args.new, logits=(r == 0 and v in ("gb-fp32", "llama-f32")))
-                        res["others"] = load.cores()
-                        runs.setdefault((t, c, v), []).append(res)
+                    load.start()
+                    order = variants if r % 2 == 0 else variants[::-1]
+                    logits = {"gb-fp32", "llama-f32"} if r == 0 else set()
+                    results = decode_interleaved(streams, order, common.prompt_ids(c), args.new, args.slice, logits)
+                    others = load.cores()
+                    for v, res in results.items():
+                        runs.setdefault((t, c, v), []).append({**res, "others": others})
                     print(f"  threads {t} context {c} rep {r + 1}: " + ", ".join(
                         f"{v} {args.new / runs[t, c, v][-1]['decode_s']:.1f} tok/s" for v in variants)
                         + f" (other processes: up to {max(runs[t, c, v][-1]['others'] for v in variants):.2f} cores)",
@@ -362,8 +409,10 @@ def main(argv=None):
             + "greedy; torch.set_num_threads(threads); bf16 and int8 through "
             + "webapp.chat.model.precision.apply_precision where it exists\n"
             + f"- decode tok/s = {args.new} single-token steps / their seconds (prefill, the first token's argmax "
-            + f"included, is timed apart); {args.reps} reps, variants interleaved, medians (and each rep's own ratio: "
-            + "its median and range); prompts of random "
+            + f"included, is timed apart); {args.reps} reps, medians (and each rep's own ratio: "
+            + "its median and range); within a rep the variants take turns of "
+            + (f"{args.slice} steps each (the order reversed at every turn)" if args.slice else "a whole run each")
+            + "; prompts of random "
             + "GPT-2 ids (bench.common.prompt_ids)\n"
             + "- the pairs are alike, not the same: llama.cpp's GPT-2 graph uses the tanh GELU (through an fp16 "
             + "table), Glassbox and the exported config the exact erf GELU, so the logits differ a little even "
