@@ -44,14 +44,27 @@ static void finish(__m512 acc[MR][NR], float d[MR][NR]) {
         for (int j = 0; j < NR; j++) d[i][j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
-__attribute__((noinline)) static void tile_float32(const float *x, const float *w, int64_t K, float d[MR][NR]) {
-    __m512 acc[MR][NR];
+static void zero(__m512 acc[MR][NR]) {
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
+}
+
+/* 16 weights as float32: float32 as they are, bfloat16 widened by a shift (the kernels' load_w) */
+static inline __attribute__((always_inline)) __m512 weights16(const void *w, int bf16, int64_t at) {
+    if (!bf16) return _mm512_loadu_ps((const float *)w + at);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + at));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* the kernels' tile: float32 x times float32 weights, or bfloat16 ones widened (bf16 a constant where inlined) */
+static inline __attribute__((always_inline)) void tile_fma(const float *x, const void *w, int bf16, int64_t K,
+                                                           float d[MR][NR]) {
+    __m512 acc[MR][NR];
+    zero(acc);
     for (int64_t k = 0; k < K; k += 16) {
         __m512 wv[NR];
         for (int j = 0; j < NR; j++) {
-            wv[j] = _mm512_loadu_ps(w + j * K + k);
+            wv[j] = weights16(w, bf16, j * K + k);
             HELD(wv[j]);
         }
         for (int i = 0; i < MR; i++) {
@@ -63,24 +76,12 @@ __attribute__((noinline)) static void tile_float32(const float *x, const float *
     finish(acc, d);
 }
 
+__attribute__((noinline)) static void tile_float32(const float *x, const float *w, int64_t K, float d[MR][NR]) {
+    tile_fma(x, w, 0, K, d);
+}
+
 __attribute__((noinline)) static void tile_widened(const float *x, const uint16_t *w, int64_t K, float d[MR][NR]) {
-    __m512 acc[MR][NR];
-    for (int i = 0; i < MR; i++)
-        for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) {
-        __m512 wv[NR];
-        for (int j = 0; j < NR; j++) {
-            __m256i h = _mm256_loadu_si256((const __m256i *)(w + j * K + k));
-            wv[j] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-            HELD(wv[j]);
-        }
-        for (int i = 0; i < MR; i++) {
-            __m512 xv = _mm512_loadu_ps(x + i * K + k);
-            HELD(xv);
-            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-        }
-    }
-    finish(acc, d);
+    tile_fma(x, w, 1, K, d);
 }
 
 #ifdef __AVX512BF16__
@@ -88,8 +89,7 @@ __attribute__((noinline)) static void tile_widened(const float *x, const uint16_
 __attribute__((noinline)) static void tile_dot(const uint16_t *hi, const uint16_t *lo, const uint16_t *w, int64_t K,
                                                float d[MR][NR]) {
     __m512 acc[MR][NR];
-    for (int i = 0; i < MR; i++)
-        for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
+    zero(acc);
     for (int64_t k = 0; k < K; k += 32) {
         __m512bh wv[NR];
         for (int j = 0; j < NR; j++) {
