@@ -7,11 +7,12 @@
 enum { MR = 6, NR = 4 };  /* a tile: up to MR rows of x times NR rows of W (24 sums in registers) */
 enum { I8 = 2 };          /* int8 weights (F32 and BF16: vectors.h) */
 
-/* Each weight is read once per step: a batch of a few rows asks for it AHEAD bytes early, with the hint
- * that it will not be used again soon (non-temporal), so that the stream runs ahead of the hardware's own
- * prefetcher and does not push the rest of the process (the interpreter between calls included) out of
- * the caches. Not for float32 weights, nor for a lone row at any precision: the hardware's prefetcher
- * alone streams those faster (docs/benchmarks.md, "One stream on the AMD EPYC with AVX-512, model 17"). */
+/* Each weight is read once per step: the AVX-512 tiles of 2 to 6 rows of bfloat16 or int8 weights ask for
+ * it AHEAD bytes early, with the hint that it will not be used again soon (non-temporal), so that the
+ * stream runs ahead of the hardware's own prefetcher and does not push the rest of the process (the
+ * interpreter between calls included) out of the caches. Not for float32 weights, nor for a tile of one
+ * row: the hardware's prefetcher alone streams those faster (docs/benchmarks.md, "One stream on the AMD
+ * EPYC with AVX-512, model 17"). The AVX2 build's int8 tiles ask at every size (not measured without). */
 enum { AHEAD = 8192 };
 #define PREFETCH(p) __builtin_prefetch((const char *)(p) + AHEAD, 0, 0)
 
