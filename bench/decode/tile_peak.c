@@ -8,7 +8,7 @@
  * and, for its error alone, "widened" with x rounded to float16 first (llama.cpp's f16 weights meet
  * activations rounded to float16).
  * "split" and "rounded" need AVX-512 BF16; without it they print nothing.
- *   usage: tile_peak K N REPS   (K a multiple of 32, N of 4; N * K * 2 bytes should fit in L2) */
+ *   usage: tile_peak K N REPS   (K a multiple of 32, N of 4; N * K * 4 bytes, the float32 weights, in L2) */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -120,10 +120,12 @@ int main(int argc, char **argv) {
     if (argc != 4) return fprintf(stderr, "usage: tile_peak K N REPS\n"), 2;
     int64_t K = atoll(argv[1]), N = atoll(argv[2]);
     int reps = atoi(argv[3]);
-    if (K < 32 || K % 32 || N < 4 || N % 4 || reps < 1) return fprintf(stderr, "K: multiple of 32, N: of 4\n"), 2;
+    if (K < 32 || K % 32 || N < 4 || N % 4 || reps < 1)
+        return fprintf(stderr, "K: a multiple of 32, N: of 4, REPS: at least 1\n"), 2;
     float *wf = aligned_alloc(64, N * K * 4), *x = aligned_alloc(64, MR * K * 4), *got = malloc(MR * N * 4);
     float *x16 = aligned_alloc(64, MR * K * 4);
-    uint16_t *w = aligned_alloc(64, N * K * 2), *hi = aligned_alloc(64, MR * K * 2), *lo = aligned_alloc(64, MR * K * 2);
+    uint16_t *w = aligned_alloc(64, N * K * 2);
+    uint16_t *hi = aligned_alloc(64, MR * K * 2), *lo = aligned_alloc(64, MR * K * 2);
     double *exact = malloc(MR * N * sizeof(double)), *scale = malloc(MR * N * sizeof(double));
     srand(1);
     for (int64_t i = 0; i < N * K; i++) wf[i] = widen(w[i] = bf16((rand() / (float)RAND_MAX - 0.5f) * 0.1f));
@@ -136,7 +138,10 @@ int main(int argc, char **argv) {
     for (int i = 0; i < MR; i++)
         for (int64_t n = 0; n < N; n++) {
             double s = 0, a = 0;
-            for (int64_t k = 0; k < K; k++) s += (double)x[i * K + k] * wf[n * K + k], a += fabs((double)x[i * K + k] * wf[n * K + k]);
+            for (int64_t k = 0; k < K; k++) {
+                double p = (double)x[i * K + k] * wf[n * K + k];
+                s += p, a += fabs(p);
+            }
             exact[i * N + n] = s, scale[i * N + n] = a;
         }
     way ways[] = {{"float32", 0}, {"widened", 1}, {"float16-x", 4},
