@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.browser.conftest import SIZES, screenshot
-from tests.browser.test_chat import set_reply_length
+from tests.browser.test_chat import send, set_reply_length
 from tests.support.servers import ROOT, Gunicorn, model_env
 
 pytestmark = pytest.mark.browser
@@ -96,6 +96,22 @@ def test_every_sampling_error_shows_beside_its_field_with_what_was_typed(open_pa
     assert "leaves room for a one-word message only" in page.locator("#max_new_tokens-hint").text_content()
     no_horizontal_scroll(page)
     screenshot(page, f"issue14-sampling-errors-{size}")
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_conversations_actions_keep_delete_beside_the_exports_and_give_present_and_share_rows_of_their_own(
+        open_page, size):
+    page = open_page(size)
+    page.goto("/chat/")
+    send(page, "Hello", max_new_tokens="3")
+    page.wait_for_selector("li.message.assistant.complete")
+    box = {name: page.get_by_role(role, name=name, exact=True).bounding_box() for role, name in
+           [("link", "Export Markdown"), ("button", "Delete"), ("button", "Present"), ("button", "Share read-only")]}
+    exports, delete, present, share = box.values()
+    # Delete on the exports' row (centres level), then Present, then Share, each on a row below the last
+    assert abs((delete["y"] + delete["height"] / 2) - (exports["y"] + exports["height"] / 2)) < 4, box
+    assert exports["y"] + exports["height"] <= present["y"] and present["y"] + present["height"] <= share["y"], box
+    assert present["x"] == share["x"] == exports["x"], box  # each starts its row at the left edge
 
 
 def test_sampling_settings_are_remembered_and_reset(open_page):
