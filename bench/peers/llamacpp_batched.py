@@ -17,11 +17,9 @@ bench.peers.llamacpp's.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
-from bench.peers.llamacpp_env import VPY, OtherLoad, export_and_convert
+from bench.peers.llamacpp_env import JsonWorker, OtherLoad, export_and_convert
 
 # Runs as `VPY -c BATCH_WORKER GGUF THREADS MAX_BATCH CONTEXT`: llama.cpp's own continuous batching through
 # llama-cpp-python's low-level API. It prefills MAX_BATCH sequences (sequence r: CONTEXT + 7 r prompt ids of
@@ -95,30 +93,14 @@ for line in sys.stdin:
 """
 
 
-class BatchWorker:
+class BatchWorker(JsonWorker):
     """llama.cpp's batched decode of `len(prompts)` sequences, in a bench-venv subprocess (BATCH_WORKER)."""
 
     def __init__(self, path: Path, threads: int, prompts: list[list[int]]):
-        self.proc = subprocess.Popen([str(VPY), "-c", BATCH_WORKER, str(path), str(threads), str(len(prompts))],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.proc.stdin.write(json.dumps(prompts) + "\n")
-        self.proc.stdin.flush()
-        self.info = self._read()
-
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the llama.cpp batch worker exited ({self.proc.wait()}); its stderr is above")
-        return json.loads(line)
+        super().__init__(BATCH_WORKER, [path, threads, len(prompts)], first=prompts)
 
     def step_times(self, batch: int, steps: int) -> list[float]:
-        self.proc.stdin.write(json.dumps({"batch": batch, "steps": steps}) + "\n")
-        self.proc.stdin.flush()
-        return self._read()["times"]
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        return self.ask({"batch": batch, "steps": steps})["times"]
 
 
 PAIRS = {"float32": "f32", "bfloat16": "f16", "int8": "q8_0"}

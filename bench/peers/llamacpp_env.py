@@ -4,6 +4,7 @@ bench/peers/llamacpp_batched.py) and by bench.peers.engines: the venv with llama
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -181,3 +182,33 @@ class OtherLoad:
         wall = time.perf_counter() - self.t
         others = (_machine_busy() - self.busy) - (sum(map(_process_cpu, self.pids)) - self.ours)
         return max(0.0, others / HZ / wall)
+
+
+class JsonWorker:
+    """A script run by the bench venv's Python (`VPY -c script args`) that answers one JSON line per JSON line
+    it is sent; its first line (what it loaded) is `info`. `first` is sent before that, when given."""
+
+    def __init__(self, script: str, args: list, first: object = None):
+        self.proc = subprocess.Popen([str(VPY), "-c", script, *map(str, args)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        if first is not None:
+            self._send(first)
+        self.info = self._read()
+
+    def _send(self, message: object) -> None:
+        self.proc.stdin.write(json.dumps(message) + "\n")
+        self.proc.stdin.flush()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the llama.cpp worker exited ({self.proc.wait()}); its stderr is above")
+        return json.loads(line)
+
+    def ask(self, request: dict) -> dict:
+        self._send(request)
+        return self._read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)

@@ -4,12 +4,10 @@ asked for a number of greedy decode steps at a time (decode_interleaved)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 from pathlib import Path
 
-from bench.peers.llamacpp_env import VPY
+from bench.peers.llamacpp_env import JsonWorker
 
 # Runs as `VPY -c WORKER GGUF THREADS N_CTX`: loads the model, answers one JSON line per request line. Its
 # stdout is a copy of the real one kept for the protocol; anything llama.cpp prints goes to stderr.
@@ -61,36 +59,19 @@ for line in sys.stdin:
 """
 
 
-class LlamaWorker:
-    """One llama.cpp model loaded at one thread count, in a bench-venv subprocess."""
+class LlamaWorker(JsonWorker):
+    """One llama.cpp model loaded at one thread count, in a bench-venv subprocess (WORKER)."""
 
     def __init__(self, path: Path, threads: int, n_ctx: int):
-        self.proc = subprocess.Popen([str(VPY), "-c", WORKER, str(path), str(threads), str(n_ctx)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.info = self._read()
-
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the llama.cpp worker exited ({self.proc.wait()}); its stderr is above")
-        return json.loads(line)
+        super().__init__(WORKER, [path, threads, n_ctx])
 
     def start(self, ids: list[int], logits: bool = False) -> dict:
         """The prompt's prefill and its greedy token (and its logits, when asked)"""
-        return self._ask({"ids": ids, "new": 0, "logits": logits})
+        return self.ask({"ids": ids, "new": 0, "logits": logits})
 
     def more(self, new: int) -> dict:
         """`new` decode steps from where the last call stopped"""
-        return self._ask({"new": new})
-
-    def _ask(self, request: dict) -> dict:
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        return self.ask({"new": new})
 
 
 # -- Glassbox, in-process ------------------------------------------------------------------------------
