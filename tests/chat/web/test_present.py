@@ -108,7 +108,8 @@ def test_follower_joins_late_sees_new_turns_live_and_revoke_ends_it(slow_chat_ap
     reply = messages(app, cid)[-1]
     assert wait_for(lambda: reply["content"] and text_of("".join(
         d for n, d in sse_events("".join(got)) if n == "token")) == reply["content"], 10)
-    # a late joiner: the whole branch, finished
+    # a late joiner: the whole branch, finished (once the reply is saved as such: its stream can end first)
+    assert wait_for(lambda: messages(app, cid)[-1]["status"] == "complete", 10)
     late_stream = app.test_client().get(link + "/events", buffered=False)
     late = ""
     for chunk in late_stream.response:
