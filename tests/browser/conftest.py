@@ -132,3 +132,14 @@ def page(open_context):
 def screenshot(page, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def large_type(page, on: bool = True) -> None:
+    """Press Large type and wait for the page it posts back to to load, its stylesheets applied.
+
+    The button posts a form and the server redirects: the new <html data-present> can be in the DOM
+    before its stylesheets are, so waiting for the attribute alone measures unstyled text."""
+    with page.expect_navigation(wait_until="load"):
+        page.get_by_role("button", name="Large type").click()
+    state = page.evaluate("() => document.documentElement.dataset.present || 'off'")
+    assert state == ("on" if on else "off"), state

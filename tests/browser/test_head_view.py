@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.conftest import screenshot
+from tests.browser.conftest import large_type, screenshot
 from tests.browser.test_chat import send
 from tests.browser.test_usability import axe, no_horizontal_scroll
 
@@ -55,8 +55,7 @@ def test_one_head_over_the_reply_fits_a_phone_and_passes_axe_in_both_themes(open
     assert not found, found
 
     page.goto(head_url)  # presentation mode: labels readable from the back of a room
-    page.get_by_role("button", name="Large type").click()
-    page.wait_for_selector("html[data-present=on]")
+    large_type(page)
     no_horizontal_scroll(page)
     assert not axe(page)
     sizes = page.evaluate("() => [...document.querySelectorAll('table.qk :is(th, th *)')]"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.conftest import screenshot
+from tests.browser.conftest import large_type, screenshot
 from tests.browser.test_chat import send
 from tests.browser.test_usability import axe, every_size_and_scheme, no_horizontal_scroll
 
@@ -46,14 +46,12 @@ def test_the_whole_reply_lens_from_a_reply_fits_a_phone_and_passes_axe(open_page
     viewer = open_page()
     viewer.context.add_cookies(cookies)
     viewer.goto(lens_url)
-    viewer.get_by_role("button", name="Large type").click()
-    viewer.wait_for_selector("html[data-present=on]")
+    large_type(viewer)
     smallest = viewer.evaluate("""() => Math.min(...[...document.querySelectorAll('.lens-grid td, .lens-grid th')]
         .map((e) => parseFloat(getComputedStyle(e).fontSize)))""")
     assert smallest >= 18, smallest  # readable from the back of a room
     no_horizontal_scroll(viewer)
     found_present = axe(viewer)
     screenshot(viewer, "lens-present")
-    viewer.get_by_role("button", name="Large type").click()  # the browser's session forgets it again
-    viewer.wait_for_function("() => !document.documentElement.dataset.present")
+    large_type(viewer, on=False)  # the browser's session forgets it again
     assert not found and not found_present, (found, found_present)

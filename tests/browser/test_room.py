@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from tests.browser.conftest import large_type
 from tests.browser.test_usability import axe, no_horizontal_scroll
 from tests.support.servers import Gunicorn, model_env
 
@@ -136,8 +137,7 @@ def test_presentation_mode_is_large_type_remembered_and_every_chart_label_is_14p
     page = open_page()  # 1366 x 768: a projector's width
     page.goto("/loops/")
     normal = page.evaluate(SIZES_SEEN)
-    page.get_by_role("button", name="Large type").click()
-    page.wait_for_selector("html[data-present=on]")
+    large_type(page)
     assert page.get_by_role("button", name="Large type").get_attribute("aria-pressed") == "true"
     page.fill("#steps", "20")
     page.click("#run")
@@ -158,8 +158,7 @@ def test_presentation_mode_is_large_type_remembered_and_every_chart_label_is_14p
         assert page.evaluate(SIZES_SEEN)["text"] >= 18, path
         no_horizontal_scroll(page)
         assert axe(page) == [], path  # the conversation, Tokens and Inside in presentation mode
-    page.get_by_role("button", name="Large type").click()
-    page.wait_for_function("() => !document.documentElement.dataset.present")
+    large_type(page, on=False)
 
 
 # -- 6. a phone: nothing scrolls sideways, the tables included; the conversation list folds away ---------

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.browser.conftest import screenshot
+from tests.browser.conftest import large_type, screenshot
 from tests.browser.test_usability import axe, no_horizontal_scroll
 from tests.support.servers import Gunicorn, model_env
 
@@ -103,8 +103,7 @@ def test_a_newcomer_reads_a_shared_conversation_its_tokens_prompt_inside_and_bot
 
     large = open_page(scheme=scheme)  # presentation mode, on a projector's 1366 px: large type, still clean
     large.goto(link)
-    large.get_by_role("button", name="Large type").click()
-    large.wait_for_selector("html[data-present=on]")
+    large_type(large)
     compare = large.get_by_role("link", name="Compare with version 1").get_attribute("href")
     shown = compare.split("/compare/")[0]
     for name, url in {"page": link, "tokens": f"{shown}/tokens?t=1", "prompt": f"{shown}/prompt",

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.browser.conftest import SIZES, screenshot
+from tests.browser.conftest import SIZES, large_type, screenshot
 from tests.browser.test_chat import send, set_reply_length
 from tests.support.servers import ROOT, Gunicorn, model_env
 
@@ -300,8 +300,7 @@ def test_every_page_passes_axe_and_fits_a_phone(open_page, problems, scheme, pre
              "tokens": f"{chat_url}/m/{reply}/tokens?t=0", "prompt": f"{chat_url}/m/{reply}/prompt",
              "delete": f"{chat_url}/delete", "shared-chat": shared_chat}
     if present:
-        setup.get_by_role("button", name="Large type").click()
-        setup.wait_for_selector("html[data-present=on]")
+        large_type(setup)
     context_cookies = setup.context.cookies()
     found = {}
     for size in (["desktop"] if present else SIZES):
