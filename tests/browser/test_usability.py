@@ -41,6 +41,7 @@ def run_loops(page, steps: str, model: str | None = None) -> None:
 
 
 def no_horizontal_scroll(page) -> None:
+    page.wait_for_load_state()  # after a click that navigates, the stylesheets too
     widths = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
     assert widths[0] <= widths[1], f"{page.url}: the page is {widths[0]}px wide in a {widths[1]}px window"
 
@@ -49,6 +50,7 @@ def axe(page) -> list[str]:
     if not AXE.exists():
         from tests.browser.conftest import _unavailable
         _unavailable(f"{AXE} is missing (npm ci installs axe-core, a devDependency in package.json)")
+    page.wait_for_load_state()  # contrast and sizes as styled, not as first parsed
     page.evaluate(AXE.read_text())  # evaluated, not a <script>: the page's CSP stays as it is
     result = page.evaluate("() => axe.run(document, {resultTypes: ['violations']})")
     return [f"{v['id']} ({v['impact']}): {[n['target'] for n in v['nodes']][:3]}"
