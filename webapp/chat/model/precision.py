@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from webapp.chat.model import kernels
+from webapp.chat.model.arena import into_huge_pages
 from webapp.chat.model.gpt import GPT
 from webapp.chat.model.linear import DecodingLinear, _onednn_bfloat16, onednn_linear
 
@@ -139,13 +140,15 @@ def apply_precision(model: nn.Module, precision: str) -> nn.Module:
     """Convert a model in place to a precision (a canonical name, see parse_precision) -> the model.
     On the CPU, bfloat16 and int8 replace every nn.Linear (lm_head included, untied from the embedding,
     which stays float32 for lookups) by a WeightOnlyLinear; on other devices bfloat16 and float16 cast
-    the whole model."""
+    the whole model. On the CPU the large weights then live in huge pages (arena.py): the same bits, read
+    faster."""
     precision = PRECISIONS.get(precision, precision)
     if precision not in ("float32", "bfloat16", "float16", "int8"):
         raise PrecisionError(f"unknown dtype {precision!r}: use one of {', '.join(PRECISIONS)}")
     on_cpu = next(model.parameters()).device.type == "cpu"
     if precision == "float32" or precision == "float16" or (precision == "bfloat16" and not on_cpu):
-        return model.to(getattr(torch, precision))
+        model = model.to(getattr(torch, precision))
+        return into_huge_pages(model) if on_cpu else model
     if not on_cpu:
         raise PrecisionError("dtype 'int8' (weight-only int8) runs on the CPU only: use bfloat16 on a GPU")
     model.float()
@@ -155,7 +158,7 @@ def apply_precision(model: nn.Module, precision: str) -> nn.Module:
         setattr(model.get_submodule(parent) if parent else model, child, WeightOnlyLinear(linear, precision))
     if isinstance(model, GPT):  # keys and values in 16 bits too: half the bytes attention reads
         model.kv_dtype = torch.bfloat16
-    return model
+    return into_huge_pages(model)
 
 
 __all__ = ["PRECISIONS", "PrecisionError", "WeightOnlyLinear", "apply_precision", "int8_matmul",
