@@ -39,7 +39,10 @@ def into_huge_pages(model: nn.Module) -> nn.Module:
         offsets[ptr] = total
         total += -(-_nbytes(t) // ALIGN) * ALIGN
     memory = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    memory.madvise(mmap.MADV_HUGEPAGE)  # before the first write: the pages are made huge as they are touched
+    try:
+        memory.madvise(mmap.MADV_HUGEPAGE)  # before the first write: the pages are made huge as they are touched
+    except OSError:  # a kernel built without transparent huge pages: the same copy, in 4 KiB pages
+        pass
     arena = torch.frombuffer(memory, dtype=torch.uint8)  # keeps `memory` mapped while any view of it lives
     start = -arena.data_ptr() % HUGE_PAGE
     moved: dict[int, torch.Tensor] = {}
