@@ -32,6 +32,7 @@ def token_panel(page, text: str, max_new_tokens: str, index: int) -> None:
     send(page, text, max_new_tokens=max_new_tokens)
     page.wait_for_selector("li.message.assistant.complete")
     page.get_by_role("link", name="Tokens").click()
+    page.wait_for_load_state()  # the page's scripts run: a focus or hover before them shows no panel
     page.locator(".token-view a.tok").nth(index).hover()
     shown = f"() => document.querySelector('#token-panel h2')?.textContent.includes('Token {index + 1}')"
     page.wait_for_function(shown)

@@ -172,12 +172,14 @@ def test_a_space_token_is_named_in_its_link_and_its_panel(open_page):
     page = open_page()
     reply(page)
     page.locator("li.message.assistant a.glass-link", has_text="Tokens").click()
+    page.wait_for_load_state()  # the page's scripts run: a focus or hover before them shows no panel
     page.locator(".token-view a.tok").nth(2).focus()
     page.wait_for_function("() => document.querySelector('#token-panel h2')?.textContent.includes('Token 3')")
     page.fill("#token-panel-text", "a b")
     page.locator("#token-panel").get_by_role("button", name="Continue", exact=True).click()
     page.wait_for_url("**/chat/c/*")
     page.locator("li.message.assistant a.glass-link", has_text="Tokens").click()
+    page.wait_for_load_state()  # the page's scripts run: a focus or hover before them shows no panel
     space = page.get_by_role("link", name="space: typed", exact=True)
     assert space.count() == 1
     space.focus()
