@@ -22,7 +22,7 @@ def small_gpt() -> GPT:
 
 
 def large_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
-    return [t for t in (*model.parameters(), *model.buffers()) if t.numel() * t.element_size() >= MIN_BYTES]
+    return [t for t in (*model.parameters(), *model.buffers()) if t.nbytes >= MIN_BYTES]
 
 
 def test_large_weights_move_into_one_aligned_mapping_with_the_same_bits_and_ties_kept():
@@ -37,9 +37,9 @@ def test_large_weights_move_into_one_aligned_mapping_with_the_same_bits_and_ties
     moved = sorted(t.data_ptr() for t in large_tensors(model))
     assert moved and not old & set(moved)  # every large tensor moved...
     assert moved[0] % HUGE_PAGE == 0 and all(p % 4096 == 0 for p in moved)  # ...onto pages of its own
-    assert moved[-1] - moved[0] < 2 * sum(t.numel() * t.element_size() for t in large_tensors(model))  # one block
+    assert moved[-1] - moved[0] < 2 * sum(t.nbytes for t in large_tensors(model))  # one block
     small = model.transformer.h[0].ln_1.weight
-    assert small.numel() * small.element_size() < MIN_BYTES and small.data_ptr() not in moved  # left where it was
+    assert small.nbytes < MIN_BYTES and small.data_ptr() not in moved  # left where it was
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16", "int8"])

@@ -20,10 +20,6 @@ HUGE_PAGE = 2 << 20
 ALIGN = 4096  # each tensor starts on a page of its own: its rows' alignment as before, or better
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 def into_huge_pages(model: nn.Module) -> nn.Module:
     """Move `model`'s large CPU parameters and buffers into one huge-page mapping (in place; returns the
     model). A tensor shared by two modules (tied weights) stays shared. Where the system has no
@@ -31,13 +27,13 @@ def into_huge_pages(model: nn.Module) -> nn.Module:
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         return model
     tensors = {t.data_ptr(): t for t in (*model.parameters(), *model.buffers())
-               if t.device.type == "cpu" and _nbytes(t) >= MIN_BYTES}
+               if t.device.type == "cpu" and t.nbytes >= MIN_BYTES}
     if not tensors or not all(t.is_contiguous() and not t.is_sparse for t in tensors.values()):
         return model
     offsets, total = {}, 0
     for ptr, t in tensors.items():
         offsets[ptr] = total
-        total += -(-_nbytes(t) // ALIGN) * ALIGN
+        total += -(-t.nbytes // ALIGN) * ALIGN
     memory = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
         memory.madvise(mmap.MADV_HUGEPAGE)  # before the first write: the pages are made huge as they are touched
@@ -53,7 +49,7 @@ def into_huge_pages(model: nn.Module) -> nn.Module:
             return t
         if ptr not in moved:
             at = start + offsets[ptr]
-            moved[ptr] = arena[at:at + _nbytes(t)].view(t.dtype).view(t.shape).copy_(t)
+            moved[ptr] = arena[at:at + t.nbytes].view(t.dtype).view(t.shape).copy_(t)
         return moved[ptr]
 
     with torch.no_grad():
