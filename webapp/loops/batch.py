@@ -20,7 +20,7 @@ import torch
 from webapp.core.executors import BatchedJobs, Finished, StepReport, Worker
 from webapp.core.jobs import CANCELLED, DONE, FAILED, Job
 from webapp.core.threads import torch_threads
-from webapp.loops.model.looped import LoopRows
+from webapp.loops.model.loop_state import LoopRows
 from webapp.loops.reading import supports_attention
 from webapp.loops.request import DemoRequest
 from webapp.loops.runs import MAIN, LoopResult, LoopRuns

@@ -3,7 +3,8 @@ import random
 import pytest
 import torch
 
-from webapp.loops.model.looped import LoopConfig, LoopOutput, LoopTransformer, loop_digits
+from webapp.loops.model.loop_state import LoopOutput
+from webapp.loops.model.looped import LoopConfig, LoopTransformer, loop_digits
 from webapp.loops.model.tokenizer import CharTokenizer
 from webapp.loops.task import SYMBOLS, preset, render_prompt
 

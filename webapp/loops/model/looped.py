@@ -28,6 +28,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from webapp.loops.model.loop_state import LoopOutput, LoopRows, LoopStep
+
 N_SYMBOLS = 26
 
 
@@ -235,54 +237,6 @@ class CompletionHead(nn.Module):
         first, last = self.mlp[0], self.mlp[2]
         assert isinstance(first, nn.Linear) and isinstance(last, nn.Linear)
         return _linear(F.gelu(_linear(match, first)), last)[:, 0]
-
-
-@dataclass
-class LoopOutput:
-    scores: torch.Tensor          # [B, loops_run, 26] readout scores over A..Z
-    stop_logits: torch.Tensor     # [B, loops_run] completion-head logits
-    state_logits: torch.Tensor    # [B, loops_run, 26] direct readout of the lookup
-    halted_at: torch.Tensor       # [B] first loop whose stop prob >= threshold, 0 = never
-    start_scores: torch.Tensor    # [B, 26] the start letter as read from the prompt
-
-
-@dataclass
-class LoopRows:
-    """Tables looping side by side (forward()'s batch, or many Loop-lab runs stepped together), each
-    at its own loop: what a row carries from one loop to the next."""
-
-    kv: tuple[torch.Tensor, torch.Tensor]  # the prompt's keys and values, [B, nh, T, hs] each
-    mask: torch.Tensor            # [B, T]
-    k_vectors: torch.Tensor       # [B, P, S] k as the completion head compares it
-    letter: torch.Tensor          # [B] the letter each row is on (its last prediction)
-    loops: torch.Tensor           # [B] the loop each row runs next (1 first)
-    state: torch.Tensor           # [B, C] the loop block's output at its last loop (zeros before loop 1)
-
-    def take(self, index: torch.Tensor) -> "LoopRows":
-        """These rows only, in this order."""
-        return LoopRows((self.kv[0][index], self.kv[1][index]), self.mask[index], self.k_vectors[index],
-                        self.letter[index], self.loops[index], self.state[index])
-
-    @staticmethod
-    def cat(parts: "list[LoopRows]") -> "LoopRows":
-        """Rows of several batches as one (all with prompts of one length)."""
-        return LoopRows((torch.cat([p.kv[0] for p in parts]), torch.cat([p.kv[1] for p in parts])),
-                        torch.cat([p.mask for p in parts]), torch.cat([p.k_vectors for p in parts]),
-                        torch.cat([p.letter for p in parts]), torch.cat([p.loops for p in parts]),
-                        torch.cat([p.state for p in parts]))
-
-
-@dataclass
-class LoopStep:
-    """One loop of each row (LoopTransformer.step)."""
-
-    scores: torch.Tensor          # [B, 26] readout scores over A..Z
-    stop_logits: torch.Tensor     # [B] completion-head logits
-    state_logits: torch.Tensor    # [B, 26] direct readout of the lookup
-    attention: torch.Tensor       # [B, nh, T] where the loop block looked in the prompt
-    # [B] ‖h_t − h_{t−1}‖ / ‖h_{t−1}‖ over the loop block's output h at its one query position (the
-    # vector the readout reads): how much the state moved since the previous loop; NaN at loop 1
-    state_change: torch.Tensor
 
 
 class LoopTransformer(nn.Module):
