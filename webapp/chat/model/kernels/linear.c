@@ -170,8 +170,8 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
                 default: tile(KIND, 6, NR, x, ldx, w, K, n0, dots, next); return;                    \
             }                                                                                        \
         }                                                                                            \
-        /* One row of x (a lone reply streams faster through one row of W at a time), or the last   \
-         * rows of W: one dot at a time, the same sums. */                                           \
+        /* A batch's one last row (a row streams faster through one row of W at a time), or the     \
+         * last rows of W: one dot at a time, the same sums. */                                      \
         float one[MR][NR];                                                                           \
         for (int j = 0; j < nr; j++)                                                                 \
             for (int i = 0; i < mr; i++) {                                                           \
@@ -182,6 +182,28 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
 #endif
 TILES(F32)
 TILES(BF16)
+
+/* An output's last touch, the same wherever its dot was summed: y = dot * scale + b (each when given) */
+static inline float finish_dot(float dot, const float *scale, const float *b, int64_t n) {
+    if (scale) dot *= scale[n];
+    if (b) dot += b[n];
+    return dot;
+}
+
+/* One row of x (a lone reply's decode step): outputs n0 to n1, one after another straight through the
+ * weights, the sums of a one-row tile. Through the tiles' loop (a call per four outputs) the same sums streamed
+ * slower (docs/benchmarks.md, "A lone row straight through the weights"). */
+#define LONE_ROW(KIND)                                                                                                \
+    static __attribute__((noinline)) void lone_row_##KIND(const float *x, const void *w, int64_t K, int64_t n0,       \
+                                                          int64_t n1, const float *scale, const float *b, float *y) { \
+        for (int64_t n = n0; n < n1; n++) {                                                                           \
+            float dot[MR][NR];                                                                                        \
+            tile(KIND, 1, 1, x, K, w, K, n, dot, STREAM);                                                             \
+            y[n] = finish_dot(dot[0][0], scale, b, n);                                                                \
+        }                                                                                                             \
+    }
+LONE_ROW(F32)
+LONE_ROW(BF16)
 
 /* What surrounds a linear layer in a transformer block, done here rather than by a library call each: a
  * layer norm of the input rows (over K, float32 sums), and GELU and a residual add on the outputs. The rows
@@ -231,6 +253,31 @@ static void finish_outputs(float *y, int64_t count, int gelu, const float *resid
     }
 }
 
+/* Rows of x by tiles of up to MR rows and NR outputs, the tiles (outputs) shared among the threads; q: x
+ * quantized, for int8 weights */
+static void tiled(int kind, const float *x, q8rows q, int64_t M, int64_t K, int64_t ldx, const void *w, int64_t N,
+                  const float *scale, const float *b, float *y, int threads) {
+    int64_t tiles = (N + NR - 1) / NR;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        int64_t n0 = t * NR;
+        int nr = N - n0 < NR ? (int)(N - n0) : NR;
+        for (int64_t m0 = 0; m0 < M; m0 += MR) {
+            int mr = M - m0 < MR ? (int)(M - m0) : MR;
+            float dots[MR][NR];
+            if (kind == I8) {
+                q8rows xm = {q.xu + m0 * q.chunks * QCHUNK, q.xs + m0 * q.chunks * LANES, q.chunks};
+                tiles_q8(mr, nr, xm, w, K, n0, dots);
+            } else {
+                int64_t next = M <= MR ? STREAM : m0 == 0 || n0 + 2 * NR > N ? CACHED : n0 + NR;
+                (kind == F32 ? tiles_F32 : tiles_BF16)(mr, nr, x + m0 * ldx, ldx, w, K, n0, dots, next);
+            }
+            for (int i = 0; i < mr; i++)
+                for (int j = 0; j < nr; j++) y[(m0 + i) * N + n0 + j] = finish_dot(dots[i][j], scale, b, n0 + j);
+        }
+    }
+}
+
 /* y = act(layer_norm(x) @ Wᵀ * scale + b) + residual; norm_w NULL: no layer norm (norm_b NULL: none of its
  * bias), gelu 0: no activation, residual NULL: nothing added ((M, N) contiguous otherwise). */
 int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx, const void *w, int64_t N,
@@ -253,36 +300,19 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
             return status;
         }
     }
-    if (kind == I8) {
-        xu = scratch(M * q.chunks * QCHUNK);
-        xs = scratch(M * q.chunks * LANES * (int64_t)sizeof(float));
-        if (!xu || !xs) { free(xu); free(xs); free(normed); return -2; }
-        quantize_rows(x, M, K, ldx, xu, xs, threads);
-        q.xu = xu, q.xs = xs;
-    }
-    int64_t tiles = (N + NR - 1) / NR;
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t t = 0; t < tiles; t++) {
-        int64_t n0 = t * NR;
-        int nr = N - n0 < NR ? (int)(N - n0) : NR;
-        for (int64_t m0 = 0; m0 < M; m0 += MR) {
-            int mr = M - m0 < MR ? (int)(M - m0) : MR;
-            float dots[MR][NR];
-            if (kind == I8) {
-                q8rows xm = {q.xu + m0 * q.chunks * QCHUNK, q.xs + m0 * q.chunks * LANES, q.chunks};
-                tiles_q8(mr, nr, xm, w, K, n0, dots);
-            } else {
-                int64_t next = M <= MR ? STREAM : m0 == 0 || n0 + 2 * NR > N ? CACHED : n0 + NR;
-                (kind == F32 ? tiles_F32 : tiles_BF16)(mr, nr, x + m0 * ldx, ldx, w, K, n0, dots, next);
-            }
-            for (int i = 0; i < mr; i++)
-                for (int j = 0; j < nr; j++) {
-                    float v = dots[i][j];
-                    if (scale) v *= scale[n0 + j];
-                    if (b) v += b[n0 + j];
-                    y[(m0 + i) * N + n0 + j] = v;
-                }
+    if (M == 1 && kind != I8) {  /* a lone row: each thread one run of the outputs */
+        #pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t r = 0; r < threads; r++)
+            (kind == F32 ? lone_row_F32 : lone_row_BF16)(x, w, K, N * r / threads, N * (r + 1) / threads, scale, b, y);
+    } else {
+        if (kind == I8) {
+            xu = scratch(M * q.chunks * QCHUNK);
+            xs = scratch(M * q.chunks * LANES * (int64_t)sizeof(float));
+            if (!xu || !xs) { free(xu); free(xs); free(normed); return -2; }
+            quantize_rows(x, M, K, ldx, xu, xs, threads);
+            q.xu = xu, q.xs = xs;
         }
+        tiled(kind, x, q, M, K, ldx, w, N, scale, b, y, threads);
     }
     if (gelu || residual) finish_outputs(y, M * N, gelu, residual, threads);
     free(xu);
