@@ -87,6 +87,8 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
         }
 }
 
+enum { LONG_ROW_OUTPUTS = 1 };  /* lone_row below: one output at a time however long the rows (not measured) */
+
 /* float32 and bfloat16 weights: 2-by-2 tiles over the batch's MR by NR (the weights come again from L1) */
 #define TILES(KIND)                                                                                  \
     static void tiles_##KIND(int mr, int nr, const float *x, int64_t ldx, const void *w, int64_t K,  \
@@ -124,6 +126,8 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
 #else
 #define IN_REGISTER(v) ((void)0)
 #endif
+
+enum { LONG_ROW_OUTPUTS = NR };  /* lone_row below: outputs at a time on long rows */
 
 /* dots[i][j] = x[m0 + i] . W[n0 + j] for i < mr, j < nr; mr and nr are constants where inlined */
 static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr, const float *x, int64_t ldx,
@@ -192,12 +196,21 @@ static inline float finish_dot(float dot, const float *scale, const float *b, in
 
 /* One row of x (a lone reply's decode step): outputs n0 to n1, one after another straight through the
  * weights, the sums of a one-row tile. Through the tiles' loop (a call per four outputs) the same sums streamed
- * slower (docs/benchmarks.md, "A lone row straight through the weights"). */
+ * slower. Rows of LONG_ROW weights or more go LONG_ROW_OUTPUTS outputs at a time, each x vector loaded once for
+ * all of them: there x (16 KiB of float32 at 4,096) is large enough that the weights streaming through L1 push
+ * it out. Shorter rows streamed slower that way (docs/benchmarks.md, "A lone row straight through the weights"). */
+enum { LONG_ROW = 4096 };
 #define LONE_ROW(KIND)                                                                                                \
     static __attribute__((noinline)) void lone_row_##KIND(const float *x, const void *w, int64_t K, int64_t n0,       \
                                                           int64_t n1, const float *scale, const float *b, float *y) { \
-        for (int64_t n = n0; n < n1; n++) {                                                                           \
-            float dot[MR][NR];                                                                                        \
+        int64_t n = n0;                                                                                               \
+        float dot[MR][NR];                                                                                            \
+        if (LONG_ROW_OUTPUTS > 1 && K >= LONG_ROW)                                                                    \
+            for (; n + LONG_ROW_OUTPUTS <= n1; n += LONG_ROW_OUTPUTS) {                                               \
+                tile(KIND, 1, LONG_ROW_OUTPUTS, x, K, w, K, n, dot, STREAM);                                          \
+                for (int j = 0; j < LONG_ROW_OUTPUTS; j++) y[n + j] = finish_dot(dot[0][j], scale, b, n + j);         \
+            }                                                                                                         \
+        for (; n < n1; n++) {                                                                                         \
             tile(KIND, 1, 1, x, K, w, K, n, dot, STREAM);                                                             \
             y[n] = finish_dot(dot[0][0], scale, b, n);                                                                \
         }                                                                                                             \
