@@ -134,12 +134,18 @@ def screenshot(page, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 
 
-def large_type(page, on: bool = True) -> None:
-    """Press Large type and wait for the page it posts back to to load, its stylesheets applied.
-
-    The button posts a form and the server redirects: the new <html data-present> can be in the DOM
-    before its stylesheets are, so waiting for the attribute alone measures unstyled text."""
+def follow(page, target) -> None:
+    """Click a link or a form's button that leads to another page, and wait for that page's load: its
+    stylesheets applied and its scripts run. What is in the DOM before then is unstyled, and a focus or
+    hover on it shows no panel (both seen on a loaded machine)."""
     with page.expect_navigation(wait_until="load"):
-        page.get_by_role("button", name="Large type").click()
+        target.click()
+
+
+def large_type(page, on: bool = True) -> None:
+    """Press Large type and wait for the page it posts back to to load (follow): the new <html
+    data-present> can be in the DOM before its stylesheets are, so waiting for the attribute alone
+    measures unstyled text."""
+    follow(page, page.get_by_role("button", name="Large type"))
     state = page.evaluate("() => document.documentElement.dataset.present || 'off'")
     assert state == ("on" if on else "off"), state

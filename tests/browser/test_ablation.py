@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.conftest import screenshot
+from tests.browser.conftest import follow, screenshot
 from tests.browser.test_chat import send
 
 pytestmark = pytest.mark.browser
@@ -37,8 +37,7 @@ def test_one_position_with_a_head_off_from_the_token_panel(page):
     page.goto("/chat/")
     send(page, "Odds without a head", max_new_tokens="6")
     page.wait_for_selector("li.message.assistant.complete")
-    page.get_by_role("link", name="Tokens").click()
-    page.wait_for_load_state()
+    follow(page, page.get_by_role("link", name="Tokens"))
     page.locator(".token-view a.tok").nth(2).click()
     panel = page.locator("#token-panel")
     panel.get_by_text("This position with parts switched off").click()

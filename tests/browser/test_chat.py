@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.browser.conftest import screenshot
+from tests.browser.conftest import follow, screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -31,8 +31,7 @@ def token_panel(page, text: str, max_new_tokens: str, index: int) -> None:
     page.goto("/chat/")
     send(page, text, max_new_tokens=max_new_tokens)
     page.wait_for_selector("li.message.assistant.complete")
-    page.get_by_role("link", name="Tokens").click()
-    page.wait_for_load_state()  # the page's scripts run: a focus or hover before them shows no panel
+    follow(page, page.get_by_role("link", name="Tokens"))
     page.locator(".token-view a.tok").nth(index).hover()
     shown = f"() => document.querySelector('#token-panel h2')?.textContent.includes('Token {index + 1}')"
     page.wait_for_function(shown)

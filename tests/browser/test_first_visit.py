@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.browser.conftest import SIZES, screenshot
+from tests.browser.conftest import SIZES, follow, screenshot
 from tests.browser.test_chat import send
 from tests.support.servers import Gunicorn, model_env
 
@@ -171,15 +171,13 @@ def test_at_390px_the_tokens_page_fits_and_the_top_bar_is_one_line(open_page):
 def test_a_space_token_is_named_in_its_link_and_its_panel(open_page):
     page = open_page()
     reply(page)
-    page.locator("li.message.assistant a.glass-link", has_text="Tokens").click()
-    page.wait_for_load_state()  # the page's scripts run: a focus or hover before them shows no panel
+    follow(page, page.locator("li.message.assistant a.glass-link", has_text="Tokens"))
     page.locator(".token-view a.tok").nth(2).focus()
     page.wait_for_function("() => document.querySelector('#token-panel h2')?.textContent.includes('Token 3')")
     page.fill("#token-panel-text", "a b")
     page.locator("#token-panel").get_by_role("button", name="Continue", exact=True).click()
     page.wait_for_url("**/chat/c/*")
-    page.locator("li.message.assistant a.glass-link", has_text="Tokens").click()
-    page.wait_for_load_state()  # the page's scripts run: a focus or hover before them shows no panel
+    follow(page, page.locator("li.message.assistant a.glass-link", has_text="Tokens"))
     space = page.get_by_role("link", name="space: typed", exact=True)
     assert space.count() == 1
     space.focus()

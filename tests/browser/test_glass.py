@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.conftest import screenshot
+from tests.browser.conftest import follow, screenshot
 from tests.browser.test_chat import send
 
 pytestmark = pytest.mark.browser
@@ -14,8 +14,7 @@ def test_see_a_tokens_odds_branch_from_it_and_switch_versions(page):
     page.goto("/chat/")
     send(page, "Show me your odds", max_new_tokens="12")
     page.wait_for_selector("li.message.assistant.complete")
-    page.get_by_role("link", name="Tokens").click()
-    page.wait_for_load_state()  # the page's scripts run: a focus before them shows no panel (seen under load)
+    follow(page, page.get_by_role("link", name="Tokens"))
     tokens = page.locator(".token-view a.tok")
     assert tokens.count() == 12
 

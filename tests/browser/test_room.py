@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.browser.conftest import large_type
+from tests.browser.conftest import follow, large_type
 from tests.browser.test_usability import axe, no_horizontal_scroll
 from tests.support.servers import Gunicorn, model_env
 
@@ -44,8 +44,7 @@ def test_the_edited_table_and_the_run_survive_reload_theme_and_a_visit_elsewhere
     wait_for_table(page, "B", "5")
     assert page.evaluate("() => document.querySelector('#dst-1').value") == "C"
     assert page.locator("input[name=src]").first.input_value() == "B"
-    page.get_by_role("button", name=re.compile("^Theme")).click()
-    page.wait_for_load_state()
+    follow(page, page.get_by_role("button", name=re.compile("^Theme")))
     wait_for_table(page, "B", "5")
     assert page.evaluate("() => document.querySelector('#dst-1').value") == "C"
     page.get_by_role("link", name="Chat").click()
