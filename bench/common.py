@@ -232,6 +232,32 @@ def read_bandwidth_gbs(gib: float = 1.0, reps: int = 5, device="cpu") -> float:
     return max(bandwidth_gbs(gib, reps=reps, device=device).values())
 
 
+class TurnReads:
+    """The read bandwidth taken in the same minutes as the decode turns it divides (call it between turns): a
+    `sum` over a float32 buffer far larger than the caches, best of `reps`, GB/s, every reading kept. On a shared
+    VM the bandwidth moves between levels within minutes, so a divisor taken once before a run can come from
+    another level than the run's turns."""
+
+    def __init__(self, mib: int = 256, reps: int = 3):
+        self.buffer = torch.randn(mib * 2**20 // 4)  # touched, so every page exists before the first reading
+        self.reps = reps
+        self.readings: list[float] = []
+
+    def __call__(self) -> float:
+        best = float("inf")
+        for _ in range(self.reps):
+            t = time.perf_counter()
+            self.buffer.sum()
+            best = min(best, time.perf_counter() - t)
+        self.readings.append(self.buffer.numel() * 4 / best / 1e9)
+        return self.readings[-1]
+
+
+READ_ONCE = "the better of a `sum` and an `mv` over 1 GiB, best of 5, bench.common.read_bandwidth_gbs"
+READ_IN_TURNS = ("a `sum` over 256 MiB, best of 3, after every turn of the decode (bench.common.TurnReads), "
+                 "the median of a thread count's readings")
+
+
 # -- the roofline: a decode step that did nothing but read its bytes once, at the measured bandwidth ----------
 def kv_bytes(config, context: float, element_size: int) -> float:
     """Bytes of keys and values one row's decode step reads when it attends over `context` positions (its new
@@ -279,18 +305,19 @@ def roofline(rate: float, bytes_per_step: float, bandwidth: float, rows: int = 1
     return roof, rate / roof
 
 
-def roofline_note(bandwidths: dict, each: dict | None = None) -> str:
+def roofline_note(bandwidths: dict, each: dict | None = None, how: str = READ_ONCE) -> str:
     """The line a report gives under a table with roofline columns: what was divided by what. `each`: every
-    measurement behind a median (thread count -> GB/s per rep), whose range is printed: on a shared VM the
-    bandwidth itself moves between runs, and a fraction is only as steady as its divisor."""
+    measurement behind a median (thread count -> GB/s per reading), whose range is printed: on a shared VM the
+    bandwidth itself moves between runs, and a fraction is only as steady as its divisor. `how`: how the
+    bandwidth was read (READ_ONCE, READ_IN_TURNS)."""
     def spread(t) -> str:
         values = (each or {}).get(t) or []
-        return f" (each rep {min(values):.1f}–{max(values):.1f}, median used)" if len(values) > 1 else ""
+        return f" (each reading {min(values):.1f}–{max(values):.1f}, median used)" if len(values) > 1 else ""
     measured = ", ".join(f"{t} thread{'s' if t != 1 else ''} {bw:.1f} GB/s{spread(t)}" for t, bw in bandwidths.items())
     return ("- roofline tok/s = tokens a step × measured read bandwidth ÷ bytes a step reads (its tensors at their "
             "stored types, lm_head whole, one row of each embedding table; plus each row's keys and values at the "
-            "context its steps attend over, a run's mean); fraction = measured ÷ roofline. Read bandwidth (the "
-            f"better of a `sum` and an `mv` over 1 GiB, best of 5, bench.common.read_bandwidth_gbs): {measured}\n")
+            "context its steps attend over, a run's mean); fraction = measured ÷ roofline. Read bandwidth "
+            f"({how}): {measured}\n")
 
 
 def sync(device) -> None:

@@ -19,11 +19,11 @@ whole runs one after the other met different levels (one rep's ratio 0.73×, the
 two agree: the largest |logit difference| after the prompt (fp32 vs f32, the first 50257 ids) and, for each
 variant, how many greedy tokens match Glassbox fp32's before the first difference. The table is printed and,
 unless --no-doc, appended to docs/benchmarks-history.md (bench.common.report). Beside every decode rate, its
-roofline (bench.common.roofline): the read bandwidth measured at that thread count in every repetition
-(median) ÷ the bytes one step reads — Glassbox's tensors at their stored types, llama.cpp's GGUF tensors at
-theirs (bench.common.gguf_weight_bytes), each with its KV cache (float32 or bfloat16; llama.cpp's f16) at
-the mean context of the run's steps — and the fraction of it reached. With only Glassbox's variants
-(--variants gb-fp32,gb-bf16,gb-int8) nothing of llama.cpp's environment is built or read.
+roofline (bench.common.roofline): the read bandwidth taken after every turn at that thread count
+(bench.common.TurnReads, median) ÷ the bytes one step reads — Glassbox's tensors at their stored types,
+llama.cpp's GGUF tensors at theirs (bench.common.gguf_weight_bytes), each with its KV cache (float32 or
+bfloat16; llama.cpp's f16) at the mean context of the run's steps — and the fraction of it reached. With only
+Glassbox's variants (--variants gb-fp32,gb-bf16,gb-int8) nothing of llama.cpp's environment is built or read.
 
 Its environment is its own, under .bench/llamacpp/ (gitignored), made on first use and reused: a venv
 (torch==2.13.0 CPU first, for the converter; numpy, safetensors, transformers, pyyaml, tqdm), the
@@ -149,13 +149,14 @@ def main(argv=None):
             load = OtherLoad([w.proc.pid for w in workers.values()])
             # allocator, oneDNN primitives, ggml's thread pool: before any timing
             decode_interleaved(streams, variants, common.prompt_ids(40, seed=40), 4, 0, set())
+            reads = common.TurnReads()
             for r in range(args.reps):
-                bandwidths[t].append(common.read_bandwidth_gbs())
                 for c in contexts:
                     load.start()
                     order = variants if r % 2 == 0 else variants[::-1]
                     logits = {"gb-fp32", "llama-f32"} if r == 0 else set()
-                    results = decode_interleaved(streams, order, common.prompt_ids(c), args.new, args.slice, logits)
+                    results = decode_interleaved(streams, order, common.prompt_ids(c), args.new, args.slice, logits,
+                                                 reads)
                     others = load.cores()
                     for v, res in results.items():
                         runs.setdefault((t, c, v), []).append({**res, "others": others})
@@ -163,6 +164,8 @@ def main(argv=None):
                         f"{v} {args.new / runs[t, c, v][-1]['decode_s']:.1f} tok/s" for v in variants)
                         + f" (other processes: up to {max(runs[t, c, v][-1]['others'] for v in variants):.2f} cores)",
                         flush=True)
+            bandwidths[t] = reads.readings
+            del reads
         finally:
             for w in workers.values():
                 w.close()
@@ -240,7 +243,7 @@ def main(argv=None):
     system = info.get("system_info", "n/a")
     read = ", ".join(f"{v} {step_bytes(v, contexts[0]) / 2**20:.0f} MiB" for v in variants)
     body = (common.table(header, rows) + "\n\n" + agree + "\n\n"
-            + common.roofline_note(bandwidth, bandwidths)
+            + common.roofline_note(bandwidth, bandwidths, common.READ_IN_TURNS)
             + f"- bytes a step reads after the {contexts[0]}-token prompt (at its steps' mean context): {read}\n"
             + f"- model: random `{args.size}` (seed 0, {n_params / 1e6:.1f}M parameters), exported by "
             + "webapp.chat.model.hf.export_hf and converted by llama.cpp's convert_hf_to_gguf.py "

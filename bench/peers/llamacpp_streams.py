@@ -5,6 +5,7 @@ asked for a number of greedy decode steps at a time (decode_interleaved)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.peers.llamacpp_env import JsonWorker
@@ -144,15 +145,18 @@ def slices(new: int, size: int) -> list[int]:
 
 
 def decode_interleaved(streams: dict, order: list[str], ids: list[int], new: int, size: int,
-                       logits: set[str]) -> dict:
+                       logits: set[str], between_turns: Callable[[], object] | None = None) -> dict:
     """Every stream's prefill, then its `new` steps in turns of `size`, the variants taking turns (their order
     reversed at every turn: A B C, C B A, ...) so that each meets the machine's changes of pace in the same
-    measure -> {variant: {prefill_s, decode_s (summed), tokens, logits}}"""
+    measure; `between_turns` is called after every turn (bench.common.TurnReads: the roofline's divisor read in
+    the same minutes) -> {variant: {prefill_s, decode_s (summed), tokens, logits}}"""
     results = {v: streams[v].start(ids, logits=v in logits) for v in order}
     for n in slices(new, size):
         for v in order:
             part = streams[v].more(n)
             results[v]["decode_s"] += part["decode_s"]
             results[v]["tokens"] += part["tokens"]
+        if between_turns is not None:
+            between_turns()
         order = order[::-1]
     return results

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.common import TurnReads
 from bench.peers.llamacpp_streams import decode_interleaved, slices
 
 
@@ -42,3 +43,18 @@ def test_turns_alternate_and_add_up():
         assert results[name]["decode_s"] == pytest.approx(45 * pace)
         assert results[name]["prefill_s"] == 0.5
     assert results["a"]["logits"] == [1.0] and results["b"]["logits"] is None
+
+
+def test_the_bandwidth_is_read_after_every_turn():
+    log: list = []
+    streams = {"a": Fake("a", 100, 0.01, log), "b": Fake("b", 200, 0.02, log)}
+    decode_interleaved(streams, ["a", "b"], [1], 45, 20, set(), between_turns=lambda: log.append("read"))
+    assert log == [("a", "start"), ("b", "start"), ("a", 20), ("b", 20), "read", ("b", 20), ("a", 20), "read",
+                   ("a", 5), ("b", 5), "read"]
+
+
+def test_turn_reads_keep_every_reading():
+    reads = TurnReads(mib=4, reps=2)
+    first, second = reads(), reads()
+    assert reads.readings == [first, second]
+    assert all(0 < r < 10_000 for r in reads.readings)  # GB/s: a read that took no time would be infinite
