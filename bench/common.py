@@ -254,8 +254,8 @@ class TurnReads:
 
 
 READ_ONCE = "the better of a `sum` and an `mv` over 1 GiB, best of 5, bench.common.read_bandwidth_gbs"
-READ_IN_TURNS = ("a `sum` over 256 MiB, best of 3, after every turn of the decode (bench.common.TurnReads), "
-                 "the median of a thread count's readings")
+READ_IN_TURNS = ("a `sum` over 256 MiB, best of 3, after every turn of the decode (bench.common.TurnReads; "
+                 "--batched: after each batch size's two engines), the median of a thread count's readings")
 
 
 # -- the roofline: a decode step that did nothing but read its bytes once, at the measured bandwidth ----------

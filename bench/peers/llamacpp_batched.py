@@ -126,6 +126,7 @@ def main(args) -> int:
     step_bytes = {}  # (precision, batch) -> (Glassbox's bytes a step, llama.cpp's)
     for t in threads:
         torch.set_num_threads(t)
+        reads = common.TurnReads()  # the divisor, read after every batch size's pair of measurements
         for precision in precisions:
             model = apply_precision(common.random_gpt(args.size, seed=0), precision).eval()
             idx, caches, positions = caches_for(model, max(batches), context, torch.device("cpu"))
@@ -140,18 +141,20 @@ def main(args) -> int:
                                         for r in range(b)))
             try:
                 for rep in range(args.reps):
-                    bandwidths[t].append(common.read_bandwidth_gbs())
                     for b in batches:
                         load.start()
                         ours = common.median(measure(model, idx, caches, positions, b, args.steps, odds=False)[0])
                         theirs = common.median(worker.step_times(b, args.steps))
                         others.append(load.cores())
+                        reads()
                         results.setdefault((t, precision, b), []).append((ours, theirs))
                         print(f"  threads {t} {precision} B={b} rep {rep + 1}: Glassbox {b / ours:.1f} tok/s, "
                               f"llama.cpp {b / theirs:.1f} tok/s ({theirs / ours:.2f}x)", flush=True)
             finally:
                 worker.close()
             del model, caches
+        bandwidths[t] = reads.readings
+        del reads
     bandwidth = {t: common.median(bandwidths[t]) for t in threads}
     rows = []
     for (t, precision, b), pairs in results.items():
@@ -166,7 +169,7 @@ def main(args) -> int:
     body = (common.table(["threads", "precision (Glassbox / llama.cpp)", "B", "Glassbox tok/s",
                           "Glassbox roofline tok/s", "Glassbox fraction", "llama.cpp tok/s", "llama.cpp roofline tok/s",
                           "llama.cpp fraction", "Glassbox ÷ llama.cpp", "per rep: median (range)"], rows) + "\n\n"
-            + common.roofline_note(bandwidth, bandwidths)
+            + common.roofline_note(bandwidth, bandwidths, common.READ_IN_TURNS)
             + f"- one decode step of B rows, each with its own context of {context} + 7 r tokens, decoded at that "
             + f"context again each step; {args.steps} timed steps (after a warm-up) per batch size and rep, their "
             + f"median; {args.reps} reps, the two engines one after the other in each; tokens/s = B / step\n"
