@@ -214,16 +214,21 @@ def bandwidth_gbs(gib: float = 2.0, reps: int = 5, device="cpu") -> dict:
     out = {}
     # F821 below is a false positive: the lambdas run only in this loop, before the `del a` after it
     for name, fn in (("sum", lambda: a.sum()), ("mv", lambda: torch.mv(a, x))):  # noqa: F821
-        best = float("inf")
-        for _ in range(reps):
-            sync(device)
-            t = time.perf_counter()
-            fn()
-            sync(device)
-            best = min(best, time.perf_counter() - t)
-        out[name] = nbytes / best / 1e9
+        out[name] = nbytes / best_seconds(fn, reps, device) / 1e9
     del a
     return out
+
+
+def best_seconds(fn, reps: int, device="cpu") -> float:
+    """The shortest of `reps` timed calls of fn(), each waited for on the device."""
+    best = float("inf")
+    for _ in range(reps):
+        sync(device)
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return best
 
 
 def read_bandwidth_gbs(gib: float = 1.0, reps: int = 5, device="cpu") -> float:
@@ -244,12 +249,7 @@ class TurnReads:
         self.readings: list[float] = []
 
     def __call__(self) -> float:
-        best = float("inf")
-        for _ in range(self.reps):
-            t = time.perf_counter()
-            self.buffer.sum()
-            best = min(best, time.perf_counter() - t)
-        self.readings.append(self.buffer.numel() * 4 / best / 1e9)
+        self.readings.append(self.buffer.numel() * 4 / best_seconds(self.buffer.sum, self.reps) / 1e9)
         return self.readings[-1]
 
 

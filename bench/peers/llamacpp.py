@@ -165,7 +165,6 @@ def main(argv=None):
                         + f" (other processes: up to {max(runs[t, c, v][-1]['others'] for v in variants):.2f} cores)",
                         flush=True)
             bandwidths[t] = reads.readings
-            del reads
         finally:
             for w in workers.values():
                 w.close()

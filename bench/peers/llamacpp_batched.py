@@ -154,7 +154,6 @@ def main(args) -> int:
                 worker.close()
             del model, caches
         bandwidths[t] = reads.readings
-        del reads
     bandwidth = {t: common.median(bandwidths[t]) for t in threads}
     rows = []
     for (t, precision, b), pairs in results.items():
