@@ -325,15 +325,34 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
+# the instruction sets a decode kernel is built for, by their /proc/cpuinfo flags, in the order they are named
+VECTOR_FLAGS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "bf16", "avx512_vnni": "VNNI", "amx_tile": "AMX"}
+
+
+def cpu_description(cpuinfo: str) -> str:
+    """One CPU of /proc/cpuinfo as the history names it: the model name (a VM's is often only the vendor's
+    line, "AMD EPYC"), its family and model, which tell two CPUs of one name apart, and the vector
+    instructions the kernels use."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break  # the first processor's block is enough
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    flags = set(fields.get("flags", "").split())
+    vector = ", ".join(label for flag, label in VECTOR_FLAGS.items() if flag in flags)
+    has_ids = "cpu family" in fields and "model" in fields
+    ids = f"family {fields['cpu family']}, model {fields['model']}" if has_ids else ""
+    details = "; ".join(part for part in (ids, vector) if part)
+    return f"{name} ({details})" if details else name
+
+
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        cpu = cpu_description(Path("/proc/cpuinfo").read_text())
     except OSError:
-        pass
+        cpu = platform.processor() or platform.machine()
     if torch.cuda.is_available():
         cpu += f"; GPU {torch.cuda.get_device_name(0)}"
     return f"{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} torch threads"
