@@ -102,7 +102,9 @@ def test_avx2s_tiles_give_the_generic_codes_bits(tmp_path, fmt):
     avx2 = build(tmp_path / "avx2.so", ["-march=x86-64-v3"])
     generic = build(tmp_path / "generic.so", ["-march=x86-64-v3", "-DGLASSBOX_GENERIC_TILES"])
     torch.manual_seed(4)
-    for m, k, n in [(1, 1024, 96), (5, 1000, 37), (3, 17, 5), (16, 1024, 40), (7, 64, 9)]:
+    # one row: outputs four at a time and one at a time (n not a multiple of 4), short and long rows, tails of K
+    for m, k, n in [(1, 1024, 96), (1, 1000, 37), (1, 4100, 33), (1, 2048, 41), (5, 1000, 37), (3, 17, 5),
+                    (16, 1024, 40), (7, 64, 9)]:
         w, scale, _ = weights(fmt, n, k)
         bias, x = torch.randn(n), torch.randn(m, k)
         outs = [torch.empty(m, n) for _ in range(2)]

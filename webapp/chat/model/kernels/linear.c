@@ -50,7 +50,12 @@ static inline __attribute__((always_inline)) void prefetch_next_tile(int kind, c
         __builtin_prefetch((const char *)w + at * (kind == F32 ? 4 : 2), 0, 2);
 }
 
+static float *floats(int64_t n) {
+    return scratch(n * (int64_t)sizeof(float));
+}
+
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) && !defined(GLASSBOX_GENERIC_TILES)
+#define AVX2_LONE_ROW  /* lone_row below */
 /* AVX2 without AVX-512: GCC keeps 16-lane vectors in memory there (two registers each, spilled and
  * reloaded every step), which made a decode step compute-bound. The same sums in pairs of 8-lane
  * registers: lane j of 16 is lane j of `lo` (j < 8) or of `hi`, the same fused multiply-adds in the same
@@ -87,7 +92,6 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
         }
 }
 
-enum { LONG_ROW_OUTPUTS = 1 };  /* lone_row below: one output at a time however long the rows (not measured) */
 
 /* float32 and bfloat16 weights: 2-by-2 tiles over the batch's MR by NR (the weights come again from L1) */
 #define TILES(KIND)                                                                                  \
@@ -115,6 +119,84 @@ enum { LONG_ROW_OUTPUTS = 1 };  /* lone_row below: one output at a time however 
             tile(KIND, 1, 1, x, ldx, w, K, n0 + j, one, STREAM);                                     \
             dots[0][j] = one[0][0];                                                                  \
         }                                                                                            \
+    }
+
+/* A lone row (a reply's decode step) on AVX2: each output's sums are a one-row tile's, so the same bits, in
+ * another schedule. One output at a time, each step waited on its own last multiply-add: the chain's latency,
+ * not memory, bounded the stream on Zen 1. LONE_OUTPUTS outputs at a time overlap their chains and load each x
+ * vector once for all of them. bfloat16 is widened by unpacking its 16 weights against zeros, one instruction
+ * for 8 where a zero-extension and a shift took two each; the unpack takes them in the order [0-3, 8-11] and
+ * [4-7, 12-15], so x is read in that order (xp: each 16 values so permuted, the tail as it is) and the two sums
+ * are put back in lane order before lanes_sum's tree. Short bfloat16 rows also ask for the next outputs' rows
+ * meanwhile (a few rows of 2 KiB read side by side leave the hardware's prefetcher too little to follow).
+ * docs/benchmarks.md, "One stream on the AMD EPYC family 23 (Zen 1)". */
+enum { LONE_OUTPUTS = 4 };
+
+static void permute_for_unpack(const float *x, int64_t K, float *xp) {
+    int64_t k = 0;
+    for (; k + LANES <= K; k += LANES)
+        for (int i = 0; i < 4; i++) {
+            xp[k + i] = x[k + i], xp[k + 4 + i] = x[k + 8 + i];
+            xp[k + 8 + i] = x[k + 4 + i], xp[k + 12 + i] = x[k + 12 + i];
+        }
+    for (; k < K; k++) xp[k] = x[k];
+}
+
+/* dots[j] = x . W[n0 + j] for j < nr; ahead: also ask for the rows that many rows further on */
+static inline __attribute__((always_inline)) void lone_outputs(int kind, int nr, const float *x, const float *xp,
+                                                               const void *w, int64_t K, int64_t n0, int ahead,
+                                                               float dots[LONE_OUTPUTS]) {
+    __m256 lo[LONE_OUTPUTS], hi[LONE_OUTPUTS];
+    const __m256i zero = _mm256_setzero_si256();
+    for (int j = 0; j < nr; j++) lo[j] = hi[j] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + LANES <= K; k += LANES) {
+        if (kind == F32) {
+            __m256 xl = _mm256_loadu_ps(x + k), xh = _mm256_loadu_ps(x + k + 8);
+            for (int j = 0; j < nr; j++) {
+                const float *row = (const float *)w + (n0 + j) * K + k;
+                lo[j] = _mm256_fmadd_ps(xl, _mm256_loadu_ps(row), lo[j]);
+                hi[j] = _mm256_fmadd_ps(xh, _mm256_loadu_ps(row + 8), hi[j]);
+            }
+        } else {
+            __m256 xa = _mm256_loadu_ps(xp + k), xb = _mm256_loadu_ps(xp + k + 8);
+            for (int j = 0; j < nr; j++) {
+                const uint16_t *row = (const uint16_t *)w + (n0 + j) * K + k;
+                __m256i v = _mm256_loadu_si256((const __m256i *)row);
+                if (ahead && k % 32 == 0) __builtin_prefetch(row + ahead * K, 0, 3);
+                lo[j] = _mm256_fmadd_ps(xa, _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)), lo[j]);
+                hi[j] = _mm256_fmadd_ps(xb, _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v)), hi[j]);
+            }
+        }
+    }
+    for (int j = 0; j < nr; j++) {
+        __m256 a = lo[j], b = hi[j];
+        if (kind == BF16) a = _mm256_permute2f128_ps(lo[j], hi[j], 0x20), b = _mm256_permute2f128_ps(lo[j], hi[j], 0x31);
+        float s = lanes_sum8x2(a, b);
+        for (int64_t t = k; t < K; t++) s = fmaf(x[t], w_at(kind, w, (n0 + j) * K + t), s);
+        dots[j] = s;
+    }
+}
+
+enum { SHORT_ROW = 2048 };  /* bfloat16 rows this long or shorter ask for the next outputs' rows */
+#define LONE_ROW(KIND)                                                                                                \
+    static __attribute__((noinline)) void lone_row_##KIND(const float *x, const float *xp, const void *w, int64_t K,  \
+                                                          int64_t n0, int64_t n1, const float *scale, const float *b, \
+                                                          float *y) {                                                 \
+        float dot[LONE_OUTPUTS];                                                                                      \
+        int64_t n = n0;                                                                                               \
+        for (; n + 2 * LONE_OUTPUTS <= n1 && KIND == BF16 && K <= SHORT_ROW; n += LONE_OUTPUTS) {                     \
+            lone_outputs(KIND, LONE_OUTPUTS, x, xp, w, K, n, LONE_OUTPUTS, dot);                                      \
+            for (int j = 0; j < LONE_OUTPUTS; j++) y[n + j] = finish_dot(dot[j], scale, b, n + j);                    \
+        }                                                                                                             \
+        for (; n + LONE_OUTPUTS <= n1; n += LONE_OUTPUTS) {                                                           \
+            lone_outputs(KIND, LONE_OUTPUTS, x, xp, w, K, n, 0, dot);                                                 \
+            for (int j = 0; j < LONE_OUTPUTS; j++) y[n + j] = finish_dot(dot[j], scale, b, n + j);                    \
+        }                                                                                                             \
+        for (; n < n1; n++) {                                                                                         \
+            lone_outputs(KIND, 1, x, xp, w, K, n, 0, dot);                                                            \
+            y[n] = finish_dot(dot[0], scale, b, n);                                                                   \
+        }                                                                                                             \
     }
 #else
 /* Holds a vector in a register for all its uses. Left to itself GCC keeps only one side of a tile in
@@ -187,13 +269,7 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
 TILES(F32)
 TILES(BF16)
 
-/* An output's last touch, the same wherever its dot was summed: y = dot * scale + b (each when given) */
-static inline float finish_dot(float dot, const float *scale, const float *b, int64_t n) {
-    if (scale) dot *= scale[n];
-    if (b) dot += b[n];
-    return dot;
-}
-
+#ifndef AVX2_LONE_ROW
 /* One row of x (a lone reply's decode step): outputs n0 to n1, one after another straight through the
  * weights, the sums of a one-row tile. Through the tiles' loop (a call per four outputs) the same sums streamed
  * slower. Rows of LONG_ROW weights or more go LONG_ROW_OUTPUTS outputs at a time, each x vector loaded once for
@@ -201,8 +277,10 @@ static inline float finish_dot(float dot, const float *scale, const float *b, in
  * it out. Shorter rows streamed slower that way (docs/benchmarks.md, "A lone row straight through the weights"). */
 enum { LONG_ROW = 4096 };
 #define LONE_ROW(KIND)                                                                                                \
-    static __attribute__((noinline)) void lone_row_##KIND(const float *x, const void *w, int64_t K, int64_t n0,       \
-                                                          int64_t n1, const float *scale, const float *b, float *y) { \
+    static __attribute__((noinline)) void lone_row_##KIND(const float *x, const float *xp, const void *w, int64_t K,  \
+                                                          int64_t n0, int64_t n1, const float *scale, const float *b, \
+                                                          float *y) {                                                 \
+        (void)xp;  /* the AVX2 build's */                                                                             \
         int64_t n = n0;                                                                                               \
         float dot[MR][NR];                                                                                            \
         if (LONG_ROW_OUTPUTS > 1 && K >= LONG_ROW)                                                                    \
@@ -215,6 +293,7 @@ enum { LONG_ROW = 4096 };
             y[n] = finish_dot(dot[0][0], scale, b, n);                                                                \
         }                                                                                                             \
     }
+#endif
 LONE_ROW(F32)
 LONE_ROW(BF16)
 
@@ -314,9 +393,18 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
         }
     }
     if (M == 1 && kind != I8) {  /* a lone row: each thread one run of the outputs */
+        float *xp = 0;
+#ifdef AVX2_LONE_ROW
+        if (kind == BF16) {
+            if (!(xp = floats(K))) { free(normed); return -2; }
+            permute_for_unpack(x, K, xp);
+        }
+#endif
         #pragma omp parallel for num_threads(threads) schedule(static)
         for (int64_t r = 0; r < threads; r++)
-            (kind == F32 ? lone_row_F32 : lone_row_BF16)(x, w, K, N * r / threads, N * (r + 1) / threads, scale, b, y);
+            (kind == F32 ? lone_row_F32 : lone_row_BF16)(x, xp, w, K, N * r / threads, N * (r + 1) / threads, scale, b,
+                                                         y);
+        free(xp);
     } else {
         if (kind == I8) {
             xu = scratch(M * q.chunks * QCHUNK);
@@ -325,7 +413,9 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
             quantize_rows(x, M, K, ldx, xu, xs, threads);
             q.xu = xu, q.xs = xs;
         }
-        tiled(kind, x, q, M, K, ldx, w, N, scale, b, y, threads);
+        int status = kind == I8 && M == 1 ? lone_row_q8(q, w, K, N, scale, b, y, threads) : 1;
+        if (status == 1) tiled(kind, x, q, M, K, ldx, w, N, scale, b, y, threads);
+        if (status < 0) { free(xu); free(xs); free(normed); return status; }
     }
     if (gelu || residual) finish_outputs(y, M * N, gelu, residual, threads);
     free(xu);
@@ -341,10 +431,6 @@ int glassbox_linear(int kind, const float *x, int64_t M, int64_t K, int64_t ldx,
  *      c_proj weight, scale, bias; ln_2 weight, bias; c_fc weight, scale, bias; mlp c_proj weight, scale,
  *      bias (scales and biases may be NULL); every weight of format `kind`
  *   K[r], V[r]: row r's cache of this layer, (nh, max_len, hs) of kv_kind; pos[r]: its new position */
-static float *floats(int64_t n) {
-    return scratch(n * (int64_t)sizeof(float));
-}
-
 int glassbox_block(int kind, int kv_kind, float *x, int64_t M, int64_t C, int64_t nh, const void *const *p,
                    float eps, void *const *K, void *const *V, const int64_t *pos, int64_t max_len, int threads) {
     if (M < 1 || C < 1 || nh < 1 || C % nh) return -1;

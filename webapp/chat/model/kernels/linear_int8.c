@@ -97,6 +97,55 @@ void tiles_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K, int64_t n0, 
                 for (int j = 0; j < 2 && j0 + j < nr; j++) dots[i0 + i][j0 + j] = part[i][j];
         }
 }
+
+/* A lone row (a reply's decode step): x_q's magnitudes and x_q itself (the sign trick's two sides) worked out
+ * once for the row, where each output's lane dots took them anew; then outputs one at a time straight through
+ * the weights, each asked for AHEAD bytes early (tiles.h). The same integers and sums as tile_q8's. */
+static inline __attribute__((always_inline)) __m256i q8_lane_dots_signed(const uint8_t *xabs, const int8_t *xq,
+                                                                          const int8_t *w) {
+    __m256i wv = _mm256_loadu_si256((const __m256i *)w);
+    __m256i pairs = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)xabs),
+                                         _mm256_sign_epi8(wv, _mm256_loadu_si256((const __m256i *)xq)));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+static float lone_dot_q8(q8rows x, const uint8_t *xabs, const int8_t *xq, const int8_t *w, int64_t K) {
+    __m256 lo = _mm256_setzero_ps(), hi = lo;
+    for (int64_t c = 0; c < x.chunks; c++) {
+        int64_t k = c * QCHUNK;
+        const int8_t *wk = w + k;
+        int8_t tail[QCHUNK];
+        PREFETCH(wk);
+        if (K - k < QCHUNK) {  /* the row's last, partial chunk: never read past the weights */
+            memset(tail, 0, QCHUNK);
+            memcpy(tail, wk, (size_t)(K - k));
+            wk = tail;
+        }
+        const float *sc = x.xs + c * LANES;
+        lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_lane_dots_signed(xabs + k, xq + k, wk)), _mm256_loadu_ps(sc), lo);
+        hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_lane_dots_signed(xabs + k + 32, xq + k + 32, wk + 32)),
+                             _mm256_loadu_ps(sc + 8), hi);
+    }
+    return lanes_sum8x2(lo, hi);
+}
+
+int lone_row_q8(q8rows x, const int8_t *w, int64_t K, int64_t N, const float *scale, const float *b, float *y,
+                int threads) {
+    int64_t bytes = x.chunks * QCHUNK;
+    uint8_t *xabs = scratch(2 * bytes);
+    if (!xabs) return -2;
+    int8_t *xq = (int8_t *)xabs + bytes;
+    for (int64_t k = 0; k < bytes; k++) {
+        int q = (int)x.xu[k] - 128;
+        xabs[k] = (uint8_t)(q < 0 ? -q : q), xq[k] = (int8_t)q;
+    }
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < threads; r++)
+        for (int64_t n = N * r / threads; n < N * (r + 1) / threads; n++)
+            y[n] = finish_dot(lone_dot_q8(x, xabs, xq, w + n * K, K), scale, b, n);
+    free(xabs);
+    return 0;
+}
 #else
 static inline __attribute__((always_inline)) void tile_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K,
                                                           int64_t n0, float dots[MR][NR]) {
@@ -156,5 +205,11 @@ void tiles_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K, int64_t n0, 
             tile_q8(1, 1, xi, w, K, n0 + j, one);
             dots[i][j] = one[0][0];
         }
+}
+
+int lone_row_q8(q8rows x, const int8_t *w, int64_t K, int64_t N, const float *scale, const float *b, float *y,
+                int threads) {
+    (void)x, (void)w, (void)K, (void)N, (void)scale, (void)b, (void)y, (void)threads;
+    return 1;  /* the tiles take a lone row too */
 }
 #endif

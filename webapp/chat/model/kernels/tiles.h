@@ -36,4 +36,16 @@ __attribute__((visibility("hidden"))) void quantize_rows(const float *x, int64_t
                                                          uint8_t *xu, float *xs, int threads);
 __attribute__((visibility("hidden"))) void tiles_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K,
                                                     int64_t n0, float dots[MR][NR]);
+/* a lone row's int8 outputs, each thread a run of them: 0 done, 1 not in this build (the tiles instead), < 0 failed */
+__attribute__((visibility("hidden"))) int lone_row_q8(q8rows x, const int8_t *w, int64_t K, int64_t N,
+                                                      const float *scale, const float *b, float *y, int threads);
+
+/* An output's last touch, the same wherever its dot was summed: y = dot * scale + b (each when given; only
+ * int8 weights have a scale). Fused on purpose where both are: left to the compiler, some call sites were fused
+ * and others not, and an int8 row's last bit then depended on which path summed it (alone or in a batch). */
+static inline float finish_dot(float dot, const float *scale, const float *b, int64_t n) {
+    if (scale && b) return fmaf(dot, scale[n], b[n]);
+    if (scale) return dot * scale[n];
+    return b ? dot + b[n] : dot;
+}
 #endif
