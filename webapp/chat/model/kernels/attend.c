@@ -59,7 +59,7 @@ static inline float lanes_max(f32x16 v) {
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) && !defined(GLASSBOX_GENERIC_TILES)
 /* AVX2 without AVX-512 (GCC keeps 16-lane vectors in memory there, see linear.c): the generic head below,
  * the same operations in the same order in pairs of 8-lane registers -- a score's lanes summed by
- * lanes_sum's tree, the output's 16-lane slices one at a time over V (each its even and odd sums), the
+ * lanes_sum's tree, the output's 16-lane slices over V (each its even and odd sums), the
  * exponentials as they are -- every product and add fused. (GCC's generic code leaves some of them unfused
  * in the head size 64 instantiation, so there the last bits differ from a -DGLASSBOX_GENERIC_TILES build;
  * a row alone and in a batch take this same code either way.) */
@@ -93,24 +93,48 @@ static inline __attribute__((always_inline)) void attend_head(int kind, int hv, 
     }
     float inv = 1.0f / lanes_sum(total16);
     __m256 inv8 = _mm256_set1_ps(inv);
-    for (int d = 0; d < hv; d++) {
-        __m256 el = _mm256_setzero_ps(), eh = el, ol = el, oh8 = el;
-        int64_t u = 0;
-        for (; u + 2 <= n; u += 2) {
-            int64_t at = head + u * hs + 16 * d;
-            __m256 pe = _mm256_set1_ps(p[u]), po = _mm256_set1_ps(p[u + 1]);
-            el = _mm256_fmadd_ps(pe, load8_w(kind, V, at), el);
-            eh = _mm256_fmadd_ps(pe, load8_w(kind, V, at + 8), eh);
-            ol = _mm256_fmadd_ps(po, load8_w(kind, V, at + hs), ol);
-            oh8 = _mm256_fmadd_ps(po, load8_w(kind, V, at + hs + 8), oh8);
+    /* the output's 16-lane slices two at a time over V (eight sums in registers): V's rows stream past half as
+     * often. bfloat16 is widened by unpacking against zeros (one instruction for 8 values where a zero-extension
+     * and a shift took two each), which leaves a slice's lanes in the order [0-3, 8-11], [4-7, 12-15]: the sums
+     * are lane by lane, so they are put back in order at the end, the same bits. */
+    const __m256i zero = _mm256_setzero_si256();
+    for (int d0 = 0; d0 < hv; d0 += 2) {
+        int slices = hv - d0 >= 2 ? 2 : 1;
+        __m256 el[2], eh[2], ol[2], oh8[2];
+        for (int s = 0; s < slices; s++) el[s] = eh[s] = ol[s] = oh8[s] = _mm256_setzero_ps();
+        for (int64_t u = 0; u < n; u += 2) {
+            int odd = u + 1 < n;
+            __m256 pe = _mm256_set1_ps(p[u]), po = _mm256_set1_ps(odd ? p[u + 1] : 0.0f);
+            for (int s = 0; s < slices; s++) {
+                int64_t at = head + u * hs + 16 * (d0 + s);
+                if (kind == F32) {
+                    el[s] = _mm256_fmadd_ps(pe, _mm256_loadu_ps((const float *)V + at), el[s]);
+                    eh[s] = _mm256_fmadd_ps(pe, _mm256_loadu_ps((const float *)V + at + 8), eh[s]);
+                    if (odd) {
+                        ol[s] = _mm256_fmadd_ps(po, _mm256_loadu_ps((const float *)V + at + hs), ol[s]);
+                        oh8[s] = _mm256_fmadd_ps(po, _mm256_loadu_ps((const float *)V + at + hs + 8), oh8[s]);
+                    }
+                } else {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)((const uint16_t *)V + at));
+                    el[s] = _mm256_fmadd_ps(pe, _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)), el[s]);
+                    eh[s] = _mm256_fmadd_ps(pe, _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v)), eh[s]);
+                    if (odd) {
+                        v = _mm256_loadu_si256((const __m256i *)((const uint16_t *)V + at + hs));
+                        ol[s] = _mm256_fmadd_ps(po, _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)), ol[s]);
+                        oh8[s] = _mm256_fmadd_ps(po, _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v)), oh8[s]);
+                    }
+                }
+            }
         }
-        if (u < n) {
-            __m256 pe = _mm256_set1_ps(p[u]);
-            el = _mm256_fmadd_ps(pe, load8_w(kind, V, head + u * hs + 16 * d), el);
-            eh = _mm256_fmadd_ps(pe, load8_w(kind, V, head + u * hs + 16 * d + 8), eh);
+        for (int s = 0; s < slices; s++) {
+            __m256 a = _mm256_mul_ps(_mm256_add_ps(el[s], ol[s]), inv8), b = _mm256_mul_ps(_mm256_add_ps(eh[s], oh8[s]), inv8);
+            if (kind == BF16) {
+                __m256 lo = _mm256_permute2f128_ps(a, b, 0x20);
+                b = _mm256_permute2f128_ps(a, b, 0x31), a = lo;
+            }
+            _mm256_storeu_ps(oh + 16 * (d0 + s), a);
+            _mm256_storeu_ps(oh + 16 * (d0 + s) + 8, b);
         }
-        _mm256_storeu_ps(oh + 16 * d, _mm256_mul_ps(_mm256_add_ps(el, ol), inv8));
-        _mm256_storeu_ps(oh + 16 * d + 8, _mm256_mul_ps(_mm256_add_ps(eh, oh8), inv8));
     }
 }
 #else
