@@ -93,25 +93,64 @@ static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr,
 }
 
 
-/* float32 and bfloat16 weights: 2-by-2 tiles over the batch's MR by NR (the weights come again from L1) */
+/* A batch's rows by two weight rows, one half of the 16 lanes at a time: every lane's sum is its own (lane j of
+ * 16 sums x[k + j] w[k + j] over k), so the lanes 0-7 and 8-15 can be summed in two passes over K, each holding
+ * mr * 2 sums (12 of the 16 registers at six rows) where both halves at once held four. Six rows load two weight
+ * vectors and six of x for twelve multiply-adds (two by two loaded four for four: Zen 1 waited on the loads).
+ * The second pass finds the two rows of weights in L1. */
+static inline __attribute__((always_inline)) void rows_by_two(int kind, int mr, int nr, const float *x, int64_t ldx,
+                                                              const void *w, int64_t K, int64_t n0, int half,
+                                                              __m256 sums[MR][2], int64_t next) {
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) sums[i][j] = _mm256_setzero_ps();
+    for (int64_t k = 0; k + LANES <= K; k += LANES) {
+        __m256 wv[2];
+        for (int j = 0; j < nr; j++) {
+            wv[j] = load8_w(kind, w, (n0 + j) * K + k + 8 * half);
+            if (next >= 0 && !half) prefetch_next_tile(kind, w, (next + j) * K + k);
+        }
+        for (int i = 0; i < mr; i++) {
+            __m256 xv = _mm256_loadu_ps(x + i * ldx + k + 8 * half);
+            for (int j = 0; j < nr; j++) sums[i][j] = _mm256_fmadd_ps(xv, wv[j], sums[i][j]);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void batch_tile(int kind, int mr, int nr, const float *x, int64_t ldx,
+                                                             const void *w, int64_t K, int64_t n0,
+                                                             float dots[MR][NR], int64_t next) {
+    for (int j0 = 0; j0 < nr; j0 += 2) {
+        int two = nr - j0 >= 2 ? 2 : 1;
+        int64_t ahead = next < 0 ? next : next + j0;  /* the next tile's rows for these */
+        __m256 lo[MR][2], hi[MR][2];
+        if (two == 2) {
+            rows_by_two(kind, mr, 2, x, ldx, w, K, n0 + j0, 0, lo, ahead);
+            rows_by_two(kind, mr, 2, x, ldx, w, K, n0 + j0, 1, hi, ahead);
+        } else {
+            rows_by_two(kind, mr, 1, x, ldx, w, K, n0 + j0, 0, lo, ahead);
+            rows_by_two(kind, mr, 1, x, ldx, w, K, n0 + j0, 1, hi, ahead);
+        }
+        int64_t k = K / LANES * LANES;
+        for (int i = 0; i < mr; i++)
+            for (int j = 0; j < two; j++) {
+                float s = lanes_sum8x2(lo[i][j], hi[i][j]);
+                for (int64_t t = k; t < K; t++) s = fmaf(x[i * ldx + t], w_at(kind, w, (n0 + j0 + j) * K + t), s);
+                dots[i][j0 + j] = s;
+            }
+    }
+}
+
+/* float32 and bfloat16 weights: the batch's MR by NR by batch_tile, a lone row by tile */
 #define TILES(KIND)                                                                                  \
     static void tiles_##KIND(int mr, int nr, const float *x, int64_t ldx, const void *w, int64_t K,  \
                              int64_t n0, float dots[MR][NR], int64_t next) {                         \
-        if (mr > 1) {                                                                                \
-            for (int i0 = 0; i0 < mr; i0 += 2)                                                      \
-                for (int j0 = 0; j0 < nr; j0 += 2) {                                                 \
-                    float part[MR][NR];                                                              \
-                    const float *xi = x + i0 * ldx;                                                  \
-                    int two_rows = mr - i0 >= 2, two_cols = nr - j0 >= 2;                            \
-                    int64_t ahead = next < 0 ? next : next + j0;  /* the next tile's rows for these */\
-                    if (two_rows && two_cols) tile(KIND, 2, 2, xi, ldx, w, K, n0 + j0, part, ahead); \
-                    else if (two_rows) tile(KIND, 2, 1, xi, ldx, w, K, n0 + j0, part, ahead);        \
-                    else if (two_cols) tile(KIND, 1, 2, xi, ldx, w, K, n0 + j0, part, ahead);        \
-                    else tile(KIND, 1, 1, xi, ldx, w, K, n0 + j0, part, ahead);                      \
-                    for (int i = 0; i < 2 && i0 + i < mr; i++)                                       \
-                        for (int j = 0; j < 2 && j0 + j < nr; j++) dots[i0 + i][j0 + j] = part[i][j]; \
-                }                                                                                    \
-            return;                                                                                  \
+        switch (mr) {                                                                                \
+            case 1: break;                                                                           \
+            case 2: batch_tile(KIND, 2, nr, x, ldx, w, K, n0, dots, next); return;                   \
+            case 3: batch_tile(KIND, 3, nr, x, ldx, w, K, n0, dots, next); return;                   \
+            case 4: batch_tile(KIND, 4, nr, x, ldx, w, K, n0, dots, next); return;                   \
+            case 5: batch_tile(KIND, 5, nr, x, ldx, w, K, n0, dots, next); return;                   \
+            default: batch_tile(KIND, 6, nr, x, ldx, w, K, n0, dots, next); return;                  \
         }                                                                                            \
         /* One row of x: one row of W at a time, as below */                                        \
         float one[MR][NR];                                                                           \
