@@ -60,38 +60,19 @@ static float *floats(int64_t n) {
  * reloaded every step), which made a decode step compute-bound. The same sums in pairs of 8-lane
  * registers: lane j of 16 is lane j of `lo` (j < 8) or of `hi`, the same fused multiply-adds in the same
  * order, and lanes_sum's tree (8, 4, 2, 1) at the end, so every result is the bits the generic code gives. */
-/* dots[i][j] = x[i] . W[n0 + j] for i < mr, j < nr (at most 2 by 2: the sums, weights and x in 14 of the
- * 16 registers) */
-static inline __attribute__((always_inline)) void tile(int kind, int mr, int nr, const float *x, int64_t ldx,
-                                                       const void *w, int64_t K, int64_t n0, float dots[MR][NR],
-                                                       int64_t next) {
-    __m256 lo[2][2], hi[2][2];
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) lo[i][j] = hi[i][j] = _mm256_setzero_ps();
+/* x . W[n]: a batch's one last row (a batch of 7 is a tile of six and this), the sums of a one-row tile */
+static inline __attribute__((always_inline)) float row_dot(int kind, const float *x, const void *w, int64_t K,
+                                                           int64_t n) {
+    __m256 lo = _mm256_setzero_ps(), hi = lo;
     int64_t k = 0;
-    for (; k + LANES <= K; k += LANES) {
-        __m256 wl[2], wh[2];
-        for (int j = 0; j < nr; j++) {
-            wl[j] = load8_w(kind, w, (n0 + j) * K + k);
-            wh[j] = load8_w(kind, w, (n0 + j) * K + k + 8);  /* no PREFETCH: the hardware's alone streams faster here */
-            if (next >= 0) prefetch_next_tile(kind, w, (next + j) * K + k);
-        }
-        for (int i = 0; i < mr; i++) {
-            __m256 xl = _mm256_loadu_ps(x + i * ldx + k), xh = _mm256_loadu_ps(x + i * ldx + k + 8);
-            for (int j = 0; j < nr; j++) {
-                lo[i][j] = _mm256_fmadd_ps(xl, wl[j], lo[i][j]);
-                hi[i][j] = _mm256_fmadd_ps(xh, wh[j], hi[i][j]);
-            }
-        }
+    for (; k + LANES <= K; k += LANES) {  /* no PREFETCH: the hardware's alone streams faster here */
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), load8_w(kind, w, n * K + k), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), load8_w(kind, w, n * K + k + 8), hi);
     }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) {
-            float s = lanes_sum8x2(lo[i][j], hi[i][j]);
-            for (int64_t t = k; t < K; t++) s = fmaf(x[i * ldx + t], w_at(kind, w, (n0 + j) * K + t), s);
-            dots[i][j] = s;
-        }
+    float s = lanes_sum8x2(lo, hi);
+    for (; k < K; k++) s = fmaf(x[k], w_at(kind, w, n * K + k), s);
+    return s;
 }
-
 
 /* A batch's rows by two weight rows, one half of the 16 lanes at a time: every lane's sum is its own (lane j of
  * 16 sums x[k + j] w[k + j] over k), so the lanes 0-7 and 8-15 can be summed in two passes over K, each holding
@@ -140,7 +121,7 @@ static inline __attribute__((always_inline)) void batch_tile(int kind, int mr, i
     }
 }
 
-/* float32 and bfloat16 weights: the batch's MR by NR by batch_tile, a lone row by tile */
+/* float32 and bfloat16 weights: the batch's MR by NR by batch_tile, one row by row_dot */
 #define TILES(KIND)                                                                                  \
     static void tiles_##KIND(int mr, int nr, const float *x, int64_t ldx, const void *w, int64_t K,  \
                              int64_t n0, float dots[MR][NR], int64_t next) {                         \
@@ -152,12 +133,7 @@ static inline __attribute__((always_inline)) void batch_tile(int kind, int mr, i
             case 5: batch_tile(KIND, 5, nr, x, ldx, w, K, n0, dots, next); return;                   \
             default: batch_tile(KIND, 6, nr, x, ldx, w, K, n0, dots, next); return;                  \
         }                                                                                            \
-        /* One row of x: one row of W at a time, as below */                                        \
-        float one[MR][NR];                                                                           \
-        for (int j = 0; j < nr; j++) {                                                               \
-            tile(KIND, 1, 1, x, ldx, w, K, n0 + j, one, STREAM);                                     \
-            dots[0][j] = one[0][0];                                                                  \
-        }                                                                                            \
+        for (int j = 0; j < nr; j++) dots[0][j] = row_dot(KIND, x, w, K, n0 + j);                    \
     }
 
 /* A lone row (a reply's decode step) on AVX2: each output's sums are a one-row tile's, so the same bits, in
@@ -168,7 +144,7 @@ static inline __attribute__((always_inline)) void batch_tile(int kind, int mr, i
  * [4-7, 12-15], so x is read in that order (xp: each 16 values so permuted, the tail as it is) and the two sums
  * are put back in lane order before lanes_sum's tree. Short bfloat16 rows also ask for the next outputs' rows
  * meanwhile (a few rows of 2 KiB read side by side leave the hardware's prefetcher too little to follow).
- * docs/benchmarks.md, "One stream on the AMD EPYC family 23 (Zen 1)". */
+ * docs/benchmarks.md, "One stream and the batched step on the AMD EPYC family 23 (Zen 1)". */
 enum { LONE_OUTPUTS = 4 };
 
 static void permute_for_unpack(const float *x, int64_t K, float *xp) {
