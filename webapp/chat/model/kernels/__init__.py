@@ -34,7 +34,8 @@ log = logging.getLogger("glassbox.kernels")
 
 SOURCES = [Path(__file__).with_name(name)
            for name in ("linear.c", "linear_int8.c", "attend.c", "amx.c", "dequantize.c")]
-HEADERS = [Path(__file__).with_name(name) for name in ("vectors.h", "tiles.h")]  # in the cache's key too
+HEADERS = [Path(__file__).with_name(name)
+           for name in ("vectors.h", "tiles.h", "linear_avx2.h")]  # in the cache's key too
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # the kernels' formats (vectors.h, linear.c)
 
