@@ -25,9 +25,9 @@ static inline __attribute__((always_inline)) float row_dot(int kind, const float
 
 /* A batch's rows by two weight rows, one half of the 16 lanes at a time: every lane's sum is its own (lane j of
  * 16 sums x[k + j] w[k + j] over k), so the lanes 0-7 and 8-15 can be summed in two passes over K, each holding
- * mr * 2 sums (12 of the 16 registers at six rows) where both halves at once held four. Six rows load two weight
- * vectors and six of x for twelve multiply-adds (two by two loaded four for four: Zen 1 waited on the loads).
- * The second pass finds the two rows of weights in L1. */
+ * mr * 2 sums (12 of the 16 registers at six rows). Six rows load two weight vectors and six of x for twelve
+ * multiply-adds, where tiles of two rows by two, both halves at once, loaded four for four (Zen 1 waited on the
+ * loads). The second pass finds the two rows of weights in L1. */
 static inline __attribute__((always_inline)) void rows_by_two(int kind, int mr, int nr, const float *x, int64_t ldx,
                                                               const void *w, int64_t K, int64_t n0, int half,
                                                               __m256 sums[MR][2], int64_t next) {
