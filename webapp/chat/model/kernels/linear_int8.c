@@ -43,11 +43,14 @@ static inline f32x16 q8_chunk(f32x16 acc, const uint8_t *xu, const float *xs, co
 /* AVX2 (no VNNI, no 64-byte registers): a chunk's 16 lane dots from two 32-byte halves, by llama.cpp's sign
  * trick: |x_q| (unsigned) times w with x_q's sign, pairs summed in 16 bits (at most 2 * 127 * 127, no
  * saturation), then pairs of pairs in 32 bits: the integers q8_chunk computes, so the same results. */
+static inline __attribute__((always_inline)) __m256i sign_trick(__m256i x_abs, __m256i xq, const int8_t *w) {
+    __m256i pairs = _mm256_maddubs_epi16(x_abs, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)w), xq));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
 static inline __attribute__((always_inline)) __m256i q8_lane_dots(const uint8_t *xu, const int8_t *w) {
     __m256i xq = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xu), _mm256_set1_epi8((char)0x80));
-    __m256i wv = _mm256_loadu_si256((const __m256i *)w);
-    __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(xq, xq), _mm256_sign_epi8(wv, xq));
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    return sign_trick(_mm256_sign_epi8(xq, xq), xq, w);
 }
 
 /* dots[i][j] for i < mr, j < nr, at most 2 by 2 (as tile's) */
@@ -103,10 +106,7 @@ void tiles_q8(int mr, int nr, q8rows x, const int8_t *w, int64_t K, int64_t n0, 
  * the weights, each asked for AHEAD bytes early (tiles.h). The same integers and sums as tile_q8's. */
 static inline __attribute__((always_inline)) __m256i q8_lane_dots_signed(const uint8_t *xabs, const int8_t *xq,
                                                                           const int8_t *w) {
-    __m256i wv = _mm256_loadu_si256((const __m256i *)w);
-    __m256i pairs = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)xabs),
-                                         _mm256_sign_epi8(wv, _mm256_loadu_si256((const __m256i *)xq)));
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    return sign_trick(_mm256_loadu_si256((const __m256i *)xabs), _mm256_loadu_si256((const __m256i *)xq), w);
 }
 
 static float lone_dot_q8(q8rows x, const uint8_t *xabs, const int8_t *xq, const int8_t *w, int64_t K) {
