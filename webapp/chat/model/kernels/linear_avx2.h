@@ -41,6 +41,9 @@ static inline __attribute__((always_inline)) void rows_by_two(int kind, int mr, 
         }
         for (int i = 0; i < mr; i++) {
             __m256 xv = _mm256_loadu_ps(x + i * ldx + k + 8 * half);
+            /* held in a register for both weight rows: left to itself GCC folded the load into each
+             * multiply-add, loading x twice (14 loads for 12 multiply-adds, and Zen 1 waited on them) */
+            if (nr > 1) __asm__("" : "+x"(xv));
             for (int j = 0; j < nr; j++) sums[i][j] = _mm256_fmadd_ps(xv, wv[j], sums[i][j]);
         }
     }
