@@ -178,11 +178,12 @@ static void layer_norm_rows(const float *x, int64_t M, int64_t K, int64_t ldx, c
  * of it, its e^(-z^2) by exp16. */
 static inline f32x16 gelu16(f32x16 v) {
     f32x16 z = v * 0.70710678118654752f;
-    f32x16 a = where(z < 0.0f, -z, z);
+    i32x16 negative = less16(z, (f32x16){0});
+    f32x16 a = where(negative, -z, z);
     f32x16 t = 1.0f / (1.0f + 0.3275911f * a);
     f32x16 poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
     f32x16 erf_a = 1.0f - poly * exp16(-(a * a));
-    return 0.5f * v * (1.0f + where(z < 0.0f, -erf_a, erf_a));
+    return 0.5f * v * (1.0f + where(negative, -erf_a, erf_a));
 }
 
 /* Below this many outputs they are finished on one thread: sharing them would cost more than it saves */
@@ -194,13 +195,23 @@ static void finish_outputs(float *y, int64_t count, int gelu, const float *resid
     #pragma omp parallel for num_threads(threads) schedule(static) if (count >= FINISH_ALONE)
     for (int64_t i = 0; i < count; i += LANES) {
         int64_t n = count - i < LANES ? count - i : LANES;
-        float part[LANES] = {0}, add[LANES] = {0};
-        memcpy(part, y + i, (size_t)n * sizeof(float));
-        if (residual) memcpy(add, residual + i, (size_t)n * sizeof(float));
-        f32x16 v = load_x(part);
+        f32x16 v, add = {0};  /* zeros added even without a residual: -0 becomes +0 either way */
+        if (n == LANES) {     /* whole vectors straight from y (the copies were calls to memcpy) */
+            v = load_x(y + i);
+            if (residual) add = load_x(residual + i);
+        } else {
+            float part[LANES] = {0}, more[LANES] = {0};
+            memcpy(part, y + i, (size_t)n * sizeof(float));
+            if (residual) memcpy(more, residual + i, (size_t)n * sizeof(float));
+            v = load_x(part), add = load_x(more);
+        }
         if (gelu) v = gelu16(v);
-        v += load_x(add);
-        memcpy(y + i, &v, (size_t)n * sizeof(float));
+#if defined(__AVX2__) && !defined(__AVX512F__)
+        __asm__("" : "+m"(v));  /* GELU's last product and the add stay two operations there, as before */
+#endif
+        v += add;
+        if (n == LANES) memcpy(y + i, &v, sizeof v);
+        else memcpy(y + i, &v, (size_t)n * sizeof(float));
     }
 }
 

@@ -109,8 +109,39 @@ static inline f32x16 where(i32x16 mask, f32x16 a, f32x16 b) {  /* a where mask i
     return (f32x16)(((i32x16)a & mask) | ((i32x16)b & ~mask));
 }
 
+/* a < b lane by lane (all bits set where so), and float32 to int32 truncated: C's `a < b` and
+ * __builtin_convertvector on 16 lanes. On AVX2 without AVX-512 GCC turns both into a scalar loop over the
+ * lanes (each lane moved out and back); there, two 8-lane instructions each, the same results. */
+static inline __attribute__((always_inline)) i32x16 less16(f32x16 a, f32x16 b) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    __m256 a8[2], b8[2];
+    __m256i m[2];
+    i32x16 r;
+    memcpy(a8, &a, sizeof a8), memcpy(b8, &b, sizeof b8);
+    for (int h = 0; h < 2; h++) m[h] = _mm256_castps_si256(_mm256_cmp_ps(a8[h], b8[h], _CMP_LT_OQ));
+    memcpy(&r, m, sizeof r);
+    return r;
+#else
+    return a < b;
+#endif
+}
+
+static inline __attribute__((always_inline)) i32x16 truncate16(f32x16 a) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    __m256 a8[2];
+    __m256i t[2];
+    i32x16 r;
+    memcpy(a8, &a, sizeof a8);
+    for (int h = 0; h < 2; h++) t[h] = _mm256_cvttps_epi32(a8[h]);
+    memcpy(&r, t, sizeof r);
+    return r;
+#else
+    return __builtin_convertvector(a, i32x16);
+#endif
+}
+
 static inline f32x16 exp16(f32x16 x) {
-    i32x16 lo = x < -87.0f;  /* all bits set where so */
+    i32x16 lo = less16(x, (f32x16){0} - 87.0f);  /* all bits set where so */
     x = where(lo, (f32x16){0} - 87.0f, x);
     f32x16 n = x * 1.44269504088896341f + 12582912.0f - 12582912.0f;  /* round(x / ln 2): 1.5 * 2^23 */
     f32x16 r = x - n * 0.693359375f + n * 2.12194440e-4f;              /* ln 2 in two parts */
@@ -121,7 +152,7 @@ static inline f32x16 exp16(f32x16 x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    i32x16 pow2 = (__builtin_convertvector(n, i32x16) + 127) << 23;  /* 2^n, n in [-126, 0] */
+    i32x16 pow2 = (truncate16(n) + 127) << 23;  /* 2^n, n in [-126, 0] */
     f32x16 e = p * (f32x16)pow2;
     return (f32x16)((i32x16)e & ~(i32x16)lo);
 }
