@@ -9,6 +9,7 @@ host. Time to first token = first timestamp - t0 (the prefill included); decode 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform
@@ -16,7 +17,9 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -371,6 +374,16 @@ def revision() -> str:
     rev = git("rev-parse", "--short", "HEAD") or "unknown"
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", "webapp", "bench")
     return rev + ("+uncommitted changes" if dirty else "")
+
+
+@contextlib.contextmanager
+def native_harness(source: Path, *flags: str) -> Iterator[Path]:
+    """A bench's C harness compiled for this CPU (cc -march=native and flags) in a folder removed afterwards."""
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = Path(tmp) / source.stem
+        # the flags after the source: a library (-lm) named before it would not be linked for it
+        subprocess.run(["cc", "-march=native", "-o", str(binary), str(source), *flags], check=True)
+        yield binary
 
 
 def median(xs):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import tempfile
 from pathlib import Path
 
 from bench import common
@@ -61,9 +60,7 @@ def main(argv=None) -> int:
         print("bench.decode.op_peak needs AVX2 and FMA (this CPU lacks one)")
         return 1
     load_before = common.load_average()
-    with tempfile.TemporaryDirectory() as tmp:
-        binary = Path(tmp) / "op_peak"
-        subprocess.run(["cc", "-O2", "-march=native", "-o", str(binary), str(HARNESS)], check=True)
+    with common.native_harness(HARNESS, "-O2") as binary:
         runs = [run(binary, args.iterations) for _ in range(args.rounds)]
     macs = multiply_adds_per_token(PRESETS[args.size])
     rows = []

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import tempfile
 from pathlib import Path
 
 from bench import common
@@ -55,9 +54,7 @@ def main(argv=None) -> int:
         print("bench.decode.tile_peak needs AVX-512 and F16C (this CPU lacks one)")
         return 1
     load_before = common.load_average()
-    with tempfile.TemporaryDirectory() as tmp:
-        binary = Path(tmp) / "tile_peak"
-        subprocess.run(["cc", "-O3", "-march=native", "-o", str(binary), str(HARNESS), "-lm"], check=True)
+    with common.native_harness(HARNESS, "-O3", "-lm") as binary:
         runs = [run(binary, args.k, args.n, args.reps) for _ in range(args.rounds)]
     errors = runs[0][1]
     rates = {name: [r[0][name] for r in runs] for name in runs[0][0]}

@@ -3,11 +3,10 @@ reports a rate for every precision."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import torch
 
+from bench import common
 from bench.decode import op_peak
 from webapp.chat.model import kernels
 from webapp.chat.model.gpt import GPT, GPTConfig
@@ -24,10 +23,9 @@ def test_a_tokens_multiply_adds_are_one_per_weight_of_every_linear_layer():
 
 
 @pytest.mark.skipif("avx2" not in FLAGS or "fma" not in FLAGS, reason="the harness is written in AVX2")
-def test_the_harness_reports_every_precision(tmp_path):
-    binary = tmp_path / "op_peak"
-    subprocess.run(["cc", "-O2", "-march=native", "-o", str(binary), str(op_peak.HARNESS)], check=True)
-    rates = op_peak.run(binary, 100_000)
+def test_the_harness_reports_every_precision():
+    with common.native_harness(op_peak.HARNESS, "-O2") as binary:
+        rates = op_peak.run(binary, 100_000)
     assert set(rates) == {"float32", "bfloat16", "int8"} and all(rate > 0 for rate in rates.values())
 
 

@@ -3,10 +3,9 @@ allows, and every way it runs reports a rate."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
+from bench import common
 from bench.decode import tile_peak
 from webapp.chat.model import kernels
 
@@ -14,10 +13,9 @@ FLAGS = kernels._cpu_flags().split()
 
 
 @pytest.mark.skipif("avx512f" not in FLAGS or "f16c" not in FLAGS, reason="the harness is written in AVX-512")
-def test_each_way_errs_as_far_as_its_rounding_allows(tmp_path):
-    binary = tmp_path / "tile_peak"
-    subprocess.run(["cc", "-O3", "-march=native", "-o", str(binary), str(tile_peak.HARNESS), "-lm"], check=True)
-    rates, errors = tile_peak.run(binary, 256, 16, 3)
+def test_each_way_errs_as_far_as_its_rounding_allows():
+    with common.native_harness(tile_peak.HARNESS, "-O3", "-lm") as binary:
+        rates, errors = tile_peak.run(binary, 256, 16, 3)
     # the dot-instruction ways run where the compiler targets AVX-512 BF16 for this CPU
     dots = {"split", "rounded"} & set(rates)
     assert set(rates) - dots == {"float32", "widened"} and all(rate > 0 for rate in rates.values())
