@@ -73,9 +73,13 @@ static inline __attribute__((always_inline)) void attend_head(int kind, int hv, 
         ql[d] = _mm256_mul_ps(_mm256_loadu_ps(qh + 16 * d), sc);
         qh8[d] = _mm256_mul_ps(_mm256_loadu_ps(qh + 16 * d + 8), sc);
     }
+    /* While the scores read K, each position's row of V is asked for into L2: the output's pass over V found
+     * it in memory and waited there (a head's V is a short stream, the hardware's prefetcher ramped up late) */
     float top = -INFINITY;
+    const int64_t item = kind == F32 ? 4 : 2, line = 64 / item;
     for (int64_t t = 0; t < n; t++) {
         int64_t at = head + t * hs;
+        for (int64_t l = 0; l < hs; l += line) __builtin_prefetch((const char *)V + (at + l) * item, 0, 2);
         __m256 lo = _mm256_mul_ps(ql[0], load8_w(kind, K, at)), hi = _mm256_mul_ps(qh8[0], load8_w(kind, K, at + 8));
         for (int d = 1; d < hv; d++) {
             lo = _mm256_fmadd_ps(ql[d], load8_w(kind, K, at + 16 * d), lo);
