@@ -20,10 +20,10 @@ def test_one_head_over_the_reply_fits_a_phone_and_passes_axe_in_both_themes(open
     send(page, "Which head reads what?", max_new_tokens="8")
     page.wait_for_selector("li.message.assistant.complete")
     tokens = page.get_by_role("link", name="Tokens").get_attribute("href")
-    page.goto(tokens.split("?")[0].replace("/tokens", "/inside/6") + "?head=2.1#head")
+    page.goto(tokens.split("?")[0].replace("/tokens", "/inside/6") + "?head=1.1#head")
     page.get_by_role("link", name="This head over the whole reply").click()
     page.wait_for_selector("table.qk")
-    assert "Block 2, head 1" in page.locator("h1").text_content()
+    assert "Block 1, head 1" in page.locator("h1").text_content()
     assert page.locator("table.qk tbody th[scope=row]").count() == 7  # the start marker, tokens 1..6
     assert "few-shot examples" in page.locator("table.qk thead").text_content()
     head_url = page.url.split("#")[0]
@@ -31,9 +31,9 @@ def test_one_head_over_the_reply_fits_a_phone_and_passes_axe_in_both_themes(open
     cookies = page.context.cookies()
 
     plain = open_page("phone", js=False, cookies=cookies)  # no JavaScript: links all the way
-    plain.goto(head_url.replace("/head/2.1", "?head=1.0"))
+    plain.goto(head_url.replace("/head/1.1", "?head=0.0"))
     plain.get_by_role("link", name="This head over the whole reply").click()
-    assert "Block 1, head 0" in plain.locator("h1").text_content()
+    assert "Block 0, head 0" in plain.locator("h1").text_content()
     plain.get_by_role("link", name="Show every position").click()
     assert plain.locator("table.qk th.summed").count() == 0
     columns = plain.locator("table.qk thead th[scope=col]").count()

@@ -50,12 +50,12 @@ class HeadService:
 
     def request_for(self, model: str, message: dict, details: ReplyDetails, index: int, layer: int,
                     head: int, rows: str = "reply") -> HeadRequest:
-        """Block `layer` (1-based), head `head` over token `index`'s context, its query rows from the reply's
+        """Block `layer`, head `head` (both from 0) over token `index`'s context, its query rows from the reply's
         start (`rows` "reply") or from the user's message ("user"), the last MAX_ROWS. Raises ChatError:
         404 (no such token or head), 409 (not finished)."""
         n_layer, n_head = self.heads(model)
-        if not (1 <= layer <= n_layer and 0 <= head < n_head):
-            raise ChatError(f"No head {layer}.{head}: this model has blocks 1 to {n_layer} and heads 0 to "
+        if not (0 <= layer < n_layer and 0 <= head < n_head):
+            raise ChatError(f"No head {layer}.{head}: this model has blocks 0 to {n_layer - 1} and heads 0 to "
                             f"{n_head - 1} in each.", 404)
         inside = self.inside.request_for(message, details, index)  # the 404s and 409s, as Inside's
         p = len(inside.context_ids) - 1

@@ -44,15 +44,17 @@ def test_the_json_weights_are_nanogpts_and_the_regions_are_the_prompt_pages(chat
     prompt, reply_ids = details.prompt["ids"], [row[0] for row in details.odds]
     model = glassbox(chat_app).core.models["chat"].model
     index = 5
-    data = client.get(f"/chat/c/{cid}/m/{mid}/inside/{index}/head/2.1.json").get_json()
+    data = client.get(f"/chat/c/{cid}/m/{mid}/inside/{index}/head/1.1.json").get_json()
     context = prompt + reply_ids[:index]
     inside = client.get(f"/chat/c/{cid}/m/{mid}/inside/{index}.json").get_json()
     assert data["context_ids"] == context == inside["context_ids"]
-    assert data["head"] == {"layer": 2, "head": 1} and data["token"] == {"index": index}
+    assert data["head"] == {"layer": 1, "head": 1} and data["token"] == {"index": index}
     assert data["queries"] == list(range(len(prompt) - 1, len(context)))  # the reply's start marker .. p
     want = reference(model, context)[1][1, len(prompt) - 1:]
     torch.testing.assert_close(torch.tensor(data["weights"]), want, atol=1e-5, rtol=1e-4)
     assert all(sum(row) == pytest.approx(1.0, abs=1e-5) for row in data["weights"])
+    # one numbering everywhere: head L.H is row [L][H] of Inside's answer, as ablation and attribution count
+    assert data["weights"][-1] == pytest.approx(inside["attention"]["weights"][1][1], abs=1e-6)
 
     split, at = prompt_page_split(client, cid, mid), 0  # the Prompt page, part by part
     edges = []
@@ -72,14 +74,14 @@ def test_the_json_weights_are_nanogpts_and_the_regions_are_the_prompt_pages(chat
 def test_the_page_labels_real_tokens_marks_regions_and_each_row_sums_to_one_with_few_shot_summed(chat_app):
     client = chat_app.test_client()
     cid, mid, _ = reply(client, "Why so?", max_new_tokens="5", temperature="0")
-    inside = client.get(f"/chat/c/{cid}/m/{mid}/inside/3?head=1.0").get_data(as_text=True)
-    url = f"/chat/c/{cid}/m/{mid}/inside/3/head/1.0"
+    inside = client.get(f"/chat/c/{cid}/m/{mid}/inside/3?head=0.0").get_data(as_text=True)
+    url = f"/chat/c/{cid}/m/{mid}/inside/3/head/0.0"
     assert f'href="{url}#matrix"' in inside  # linked from the chosen head's detail
     page = client.get(url).get_data(as_text=True)  # no HX-Request: the request waits for the job
     details = details_of(chat_app, mid)
     prompt = details.prompt["ids"]
     fewshot = sum(1 for p in details.prompt["parts"] for _ in range(p["tokens"]) if p["kind"] == "fewshot")
-    assert "Block 1, head 0" in page and f"few-shot examples ({fewshot} tokens, summed)" in page
+    assert "Block 0, head 0" in page and f"few-shot examples ({fewshot} tokens, summed)" in page
     heads = re.findall(r'<th scope="col" class="(\w+)[^"]*"[^>]*>(.*?)</th>', page, re.S)
     texts = [html_lib.unescape(re.sub(r"<small>.*?</small>|<[^>]+>", "", body)) for _, body in heads]
     assert [k for k, _ in heads] == ["start", "fewshot"] + ["user"] * 9 + ["reply"] * 4
@@ -119,7 +121,7 @@ def test_rows_may_start_at_the_users_message(chat_app):
     details = details_of(chat_app, mid)
     prompt = details.prompt["ids"]
     user = next(p for p in details.prompt["parts"] if p["kind"] == "turn")
-    url = f"/chat/c/{cid}/m/{mid}/inside/4/head/2.0"
+    url = f"/chat/c/{cid}/m/{mid}/inside/4/head/1.0"
     data = client.get(f"{url}.json?rows=user").get_json()
     context = prompt + [row[0] for row in details.odds[:4]]
     assert data["queries"] == list(range(user["start"], len(context)))
@@ -139,10 +141,10 @@ def test_rows_may_start_at_the_users_message(chat_app):
 def test_a_long_reply_shows_its_last_rows_only(chat_app):
     client = chat_app.test_client()
     cid, mid, _ = reply(client, "Go on", max_new_tokens=str(MAX_ROWS + 6), temperature="0")
-    data = client.get(f"/chat/c/{cid}/m/{mid}/inside/{MAX_ROWS + 5}/head/1.1.json").get_json()
+    data = client.get(f"/chat/c/{cid}/m/{mid}/inside/{MAX_ROWS + 5}/head/0.1.json").get_json()
     p = len(data["context_ids"]) - 1
     assert data["queries"] == list(range(p - MAX_ROWS + 1, p + 1)) and len(data["weights"]) == MAX_ROWS
-    page = client.get(f"/chat/c/{cid}/m/{mid}/inside/{MAX_ROWS + 5}/head/1.1").get_data(as_text=True)
+    page = client.get(f"/chat/c/{cid}/m/{mid}/inside/{MAX_ROWS + 5}/head/0.1").get_data(as_text=True)
     assert f"the last {MAX_ROWS} of them" in page and page.count('<th scope="row">') == MAX_ROWS
 
 
@@ -169,7 +171,7 @@ def test_a_branch_is_read_with_its_own_tokens(chat_app):
     from webapp.chat.web.blueprint import service
     with chat_app.app_context():
         branch = service().store.messages(cid)[-1]["id"]
-    data = client.get(f"/chat/c/{cid}/m/{branch}/inside/6/head/1.0.json").get_json()
+    data = client.get(f"/chat/c/{cid}/m/{branch}/inside/6/head/0.0.json").get_json()
     assert data["context_ids"][-4:-1] == list(b"ok!")
     assert data["context_ids"] == client.get(f"/chat/c/{cid}/m/{branch}/inside/6.json").get_json()["context_ids"]
 
@@ -180,18 +182,18 @@ def test_bad_heads_get_400_or_404_with_a_message_and_share_links_are_read_only(c
     base = f"/chat/c/{cid}/m/{mid}/inside"
     malformed = mine.get(f"{base}/0/head/two.json")
     assert malformed.status_code == 400 and "block.head" in malformed.get_json()["error"]
-    missing = mine.get(f"{base}/0/head/3.0.json")
-    assert missing.status_code == 404 and "blocks 1 to 2 and heads 0 to 1" in missing.get_json()["error"]
-    assert mine.get(f"{base}/0/head/1.2").status_code == 404 and mine.get(f"{base}/0/head/1-2").status_code == 400
+    missing = mine.get(f"{base}/0/head/2.0.json")
+    assert missing.status_code == 404 and "blocks 0 to 1 and heads 0 to 1" in missing.get_json()["error"]
+    assert mine.get(f"{base}/0/head/0.2").status_code == 404 and mine.get(f"{base}/0/head/1-2").status_code == 400
     assert "block.head" in mine.get(f"{base}/0/head/x.y").get_data(as_text=True)
-    assert mine.get(f"{base}/3/head/1.0.json").status_code == 404  # no token 3
-    assert theirs.get(f"{base}/0/head/1.0").status_code == 404  # another browser's conversation
+    assert mine.get(f"{base}/3/head/0.0.json").status_code == 404  # no token 3
+    assert theirs.get(f"{base}/0/head/0.0").status_code == 404  # another browser's conversation
     mine.post(f"/chat/c/{cid}/share", data={"csrf_token": csrf_of(mine, f"/chat/c/{cid}")})
     token = re.search(r"/chat/shared/([\w-]+)", mine.get(f"/chat/c/{cid}").get_data(as_text=True)).group(1)
-    shared = f"/chat/shared/{token}/m/{mid}/inside/1/head/2.1"
-    assert shared in theirs.get(f"/chat/shared/{token}/m/{mid}/inside/1?head=2.1").get_data(as_text=True)
+    shared = f"/chat/shared/{token}/m/{mid}/inside/1/head/1.1"
+    assert shared in theirs.get(f"/chat/shared/{token}/m/{mid}/inside/1?head=1.1").get_data(as_text=True)
     page = theirs.get(shared).get_data(as_text=True)
-    assert "Block 2, head 1" in page and "<form" not in page.split("<main", 1)[1].replace('class="theme-form"', "")
-    assert theirs.get(f"{shared}.json").get_json() == mine.get(f"{base}/1/head/2.1.json").get_json()
+    assert "Block 1, head 1" in page and "<form" not in page.split("<main", 1)[1].replace('class="theme-form"', "")
+    assert theirs.get(f"{shared}.json").get_json() == mine.get(f"{base}/1/head/1.1.json").get_json()
     mine.post(f"/chat/c/{cid}/unshare", data={"csrf_token": csrf_of(mine, f"/chat/c/{cid}")})
     assert theirs.get(f"{shared}.json").status_code == 404

@@ -63,9 +63,9 @@ def test_the_page_works_without_javascript_and_lists_a_chosen_heads_positions(ch
     assert len(re.findall(r'<td class="cell s\d chosen">', lens)) >= 1  # greedy: the pick is in the top 5
     assert len(re.findall(r'<a class="strip[ "]', page)) == config.n_layer * config.n_head
     assert 'class="head-detail"' not in page
-    chosen = client.get(f"{url}?head=2.1").get_data(as_text=True)
+    chosen = client.get(f"{url}?head=1.1").get_data(as_text=True)
     detail = chosen[chosen.index('class="head-detail"'):]
-    assert "Block 2, head 1" in detail and detail[:detail.index("</table>")].count("<meter") == 5
+    assert "Block 1, head 1" in detail and detail[:detail.index("</table>")].count("<meter") == 5
     assert "head-detail" not in client.get(f"{url}?head=9.9").get_data(as_text=True)  # no such head: none
     assert f'href="/chat/c/{cid}/m/{mid}/inside/0"' in page and f'href="/chat/c/{cid}/m/{mid}/inside/2"' in page
 

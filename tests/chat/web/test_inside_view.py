@@ -20,5 +20,5 @@ def test_whitespace_tokens_are_named_in_the_lens_and_the_attended_positions():
     tokenizer = ByteTokenizer()
     cells = lens_view(tokenizer, report())[0].top
     assert [(c.text, c.name) for c in cells] == [(" ", "space"), ("\n", "newline"), ("x", "x")]
-    heads = attended(tokenizer, report(), layer=1, head=0, prompt_length=2)
+    heads = attended(tokenizer, report(), layer=0, head=0, prompt_length=2)
     assert [(a.position, a.name, a.part) for a in heads[:2]] == [(1, "space", "prompt"), (2, "newline", "reply")]

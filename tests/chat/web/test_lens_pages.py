@@ -61,7 +61,7 @@ def reference_lens(state: dict, n_head: int, ids: list[int], zeroed: set[tuple[i
 def assert_cells_are_the_references(data: dict, probs: torch.Tensor, first: int, reply: list[int]) -> None:
     """Every cell of the JSON against the reference's probabilities at positions first.. (one per column)."""
     for layer, row in enumerate(data["rows"]):
-        assert row["layer"] == layer and row["label"] == ("embeddings" if layer == 0 else f"block {layer}")
+        assert row["layer"] == layer and row["label"] == ("embeddings" if layer == 0 else f"after block {layer - 1}")
         for column, (top, written) in enumerate(zip(row["top"], row["written"])):
             p = probs[layer, first + column]  # (V,)
             assert top["id"] == int(p.argmax()) and top["p"] == pytest.approx(float(p.max()), rel=1e-4)

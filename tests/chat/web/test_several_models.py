@@ -106,7 +106,7 @@ def test_a_conversation_keeps_its_model_and_a_restart_without_it_answers_409_nam
         finished = glassbox(app).core.job_metrics.finished  # counted just after the job's end is announced
         assert wait_for(lambda: finished.get(("attribution:second", "done")) == 1)
         # one head over the reply: the second model's weights, on its own kind of job
-        head = client.get(f"/chat/c/{cid}/m/{reply['id']}/inside/0/head/1.0.json").get_json()
+        head = client.get(f"/chat/c/{cid}/m/{reply['id']}/inside/0/head/0.0.json").get_json()
         assert head["weights"][-1] == pytest.approx(inside.json["attention"]["weights"][0][0], abs=1e-6)
         assert wait_for(lambda: finished.get(("head:second", "done")) == 1)
         # the next turn of that conversation is the second model's too

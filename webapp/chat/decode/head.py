@@ -25,7 +25,7 @@ from webapp.core.threads import torch_threads
 
 @dataclass(frozen=True)
 class HeadRequest:
-    """Block `layer` (1-based, as the Inside page counts), head `head` (0-based): the weights of the query
+    """Block `layer`, head `head` (both from 0, as every page counts them): the weights of the query
     positions first..p over positions 0..p, where the ids at 0..p are Inside's context for token `index`."""
 
     context_ids: tuple[int, ...]
@@ -63,7 +63,7 @@ def head_report(loaded: LoadedChatModel, request: HeadRequest, between: Callable
     with torch.inference_mode():
         run = torch.tensor([ids[start:]], dtype=torch.long, device=device)  # (1, T)
         # reading a kept cache in place, nothing may step in between (a reply could take that cache)
-        weights = head_attention(model, run, request.layer - 1, request.head, request.first, start, past,
+        weights = head_attention(model, run, request.layer, request.head, request.first, start, past,
                                  between if past is None or copied else None)
         # made lists here, on the worker: torch work on a request thread would get a thread pool of its own
         rows = weights.cpu().tolist()

@@ -94,8 +94,8 @@ def head_page(conversation: dict, message: dict, index: int, name: str, shared: 
 
 def neighbour(layer: int, head: int, step: int, n_layer: int, n_head: int) -> str | None:
     """The head before or after L.H, reading block by block ("L.H"; None past the first or last)."""
-    n = (layer - 1) * n_head + head + step
-    return f"{n // n_head + 1}.{n % n_head}" if 0 <= n < n_layer * n_head else None
+    n = layer * n_head + head + step
+    return f"{n // n_head}.{n % n_head}" if 0 <= n < n_layer * n_head else None
 
 
 def resolve(message: dict, index: int, name: str) -> tuple[HeadReport, list[Region]]:

@@ -32,10 +32,10 @@ def parse_rows(value: str | None) -> str:
 
 
 def parse_head(value: str) -> tuple[int, int]:
-    """"L.H" (L the 1-based block, H the 0-based head) -> (L, H). Raises BadHead (not two numbers)."""
+    """"L.H" (block L, head H, both from 0) -> (L, H). Raises BadHead (not two numbers)."""
     layer, dot, head = value.partition(".")
     if not dot or not layer.isdigit() or not head.isdigit():
-        raise BadHead(f"A head is named block.head, e.g. 1.0 (block 1, head 0), not {value!r}.")
+        raise BadHead(f"A head is named block.head, e.g. 1.0 (block 1, head 0, both from 0), not {value!r}.")
     return int(layer), int(head)
 
 

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from webapp.chat.decode.inside import InsideReport
-from webapp.chat.web.token_views import SHADES, Named, shade, token_text
+from webapp.chat.web.token_views import SHADES, Named, residual_label, shade, token_text
 
 TOP_POSITIONS = 5
 
@@ -33,8 +33,8 @@ class LensRowView:
 
 @dataclass
 class HeadView:
-    layer: int  # 1-based, as the lens counts blocks
-    head: int  # 0-based
+    layer: int  # the block, from 0
+    head: int  # from 0
     key: str  # "L.H", the ?head= value
     strip: list[int]  # each cell's shade: the weight of a run of neighbouring positions (attention_shade)
     top: tuple[int, float]  # the position it attends to most, and its weight
@@ -57,7 +57,7 @@ def attention_shade(weight: float) -> int:
 
 def lens_view(tokenizer, report: InsideReport) -> list[LensRowView]:
     chosen = report.request.token
-    return [LensRowView(row.layer, "embeddings" if row.layer == 0 else f"block {row.layer}",
+    return [LensRowView(row.layer, residual_label(row.layer),
                         [LensCell(t, token_text(tokenizer, t)[0], p, shade(p), t == chosen) for t, p in row.top],
                         row.chosen_probability, row.chosen_rank, shade(row.chosen_probability))
             for row in report.lens]
@@ -65,13 +65,13 @@ def lens_view(tokenizer, report: InsideReport) -> list[LensRowView]:
 
 def head_views(report: InsideReport) -> list[list[HeadView]]:
     """One strip per head, layers down, each cell shaded by the weight of its run of positions."""
-    return [[HeadView(layer + 1, head, f"{layer + 1}.{head}", [attention_shade(w) for w in cells], strongest)
+    return [[HeadView(layer, head, f"{layer}.{head}", [attention_shade(w) for w in cells], strongest)
              for head, (cells, strongest) in enumerate(zip(strips, tops))]
             for layer, (strips, tops) in enumerate(zip(report.strips, report.strongest))]
 
 
 def parse_head(value: str | None, n_layer: int, n_head: int) -> tuple[int, int] | None:
-    """?head=L.H (L 1-based block, H 0-based head) -> (L, H); None when absent or not one of the model's."""
+    """?head=L.H (block L, head H, both from 0) -> (L, H); None when absent or not one of the model's."""
     if not value:
         return None
     layer, _, head = value.partition(".")
@@ -79,12 +79,12 @@ def parse_head(value: str | None, n_layer: int, n_head: int) -> tuple[int, int] 
         found = int(layer), int(head)
     except ValueError:
         return None
-    return found if 1 <= found[0] <= n_layer and 0 <= found[1] < n_head else None
+    return found if 0 <= found[0] < n_layer and 0 <= found[1] < n_head else None
 
 
 def attended(tokenizer, report: InsideReport, layer: int, head: int, prompt_length: int) -> list[AttendedPosition]:
-    """The TOP_POSITIONS positions one head (block `layer`, 1-based) gave most weight, heaviest first."""
-    w = report.attention[layer - 1, head]
+    """The TOP_POSITIONS positions one head (block `layer`, head `head`) gave most weight, heaviest first."""
+    w = report.attention[layer, head]
     values, positions = w.topk(min(TOP_POSITIONS, w.numel()))
     ids = report.request.context_ids
     return [AttendedPosition(p, ids[p], token_text(tokenizer, ids[p])[0], v, "prompt" if p < prompt_length else "reply")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from webapp.chat.decode.lens import LensReport
 from webapp.chat.decode.odds import TokenOdds
 from webapp.chat.web.inside_pages import token_origin
-from webapp.chat.web.token_views import Named, shade, token_text
+from webapp.chat.web.token_views import Named, residual_label, shade, token_text
 
 SHADE_BY = ("top", "written")  # ?shade=: the cell's own token's probability, or the written token's
 
@@ -43,10 +43,6 @@ class LensGridRow:
     cells: list[LensCell]
 
 
-def layer_label(layer: int) -> str:
-    return "embeddings" if layer == 0 else f"block {layer}"
-
-
 def columns(tokenizer, report: LensReport, odds_rows: list, branched_at: int | None) -> list[LensColumn]:
     first = len(report.request.prompt_ids) - 1
     found = []
@@ -72,7 +68,7 @@ def grid_rows(tokenizer, report: LensReport, shade_by: str) -> list[LensGridRow]
                                                      report.written_rank)):
         cells = [LensCell(t, text(t), p, q, r, t == w, shade(q if shade_by == "written" else p))
                  for t, p, q, r, w in zip(top, top_p, wp, wr, written)]
-        rows.append(LensGridRow(layer, layer_label(layer), cells))
+        rows.append(LensGridRow(layer, residual_label(layer), cells))
     return rows
 
 

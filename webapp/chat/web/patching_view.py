@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from webapp.chat.decode.odds import TokenOdds
 from webapp.chat.decode.patching import PatchingRequest
 from webapp.chat.model.patching import Cells, Patching, first_difference
-from webapp.chat.web.token_views import token_text
+from webapp.chat.web.token_views import residual_label, token_text
 from webapp.core.jobs import CANCELLED, DONE, FAILED, QUEUED, AnyJob
 
 STEPS = 5  # shades on each side of 0: d-5 .. d5
@@ -116,10 +116,10 @@ def maps_view(tokenizer, request: PatchingRequest, patching: Patching | None, jo
         chosen=token_text(tokenizer, request.chosen)[0], against=token_text(tokenizer, request.against)[0],
         clean=patching.clean if patching else None, corrupted=patching.corrupted if patching else None,
         first=first, positions=[token_text(tokenizer, t)[0] for t in request.clean_ids[first:]],
-        residual=[MapRow("embeddings" if layer == 0 else f"block {layer}",
+        residual=[MapRow(residual_label(layer),
                          [cell("r", layer, p, row[p], is_done("r", layer, p)) for p in range(first, T)])
                   for layer, row in enumerate(residual)],
-        heads=[MapRow(f"block {layer + 1}", [cell("h", layer, h, v, is_done("h", layer, h)) for h, v in enumerate(row)])
+        heads=[MapRow(f"block {layer}", [cell("h", layer, h, v, is_done("h", layer, h)) for h, v in enumerate(row)])
                for layer, row in enumerate(heads)],
         status=status, error=job.error if job is not None else None,
         live=job is not None and status in ("queued", "running"))

@@ -73,6 +73,13 @@ class Named:
         return whitespace_name(self.text) or self.text
 
 
+def residual_label(layer: int) -> str:
+    """A row of the residual stream (the logit lens, residual patching): row 0 the embeddings, row l the output
+    of block l - 1. Blocks and heads count from 0 on every page, as the ablation form, the API and
+    TransformerLens count them."""
+    return "embeddings" if layer == 0 else f"after block {layer - 1}"
+
+
 def shade(probability: float) -> int:
     """0 (unlikely) .. SHADES - 1 (certain): the class a token's probability gives it."""
     return min(SHADES - 1, max(0, int(probability * SHADES)))
