@@ -98,6 +98,7 @@ def test_follower_joins_late_sees_new_turns_live_and_revoke_ends_it(slow_chat_ap
     follower = app.test_client()  # no cookie of the presenter's
     page = follower.get(link)
     assert page.status_code == 200 and "First" in page.get_data(as_text=True)
+    assert 'http-equiv="refresh"' in page.get_data(as_text=True).split("</head>")[0]  # no JavaScript: it reloads
 
     following = Follower(follower, link + "/events")
     got, reader = following.got, following.reader

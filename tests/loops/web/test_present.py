@@ -17,7 +17,8 @@ def test_a_follower_sees_the_run_the_trace_and_the_player_then_revoke_ends_it(lo
     assert "data-presenting" in page and "present.js" in page
 
     follower = loop_app.test_client()
-    assert follower.get(link).status_code == 200
+    page = follower.get(link)
+    assert page.status_code == 200 and 'http-equiv="refresh"' in page.get_data(as_text=True).split("</head>")[0]
     following = Follower(follower, link + "/events")
     got, reader = following.got, following.reader
     assert wait_for(lambda: "event: player" in "".join(got))

@@ -111,7 +111,8 @@ def sweep_live(job_id: str):
             "loops/_gone.html", message=SWEEP_GONE)), 404
     if job.finished_state and job.result.sweep_id:
         return redirect(url_for("loops.sweep_saved", sweep_id=job.result.sweep_id), 303)
-    return render_template("loops/sweep_page.html", results=render_sweep(live_snapshot(job), job=job))
+    return render_template("loops/sweep_page.html", results=render_sweep(live_snapshot(job), job=job),
+                           live=not job.finished_state)
 
 
 def live_snapshot(job: SweepJob, count: int | None = None) -> dict:
