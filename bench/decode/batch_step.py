@@ -12,7 +12,7 @@ fallback and the path before the kernel), interleaved, so the kernel's single-st
 against what it does to the batch.
 
 This is what GLASSBOX_MAX_BATCH's default is chosen from (docs/benchmarks.md): past some batch size a
-step costs more than the rows it adds. Beside every rate its roofline (bench.common.roofline): B × the read
+step costs more than the rows it adds. Beside every rate its roofline (bench.rooflines.roofline): B × the read
 bandwidth (measured before and after, the better) ÷ the bytes a step of B rows reads (the weights once, each
 row's keys and values at its own context).
 """
@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from bench import common
+from bench import common, rooflines
 from webapp.chat.decode.odds import token_odds
 from webapp.chat.model import kernels
 from webapp.chat.model.gpt import Chunk
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     model = apply_precision(common.random_gpt(args.size, seed=0, device=device), args.dtype)
     idx, caches, positions = caches_for(model, max(args.batches), args.context, device)
     paths = ["glassbox", "torch"] if device.type == "cpu" else ["torch"]
-    bandwidths = [common.read_bandwidth_gbs(device=device)]
+    bandwidths = [rooflines.read_bandwidth_gbs(device=device)]
     alone = {}
     for path in paths:
         with torch.inference_mode(), kernel(path):
@@ -104,18 +104,18 @@ def main(argv=None) -> int:
             step, odds = common.median(times), common.median(odds_times)
             rows.append([path, batch, step * 1000, batch / step, "yes" if same else "no", odds * 1000, odds / step])
             print(rows[-1], flush=True)
-    bandwidths.append(common.read_bandwidth_gbs(device=device))
+    bandwidths.append(rooflines.read_bandwidth_gbs(device=device))
     bandwidth = max(bandwidths)
     base = {path: next(r[3] for r in rows if r[0] == path) for path in paths}
     for row in rows:
         batch = row[1]
-        step = common.step_bytes(model, [positions[r] + 1 for r in range(batch)])
-        row[4:4] = [row[3] / base[row[0]], *common.roofline(row[3], step, bandwidth, rows=batch)]
+        step = rooflines.step_bytes(model, [positions[r] + 1 for r in range(batch)])
+        row[4:4] = [row[3] / base[row[0]], *rooflines.roofline(row[3], step, bandwidth, rows=batch)]
     body = (f"{args.size}, {args.dtype} on {args.device}, {args.context}+ tokens in each row's cache, "
             f"median of {args.steps} steps; kernel `glassbox`: webapp/chat/model/kernels, `torch`: torch's kernels.\n\n"
             + common.table(["kernel", "batch", "ms per step", "tokens/s", "tokens/s vs batch 1", "roofline tokens/s",
                             "fraction of roofline", "rows equal alone, bit for bit", "odds ms", "odds / step"], rows)
-            + "\n\n" + common.roofline_note({torch.get_num_threads(): bandwidth}))
+            + "\n\n" + rooflines.roofline_note({torch.get_num_threads(): bandwidth}))
     common.report(f"bench.decode.batch_step: {args.size} {args.dtype} {args.device}", body, load_before=load_before,
                   write_doc=not args.no_doc)
     return 0

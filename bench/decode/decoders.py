@@ -7,7 +7,7 @@ the same random weights, against the machine's memory roofline.
 Variants run interleaved (seed, glassbox, hf, glassbox-bf16, seed, glassbox, ...) and each figure is
 the median over --reps. The seed loop pays a whole prefill per token, so it makes only --seed-new
 tokens (its rate is per token all the same). Roofline = measured read bandwidth / bytes one decode step
-reads (weights, and the KV cache at the mean context of the run's steps: bench.common.roofline); bandwidth
+reads (weights, and the KV cache at the mean context of the run's steps: bench.rooflines.roofline); bandwidth
 is measured before every round and the median is used.
 """
 
@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from bench import common
+from bench import common, rooflines
 from webapp.chat.model.precision import apply_precision
 
 
@@ -70,7 +70,7 @@ def bench_size(size: str, args, device, bandwidths: list[float]):
         runs = {v: [] for v in variants}
         for r in range(args.reps):
             gib = 2.0 if device.type == "cpu" else 8.0
-            bandwidths.append(common.read_bandwidth_gbs(gib, reps=3, device=device))
+            bandwidths.append(rooflines.read_bandwidth_gbs(gib, reps=3, device=device))
             for v in variants:
                 common.sync(device)
                 runs[v].append(runners[v](ids, r))
@@ -82,10 +82,10 @@ def bench_size(size: str, args, device, bandwidths: list[float]):
         # KV cache at the mean context of the run's decode steps
         results[length] = {v: (common.median(x.ttft_s for x in rs), common.median(x.tokens_per_s for x in rs),
                                rs[0].new_tokens,
-                               common.step_bytes(models["bf16" if v == "glassbox-bf16" else "fp32"],
-                                                 [common.mean_context(length, rs[0].new_tokens - 1)]))
+                               rooflines.step_bytes(models["bf16" if v == "glassbox-bf16" else "fp32"],
+                                                 [rooflines.mean_context(length, rs[0].new_tokens - 1)]))
                            for v, rs in runs.items()}
-    sizes = {"fp32": common.weight_bytes_per_token(model)}
+    sizes = {"fp32": rooflines.weight_bytes_per_token(model)}
     n_params = model.num_params()
     del hf, models, loaded, model
     return results, sizes, n_params, check
@@ -110,9 +110,9 @@ def main(argv=None):
             ours = by_variant.get("glassbox", (float("nan"),) * 4)
             fp32_bytes = by_variant.get("glassbox", by_variant.get("seed", (0, 0, 0, float("nan"))))[3]
             for v, (ttft, rate, n, step) in by_variant.items():
-                roof, fraction = common.roofline(rate, step, bw)
+                roof, fraction = rooflines.roofline(rate, step, bw)
                 rows.append([size, length, v, n, ttft, rate, ours[1] / rate if v != "glassbox" else 1.0,
-                             roof, fraction, common.roofline(rate, fp32_bytes, bw)[1]])
+                             roof, fraction, rooflines.roofline(rate, fp32_bytes, bw)[1]])
     bw = common.median(bandwidths)
     header = ["model", "prompt", "variant", "new tokens", "TTFT s", "decode tok/s", "glassbox ÷ variant",
               "roofline tok/s (own dtype)", "fraction of own roofline", "fraction of fp32 roofline"]

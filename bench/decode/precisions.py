@@ -9,7 +9,7 @@ Variants, interleaved in every repetition: float32, bfloat16 (weights; float32 a
 decoded with Glassbox's kernel (webapp/chat/model/kernels) and with torch's kernels (`kernels.disabled()`,
 the path taken where no C compiler is found). Figures are medians over --reps. Greedy agreement: the
 greedy reply of each variant against float32 with the kernel (the exact reference), as the first token
-that differs and the share of equal positions. Beside every rate its roofline (bench.common.roofline: the
+that differs and the share of equal positions. Beside every rate its roofline (bench.rooflines.roofline: the
 read bandwidth measured at that thread count in every repetition, median, ÷ the bytes a step of that
 precision reads at the run's mean context) and the fraction of it reached.
 """
@@ -21,7 +21,7 @@ import contextlib
 
 import torch
 
-from bench import common
+from bench import common, rooflines
 from webapp.chat.decode.generate import generate
 from webapp.chat.model import kernels
 from webapp.chat.model.precision import apply_precision
@@ -64,7 +64,7 @@ def main(argv=None):
         for rep in range(args.reps):
             for t in threads:
                 torch.set_num_threads(t)
-                bandwidths[t].append(common.read_bandwidth_gbs())
+                bandwidths[t].append(rooflines.read_bandwidth_gbs())
                 for precision, kernel in variants:
                     with contextlib.nullcontext() if kernel else kernels.disabled():
                         run = common.glassbox(models[precision], ids, args.new, top_k=50, seed=rep)
@@ -85,7 +85,7 @@ def main(argv=None):
     header += [f"{t} thr × fp32 torch" for t in threads]
     header += [f"TTFT {max(threads)} thr (s)", "first greedy token ≠ fp32", "greedy tokens = fp32"]
     bandwidth = {t: common.median(bandwidths[t]) for t in threads}
-    steps = {p: common.step_bytes(models[p].model, [common.mean_context(args.context, args.new - 1)])
+    steps = {p: rooflines.step_bytes(models[p].model, [rooflines.mean_context(args.context, args.new - 1)])
              for p in PRECISIONS}
     rows = []
     for v in variants:
@@ -94,7 +94,7 @@ def main(argv=None):
         first, share = agree[v]
         cells = []
         for t, rate in zip(threads, med):
-            cells += [rate, *common.roofline(rate, steps[v[0]], bandwidth[t])]
+            cells += [rate, *rooflines.roofline(rate, steps[v[0]], bandwidth[t])]
         rows.append([v[0], "glassbox" if v[1] else "torch", *cells, *[m / b for m, b in zip(med, base)],
                      common.median(ttfts[(max(threads), v)]), "none" if first is None else first, f"{share:.0%}"])
     body = (common.table(header, rows)
@@ -104,7 +104,7 @@ def main(argv=None):
             + f"({'compiled' if kernels.library() else 'unavailable: ' + str(kernels.unavailable_reason)}), "
             + "`torch` = torch's kernels (oneDNN, torch's weight-only int8).\n"
             + "- bytes a step reads: " + ", ".join(f"{p} {b / 2**20:.0f} MiB" for p, b in steps.items()) + "\n"
-            + common.roofline_note(bandwidth, bandwidths))
+            + rooflines.roofline_note(bandwidth, bandwidths))
     common.report(f"bench.decode.precisions: {args.size}, decode by precision and kernel", body,
                   load_before=load_before, write_doc=not args.no_doc)
 

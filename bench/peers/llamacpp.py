@@ -19,9 +19,9 @@ whole runs one after the other met different levels (one rep's ratio 0.73×, the
 two agree: the largest |logit difference| after the prompt (fp32 vs f32, the first 50257 ids) and, for each
 variant, how many greedy tokens match Glassbox fp32's before the first difference. The table is printed and,
 unless --no-doc, appended to docs/benchmarks-history.md (bench.common.report). Beside every decode rate, its
-roofline (bench.common.roofline): the read bandwidth taken after every turn at that thread count
-(bench.common.TurnReads, median) ÷ the bytes one step reads — Glassbox's tensors at their stored types,
-llama.cpp's GGUF tensors at theirs (bench.common.gguf_weight_bytes), each with its KV cache (float32 or
+roofline (bench.rooflines.roofline): the read bandwidth taken after every turn at that thread count
+(bench.rooflines.TurnReads, median) ÷ the bytes one step reads — Glassbox's tensors at their stored types,
+llama.cpp's GGUF tensors at theirs (bench.rooflines.gguf_weight_bytes), each with its KV cache (float32 or
 bfloat16; llama.cpp's f16) at the mean context of the run's steps — and the fraction of it reached. With only
 Glassbox's variants (--variants gb-fp32,gb-bf16,gb-int8) nothing of llama.cpp's environment is built or read.
 
@@ -96,7 +96,7 @@ def main(argv=None):
         return llamacpp_batched.main(args)
     import torch
 
-    from bench import common
+    from bench import common, rooflines
     load_before = common.load_average()
     if not args.setup_only:
         probe = OtherLoad()
@@ -149,7 +149,7 @@ def main(argv=None):
             load = OtherLoad([w.proc.pid for w in workers.values()])
             # allocator, oneDNN primitives, ggml's thread pool: before any timing
             decode_interleaved(streams, variants, common.prompt_ids(40, seed=40), 4, 0, set())
-            reads = common.TurnReads()
+            reads = rooflines.TurnReads()
             for r in range(args.reps):
                 for c in contexts:
                     load.start()
@@ -187,15 +187,15 @@ def main(argv=None):
         return f"{common.median(ratios):.3g} ({min(ratios):.3g}–{max(ratios):.3g})"
 
     bandwidth = {t: common.median(bandwidths[t]) for t in threads}
-    llama_weights = {v: common.gguf_weight_bytes(paths[LLAMA_TYPE[v]]) for v in variants if v in LLAMA_TYPE}
+    llama_weights = {v: rooflines.gguf_weight_bytes(paths[LLAMA_TYPE[v]]) for v in variants if v in LLAMA_TYPE}
 
     def step_bytes(v: str, c: int) -> float:
         """Bytes one of variant v's decode steps reads after a c-token prompt (at the run's mean context)."""
-        context = common.mean_context(c, args.new)
+        context = rooflines.mean_context(c, args.new)
         if v in gb:
-            return common.step_bytes(gb[v], [context])
+            return rooflines.step_bytes(gb[v], [context])
         if v in llama_weights:
-            return llama_weights[v] + common.kv_bytes(fp32.config, context, common.LLAMACPP_KV_BYTES)
+            return llama_weights[v] + rooflines.kv_bytes(fp32.config, context, rooflines.LLAMACPP_KV_BYTES)
         return float("nan")
 
     rows = []
@@ -205,8 +205,8 @@ def main(argv=None):
                 if g not in variants and lc not in variants:
                     continue
                 rg, rl = rate(t, c, g), rate(t, c, lc)
-                rows.append([t, c, f"{g} / {lc}", rg, *common.roofline(rg, step_bytes(g, c), bandwidth[t]),
-                             rl, *common.roofline(rl, step_bytes(lc, c), bandwidth[t]), rg / rl,
+                rows.append([t, c, f"{g} / {lc}", rg, *rooflines.roofline(rg, step_bytes(g, c), bandwidth[t]),
+                             rl, *rooflines.roofline(rl, step_bytes(lc, c), bandwidth[t]), rg / rl,
                              paired(t, c, g, lc), prefill(t, c, g), prefill(t, c, lc)])
     header = ["threads", "context", "precisions", "Glassbox tok/s", "Glassbox roofline tok/s", "Glassbox fraction",
               "llama.cpp tok/s", "llama.cpp roofline tok/s", "llama.cpp fraction", "Glassbox ÷ llama.cpp",
@@ -242,7 +242,7 @@ def main(argv=None):
     system = info.get("system_info", "n/a")
     read = ", ".join(f"{v} {step_bytes(v, contexts[0]) / 2**20:.0f} MiB" for v in variants)
     body = (common.table(header, rows) + "\n\n" + agree + "\n\n"
-            + common.roofline_note(bandwidth, bandwidths, common.READ_IN_TURNS)
+            + rooflines.roofline_note(bandwidth, bandwidths, rooflines.READ_IN_TURNS)
             + f"- bytes a step reads after the {contexts[0]}-token prompt (at its steps' mean context): {read}\n"
             + f"- model: random `{args.size}` (seed 0, {n_params / 1e6:.1f}M parameters), exported by "
             + "webapp.chat.model.hf.export_hf and converted by llama.cpp's convert_hf_to_gguf.py "

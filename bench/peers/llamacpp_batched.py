@@ -9,7 +9,7 @@ bench.decode.batch_step's caches_for makes them) and every step decodes at that 
 precision pair (float32 / f32, bfloat16 / f16, int8 / q8_0) the Glassbox model and a llama.cpp worker are
 loaded, then for each rep and batch size Glassbox's steps and llama.cpp's run one after the other; tokens/s
 = B / the median step, and each rep's own ratio (median and range over reps). Beside each engine's rate its
-roofline (bench.common.roofline): B × the read bandwidth at that thread count (measured in every rep, median)
+roofline (bench.rooflines.roofline): B × the read bandwidth at that thread count (measured in every rep, median)
 ÷ the bytes a step of B rows must read (its tensors at their stored types, each row's keys and values at its
 own context: Glassbox's float32 or bfloat16 cache, llama.cpp's f16). llama.cpp's environment and GGUF files are
 bench.peers.llamacpp's.
@@ -109,7 +109,7 @@ PAIRS = {"float32": "f32", "bfloat16": "f16", "int8": "q8_0"}
 def main(args) -> int:
     import torch
 
-    from bench import common
+    from bench import common, rooflines
     from bench.decode.batch_step import caches_for, measure
     from webapp.chat.model.precision import apply_precision
     load_before = common.load_average()
@@ -126,18 +126,18 @@ def main(args) -> int:
     step_bytes = {}  # (precision, batch) -> (Glassbox's bytes a step, llama.cpp's)
     for t in threads:
         torch.set_num_threads(t)
-        reads = common.TurnReads()  # the divisor, read after every batch size's pair of measurements
+        reads = rooflines.TurnReads()  # the divisor, read after every batch size's pair of measurements
         for precision in precisions:
             model = apply_precision(common.random_gpt(args.size, seed=0), precision).eval()
             idx, caches, positions = caches_for(model, max(batches), context, torch.device("cpu"))
             worker = BatchWorker(paths[PAIRS[precision]], t, prompts)
             info = worker.info
             load = OtherLoad([worker.proc.pid])
-            llama_weights = common.gguf_weight_bytes(paths[PAIRS[precision]])
+            llama_weights = rooflines.gguf_weight_bytes(paths[PAIRS[precision]])
             for b in batches:  # row r attends over its context + 7 r prompt ids in both engines
                 step_bytes[precision, b] = (
-                    common.step_bytes(model, [positions[r] + 1 for r in range(b)]),
-                    llama_weights + sum(common.kv_bytes(model.config, len(prompts[r]), common.LLAMACPP_KV_BYTES)
+                    rooflines.step_bytes(model, [positions[r] + 1 for r in range(b)]),
+                    llama_weights + sum(rooflines.kv_bytes(model.config, len(prompts[r]), rooflines.LLAMACPP_KV_BYTES)
                                         for r in range(b)))
             try:
                 for rep in range(args.reps):
@@ -162,13 +162,13 @@ def main(args) -> int:
         ratios = [p[1] / p[0] for p in pairs]
         gb_bytes, llama_bytes = step_bytes[precision, b]
         rows.append([t, f"{precision} / {PAIRS[precision]}", b,
-                     b / ours, *common.roofline(b / ours, gb_bytes, bandwidth[t], rows=b),
-                     b / theirs, *common.roofline(b / theirs, llama_bytes, bandwidth[t], rows=b), theirs / ours,
+                     b / ours, *rooflines.roofline(b / ours, gb_bytes, bandwidth[t], rows=b),
+                     b / theirs, *rooflines.roofline(b / theirs, llama_bytes, bandwidth[t], rows=b), theirs / ours,
                      f"{common.median(ratios):.3g} ({min(ratios):.3g}–{max(ratios):.3g})"])
     body = (common.table(["threads", "precision (Glassbox / llama.cpp)", "B", "Glassbox tok/s",
                           "Glassbox roofline tok/s", "Glassbox fraction", "llama.cpp tok/s", "llama.cpp roofline tok/s",
                           "llama.cpp fraction", "Glassbox ÷ llama.cpp", "per rep: median (range)"], rows) + "\n\n"
-            + common.roofline_note(bandwidth, bandwidths, common.READ_IN_TURNS)
+            + rooflines.roofline_note(bandwidth, bandwidths, rooflines.READ_IN_TURNS)
             + f"- one decode step of B rows, each with its own context of {context} + 7 r tokens, decoded at that "
             + f"context again each step; {args.steps} timed steps (after a warm-up) per batch size and rep, their "
             + f"median; {args.reps} reps, the two engines one after the other in each; tokens/s = B / step\n"

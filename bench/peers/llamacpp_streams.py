@@ -148,7 +148,7 @@ def decode_interleaved(streams: dict, order: list[str], ids: list[int], new: int
                        logits: set[str], between_turns: Callable[[], object] | None = None) -> dict:
     """Every stream's prefill, then its `new` steps in turns of `size`, the variants taking turns (their order
     reversed at every turn: A B C, C B A, ...) so that each meets the machine's changes of pace in the same
-    measure; `between_turns` is called after every turn (bench.common.TurnReads: the roofline's divisor read in
+    measure; `between_turns` is called after every turn (bench.rooflines.TurnReads: the roofline's divisor read in
     the same minutes) -> {variant: {prefill_s, decode_s (summed), tokens, logits}}"""
     results = {v: streams[v].start(ids, logits=v in logits) for v in order}
     for n in slices(new, size):

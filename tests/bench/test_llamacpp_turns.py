@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.common import TurnReads
 from bench.peers.llamacpp_streams import decode_interleaved, slices
+from bench.rooflines import TurnReads
 
 
 def test_slices_add_up_to_the_steps():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench import common
+from bench import rooflines
 from webapp.chat.model.gpt import GPT, GPTConfig
 from webapp.chat.model.precision import apply_precision
 
@@ -26,11 +26,11 @@ def test_float32_bytes_by_hand():
     numbers = 40 + 3 * 8 + (48 + 12) + (16 + 4) + (64 + 16) + (64 + 4)
     assert numbers == 292
     model = tiny("float32")
-    assert common.weight_bytes_per_token(model) == 292 * 4
+    assert rooflines.weight_bytes_per_token(model) == 292 * 4
     # keys and values at 5 positions: 2 × 1 layer × 4 numbers × 5 × 4 bytes
-    assert common.kv_element_size(model) == 4
-    assert common.kv_bytes(TINY, 5, 4) == 160
-    assert common.step_bytes(model, [5]) == 1168 + 160
+    assert rooflines.kv_element_size(model) == 4
+    assert rooflines.kv_bytes(TINY, 5, 4) == 160
+    assert rooflines.step_bytes(model, [5]) == 1168 + 160
 
 
 def test_int8_bytes_by_hand():
@@ -39,30 +39,30 @@ def test_int8_bytes_by_hand():
     matrices = (48 + 12 * 4) + (16 + 4 * 4) + (64 + 16 * 4) + (64 + 4 * 4) + (40 + 10 * 4)
     vectors = (12 + 4 + 16 + 4) * 4 + 3 * 8 * 4
     model = tiny("int8")
-    assert common.weight_bytes_per_token(model) == matrices + vectors == 416 + 240
-    assert common.kv_element_size(model) == 2
-    assert common.step_bytes(model, [5, 7]) == 656 + 2 * 4 * 5 * 2 + 2 * 4 * 7 * 2
+    assert rooflines.weight_bytes_per_token(model) == matrices + vectors == 416 + 240
+    assert rooflines.kv_element_size(model) == 2
+    assert rooflines.step_bytes(model, [5, 7]) == 656 + 2 * 4 * 5 * 2 + 2 * 4 * 7 * 2
 
 
 def test_bfloat16_bytes_by_hand():
     matrices = (48 + 16 + 64 + 64 + 40) * 2
     vectors = (12 + 4 + 16 + 4) * 4 + 3 * 8 * 4
-    assert common.weight_bytes_per_token(tiny("bfloat16")) == matrices + vectors == 464 + 240
+    assert rooflines.weight_bytes_per_token(tiny("bfloat16")) == matrices + vectors == 464 + 240
 
 
 def test_roofline_arithmetic():
     # the float32 model's step at 5 positions reads 1,328 bytes (above): at 1.328 GB/s a million steps a
     # second, so a measured 250,000 tok/s is a quarter of the roofline
-    roof, fraction = common.roofline(250_000.0, common.step_bytes(tiny("float32"), [5]), 1.328)
+    roof, fraction = rooflines.roofline(250_000.0, rooflines.step_bytes(tiny("float32"), [5]), 1.328)
     assert roof == pytest.approx(1e6) and fraction == pytest.approx(0.25)
     # a batched step of 4 rows makes 4 tokens for the same bytes
-    roof, fraction = common.roofline(2e6, 1328, 1.328, rows=4)
+    roof, fraction = rooflines.roofline(2e6, 1328, 1.328, rows=4)
     assert roof == pytest.approx(4e6) and fraction == pytest.approx(0.5)
 
 
 def test_mean_context():
     # after a 10-token prompt, 3 steps attend over 11, 12 and 13 positions
-    assert common.mean_context(10, 3) == 12
+    assert rooflines.mean_context(10, 3) == 12
 
 
 def test_gguf_bytes_are_the_stored_tensors_less_the_tables_read_a_row_at_a_time(tmp_path):
@@ -85,5 +85,5 @@ def test_gguf_bytes_are_the_stored_tensors_less_the_tables_read_a_row_at_a_time(
         writer.close()
         return path
 
-    assert common.gguf_weight_bytes(write(tmp_path / "tied.gguf", False)) == 1280 + 128 + 136 + 256
-    assert common.gguf_weight_bytes(write(tmp_path / "own.gguf", True)) == 128 + 136 + 256 + 640
+    assert rooflines.gguf_weight_bytes(write(tmp_path / "tied.gguf", False)) == 1280 + 128 + 136 + 256
+    assert rooflines.gguf_weight_bytes(write(tmp_path / "own.gguf", True)) == 128 + 136 + 256 + 640
