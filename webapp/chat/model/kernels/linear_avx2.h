@@ -94,8 +94,9 @@ static inline __attribute__((always_inline)) void batch_tile(int kind, int mr, i
  * vector once for all of them. bfloat16 is widened by unpacking its 16 weights against zeros, one instruction
  * for 8 where a zero-extension and a shift took two each; the unpack takes them in the order [0-3, 8-11] and
  * [4-7, 12-15], so x is read in that order (xp: each 16 values so permuted, the tail as it is) and the two sums
- * are put back in lane order before lanes_sum's tree. Short bfloat16 rows also ask for the next outputs' rows
- * meanwhile (a few rows of 2 KiB read side by side leave the hardware's prefetcher too little to follow).
+ * are put back in lane order before lanes_sum's tree. bfloat16 rows also ask for the next outputs' rows
+ * meanwhile (a few rows read side by side leave the hardware's prefetcher too little to follow), with the
+ * non-temporal hint (each weight is read once a step; float32 streams faster on the hardware's alone).
  * docs/benchmarks.md, "One stream and the batched step on the AMD EPYC family 23 (Zen 1)". */
 enum { LONE_OUTPUTS = 4 };
 
@@ -130,7 +131,7 @@ static inline __attribute__((always_inline)) void lone_outputs(int kind, int nr,
             for (int j = 0; j < nr; j++) {
                 const uint16_t *row = (const uint16_t *)w + (n0 + j) * K + k;
                 __m256i v = _mm256_loadu_si256((const __m256i *)row);
-                if (ahead && k % 32 == 0) __builtin_prefetch(row + ahead * K, 0, 3);
+                if (ahead && k % 32 == 0) __builtin_prefetch(row + ahead * K, 0, 0);
                 lo[j] = _mm256_fmadd_ps(xa, _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)), lo[j]);
                 hi[j] = _mm256_fmadd_ps(xb, _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v)), hi[j]);
             }
@@ -145,14 +146,13 @@ static inline __attribute__((always_inline)) void lone_outputs(int kind, int nr,
     }
 }
 
-enum { SHORT_ROW = 2048 };  /* bfloat16 rows this long or shorter ask for the next outputs' rows */
 #define LONE_ROW(KIND)                                                                                                \
     static __attribute__((noinline)) void lone_row_##KIND(const float *x, const float *xp, const void *w, int64_t K,  \
                                                           int64_t n0, int64_t n1, const float *scale, const float *b, \
                                                           float *y) {                                                 \
         float dot[LONE_OUTPUTS];                                                                                      \
         int64_t n = n0;                                                                                               \
-        for (; n + 2 * LONE_OUTPUTS <= n1 && KIND == BF16 && K <= SHORT_ROW; n += LONE_OUTPUTS) {                     \
+        for (; n + 2 * LONE_OUTPUTS <= n1 && KIND == BF16; n += LONE_OUTPUTS) {                                       \
             lone_outputs(KIND, LONE_OUTPUTS, x, xp, w, K, n, LONE_OUTPUTS, dot);                                      \
             for (int j = 0; j < LONE_OUTPUTS; j++) y[n + j] = finish_dot(dot[j], scale, b, n + j);                    \
         }                                                                                                             \
