@@ -63,8 +63,8 @@ def test_the_job_report_equals_the_reference_with_and_without_a_kept_cache():
     model = small_gpt(1)
     loaded = tiny_loaded(model)
     ids = [int(i) for i in torch.randint(0, CONFIG.vocab_size, (30,))]
-    want = reference(model, ids)[1][3, 12:]  # block 2 (1-based), head 3, queries 12..29
-    request = HeadRequest(tuple(ids), 18, 2, 3, 12)
+    want = reference(model, ids)[1][3, 12:]  # block 1, head 3 (both from 0), queries 12..29
+    request = HeadRequest(tuple(ids), 18, 1, 3, 12)
     prefix = PrefixCache()
     cold = head_report(loaded, request, prefix=prefix)
     assert cold.reused_positions == 0

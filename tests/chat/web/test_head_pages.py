@@ -98,7 +98,7 @@ def test_the_page_labels_real_tokens_marks_regions_and_each_row_sums_to_one_with
     assert "style=" not in page.split("<main", 1)[1]
 
     data = client.get(f"{url}.json").get_json()
-    kept = HeadReport(HeadRequest(tuple(data["context_ids"]), 3, 1, 0, data["queries"][0]), data["weights"])
+    kept = HeadReport(HeadRequest(tuple(data["context_ids"]), 3, 0, 0, data["queries"][0]), data["weights"])
     shown = matrix(glassbox(chat_app).core.models["chat"].tokenizer, kept,
                    regions(details.prompt, 3, len(prompt) + 3))
     assert [c.summed for c in shown.columns].count(True) == 1
