@@ -263,6 +263,7 @@ def test_dark_mode_follows_the_system_and_the_toggle_is_remembered(open_page):
     assert dark == "rgb(20, 21, 24)"
     page.get_by_role("button", name=re.compile("^Theme: auto")).click()   # auto -> dark
     page.get_by_role("button", name=re.compile("^Theme: dark")).click()   # dark -> light
+    page.get_by_role("button", name=re.compile("^Theme: light")).wait_for()  # the form's reload has landed
     assert page.evaluate("() => document.documentElement.dataset.theme") == "light"
     assert page.url.endswith("/loops/")
     page.goto("/chat/")  # remembered in this browser's session
