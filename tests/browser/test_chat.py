@@ -105,6 +105,19 @@ def test_send_stream_stop_regenerate_edit_and_reload(page):
     screenshot(page, "chat")
 
 
+def test_a_finished_reply_never_wears_the_streaming_ones_class(page):
+    # htmx "settles" a swapped-in element by giving it its predecessor's class first: the finished reply was
+    # marked pending for 20 ms, and anything reading the page then (a test, a script) saw it as streaming.
+    page.goto("/chat/")
+    page.evaluate("""() => { window.worePending = 0; new MutationObserver(() => {
+        if (document.querySelector('li.message.assistant.pending .bubble[data-copy]')) window.worePending++;
+      }).observe(document.body, {subtree: true, childList: true, attributes: true}); }""")
+    send(page, "Hello", max_new_tokens="5")
+    page.wait_for_selector("li.message.assistant.complete")
+    assert page.locator("li.message.assistant.complete .bubble[data-copy]").count() == 1
+    assert page.evaluate("() => window.worePending") == 0
+
+
 def test_another_browser_cannot_see_the_conversation(open_context, problems):
     problems.allow(404)  # the 404 is the point
     mine = open_context().new_page()
