@@ -5,7 +5,6 @@ horizontal page scroll, touch targets, the theme toggle, and axe-core on every p
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
@@ -169,14 +168,19 @@ def test_the_player_steps_plays_and_works_from_the_keyboard(open_page):
     assert page.locator(VISIBLE_ROWS).count() == 12
     page.keyboard.press("Home")
     page.select_option("#player-speed", "16")
+    # Every count of visible rows the page passes through while it plays (each change is a DOM mutation)
+    page.evaluate("""(rows) => { window.rowCounts = []; new MutationObserver(() => {
+        const n = document.querySelectorAll(rows).length;
+        if (window.rowCounts.at(-1) !== n) window.rowCounts.push(n);
+      }).observe(document.getElementById('results'), {subtree: true, attributes: true, childList: true}); }""",
+                  VISIBLE_ROWS)
     page.get_by_role("button", name="Play").click()
     assert page.locator(".player-toggle").get_attribute("aria-pressed") == "true"
-    time.sleep(0.35)
-    seen = page.locator(VISIBLE_ROWS).count()
-    assert 2 <= seen < 12, seen  # rows appear loop by loop, not all at once
     page.wait_for_function("() => document.querySelector('.player-toggle').getAttribute('aria-pressed') === 'false'",
                            timeout=5_000)
     assert page.locator(VISIBLE_ROWS).count() == 12
+    counts = page.evaluate("() => window.rowCounts")
+    assert [n for n in counts if n > 1] == list(range(2, 13)), counts  # loop by loop from the first, not at once
     page.locator("#player-loop").focus()
     page.keyboard.press("Home")
     assert page.locator(".player-at").text_content() == "1"

@@ -7,7 +7,7 @@ import re
 import sqlite3
 import threading
 
-from tests.support.servers import Client, stream_url
+from tests.support.servers import Client, stream_url, wait_until
 
 
 def start_reply(client: Client, prefix: str = "", tokens: int = 250, content: str = "Tell me a story") -> str:
@@ -48,6 +48,12 @@ def streamed_text(events) -> str:
 
 def as_sse_text(text: str) -> str:
     return re.sub(r"\r\n|\r", "\n", text)
+
+
+def wait_saved(content, shown: str, timeout: float = 60) -> None:
+    """Until the stored reply (content(): its text now) holds all the reader was shown: the runner saves a
+    reply every second or so, later on a loaded machine (a test that slept a second and a half lost that race)."""
+    assert wait_until(lambda: as_sse_text(content()).startswith(shown), timeout), f"never saved: {shown!r}"
 
 
 def read_until(client, url: str, tokens: int, timeout: float = 120):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import csrf_of, make_app, wait_for
-from tests.integration.helpers import as_sse_text, message_id, read_until, saved_message, start_reply
+from tests.integration.helpers import as_sse_text, message_id, read_until, saved_message, start_reply, wait_saved
 from tests.support.chat_models import tiny_chat_model
 from tests.support.servers import Client, Gunicorn, model_env
 from webapp.web.state import glassbox
@@ -50,7 +50,7 @@ def test_kill_9_keeps_what_the_user_saw_and_a_second_glassbox_is_refused(tmp_pat
         events, seen, _ = read_until(client, url, 40, timeout=60)
         assert seen.wait(30)
         shown = shown_text(list(events))
-        time.sleep(1.5)  # a save is due at least every second
+        wait_saved(lambda: saved_message(app.instance, message_id(url))["content"], shown)
         for pid in children(app.proc.pid) + [app.proc.pid]:  # the worker first: it must not exit cleanly
             os.kill(pid, signal.SIGKILL)
         app.proc.wait(10)

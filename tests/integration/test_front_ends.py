@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from tests.integration.conftest import require_nginx
-from tests.integration.helpers import as_sse_text, message_id, read_until, start_reply, streamed_text
+from tests.integration.helpers import as_sse_text, message_id, read_until, start_reply, streamed_text, wait_saved
 from tests.support.servers import Client, Gunicorn, Nginx, model_env, stream_url, wait_until
 
 pytestmark = pytest.mark.integration
@@ -176,7 +176,7 @@ def test_a_front_end_killed_mid_reply_leaves_the_other_serving_with_nothing_ackn
     assert running_on(dead, alive) == [1, 0]
     # PostgreSQL's text holds no NUL: the store keeps one a model writes as U+FFFD
     shown = as_sse_text(streamed_text(list(events))).replace("\x00", "\ufffd")
-    time.sleep(1.5)  # a save is due at least every second
+    wait_saved(lambda: saved_reply(alive, message_id(url))["content"], shown)
     dead.kill_9()
     reader.join(10)
     assert not reader.is_alive()  # the stream broke with its front end

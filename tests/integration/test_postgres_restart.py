@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.integration.helpers import as_sse_text, message_id, read_until, start_reply
+from tests.integration.helpers import as_sse_text, message_id, read_until, start_reply, wait_saved
 from tests.integration.test_faults import children, shown_text
 from tests.support.servers import Client, Gunicorn, model_env
 from webapp.db import open_database
@@ -42,7 +42,7 @@ def test_a_front_end_killed_mid_reply_restarts_stopping_its_own_reply_only(tmp_p
         assert seen.wait(30)
         # PostgreSQL keeps a NUL the byte model wrote as U+FFFD, which is also how a browser shows one
         shown = shown_text(list(events)).replace("\x00", "\ufffd")
-        time.sleep(1.5)  # a save is due at least every second
+        wait_saved(lambda: saved(database, message_id(url))["content"], shown)
         for pid in children(a.proc.pid) + [a.proc.pid]:  # the worker first: it must not exit cleanly
             os.kill(pid, signal.SIGKILL)
         a.proc.wait(10)
