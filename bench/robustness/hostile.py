@@ -223,7 +223,7 @@ def main() -> int:
     parser.add_argument("--slowloris", type=int, default=60, help="slowloris connections held")
     parser.add_argument("--no-report", action="store_true", help="print, do not append to docs/benchmarks-history.md")
     parser.add_argument("--each", action="store_true",
-                        help="issue 25's attacks one at a time, through nginx and direct (hostile_attacks.py)")
+                        help="issue 25's attacks one at a time, through nginx and direct (hostile_each.py)")
     parser.add_argument("--only", action="append", help="with --each: the attacks whose name contains this")
     parser.add_argument("--postgres", action="store_true",
                         help="with --each: the history in a throwaway PostgreSQL cluster (GLASSBOX_DATABASE_URL)")
@@ -231,7 +231,7 @@ def main() -> int:
     if args.attack_seconds > 300 or args.max_held > 200 or args.slowloris > 150:
         parser.error("bounded on purpose: at most 300 s of attack, 200 held sockets, 150 slowloris connections")
     if args.each:
-        from bench.robustness.hostile_attacks import main_each
+        from bench.robustness.hostile_each import main_each
         return main_each(args)
     load_before = load_average()
     workdir = Path(tempfile.mkdtemp(prefix="glassbox-hostile-"))

@@ -1,5 +1,5 @@
-"""What bench.robustness.hostile and its one-at-a-time attacks (hostile_attacks.py) share: the good user
-whose experience is measured, the tallies, raw sockets, and the server's limits during the run."""
+"""What bench.robustness.hostile and its attacks one at a time (hostile_attacks.py, hostile_each.py) share: the
+good user whose experience is measured, the tallies, raw sockets, and the server's limits during the run."""
 
 from __future__ import annotations
 
