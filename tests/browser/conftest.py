@@ -149,3 +149,27 @@ def large_type(page, on: bool = True) -> None:
     follow(page, page.get_by_role("button", name="Large type"))
     state = page.evaluate("() => document.documentElement.dataset.present || 'off'")
     assert state == ("on" if on else "off"), state
+
+
+RECORDER = """([name, argument]) => {
+    const value = VALUE, states = (window.recorded ??= {})[name] = [];
+    new MutationObserver(() => {
+      const now = value(argument);
+      if (now !== null && now !== undefined && now !== "" && (!states.length || states.at(-1)[0] !== now))
+        states.push([now, performance.now()]);
+    }).observe(document.body, {subtree: true, childList: true, attributes: true, characterData: true});
+  }"""
+
+
+def record(page, name: str, expression: str, argument=None) -> None:
+    """Records in the page every value `expression` (a JavaScript arrow function of `argument`) takes as the
+    page changes, with when: a MutationObserver runs it after every change, so no state is missed however
+    loaded the machine (a test that polled every 30 ms missed some, and saw some it should not have). Values
+    that are null, undefined or "" are skipped. Read them with recorded()."""
+    page.evaluate(RECORDER.replace("VALUE", expression), [name, argument])
+
+
+def recorded(page, name: str) -> list[tuple]:
+    """(value, seconds since the first value recorded) for every value record() saw, in order"""
+    states = page.evaluate("(name) => window.recorded[name]", name)
+    return [(value, (t - states[0][1]) / 1000) for value, t in states]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.conftest import follow, screenshot
+from tests.browser.conftest import follow, record, recorded, screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -35,35 +35,20 @@ def token_panel(page, text: str, max_new_tokens: str, index: int) -> None:
     page.wait_for_function(shown)
 
 
-def watch_reply(page) -> None:
-    """Records in the page every text the streaming reply shows (each token is a DOM mutation) and when: read
-    them with seen_reply once the reply is final."""
-    page.evaluate("""(pending) => { window.replyStates = []; new MutationObserver(() => {
-        const text = document.querySelector(pending + ' .text')?.textContent;
-        const last = window.replyStates.at(-1);
-        if (text && (!last || last[0] !== text)) window.replyStates.push([text, performance.now()]);
-      }).observe(document.body, {subtree: true, childList: true, characterData: true}); }""", PENDING)
-
-
-def seen_reply(page) -> tuple[list[str], float]:
-    """The texts the reply showed (from its first token), and the seconds from the first to the last"""
-    states = page.evaluate("() => window.replyStates")
-    return [text for text, _ in states], (states[-1][1] - states[0][1]) / 1000 if states else 0.0
-
-
 def last_reply(page):
     return page.locator("li.message.assistant").last
 
 
 def test_send_stream_stop_regenerate_edit_and_reload(page):
     page.goto("/chat/")
-    watch_reply(page)
+    record(page, "reply", "(pending) => document.querySelector(pending + ' .text')?.textContent", PENDING)
     send(page, "Hello <b>there</b> & welcome")
     page.wait_for_selector("li.message.assistant.complete")
-    states, seconds = seen_reply(page)
+    seen = recorded(page, "reply")  # every text the streaming reply showed, from its first token
+    states = [text for text, _ in seen]
     assert len(states) >= 3, f"tokens did not arrive progressively: {states}"
     # 30 tokens at 60 ms each are written over 1.7 s at least: shown over most of it, not held back and shown at once
-    assert seconds >= 0.5, (seconds, states)
+    assert seen[-1][1] >= 0.5, seen
     final = last_reply(page)
     assert "complete" in final.get_attribute("class")
     # The final reply shows its text as Markdown: compare the source it keeps for Copy. The random test
@@ -113,13 +98,11 @@ def test_a_finished_reply_never_wears_the_streaming_ones_class(page):
     # htmx "settles" a swapped-in element by giving it its predecessor's class first: the finished reply was
     # marked pending for 20 ms, and anything reading the page then (a test, a script) saw it as streaming.
     page.goto("/chat/")
-    page.evaluate("""() => { window.worePending = 0; new MutationObserver(() => {
-        if (document.querySelector('li.message.assistant.pending .bubble[data-copy]')) window.worePending++;
-      }).observe(document.body, {subtree: true, childList: true, attributes: true}); }""")
+    record(page, "final markup", "() => !!document.querySelector('li.message.assistant.pending .bubble[data-copy]')")
     send(page, "Hello", max_new_tokens="5")
     page.wait_for_selector("li.message.assistant.complete")
     assert page.locator("li.message.assistant.complete .bubble[data-copy]").count() == 1
-    assert page.evaluate("() => window.worePending") == 0
+    assert True not in [pending for pending, _ in recorded(page, "final markup")]
 
 
 def test_another_browser_cannot_see_the_conversation(open_context, problems):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.conftest import screenshot
+from tests.browser.conftest import record, recorded, screenshot
 from tests.browser.test_chat import send
 from tests.browser.test_usability import axe
 
@@ -25,21 +25,17 @@ def test_a_follower_page_updates_live_and_ends_on_revoke(open_context, problems)
     follower = open_context().new_page()  # another browser: no cookie of the presenter's
     follower.goto(link)
     follower.wait_for_selector("#follow-live li.message.user")
-    # every text the follower's live reply shows (each token is a DOM mutation), recorded in the page
-    follower.evaluate("""() => { window.followStates = []; new MutationObserver(() => {
-        const text = document.querySelector('#follow-live .follow-text')?.textContent;
-        if (text && window.followStates.at(-1)?.[0] !== text) window.followStates.push([text, performance.now()]);
-      }).observe(document.getElementById('follow-live'), {subtree: true, childList: true, characterData: true}); }""")
+    record(follower, "reply", "() => document.querySelector('#follow-live .follow-text')?.textContent")
     send(presenter, "Second question, watched", "30")
     follower.wait_for_function("() => document.querySelector('#follow-live').textContent"
                                ".includes('Second question, watched')")
     presenter.wait_for_selector("li.message.assistant.complete >> nth=1")
     # then the finished reply, as the presenter's page shows it
     follower.wait_for_selector("#follow-live li.message.assistant:not(.pending) >> nth=1")
-    seen = follower.evaluate("() => window.followStates")
+    seen = recorded(follower, "reply")
     assert len(seen) >= 3, seen  # the reply grew on the follower's page in several states, not only its end
     # 30 tokens at 60 ms each are written over 1.7 s at least: the follower sees them over most of it
-    assert seen[-1][1] - seen[0][1] >= 500, seen
+    assert seen[-1][1] - seen[0][1] >= 0.5, seen
     screenshot(follower, "follow-chat")
     assert axe(follower) == [] and axe(presenter) == []  # the follower's page; the Present box and replay control
 

@@ -5,26 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.conftest import screenshot
+from tests.browser.conftest import record, recorded, screenshot
 
 pytestmark = pytest.mark.browser
 
 ROWS = "#results tbody tr"
-
-
-def watch_rows(page) -> None:
-    """Records in the page every count of rows it passes through (each change is a DOM mutation) and when: read
-    them with seen_rows once the run is over."""
-    page.evaluate("""(rows) => { window.rowCounts = []; new MutationObserver(() => {
-        const n = document.querySelectorAll(rows).length;
-        if (window.rowCounts.at(-1)?.[0] !== n) window.rowCounts.push([n, performance.now()]);
-      }).observe(document.body, {subtree: true, childList: true}); }""", ROWS)
-
-
-def seen_rows(page) -> list[tuple[int, float]]:
-    """(row count, seconds since the first count) for every count seen"""
-    counts = page.evaluate("() => window.rowCounts")
-    return [(n, (t - counts[0][1]) / 1000) for n, t in counts]
 
 
 def test_edit_a_rule_run_and_watch_the_rows_then_the_summary_and_pictures(page):
@@ -33,10 +18,10 @@ def test_edit_a_rule_run_and_watch_the_rows_then_the_summary_and_pictures(page):
     page.wait_for_function("() => document.querySelector('#dst-0').value === 'A'")
     page.select_option("#dst-0", "C")  # edit: now A -> C, and C -> C
     page.fill("#steps", "6")
-    watch_rows(page)
+    record(page, "rows", "(rows) => document.querySelectorAll(rows).length", ROWS)
     page.click("#run")
     page.wait_for_selector("#summary")
-    counts = seen_rows(page)
+    counts = recorded(page, "rows")
     part_way = [t for n, t in counts if 0 < n < 6]
     assert len(part_way) >= 3, f"rows did not arrive one by one: {counts}"
     # loops 1 to 5 take 0.6 s at least (0.15 s each): shown as they come, not held back and shown at once

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.browser.conftest import SIZES, large_type, screenshot
+from tests.browser.conftest import SIZES, large_type, record, recorded, screenshot
 from tests.browser.test_chat import send, set_reply_length
 from tests.support.servers import ROOT, Gunicorn, model_env
 
@@ -168,18 +168,13 @@ def test_the_player_steps_plays_and_works_from_the_keyboard(open_page):
     assert page.locator(VISIBLE_ROWS).count() == 12
     page.keyboard.press("Home")
     page.select_option("#player-speed", "16")
-    # Every count of visible rows the page passes through while it plays (each change is a DOM mutation)
-    page.evaluate("""(rows) => { window.rowCounts = []; new MutationObserver(() => {
-        const n = document.querySelectorAll(rows).length;
-        if (window.rowCounts.at(-1) !== n) window.rowCounts.push(n);
-      }).observe(document.getElementById('results'), {subtree: true, attributes: true, childList: true}); }""",
-                  VISIBLE_ROWS)
+    record(page, "rows", "(rows) => document.querySelectorAll(rows).length", VISIBLE_ROWS)
     page.get_by_role("button", name="Play").click()
     assert page.locator(".player-toggle").get_attribute("aria-pressed") == "true"
     page.wait_for_function("() => document.querySelector('.player-toggle').getAttribute('aria-pressed') === 'false'",
                            timeout=5_000)
     assert page.locator(VISIBLE_ROWS).count() == 12
-    counts = page.evaluate("() => window.rowCounts")
+    counts = [n for n, _ in recorded(page, "rows")]
     assert [n for n in counts if n > 1] == list(range(2, 13)), counts  # loop by loop from the first, not at once
     page.locator("#player-loop").focus()
     page.keyboard.press("Home")
