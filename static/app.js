@@ -24,9 +24,10 @@
     }
   }
   document.addEventListener("htmx:sseMessage", follow);
-  document.addEventListener("htmx:afterSettle", function (event) {
-    follow();
-    // After a send, the new composer takes the focus back.
+  document.addEventListener("htmx:afterSettle", follow);
+  // After a send, the new composer takes the focus back. On afterSwap, the same task as the swap
+  // (afterSettle comes a settle delay later), so nobody ever finds the focus on <body> in between.
+  document.addEventListener("htmx:afterSwap", function (event) {
     var composer = document.getElementById("content");
     if (composer && event.target && event.target.id === "conversation") composer.focus();
   });
@@ -53,7 +54,7 @@
   function rememberFocus() { focusBeforeSwap = document.activeElement; }
   document.addEventListener("htmx:beforeSwap", rememberFocus);
   document.addEventListener("htmx:sseBeforeMessage", rememberFocus);
-  document.addEventListener("htmx:afterSettle", function () {
+  document.addEventListener("htmx:afterSwap", function () {
     var lost = focusBeforeSwap && focusBeforeSwap !== document.body && !focusBeforeSwap.isConnected;
     focusBeforeSwap = null;
     if (!lost || (document.activeElement && document.activeElement !== document.body)) return;

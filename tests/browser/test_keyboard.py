@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.conftest import screenshot
+from tests.browser.conftest import record, recorded, screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -34,10 +34,14 @@ def test_chat_by_keyboard_send_stop_regenerate_and_edit(page):
     page.wait_for_selector(PENDING)
     assert page.evaluate("() => document.activeElement.id") == "content"  # ready for the next message
 
+    # Where the focus is each time the page changes once the reply is stopped: never on <body>, not even
+    # for the moment between the swap that removes the Stop button and htmx's settle.
+    record(page, "focus once stopped", "() => document.querySelector('li.message.assistant.stopped')"
+                                       " && (document.activeElement.id || document.activeElement.tagName)")
     tab_to(page, f"{PENDING} button.stop", backwards=True)
     page.keyboard.press("Space")
     page.wait_for_selector("li.message.assistant.stopped")
-    assert page.evaluate("() => document.activeElement.id") == "content", focused(page)  # not lost
+    assert [where for where, _ in recorded(page, "focus once stopped")] == ["content"], focused(page)  # not lost
 
     tab_to(page, "li.message.assistant button", backwards=True)  # Regenerate
     assert page.evaluate("() => document.activeElement.textContent") == "Regenerate"
