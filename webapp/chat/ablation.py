@@ -19,7 +19,7 @@ from webapp.chat.decode.ablation import AblationJobs, AblationRequest, AblationR
 from webapp.chat.decode.types import SamplingParams
 from webapp.chat.model.ablation import Parts, intervention, parse_parts, zero_edit
 from webapp.chat.model.edits import Edit
-from webapp.chat.model.inside import layout_problem
+from webapp.chat.model.hooked import layout_problem
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.prompt import PromptReport
 from webapp.chat.records import Status

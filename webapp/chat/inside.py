@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from webapp.chat.decode.inside import InsideReport, InsideRequest, InsideResult
-from webapp.chat.model.inside import layout_problem
+from webapp.chat.model.hooked import layout_problem
 from webapp.chat.records import ReplyDetails, Status
 from webapp.chat.registry import ChatModels, ModelRecord, model_record
 from webapp.chat.service import ChatError

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.nn import functional as F
 
+from webapp.chat.model import hooked
 from webapp.chat.model.edits import Edit, HeadEdit, MlpEdit
 
 MODES = ("zero", "mean")
@@ -151,40 +151,22 @@ class CleanRun:
 
 @torch.inference_mode()
 def clean_run(model: Any, ids: list[int], parts: Parts, between: Callable[[], None] | None = None) -> CleanRun:
-    """Run ids (positions 0..T-1) through the model's own modules, nothing edited, in nanoGPT's order:
-
-        x = wte(ids) + wpe(positions)
-        for each block l:  y = softmax(q kᵀ / √hs, causal) v     (1, nh, T, hs): each head's output
-                           x = x + c_proj(y);  m = mlp(ln_2(x));  x = x + m
-        logits = lm_head(ln_f(x[T-1]))
-
-    keeping the mean over the T positions of each chosen head's y and each chosen MLP's m (summed in
-    float32, given back in the activations' dtype). between: called after each block."""
-    config = model.config
-    C, nh = config.n_embd, config.n_head
-    hs, T = C // nh, len(ids)
-    kv_dtype = getattr(model, "kv_dtype", None)  # what a reply's KV cache keeps keys and values in
-    transformer = model.transformer
-    device = transformer.wte.weight.device
-    idx = torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
-    x = transformer.wte(idx) + transformer.wpe(torch.arange(T, dtype=torch.long, device=device))  # (1, T, C)
-    wanted_heads = parts.all_heads(nh)
-    heads, mlps = {}, {}
-    for layer, block in enumerate(transformer.h):
-        q, k, v = block.attn.c_attn(block.ln_1(x)).split(C, dim=2)
-        q, k, v = (t.view(1, T, nh, hs).transpose(1, 2) for t in (q, k, v))  # (1, nh, T, hs)
-        if kv_dtype is not None:
-            k, v = k.to(kv_dtype).to(q.dtype), v.to(kv_dtype).to(q.dtype)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (1, nh, T, hs)
-        for at, head in wanted_heads:
-            if at == layer:
-                heads[(layer, head)] = y[0, head].float().mean(dim=0).to(y.dtype)  # (hs,)
-        x = x + block.attn.c_proj(y.transpose(1, 2).contiguous().view(1, T, C))
-        m = block.mlp(block.ln_2(x))  # (1, T, C)
-        if layer in parts.mlps:
-            mlps[layer] = m[0].float().mean(dim=0).to(m.dtype)  # (C,)
-        x = x + m
-        if between is not None:
-            between()
-    logits = model.lm_head(transformer.ln_f(x[0, -1:]))[0].float()  # (V,)
+    """One run of ids (positions 0..T-1), nothing edited, through the hooked forward every experiment reads
+    (webapp/chat/model/hooked.py), keeping the mean over the T positions of each chosen head's output
+    (hook_z: softmax(q kᵀ / √hs, causal) v, before c_proj) and each chosen MLP's output (hook_mlp_out),
+    summed in float32 and given back in the activations' dtype, and the logits at the last position.
+    between: called after each block."""
+    wanted_heads = parts.all_heads(model.config.n_head)
+    layers = frozenset(layer for layer, _ in wanted_heads) | frozenset(parts.mlps)
+    idx = torch.tensor([ids], dtype=torch.long, device=model.transformer.wte.weight.device)  # (1, T)
+    out = hooked.run(model, hooked.embed(model, idx), between=between,
+                     reads=hooked.Reads(z=True, mlp_out=True, layers=layers))
+    heads = {(layer, head): _mean(out.z[layer][0, head]) for layer, head in wanted_heads}  # (hs,) each
+    mlps = {layer: _mean(out.mlp_out[layer][0]) for layer in parts.mlps}  # (C,) each
+    logits = model.lm_head(model.transformer.ln_f(out.x[0, -1:]))[0].float()  # (V,)
     return CleanRun(heads, mlps, logits)
+
+
+def _mean(t: torch.Tensor) -> torch.Tensor:
+    """(T, n) -> (n,): the mean over positions, summed in float32, in t's dtype."""
+    return t.float().mean(dim=0).to(t.dtype)

@@ -1,22 +1,27 @@
-"""Edits of a run: a head's output, or an MLP's, replaced on its way into the residual stream.
+"""Edits of a run: a head's output, or an MLP's, replaced on its way into the residual stream, and a vector
+added to the residual stream after a block (steering).
 
 Every head's output passes one place, edit_heads(), between attention and the merge of the heads into
-c_proj; every MLP's output passes edit_mlp(), before its residual add. Every way the model runs goes
-through them (webapp/chat/model/gpt.py: forward, prefill, the decode step's per-layer path;
-webapp/chat/model/inside.py), so an edit means the same thing wherever it runs:
+c_proj; every MLP's output passes edit_mlp(), before its residual add; the stream after each block passes
+edit_resid(). Every way the model runs goes through them (webapp/chat/model/hooked.py, the one forward
+every experiment reads; webapp/chat/model/gpt.py: prefill and the decode step), so an edit means the same
+thing wherever it runs:
 
     y = softmax(q kᵀ / √hs) v             (B, nh, T, hs): each head's output at positions start..start+T-1
     y = edit_heads(y, layer, edit, start)
     x = x + c_proj(merge_heads(y))
     x = x + edit_mlp(mlp(ln_2(x)), layer, edit, start)
+    x = edit_resid(x, layer, edit, start)    x + each added vector: blocks.{layer}.hook_resid_post
 
 A replacement is zero (zero ablation), one vector for every position (mean ablation: a head's mean
 output), or one vector per position 0..P-1 of the sequence (activation patching: another run's outputs,
-read by absolute position, so a prompt prefilled in chunks and then decoded gets the same ones).
+read by absolute position, so a prompt prefilled in chunks and then decoded gets the same ones). An added
+vector is one vector for every position (a steering direction times its strength) or one per position.
 
 An edit is per row (per sequence): None means no edit, and a run without one is the model's own, bit for
-bit. A decode-step row with an edit leaves the fused block kernel for the per-layer path; the other rows
-stay on it (GPT.decode_step).
+bit. A decode-step row whose edit replaces outputs leaves the fused block kernel for the per-layer path;
+the other rows stay on it, and so does a row whose edit only adds after blocks (the add follows the
+kernel's call: GPT.decode_step).
 """
 
 from __future__ import annotations
@@ -46,12 +51,23 @@ class MlpEdit:
 
 
 @dataclass(frozen=True, eq=False)
+class ResidAdd:
+    """Add `value` to the residual stream after block `layer` (0-based), at every position run: what a
+    steering direction does (llama.cpp's control vector `direction.{layer}`)."""
+
+    layer: int
+    value: torch.Tensor  # (C,): at every position; (P, C): at each position < P
+
+
+@dataclass(frozen=True, eq=False)
 class Edit:
-    """What one run (one sequence) has replaced: some heads' outputs and some MLPs' outputs. The values
-    are read as given, on every forward; its `key` is taken once, so they must not change afterwards."""
+    """What one run (one sequence) has changed: some heads' outputs and some MLPs' outputs replaced, some
+    vectors added after blocks. The values are read as given, on every forward; its `key` is taken once, so
+    they must not change afterwards."""
 
     heads: tuple[HeadEdit, ...] = ()
     mlps: tuple[MlpEdit, ...] = ()
+    adds: tuple[ResidAdd, ...] = ()
 
     def heads_at(self, layer: int) -> tuple[HeadEdit, ...]:
         return tuple(h for h in self.heads if h.layer == layer)
@@ -59,14 +75,23 @@ class Edit:
     def mlps_at(self, layer: int) -> tuple[MlpEdit, ...]:
         return tuple(m for m in self.mlps if m.layer == layer)
 
+    def adds_at(self, layer: int) -> tuple[ResidAdd, ...]:
+        return tuple(a for a in self.adds if a.layer == layer)
+
+    @property
+    def replaces(self) -> bool:
+        """Whether the edit replaces any head's or MLP's output (not only adds after blocks)."""
+        return bool(self.heads or self.mlps)
+
     @cached_property
     def key(self) -> str:
         """A stable name of what this edit does (its layers, heads and values' bits): runs with equal keys
         compute the same keys and values, so they may share a prefix cache's entries (its `variant`)."""
         digest = hashlib.sha256()
-        items: tuple[HeadEdit | MlpEdit, ...] = (*self.heads, *self.mlps)
+        items: tuple[HeadEdit | MlpEdit | ResidAdd, ...] = (*self.heads, *self.mlps, *self.adds)
         for item in items:
-            where = f"head:{item.layer}:{item.head}" if isinstance(item, HeadEdit) else f"mlp:{item.layer}"
+            where = (f"head:{item.layer}:{item.head}" if isinstance(item, HeadEdit)
+                     else f"add:{item.layer}" if isinstance(item, ResidAdd) else f"mlp:{item.layer}")
             digest.update(where.encode())
             if item.value is None:
                 digest.update(b"=zero;")
@@ -118,3 +143,12 @@ def edit_mlp(out: torch.Tensor, layer: int, edit: Edit | None, start: int = 0) -
     for m in mlps:
         out[:] = _replacement(m.value, start, out.size(1))
     return out
+
+
+def edit_resid(x: torch.Tensor, layer: int, edit: Edit | None, start: int = 0) -> torch.Tensor:
+    """x (B, T, C): the residual stream after block `layer` at positions start..start+T-1 -> x plus the
+    edit's vectors added there, in x's dtype (x itself when the edit adds none after this block)."""
+    adds = edit.adds_at(layer) if edit is not None else ()
+    for a in adds:
+        x = x + torch.as_tensor(_replacement(a.value, start, x.size(1))).to(x.dtype)
+    return x

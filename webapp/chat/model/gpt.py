@@ -5,18 +5,21 @@ Parameter names match nanoGPT (and so the owner's checkpoints):
     ln_2, mlp.c_fc, mlp.c_proj}, transformer.ln_f, lm_head (weight tied to wte).
 
 One forward per purpose:
-    model(idx, targets=None) -> (logits, loss)       the seed's contract (training, full recompute)
+    model(idx, targets=None) -> (logits, loss)       the seed's contract (training, full recompute): the
+                                                      hooked forward every experiment reads (hooked.py)
     model.prefill(chunks)                             prefill chunks of one or several sequences' KVCaches
     model.decode_step(idx, caches, positions, edits)  one token for each of several sequences
 
 Each takes an optional edit per sequence (webapp/chat/model/edits.py): every head's output passes
-edits.edit_heads before c_proj, every MLP's output edits.edit_mlp before its residual add.
+edits.edit_heads before c_proj, every MLP's output edits.edit_mlp before its residual add, and the stream
+after every block edits.edit_resid. Attention's math is attention.py's, in every one of them.
 
 Shapes: B batch, T time (tokens), C n_embd, nh n_head, hs head size (C // nh), V vocab_size.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,8 +30,9 @@ import torch.nn as nn
 from torch import Tensor
 from torch.nn import functional as F
 
-from webapp.chat.model import kernels
-from webapp.chat.model.edits import Edit, edit_heads, edit_mlp
+from webapp.chat.model import hooked, kernels
+from webapp.chat.model.attention import attend, merge_heads, split_heads
+from webapp.chat.model.edits import Edit, edit_heads, edit_mlp, edit_resid
 from webapp.chat.model.linear import ONEDNN, DecodingLinear, Linear
 
 
@@ -102,59 +106,27 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.n_embd = config.n_embd
 
-    def forward(self, x: Tensor, layer: int = 0, edit: Edit | None = None) -> Tensor:
-        """Causal attention over x (B, T, C) at positions 0..T-1, nothing cached (training, a plain run)."""
-        q, k, v = self._heads(self.c_attn(x))  # (B, nh, T, hs) each
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
-        return self.c_proj(self._merge(edit_heads(y, layer, edit)))
-
     def prefill(self, x: Tensor, chunks: list[Chunk], layer: int) -> Tensor:
         """Attention for several sequences' prefill chunks side by side in x (1, ΣT, C), each at its own
         positions, writing its keys and values into its own cache. The linear layers run once over every
         row; attention runs per chunk, the very calls made for that chunk alone."""
-        qkv, out, row = self.c_attn(x), [], 0
-        for chunk in chunks:
-            T = len(chunk.ids)
-            y = self._attend_cached(qkv[:, row:row + T], chunk.cache, layer, chunk.start)  # (1, nh, T, hs)
-            out.append(self._merge(edit_heads(y, layer, chunk.edit, chunk.start)))
-            row += T
+        qkv, out = self.c_attn(x), []
+        for chunk, (a, b) in zip(chunks, _rows(chunks)):
+            y = self._attend_cached(qkv[:, a:b], chunk.cache, layer, chunk.start)  # (1, nh, T, hs)
+            out.append(merge_heads(edit_heads(y, layer, chunk.edit, chunk.start)))
         return self.c_proj(torch.cat(out, dim=1))
-
-    def _heads(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(B, T, 3C) queries, keys and values -> q, k, v, each (B, nh, T, hs)."""
-        B, T, C3 = qkv.size()
-        C = C3 // 3
-        q, k, v = qkv.split(self.n_embd, dim=2)  # type: ignore[no-untyped-call]
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        return q, k, v
-
-    @staticmethod
-    def _merge(y: Tensor) -> Tensor:
-        """(B, nh, T, hs) heads' outputs -> (B, T, C), heads side by side (what c_proj reads)."""
-        B, nh, T, hs = y.size()
-        return y.transpose(1, 2).contiguous().view(B, T, nh * hs)
 
     def _attend_cached(self, qkv: Tensor, cache: KVCache, layer: int, start_pos: int) -> Tensor:
         """(1, T, 3C) for positions start_pos..start_pos+T-1 -> (1, nh, T, hs) heads' outputs, having written
         their keys and values into `cache` (positions before start_pos must be there already)."""
-        q, k, v = self._heads(qkv)
+        q, k, v = split_heads(qkv, self.n_head)
         B, T = q.size(0), q.size(2)
         end = start_pos + T
         cache.k[layer][:B, :, start_pos:end] = k
         cache.v[layer][:B, :, start_pos:end] = v
         k = cache.k[layer][:B, :, :end].to(q.dtype)  # (B, nh, end, hs): everything seen so far
         v = cache.v[layer][:B, :, :end].to(q.dtype)  # (a no-op unless the cache is kept in 16 bits)
-        if T == 1:
-            # one new token may look at every cached position: no mask needed
-            return F.scaled_dot_product_attention(q, k, v)
-        if start_pos == 0:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        # a later prefill chunk: query i sits at position start_pos + i. SDPA's is_causal aligns the mask
-        # top-left, which is wrong when T != end, so spell it out.
-        mask = torch.ones(T, end, dtype=torch.bool, device=qkv.device).tril(diagonal=start_pos)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return attend(q, k, v)
 
     def decode(self, x: Tensor, norm: nn.LayerNorm, caches: list[KVCache], layer: int, positions: list[int],
                edits: list[Edit | None]) -> Tensor:
@@ -177,8 +149,7 @@ class CausalSelfAttention(nn.Module):
                 keys[0, :, pos:pos + 1] = k
                 values[0, :, pos:pos + 1] = v
                 # 4-D, as SDPA's fused CPU kernel wants it (3-D inputs take its slow reference path)
-                out[r:r + 1] = F.scaled_dot_product_attention(q[None], keys[:, :, :pos + 1].to(q.dtype),
-                                                              values[:, :, :pos + 1].to(q.dtype))
+                out[r:r + 1] = attend(q[None], keys[:, :, :pos + 1].to(q.dtype), values[:, :, :pos + 1].to(q.dtype))
             if edits[r] is not None:
                 out[r:r + 1] = edit_heads(out[r:r + 1], layer, edits[r], pos)
         return self.c_proj(out.view(B, 1, C), decode=True, residual=x)
@@ -199,7 +170,7 @@ class MLP(nn.Module):
         """x + mlp(norm(x)) for one new token per row, the norm, GELU and residual add inside the calls
         (the add after them where a row's edit replaces this MLP's output)."""
         h = self.c_fc(x, decode=True, norm=norm, gelu=True)  # (B, 1, 4C)
-        if all(edit is None or not edit.mlps_at(layer) for edit in edits):
+        if all(edit is None or not edit.mlps_at(layer) for edit in edits):  # (adds come after the block)
             return self.c_proj(h, decode=True, residual=x)
         out = self.c_proj(h, decode=True)  # (B, 1, C)
         for r, (edit, pos) in enumerate(zip(edits, positions)):
@@ -216,40 +187,46 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor, layer: int = 0, edit: Edit | None = None) -> Tensor:
-        """x (B, T, C) at positions 0..T-1, nothing cached (training, a plain run)."""
-        x = x + self.attn(self.ln_1(x), layer, edit)
-        return x + edit_mlp(self.mlp(self.ln_2(x)), layer, edit)
-
     def prefill(self, x: Tensor, chunks: list[Chunk], layer: int) -> Tensor:
         """x (1, ΣT, C): several sequences' prefill chunks side by side (see GPT.prefill)."""
         x = x + self.attn.prefill(self.ln_1(x), chunks, layer)
         out: Tensor = self.mlp(self.ln_2(x))  # (1, ΣT, C)
-        row = 0
-        for chunk in chunks:
-            T = len(chunk.ids)
+        for chunk, (a, b) in zip(chunks, _rows(chunks)):
             if chunk.edit is not None:
-                out[:, row:row + T] = edit_mlp(out[:, row:row + T], layer, chunk.edit, chunk.start)
-            row += T
-        return x + out
+                out[:, a:b] = edit_mlp(out[:, a:b], layer, chunk.edit, chunk.start)
+        x = x + out
+        if not any(chunk.edit is not None and chunk.edit.adds_at(layer) for chunk in chunks):
+            return x
+        return torch.cat([edit_resid(x[:, a:b], layer, chunk.edit, chunk.start)
+                          for chunk, (a, b) in zip(chunks, _rows(chunks))], dim=1)
 
     def decode(self, x: Tensor, caches: list[KVCache], layer: int, positions: list[int],
                edits: list[Edit | None]) -> Tensor:
         """One new token per row, x (B, 1, C), row r a sequence of its own (caches[r], positions[r],
-        edits[r]); the kernel may update x in place and return it. Rows without an edit run the whole block
-        in one kernel call where it can; a row with an edit never does: it takes the per-layer path, where
-        its heads' and MLP's outputs pass edit_heads and edit_mlp. A row's result is the same whichever
-        other rows are in the batch and whichever path they take."""
-        edited = [r for r, edit in enumerate(edits) if edit is not None]
+        edits[r]); the kernel may update x in place and return it. Rows without an edit that replaces outputs
+        run the whole block in one kernel call where it can; a row with one never does: it takes the per-layer
+        path, where its heads' and MLP's outputs pass edit_heads and edit_mlp. Vectors an edit adds after the
+        block are added last, whichever path the row took. A row's result is the same whichever other rows
+        are in the batch and whichever path they take."""
+        x = self._decode_block(x, caches, layer, positions, edits)
+        for r, (edit, pos) in enumerate(zip(edits, positions)):
+            if edit is not None and edit.adds_at(layer):  # after the block, whichever path it took
+                x[r:r + 1] = edit_resid(x[r:r + 1], layer, edit, pos)
+        return x
+
+    def _decode_block(self, x: Tensor, caches: list[KVCache], layer: int, positions: list[int],
+                      edits: list[Edit | None]) -> Tensor:
+        """The block itself for Block.decode: the fused kernel for the rows whose edit replaces no output."""
+        edited = [r for r, edit in enumerate(edits) if edit is not None and edit.replaces]
         if not edited and self._fused(x, caches, layer, positions):
             return x  # the whole block in one kernel call, in place
         if not edited or len(edited) == len(edits):
             return self.mlp.decode(self.attn.decode(x, self.ln_1, caches, layer, positions, edits), self.ln_2,
                                    layer, positions, edits)
-        plain = [r for r, edit in enumerate(edits) if edit is None]
+        plain = [r for r in range(len(edits)) if r not in edited]
         for rows in (plain, edited):
-            x[rows] = self.decode(x[rows], [caches[r] for r in rows], layer, [positions[r] for r in rows],
-                                  [edits[r] for r in rows])
+            x[rows] = self._decode_block(x[rows], [caches[r] for r in rows], layer, [positions[r] for r in rows],
+                                         [edits[r] for r in rows])
         return x
 
     def _fused(self, x: Tensor, caches: list[KVCache], layer: int, positions: list[int]) -> bool:
@@ -322,13 +299,9 @@ class GPT(nn.Module):
         """Parameters counted once (wte and lm_head share one tensor)."""
         return sum(p.numel() for p in self.parameters())
 
-    def _embed(self, idx: Tensor, start_pos: int) -> Tensor:
-        B, T = idx.size()
+    def _check_positions(self, start_pos: int, T: int) -> None:
         if start_pos + T > self.config.block_size:
             raise ValueError(f"positions {start_pos}..{start_pos + T - 1} exceed block_size {self.config.block_size}")
-        pos = torch.arange(start_pos, start_pos + T, dtype=torch.long, device=idx.device)  # (T,)
-        x: Tensor = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
-        return x
 
     def forward(self, idx: Tensor, targets: Tensor | None = None,
                 edit: Edit | None = None) -> tuple[Tensor, Tensor | None]:
@@ -338,9 +311,8 @@ class GPT(nn.Module):
         Without targets, as nanoGPT does, only the last position is projected: logits are (B, 1, V)
         and loss is None. Callers take logits[:, -1, :] either way. edit: replaced outputs (edits.py).
         """
-        x = self._embed(idx, 0)
-        for layer, block in enumerate(self.transformer.h):
-            x = block(x, layer, edit)
+        self._check_positions(0, idx.size(1))
+        x = hooked.run(self, hooked.embed(self, idx), edits=edit).x
         x = self.transformer.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None  # (B, 1, V)
@@ -376,7 +348,8 @@ class GPT(nn.Module):
                 raise ValueError(f"KV cache holds {chunk.cache.max_len} positions; asked for "
                                  f"{chunk.start + len(chunk.ids)}")
             idx = torch.tensor([list(chunk.ids)], dtype=torch.long, device=self.lm_head.weight.device)  # (1, T)
-            pieces.append(self._embed(idx, chunk.start))
+            self._check_positions(chunk.start, len(chunk.ids))
+            pieces.append(hooked.embed(self, idx, chunk.start))
         x = torch.cat(pieces, dim=1)  # (1, ΣT, C)
         for layer, block in enumerate(self.transformer.h):
             x = block.prefill(x, chunks, layer)
@@ -411,3 +384,9 @@ class GPT(nn.Module):
         for layer, block in enumerate(self.transformer.h):
             x = block.decode(x, caches, layer, positions, edits)
         return self.lm_head(x[:, -1, :], decode=True, norm=self.transformer.ln_f)  # (B, V)
+
+
+def _rows(chunks: list[Chunk]) -> list[tuple[int, int]]:
+    """Each chunk's rows a..b of the prefill's (1, ΣT, C) stream."""
+    ends = list(itertools.accumulate(len(chunk.ids) for chunk in chunks))
+    return [(end - len(chunk.ids), end) for chunk, end in zip(chunks, ends)]

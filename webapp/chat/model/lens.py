@@ -1,14 +1,11 @@
 """The logit lens over a whole reply: every layer's residual at every position that produced a reply token,
 read out through the final layer norm and the output layer.
 
-One forward of the prompt and the reply, through the model's own modules in nanoGPT's order (as
-webapp/chat/model/inside.py, nothing hooked), keeping the residual stream at the reply's positions (the
-prompt's first positions may come as a kept KV cache's keys and values instead, as Inside's do):
+One run of the prompt and the reply through the hooked forward every experiment reads
+(webapp/chat/model/hooked.py), keeping the residual stream at the reply's positions after the embeddings
+and after every block (the prompt's first positions may come as a kept KV cache's keys and values
+instead, as Inside's do):
 
-    x_0 = wte(ids) + wpe(positions)                                    after the embeddings
-    for each block l = 1..n_layer:
-        y = edit_heads(softmax(q kᵀ / √hs, causal) v, l, edit)        (1, nh, T, hs)
-        x = x + c_proj(y);  x = x + edit_mlp(mlp(ln_2(x)), l, edit)   x_l
     logits_l = lm_head(ln_f(x_l))                                       at each kept position
 
 Only the top-1 token, its probability and the written token's probability and rank are kept from the
@@ -25,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.nn import functional as F
 
-from webapp.chat.model.edits import Edit, edit_heads, edit_mlp
-from webapp.chat.model.inside import KeysValues, queries_keys_values
+from webapp.chat.model import hooked
+from webapp.chat.model.edits import Edit
+from webapp.chat.model.hooked import KeysValues
 
 LOGIT_FLOATS = 2**23  # logits worked out at once (32 MiB of float32): rows of the output layer per chunk
 
@@ -52,28 +49,11 @@ def reply_residuals(model: Any, ids: torch.Tensor, first: int, between: Callable
     heads' and MLPs' outputs replaced as in every forward of the model (webapp/chat/model/edits.py); past:
     the keys and values of positions 0..start-1 per layer (read, never written), e.g. a reply's kept KV cache
     (a run with the same edit); without it start must be 0. first >= start."""
-    if (start > 0) != (past is not None) or first < start:
-        raise ValueError("positions before `start` need their keys and values (past), and only they; first >= start")
-    config = model.config
-    C, nh = config.n_embd, config.n_head
-    T = ids.size(1)
-    kv_dtype = getattr(model, "kv_dtype", None)  # the reply's KV cache kept keys and values in this dtype
-    transformer = model.transformer
-    positions = torch.arange(start, start + T, dtype=torch.long, device=ids.device)  # (T,)
-    x = transformer.wte(ids) + transformer.wpe(positions)  # (1, T, C)
-    # row i (position start + i) sees keys 0..start + i
-    mask = None if past is None else torch.ones(T, start + T, dtype=torch.bool, device=ids.device).tril(start)
-    kept = [x[0, first - start:]]
-    for layer, block in enumerate(transformer.h):
-        q, k, v = queries_keys_values(block, x, nh, kv_dtype, None if past is None else past[layer], start)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)  # (1, nh, T, hs)
-        y = edit_heads(y, layer, edit, start)
-        x = x + block.attn.c_proj(y.transpose(1, 2).contiguous().view(1, T, C))
-        x = x + edit_mlp(block.mlp(block.ln_2(x)), layer, edit, start)
-        kept.append(x[0, first - start:])
-        if between is not None:
-            between()
-    return torch.stack(kept)
+    if first < start:
+        raise ValueError("first >= start: the positions kept must be run")
+    out = hooked.run(model, hooked.embed(model, ids, start), start=start, past=past, edits=edit,
+                     reads=hooked.Reads(resid=True, first=first), between=between)
+    return out.stacked("resid")[:, 0]
 
 
 @torch.inference_mode()

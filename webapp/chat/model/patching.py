@@ -40,11 +40,11 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.nn import functional as F
 
-from webapp.chat.model.edits import Edit, HeadEdit, edit_heads, edit_mlp
+from webapp.chat.model import hooked
+from webapp.chat.model.edits import Edit, HeadEdit
+from webapp.chat.model.hooked import KeysValues
 
-KeysValues = list[tuple[Tensor, Tensor]]  # per layer: keys, values (1, nh, T, hs)
 BATCH_TOKENS = 512  # positions run in one patched forward (rows x positions): several cells at once
 
 
@@ -137,16 +137,22 @@ class Plan:
         x = self.corrupted.residuals[layer, s:].expand(len(positions), -1, -1).clone()  # (B, T - s, C)
         for row, p in enumerate(positions):
             x[row, p - s] = self.clean.residuals[layer, p]
-        last = run_blocks(self.model, x, layer, s, self.corrupted.keys_values, between=self.between)
-        return metric(self.model, last, self.chosen, self.against).tolist()
+        return self._metrics(x, layer, s, None)
 
     def _heads(self, layer: int, heads: list[int]) -> list[float]:
         """Metric of each run with head h of block `layer` outputting the clean run's at every position."""
         f = self.first
         x = self.corrupted.residuals[layer, f:].expand(len(heads), -1, -1).clone()  # (B, T - f, C)
         edits: list[Edit | None] = [Edit(heads=(HeadEdit(layer, h, self.clean.heads[layer, h]),)) for h in heads]
-        last = run_blocks(self.model, x, layer, f, self.corrupted.keys_values, edits, self.between)
-        return metric(self.model, last, self.chosen, self.against).tolist()
+        return self._metrics(x, layer, f, edits)
+
+    def _metrics(self, x: Tensor, layer: int, start: int, edits: list[Edit | None] | None) -> list[float]:
+        """x (B, T - start, C): B patched runs' streams entering block `layer` at positions start..T-1, on
+        the corrupted run's keys and values before start -> each run's metric."""
+        past = self.corrupted.keys_values if start > 0 else None
+        out = hooked.run(self.model, x, start=start, past=past, first_layer=layer, edits=edits, last_only=True,
+                         between=self.between)
+        return metric(self.model, out.x[:, -1], self.chosen, self.against).tolist()
 
 
 def _chunks(items: list[int], budget: int, cost: Callable[[int], int]) -> Iterator[list[int]]:
@@ -205,15 +211,13 @@ def trace(model: Any, ids: list[int], chosen: int, against: int, start: int = 0,
           between: Callable[[], None] | None = None) -> Trace:
     """Run one context, keeping the residual stream, the heads' outputs and the keys and values at every
     layer and position. With `start`, positions before it are `past`'s (the same tokens) and not run."""
-    transformer = model.transformer
     device = next(model.parameters()).device
     run = torch.tensor([ids[start:]], dtype=torch.long, device=device)  # (1, T - start)
-    positions = torch.arange(start, len(ids), dtype=torch.long, device=device)
-    x = transformer.wte(run) + transformer.wpe(positions)  # (1, T - start, C)
-    kept: dict[str, list[Tensor]] = {"residuals": [], "heads": [], "k": [], "v": []}
-    run_blocks(model, x, 0, start, past.keys_values if past else None, keep=kept, between=between)
-    residuals, heads = torch.stack(kept["residuals"])[:, 0], torch.stack(kept["heads"])[:, 0]
-    keys_values = list(zip(kept["k"], kept["v"]))
+    out = hooked.run(model, hooked.embed(model, run, start), start=start,
+                     past=past.keys_values if past is not None and start > 0 else None,
+                     reads=hooked.Reads(resid=True, z=True, keys_values=True), between=between)
+    residuals, heads = out.stacked("resid")[:, 0], out.stacked("z")[:, 0]
+    keys_values = [out.keys_values[layer] for layer in sorted(out.keys_values)]
     if past is not None:  # the positions before start are the same in both runs
         residuals = torch.cat([past.residuals[:, :start], residuals], dim=1)
         heads = torch.cat([past.heads[:, :, :start], heads], dim=2)
@@ -221,59 +225,3 @@ def trace(model: Any, ids: list[int], chosen: int, against: int, start: int = 0,
                        for (pk, pv), (k, v) in zip(past.keys_values, keys_values)]
     value = float(metric(model, residuals[-1, -1:], chosen, against)[0])
     return Trace(residuals, heads, keys_values, value)
-
-
-def run_blocks(model: Any, x: Tensor, first_layer: int, start: int, past: KeysValues | None,
-               edits: list[Edit | None] | None = None, between: Callable[[], None] | None = None,
-               keep: dict[str, list[Tensor]] | None = None) -> Tensor:
-    """x (B, T', C): the residual stream entering block `first_layer` at positions start..start+T'-1 of B
-    runs, whose positions before `start` are past's (keys and values per layer, read). Runs the blocks
-    from there with each row's edit -> the final residual at the last position (B, C).
-
-    keep: collect the residual entering each block and the final one, each head's output, and the keys and
-    values, at every position run (a trace); without it the last block runs its last position alone."""
-    config = model.config
-    C, nh = config.n_embd, config.n_head
-    hs = C // nh
-    kv_dtype = getattr(model, "kv_dtype", None)  # a reply's KV cache keeps keys and values in this dtype
-    blocks = list(model.transformer.h)
-    B, T = x.size(0), x.size(1)
-    edits = edits or [None] * B
-    mask = None if start == 0 else torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(start)
-    for layer in range(first_layer, len(blocks)):
-        block = blocks[layer]
-        if keep is not None:
-            keep["residuals"].append(x)
-        q, k, v = block.attn.c_attn(block.ln_1(x)).split(C, dim=2)
-        q, k, v = (t.view(B, T, nh, hs).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        if kv_dtype is not None:  # what the cache would have held
-            k, v = k.to(kv_dtype).to(q.dtype), v.to(kv_dtype).to(q.dtype)
-        if keep is not None:
-            keep["k"].append(k)
-            keep["v"].append(v)
-        if start > 0:
-            assert past is not None
-            past_k, past_v = past[layer]
-            k = torch.cat([past_k[:, :, :start].to(q.dtype).expand(B, -1, -1, -1), k], dim=2)  # (B, nh, S, hs)
-            v = torch.cat([past_v[:, :, :start].to(q.dtype).expand(B, -1, -1, -1), v], dim=2)
-        last = keep is None and layer == len(blocks) - 1
-        if last:  # the last position alone: it sees every key, no mask
-            y = F.scaled_dot_product_attention(q[:, :, -1:], k, v)  # (B, nh, 1, hs)
-            x = x[:, -1:]
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
-        at = start + T - x.size(1)  # the position of x's (and y's) first row
-        if any(e is not None for e in edits):
-            y = torch.cat([edit_heads(y[r:r + 1], layer, e, at) for r, e in enumerate(edits)])
-        if keep is not None:
-            keep["heads"].append(y)
-        x = x + block.attn.c_proj(y.transpose(1, 2).contiguous().view(B, x.size(1), C))
-        mlp = block.mlp(block.ln_2(x))
-        if any(e is not None for e in edits):
-            mlp = torch.cat([edit_mlp(mlp[r:r + 1], layer, e, at) for r, e in enumerate(edits)])
-        x = x + mlp
-        if between is not None:
-            between()
-    if keep is not None:
-        keep["residuals"].append(x)
-    return x[:, -1]
