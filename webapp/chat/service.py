@@ -23,7 +23,7 @@ from webapp.chat.records import ChatPage, ConversationFull, ReplyDetails, ReplyS
 from webapp.chat.registry import ChatModels, model_record
 from webapp.chat.store import ROOT, ChatStore
 from webapp.core import InferenceCore, Refused
-from webapp.core.jobs import CANCELLED, DONE, Event, Job
+from webapp.core.jobs import CANCELLED, DONE, Event, Job, JobState
 from webapp.db import SaveFailed, public_reason
 from webapp.present import CHANGES
 
@@ -354,7 +354,7 @@ class ChatService:
             heed(job, signals)
 
     def _saver(self, message_id: int):
-        def save(job: ChatJob, outcome: str, error: str | None) -> None:
+        def save(job: ChatJob, outcome: JobState, error: str | None) -> None:
             result = job.result
             status = STATUS_OF_OUTCOME.get(outcome, Status.ERROR)
             odds = [o.as_row() for o in result.odds]

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from webapp.core.executors import BatchedJobs, Executor, StepReport, WholeJobs
-from webapp.core.jobs import CANCELLED, DONE, FAILED, QUEUED, RUNNING, AnyJob, Job, JobCancelled, RequestT, ResultT
+from webapp.core.jobs import CANCELLED, DONE, FAILED, AnyJob, Job, JobCancelled, JobState, RequestT, ResultT
 from webapp.core.metrics import JobMetrics, StepMetrics
 from webapp.core.refusals import CoreClosed, QueueFull, TooManyFromClient, TooManyJobs
 from webapp.core.saves import Saves
@@ -135,7 +135,7 @@ class InferenceCore:
 
     def _active_jobs(self, who: str, by: str = "owner") -> int:
         """Jobs of one owner (or client address) that are queued or running: what the limits count."""
-        return sum(1 for j in self._jobs.values() if getattr(j, by) == who and j.state in (QUEUED, RUNNING))
+        return sum(1 for j in self._jobs.values() if getattr(j, by) == who and not j.finished_state)
 
     @property
     def accepting(self) -> bool:
@@ -292,7 +292,7 @@ class InferenceCore:
             job.set_position(place)
 
     def _admit(self, job: AnyJob) -> None:
-        job.set_state(RUNNING)
+        job.set_state(JobState.RUNNING)
         try:
             executor = self.executors[job.kind]
             assert isinstance(executor, BatchedJobs)
@@ -346,7 +346,7 @@ class InferenceCore:
         self.step_metrics.spent("finish", time.perf_counter() - ended)
 
     def _run_whole(self, job: AnyJob) -> None:
-        job.set_state(RUNNING)
+        job.set_state(JobState.RUNNING)
         self._whole, self._whole_since = job, time.perf_counter()
         outcome, error = DONE, None
         try:
@@ -365,7 +365,7 @@ class InferenceCore:
         self._whole = None
         self._finish(job, outcome, error)
 
-    def _finish(self, job: AnyJob, outcome: str, error: str | None) -> None:
+    def _finish(self, job: AnyJob, outcome: JobState, error: str | None) -> None:
         if job.save_error is not None:  # its partial result could not be saved: it stopped for that
             outcome, error = FAILED, job.save_error
         outcome, error = self.saves.call_on_finish(job, outcome, error)
@@ -386,7 +386,7 @@ class InferenceCore:
     def _retire(self, job: AnyJob) -> None:
         # Finished jobs stay findable for replay; the oldest finished ones are forgotten.
         self._jobs.move_to_end(job.id)
-        finished = [j for j in self._jobs.values() if j.state not in (QUEUED, RUNNING) and not self.saves.pending(j.id)]
+        finished = [j for j in self._jobs.values() if j.finished_state and not self.saves.pending(j.id)]
         for old in finished[: max(0, len(finished) - self._keep_finished)]:
             del self._jobs[old.id]
 

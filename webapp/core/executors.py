@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol
 
-from webapp.core.jobs import AnyJob, Job, RequestT, ResultT
+from webapp.core.jobs import AnyJob, Job, JobState, RequestT, ResultT
 from webapp.core.scheduler import Newcomer
 
 
@@ -57,7 +57,7 @@ class WholeJobs(ABC, Generic[RequestT, ResultT]):
 @dataclass
 class Finished:
     job: AnyJob
-    outcome: str  # DONE, CANCELLED or FAILED
+    outcome: JobState  # DONE, CANCELLED or FAILED
     error: str | None = None
 
 

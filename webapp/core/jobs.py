@@ -16,9 +16,23 @@ import time
 import uuid
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Generic, TypeAlias, TypeVar
 
-QUEUED, RUNNING, DONE, CANCELLED, FAILED = "queued", "running", "done", "cancelled", "failed"
+
+class JobState(StrEnum):
+    """Where a job is: waiting, running, or finished in one of three ways (its outcome). A StrEnum: the job
+    log, the metrics and the stream's events write its value ("done")."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+QUEUED, RUNNING, DONE, CANCELLED, FAILED = (JobState.QUEUED, JobState.RUNNING, JobState.DONE, JobState.CANCELLED,
+                                            JobState.FAILED)
 FINISHED = frozenset({DONE, CANCELLED, FAILED})
 
 # The address of the client whose request creates a job (as the trusted proxy reports it). Set by the
@@ -61,7 +75,7 @@ class Job(Generic[RequestT, ResultT]):
     request: RequestT = None  # type: ignore[assignment]
     # Called once with (job, outcome, error) before the end is announced: saves results,
     # whatever the outcome (done, cancelled, failed).
-    on_finish: Callable[[Job[RequestT, ResultT], str, str | None], None] | None = None
+    on_finish: Callable[[Job[RequestT, ResultT], JobState, str | None], None] | None = None
     # Called now and then while it runs (Job.progress) with the job: saves the partial result.
     on_progress: Callable[[Job[RequestT, ResultT]], None] | None = None
     # A job nobody ever subscribed to is abandoned after this many seconds.
@@ -69,7 +83,7 @@ class Job(Generic[RequestT, ResultT]):
     client: str = field(default_factory=CLIENT.get)  # who asked (an address), for per-client limits
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: float = field(default_factory=time.monotonic)
-    state: str = QUEUED
+    state: JobState = QUEUED
     position: int = 0  # 1-based place in the queue while waiting; 0 once running
     error: str | None = None
     started: float | None = None
@@ -143,7 +157,7 @@ class Job(Generic[RequestT, ResultT]):
                 self.position = position
                 self._touch()
 
-    def set_state(self, state: str, error: str | None = None) -> None:
+    def set_state(self, state: JobState, error: str | None = None) -> None:
         with self._cond:
             self.state = state
             if state == RUNNING:

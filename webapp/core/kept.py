@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
 from webapp.core.engine import InferenceCore
-from webapp.core.jobs import DONE, FINISHED, Job, RequestT, ResultT
+from webapp.core.jobs import DONE, FINISHED, Job, JobState, RequestT, ResultT
 
 Kept = TypeVar("Kept")
 Built = TypeVar("Built")
@@ -73,7 +73,7 @@ class KeptResults(Generic[RequestT, ResultT, Kept]):
         if running is not None and running.state not in FINISHED:
             return running
 
-        def keep(job: Job[RequestT, ResultT], outcome: str, error: str | None) -> None:
+        def keep(job: Job[RequestT, ResultT], outcome: JobState, error: str | None) -> None:
             found = self._found(job.result) if outcome == DONE else None
             if found is not None:
                 self._remember((model, request), found)

@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 
-from webapp.core.jobs import FAILED, AnyJob
+from webapp.core.jobs import FAILED, AnyJob, JobState
 
 log = logging.getLogger("glassbox.core")
 SAVE_RETRY_SECONDS = 5.0  # how often a result whose save failed (disk full) is tried again
@@ -21,7 +21,7 @@ class Saves:
         self._lock = threading.Lock()
         self._last_try = 0.0
 
-    def call_on_finish(self, job: AnyJob, outcome: str, error: str | None) -> tuple[str, str | None]:
+    def call_on_finish(self, job: AnyJob, outcome: JobState, error: str | None) -> tuple[JobState, str | None]:
         """Save before announcing the end, so a reload right after "done" finds the saved result.
         -> the outcome to announce: failed, with the reason, when the result could not be saved."""
         if job.on_finish is None:

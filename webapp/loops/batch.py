@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from webapp.core.executors import BatchedJobs, Finished, StepReport, Worker
-from webapp.core.jobs import CANCELLED, DONE, FAILED, Job
+from webapp.core.jobs import CANCELLED, DONE, FAILED, Job, JobState
 from webapp.core.threads import torch_threads
 from webapp.loops.model.loop_state import LoopRows
 from webapp.loops.reading import supports_attention
@@ -219,7 +219,7 @@ class LoopBatch(BatchedJobs[DemoRequest, LoopResult]):
         core.count("rows", len(rows), row.job)
         row.job.keep("rows", RowsEvent(rows))  # keep: a cancelled run's last rows are still shown
 
-    def _end(self, row: Row, outcome: str, core: Worker, error: str | None = None) -> Finished:
+    def _end(self, row: Row, outcome: JobState, core: Worker, error: str | None = None) -> Finished:
         """The row leaves the batch: its last rows published, its place in its group a hole (_compact)."""
         self._publish(row, core, ended=True)
         del self._rows[row.job.id]

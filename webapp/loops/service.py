@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from webapp.core import InferenceCore
-from webapp.core.jobs import DONE, Job
+from webapp.core.jobs import DONE, Job, JobState
 from webapp.loops.request import DemoRequest
 from webapp.loops.runs import BATCHED, KINDS, MAIN, LoopResult
 from webapp.loops.store import TraceStore
@@ -24,7 +24,7 @@ class LoopService:
               then: Callable[[LoopJob, str, str | None], None] | None = None) -> LoopJob:
         """save: keep the finished trace (a sweep's runs are not kept one by one: the sweep is);
         then: called with the job once it ended, whatever the outcome (a sweep counts it)."""
-        def finish(job: Job[DemoRequest, LoopResult], outcome: str, error: str | None) -> None:
+        def finish(job: Job[DemoRequest, LoopResult], outcome: JobState, error: str | None) -> None:
             try:
                 if save and outcome == DONE and job.result.snapshot is not None:
                     job.result.trace_id = self.store.save(owner, job.result.snapshot)

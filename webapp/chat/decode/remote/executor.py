@@ -53,7 +53,7 @@ from webapp.chat.decode.types import ChatJob, ChatRequest, ChatResult, decode_ra
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.config import Settings
 from webapp.core.executors import BatchedJobs, Finished, StepReport, Worker
-from webapp.core.jobs import CANCELLED, DONE, FAILED
+from webapp.core.jobs import CANCELLED, DONE, FAILED, JobState
 
 log = logging.getLogger("glassbox.remote")
 
@@ -118,7 +118,7 @@ class RemoteChat(BatchedJobs[ChatRequest, ChatResult]):
                 row.reader.close()
                 report.finished.append(self._retire(row, CANCELLED, None, core))
                 continue
-            ended: tuple[str, str | None] | None = None
+            ended: tuple[JobState, str | None] | None = None
             while ended is None:
                 try:
                     event = row.reader.events.get_nowait()
@@ -184,7 +184,7 @@ class RemoteChat(BatchedJobs[ChatRequest, ChatResult]):
         if not pieces and text:
             publish(row.job, Piece(text, row.tokens, time.perf_counter() - row.started), core)
 
-    def _retire(self, row: Row, outcome: str, detail: str | None, core: Worker) -> Finished:
+    def _retire(self, row: Row, outcome: JobState, detail: str | None, core: Worker) -> Finished:
         """`detail`: the error of a failed reply, the server's finish_reason of a finished one."""
         del self._rows[row.job.id]
         if row.unknown:  # the reply ended before their bytes came
