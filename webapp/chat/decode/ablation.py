@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
+from webapp.chat.decode.reply_jobs import ReplyJobs
 from webapp.chat.model.ablation import Parts, clean_run, zero_edit
 from webapp.chat.model.edits import Edit
 from webapp.chat.model.inside import lens_logits, look_inside
 from webapp.chat.model.loading import LoadedChatModel
-from webapp.core.executors import WholeJobs, Worker, between_units
+from webapp.core.executors import Worker
 from webapp.core.jobs import Job
-from webapp.core.threads import torch_threads
 
 TOP = 10  # tokens shown on each side of a position's odds
 
@@ -84,15 +84,9 @@ def ablation_result(loaded: LoadedChatModel, request: AblationRequest,
     return AblationResult(edit, odds_of(clean.logits, request.token), odds_of(edited, request.token))
 
 
-class AblationJobs(WholeJobs[AblationRequest, AblationResult]):
-    """The core's executor for ablation jobs: one at a time, between batched steps."""
+class AblationJobs(ReplyJobs[AblationRequest, AblationResult]):
+    """The core's executor for ablation jobs (it reads no kept cache)."""
 
-    def __init__(self, loaded: LoadedChatModel) -> None:
-        self.loaded = loaded
-
-    def run(self, job: Job[AblationRequest, AblationResult], core: Worker) -> None:
-        job.raise_if_cancelled()
-
-        between = between_units(job, core)
-        with torch_threads(self.loaded.torch_threads):
-            job.result = ablation_result(self.loaded, job.request, between)
+    def work(self, request: AblationRequest, between: Callable[[], None],
+             job: Job[AblationRequest, AblationResult], core: Worker) -> AblationResult:
+        return ablation_result(self.loaded, request, between)

@@ -15,14 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from webapp.chat.decode.inside import kept_prefix
 from webapp.chat.decode.prefix_cache import PrefixCache
+from webapp.chat.decode.reply_jobs import ReplyJobs, kept_prefix
 from webapp.chat.model.attribution import Attribution, attribute
 from webapp.chat.model.inside import look_inside
 from webapp.chat.model.loading import LoadedChatModel
-from webapp.core.executors import WholeJobs, Worker, between_units
+from webapp.core.executors import Worker
 from webapp.core.jobs import Job
-from webapp.core.threads import torch_threads
 
 
 @dataclass(frozen=True)
@@ -53,27 +52,17 @@ def attribution_report(loaded: LoadedChatModel, request: AttributionRequest,
                        prefix: PrefixCache | None = None) -> AttributionReport:
     """Run the model over the request's context (reusing a kept KV cache's first positions) -> the report."""
     model = loaded.model
-    ids = list(request.context_ids)
-    device = next(model.parameters()).device
-    start, past, copied = kept_prefix(model, ids, prefix)
+    kept = kept_prefix(model, request.context_ids, prefix)
     with torch.inference_mode():
-        run = torch.tensor([ids[start:]], dtype=torch.long, device=device)  # (1, T)
-        # reading a kept cache in place, nothing may step in between (a reply could take that cache)
-        inside = look_inside(model, run, start, past, between if past is None or copied else None)
+        inside = look_inside(model, kept.tokens(next(model.parameters()).device), kept.start, kept.past,
+                             kept.between(between))
         attribution = attribute(model, inside, request.token, request.against)
-    return AttributionReport(request, attribution, start)
+    return AttributionReport(request, attribution, kept.start)
 
 
-class AttributionJobs(WholeJobs[AttributionRequest, AttributionResult]):
-    """The core's executor for attribution jobs: one at a time, between batched steps."""
+class AttributionJobs(ReplyJobs[AttributionRequest, AttributionResult]):
+    """The core's executor for attribution jobs."""
 
-    def __init__(self, loaded: LoadedChatModel, prefix: PrefixCache | None = None) -> None:
-        self.loaded, self.prefix = loaded, prefix  # the chat replies' kept caches (built at boot), read only
-
-    def run(self, job: Job[AttributionRequest, AttributionResult], core: Worker) -> None:
-        job.raise_if_cancelled()
-
-        between = between_units(job, core)
-        with torch_threads(self.loaded.torch_threads):
-            report = attribution_report(self.loaded, job.request, between, self.prefix)
-        job.result = AttributionResult(report)
+    def work(self, request: AttributionRequest, between: Callable[[], None],
+             job: Job[AttributionRequest, AttributionResult], core: Worker) -> AttributionResult:
+        return AttributionResult(attribution_report(self.loaded, request, between, self.prefix))

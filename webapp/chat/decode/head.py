@@ -14,13 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
-from webapp.chat.decode.inside import IN_PLACE_RUN, kept_prefix
 from webapp.chat.decode.prefix_cache import PrefixCache
+from webapp.chat.decode.reply_jobs import ReplyJobs, kept_prefix
 from webapp.chat.model.head_attention import head_attention
 from webapp.chat.model.loading import LoadedChatModel
-from webapp.core.executors import WholeJobs, Worker, between_units
+from webapp.core.executors import Worker
 from webapp.core.jobs import Job
-from webapp.core.threads import torch_threads
 
 
 @dataclass(frozen=True)
@@ -52,33 +51,19 @@ def head_report(loaded: LoadedChatModel, request: HeadRequest, between: Callable
     """Run the model over the request's context to the chosen block (reusing a kept KV cache's positions
     before the first query row) -> the report."""
     model = loaded.model
-    ids = list(request.context_ids)
-    device = next(model.parameters()).device
-    start, past, copied = kept_prefix(model, ids, prefix)
-    if start > request.first:  # the query rows are run, from their residual stream up
-        start = request.first
-        past = None if start == 0 else [(k[:, :, :start], v[:, :, :start]) for k, v in past or []]
-        if past is not None and not copied and len(ids) - start > IN_PLACE_RUN:
-            past, copied = [(k.clone(), v.clone()) for k, v in past], True
+    # the query rows are run, from their residual stream up
+    kept = kept_prefix(model, request.context_ids, prefix, run_from=request.first)
     with torch.inference_mode():
-        run = torch.tensor([ids[start:]], dtype=torch.long, device=device)  # (1, T)
-        # reading a kept cache in place, nothing may step in between (a reply could take that cache)
-        weights = head_attention(model, run, request.layer, request.head, request.first, start, past,
-                                 between if past is None or copied else None)
+        weights = head_attention(model, kept.tokens(next(model.parameters()).device), request.layer, request.head,
+                                 request.first, kept.start, kept.past, kept.between(between))
         # made lists here, on the worker: torch work on a request thread would get a thread pool of its own
         rows = weights.cpu().tolist()
-    return HeadReport(request, rows, start)
+    return HeadReport(request, rows, kept.start)
 
 
-class HeadJobs(WholeJobs[HeadRequest, HeadResult]):
-    """The core's executor for head jobs: one at a time, between batched steps."""
+class HeadJobs(ReplyJobs[HeadRequest, HeadResult]):
+    """The core's executor for head jobs."""
 
-    def __init__(self, loaded: LoadedChatModel, prefix: PrefixCache | None = None) -> None:
-        self.loaded, self.prefix = loaded, prefix  # the chat replies' kept caches (built at boot), read only
-
-    def run(self, job: Job[HeadRequest, HeadResult], core: Worker) -> None:
-        job.raise_if_cancelled()
-        between = between_units(job, core)
-        with torch_threads(self.loaded.torch_threads):
-            report = head_report(self.loaded, job.request, between, self.prefix)
-        job.result = HeadResult(report)
+    def work(self, request: HeadRequest, between: Callable[[], None], job: Job[HeadRequest, HeadResult],
+             core: Worker) -> HeadResult:
+        return HeadResult(head_report(self.loaded, request, between, self.prefix))

@@ -18,16 +18,13 @@ from dataclasses import dataclass
 import torch
 
 from webapp.chat.decode.prefix_cache import PrefixCache
-from webapp.chat.model.inside import KeysValues, lens_logits, look_inside
+from webapp.chat.decode.reply_jobs import ReplyJobs, kept_prefix
+from webapp.chat.model.inside import lens_logits, look_inside
 from webapp.chat.model.loading import LoadedChatModel
-from webapp.core.executors import WholeJobs, Worker, between_units
+from webapp.core.executors import Worker
 from webapp.core.jobs import Job
-from webapp.core.threads import torch_threads
 
 LENS_TOP = 5  # tokens shown per layer
-# Up to this many positions left to run after a kept cache's (the latest reply's tokens: one), the job
-# reads that cache in place and runs whole, about as long as a decoding step; more, and it copies them.
-IN_PLACE_RUN = 8
 STRIP_CELLS = 48  # a head's heat strip sums the weights of neighbouring positions beyond this many
 
 
@@ -95,13 +92,10 @@ def inside_report(loaded: LoadedChatModel, request: InsideRequest, between: Call
     """Run the model over the request's context (reusing the first positions of a KV cache kept in `prefix`)
     -> the report."""
     model = loaded.model
-    ids = list(request.context_ids)
-    device = next(model.parameters()).device
-    start, past, copied = kept_prefix(model, ids, prefix)
+    kept = kept_prefix(model, request.context_ids, prefix)
     with torch.inference_mode():
-        run = torch.tensor([ids[start:]], dtype=torch.long, device=device)  # (1, T)
-        # reading a kept cache in place, nothing may step in between (a reply could take that cache)
-        inside = look_inside(model, run, start, past, between if past is None or copied else None)
+        inside = look_inside(model, kept.tokens(next(model.parameters()).device), kept.start, kept.past,
+                             kept.between(between))
         logits = lens_logits(model, inside.residuals)  # (n_layer + 1, V)
         rows = lens_rows(logits, request.token)
         attention = inside.attention.float().cpu()
@@ -109,7 +103,7 @@ def inside_report(loaded: LoadedChatModel, request: InsideRequest, between: Call
         strips = strip_weights(attention, STRIP_CELLS)
         top_weight, top = attention.max(dim=-1)  # (n_layer, nh)
         strongest = [list(zip(p, w)) for p, w in zip(top.tolist(), top_weight.tolist())]
-    return InsideReport(request, rows, attention, strips, strongest, start)
+    return InsideReport(request, rows, attention, strips, strongest, kept.start)
 
 
 def strip_weights(attention: torch.Tensor, cells: int) -> list[list[list[float]]]:
@@ -121,36 +115,9 @@ def strip_weights(attention: torch.Tensor, cells: int) -> list[list[list[float]]
     return torch.diff(summed, dim=-1, prepend=torch.zeros_like(summed[..., :1])).tolist()
 
 
-def kept_prefix(model: torch.nn.Module, ids: list[int],
-                prefix: PrefixCache | None) -> tuple[int, KeysValues | None, bool]:
-    """(start, past, copied): the context's first positions whose keys and values a kept reply's cache
-    holds; at least the last position is run. When more than IN_PLACE_RUN positions are left to run, the
-    job lets replies step between its blocks, and a reply may take that cache and overwrite it: they are
-    copied. (0, None, False) when nothing is kept for this context."""
-    if prefix is None or not hasattr(model, "new_cache"):
-        return 0, None, False
-    entry, shared = prefix.peek(ids, model)  # the model's own runs: Inside runs it unedited
-    start = min(shared, len(ids) - 1)
-    if entry is None or start < 1:
-        return 0, None, False
-    cache = entry.cache
-    copied = len(ids) - start > IN_PLACE_RUN
-    past = [(k[:, :, :start], v[:, :, :start]) for k, v in zip(cache.k, cache.v)]
-    if copied:
-        past = [(k.clone(), v.clone()) for k, v in past]
-    return start, past, copied
+class InsideJobs(ReplyJobs[InsideRequest, InsideResult]):
+    """The core's executor for Inside jobs."""
 
-
-class InsideJobs(WholeJobs[InsideRequest, InsideResult]):
-    """The core's executor for Inside jobs: one at a time, between batched steps."""
-
-    def __init__(self, loaded: LoadedChatModel, prefix: PrefixCache | None = None) -> None:
-        self.loaded, self.prefix = loaded, prefix  # the chat replies' kept caches (built at boot), read only
-
-    def run(self, job: Job[InsideRequest, InsideResult], core: Worker) -> None:
-        job.raise_if_cancelled()
-
-        between = between_units(job, core)
-        with torch_threads(self.loaded.torch_threads):
-            report = inside_report(self.loaded, job.request, between, self.prefix)
-        job.result = InsideResult(report)
+    def work(self, request: InsideRequest, between: Callable[[], None], job: Job[InsideRequest, InsideResult],
+             core: Worker) -> InsideResult:
+        return InsideResult(inside_report(self.loaded, request, between, self.prefix))

@@ -18,14 +18,13 @@ from typing import Any
 import torch
 
 from webapp.chat.decode.ablation import AblationRequest, ablation_result
-from webapp.chat.decode.inside import IN_PLACE_RUN, kept_prefix
 from webapp.chat.decode.prefix_cache import PrefixCache
+from webapp.chat.decode.reply_jobs import ReplyJobs, kept_prefix
 from webapp.chat.model.ablation import Parts
 from webapp.chat.model.lens import lens_grid, reply_residuals
 from webapp.chat.model.loading import LoadedChatModel
-from webapp.core.executors import WholeJobs, Worker, between_units
+from webapp.core.executors import Worker
 from webapp.core.jobs import Job
-from webapp.core.threads import torch_threads
 
 
 @dataclass(frozen=True)
@@ -65,33 +64,21 @@ def lens_report(loaded: LoadedChatModel, request: LensRequest, between: Callable
         edit = ablation_result(loaded, AblationRequest(request.prompt_ids, request.parts), between).edit
     ids = list(request.prompt_ids) + list(request.reply_ids[:-1])  # the last token produced nothing shown
     first = len(request.prompt_ids) - 1  # the position that produced the reply's first token
-    # an edited run's keys and values are its own: never kept, so never read (webapp/chat/decode/generate.py)
-    start, past, copied = kept_prefix(model, ids, prefix if edit is None else None)
-    if start > first:  # the residuals from `first` on are needed: run from there
-        start, past = first, [(k[:, :, :first], v[:, :, :first]) for k, v in past or []]
-        if not copied and len(ids) - start > IN_PLACE_RUN:  # long enough to let replies step: a copy
-            past, copied = [(k.clone(), v.clone()) for k, v in past], True
-    device = model.transformer.wte.weight.device
+    # an edited run's keys and values are its own: never kept, so never read (webapp/chat/decode/generate.py);
+    # the residuals from `first` on are needed: they are run
+    kept = kept_prefix(model, ids, prefix if edit is None else None, run_from=first)
     with torch.inference_mode():
-        run = torch.tensor([ids[start:]], dtype=torch.long, device=device)  # (1, T)
-        # reading a kept cache in place, nothing may step in between (a reply could take that cache)
-        residuals = reply_residuals(model, run, first, between if past is None or copied else None, edit,
-                                    start, past if start else None)  # (L, R, C)
+        residuals = reply_residuals(model, kept.tokens(model.transformer.wte.weight.device), first,
+                                    kept.between(between), edit, kept.start, kept.past)  # (L, R, C)
         written = torch.tensor(request.reply_ids, dtype=torch.long)
         grid = lens_grid(model, residuals, written, between)  # the cache is no longer read
     return LensReport(request, grid.top.tolist(), grid.top_p.tolist(), grid.written_p.tolist(),
-                      grid.written_rank.tolist(), start)
+                      grid.written_rank.tolist(), kept.start)
 
 
-class LensJobs(WholeJobs[LensRequest, LensResult]):
-    """The core's executor for whole-reply lens jobs: one at a time, between batched steps."""
+class LensJobs(ReplyJobs[LensRequest, LensResult]):
+    """The core's executor for whole-reply lens jobs."""
 
-    def __init__(self, loaded: LoadedChatModel, prefix: PrefixCache | None = None) -> None:
-        self.loaded, self.prefix = loaded, prefix  # the chat replies' kept caches (built at boot), read only
-
-    def run(self, job: Job[LensRequest, LensResult], core: Worker) -> None:
-        job.raise_if_cancelled()
-
-        between = between_units(job, core)
-        with torch_threads(self.loaded.torch_threads):
-            job.result = LensResult(lens_report(self.loaded, job.request, between, self.prefix))
+    def work(self, request: LensRequest, between: Callable[[], None], job: Job[LensRequest, LensResult],
+             core: Worker) -> LensResult:
+        return LensResult(lens_report(self.loaded, request, between, self.prefix))

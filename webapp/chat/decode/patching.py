@@ -12,15 +12,17 @@ Events: "metrics" (PatchingMetrics: the clean and corrupted values, once both co
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from webapp.chat.decode.prefix_cache import PrefixCache
+from webapp.chat.decode.reply_jobs import ReplyJobs
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.patching import BATCH_TOKENS, Patching, plan
-from webapp.core.executors import WholeJobs, Worker, between_units
+from webapp.core.executors import Worker
 from webapp.core.jobs import Job
-from webapp.core.threads import torch_threads
 
 
 @dataclass(frozen=True)
@@ -47,24 +49,25 @@ class PatchingResult:
     patching: Patching | None = None  # filled in as the cells arrive; complete once the job is done
 
 
-class PatchingJobs(WholeJobs[PatchingRequest, PatchingResult]):
-    """The core's executor for patching jobs on one local chat model: one at a time, between batched steps."""
+class PatchingJobs(ReplyJobs[PatchingRequest, PatchingResult]):
+    """The core's executor for patching jobs (it reads no kept cache): the map fills in as batches of cells
+    finish, each published as an event."""
 
-    def __init__(self, loaded: LoadedChatModel, batch_tokens: int = BATCH_TOKENS) -> None:
-        self.loaded, self.batch_tokens = loaded, batch_tokens
+    def __init__(self, loaded: LoadedChatModel, prefix: PrefixCache | None = None,
+                 batch_tokens: int = BATCH_TOKENS) -> None:
+        super().__init__(loaded, prefix)
+        self.batch_tokens = batch_tokens
 
-    def run(self, job: Job[PatchingRequest, PatchingResult], core: Worker) -> None:
-        job.raise_if_cancelled()
-
-        between = between_units(job, core)
-        request = job.request
-        with torch_threads(self.loaded.torch_threads), torch.inference_mode():
+    def work(self, request: PatchingRequest, between: Callable[[], None],
+             job: Job[PatchingRequest, PatchingResult], core: Worker) -> PatchingResult:
+        with torch.inference_mode():
             work = plan(self.loaded.model, request.clean_ids, request.corrupted_ids, request.chosen,
                         request.against, between, self.batch_tokens)
-            result = work.empty()
-            job.result = PatchingResult(result)
+            patching = work.empty()
+            result = job.result = PatchingResult(patching)  # partial: readers see the cells so far
             job.emit("metrics", PatchingMetrics(work.clean.metric, work.corrupted.metric, work.first))
             for cells in work.batches():
-                result.fill(cells)
+                patching.fill(cells)
                 job.emit("cells", cells)
                 core.count("patching_cells", len(cells.indices), job)
+        return result
