@@ -1,1 +1,1 @@
-"""Worked examples of plugging the owner's own models into Glassbox (see README)."""
+"""Worked examples of plugging the owner's own models into Glassbox (see docs/models.md)."""

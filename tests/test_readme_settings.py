@@ -1,5 +1,5 @@
-"""README.md's settings table names every GLASSBOX_* variable the code reads, and nothing it does not read:
-"every setting is listed below" must stay true as settings come and go."""
+"""docs/configuration.md's settings table names every GLASSBOX_* variable the code reads, and nothing it does not
+read: "every setting is an environment variable" must stay true as settings come and go."""
 
 from __future__ import annotations
 
@@ -25,9 +25,8 @@ def read_by_the_code() -> set[str]:
 
 
 def documented() -> set[str]:
-    readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("## Configuration"):]
-    table = table[:table.index("\n## ")]
+    table = (ROOT / "docs" / "configuration.md").read_text()
+    table = table[:table.index("\n## ")]  # the settings table, before PostgreSQL's section
     return set(TABLE_ROW.findall(table))
 
 
@@ -39,9 +38,9 @@ def test_the_scan_finds_settings_read_outside_the_settings_class():
 
 def test_every_setting_the_code_reads_is_in_the_readme_table():
     missing = read_by_the_code() - documented()
-    assert not missing, f"read by the code but not in README.md's settings table: {sorted(missing)}"
+    assert not missing, f"read by the code but not in docs/configuration.md's settings table: {sorted(missing)}"
 
 
 def test_the_readme_table_names_no_setting_the_code_does_not_read():
     stale = documented() - read_by_the_code()
-    assert not stale, f"in README.md's settings table but read nowhere: {sorted(stale)}"
+    assert not stale, f"in docs/configuration.md's settings table but read nowhere: {sorted(stale)}"

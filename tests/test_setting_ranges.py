@@ -1,6 +1,6 @@
 """Every number setting is checked for range at start-up: a nonsense value stops start-up with one line naming
 the variable, the value and what is allowed, instead of starting and breaking a feature. The test walks every
-row of README.md's settings table; gunicorn's own settings are checked by gunicorn.conf.py alike."""
+row of docs/configuration.md's settings table; gunicorn's own settings are checked by gunicorn.conf.py alike."""
 
 from __future__ import annotations
 

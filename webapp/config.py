@@ -1,4 +1,4 @@
-"""Settings, each read from a GLASSBOX_* environment variable (documented in README.md)."""
+"""Settings, each read from a GLASSBOX_* environment variable (documented in docs/configuration.md)."""
 
 from __future__ import annotations
 

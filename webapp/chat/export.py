@@ -3,7 +3,7 @@
     python -m webapp.chat.export hf OUT_DIR [--force]                      # transformers, vLLM
     python -m webapp.chat.export gguf OUT.gguf [--outtype f32|f16|q8_0] [--force]   # llama.cpp
 
-The model is loaded exactly as the app loads it (the GLASSBOX_CHAT_* settings, README.md), on the CPU in
+The model is loaded exactly as the app loads it (the GLASSBOX_CHAT_* settings, docs/configuration.md), on the CPU in
 float32, and written by webapp/chat/model/hf.py or webapp/chat/model/gguf.py.
 """
 
