@@ -17,13 +17,8 @@ from werkzeug.routing import IntegerConverter
 
 from webapp import instance
 from webapp.browsers import Browsers
-from webapp.chat import ablation as chat_ablation
 from webapp.chat import boot as chat_boot
-from webapp.chat.decode.lens import LensJobs
-from webapp.chat.decode.patching import PatchingJobs
-from webapp.chat.heads import HeadService
-from webapp.chat.lens import LensService
-from webapp.chat.patching import PatchingService
+from webapp.chat import experiments
 from webapp.chat.registry import ChatModels
 from webapp.chat.web import bp as chat_bp
 from webapp.chat.web import markdown
@@ -94,12 +89,6 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
     core.on_shutdown.extend([db.close, lock.release])  # a process that stops (or a test's app) frees the folder
 
     chat = chat_boot.service(core, db, chat_models, settings.max_messages)
-    inside = chat_boot.inside_service(core, chat_models, settings)
-    ablation = chat_ablation.AblationService(core, chat)
-    attribution = chat_boot.attribution_service(core, inside, settings)
-    heads = HeadService(core, inside, settings.inside_cache_entries)
-    patching = PatchingService(core, inside, settings.inside_cache_entries, settings.patching_max_cells)
-    lens = LensService(core, inside, settings.inside_cache_entries)
     loops = loops_boot.service(core, db)
     sweeps = loops_boot.sweeps(loops, settings)
     # The one application state (webapp/web/state.py), read through glassbox()
@@ -107,8 +96,8 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
                                           new_sessions=NewSessions(settings.max_new_sessions_per_minute),
                                           api_keys=api_keys,
                                           heavy_reads=HeavyReads(settings.heavy_read_bytes_per_second),
-                                          services=(chat, inside, attribution, heads, patching, lens, loops, sweeps,
-                                                    ablation),
+                                          services=(chat, *experiments.services(core, chat, settings), loops,
+                                                    sweeps),
                                           stores=(chat.store, loops.store, PresentLinks(db)))
 
     # the API blueprints (/v1, /api/loops) put the API-key check in front of their own routes
@@ -133,7 +122,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
 def _start_core(settings: Settings, models: dict[str, Any] | None) -> tuple[InferenceCore, ChatModels]:
     """Load the models (unless given), give each its executor and warm-up (webapp/chat/boot.py,
     webapp/loops/boot.py), and start the core's worker. Each chat model of the registry has its own
-    kinds of job (its replies, its Inside and attribution jobs), so its replies step in a batch of their own."""
+    kinds of job (its replies, each experiment's jobs), so its replies step in a batch of their own."""
     load_seconds = {}
     if models is None:
         models = {}
@@ -149,19 +138,8 @@ def _start_core(settings: Settings, models: dict[str, Any] | None) -> tuple[Infe
         kind, loaded = chat.kind(name), chat.get(name)
         core_models[kind] = loaded
         executors[kind] = chat_boot.executor(loaded, chat.settings_for(name, settings))
-        # "Inside this token": whole jobs on that model (webapp/chat/decode/inside.py)
-        executors[chat.inside_kind(name)] = chat_boot.inside_executor(loaded)
-        # switching parts off: a mean ablation's means, one position's odds (webapp/chat/decode/ablation.py)
-        executors[chat.job_kind("ablate", name)] = chat_ablation.executor(loaded)
-        # "Who pushed this token": whole jobs on that model (webapp/chat/decode/attribution.py)
-        executors[chat.attribution_kind(name)] = chat_boot.attribution_executor(loaded)
-        # one head over a whole reply, query × key (webapp/chat/decode/head.py)
-        executors[chat.job_kind("head", name)] = chat_boot.head_executor(loaded)
-        # "Patch from another question" (webapp/chat/decode/patching.py)
-        executors[chat.job_kind("patching", name)] = PatchingJobs(loaded)
-        # the logit lens over a whole reply (webapp/chat/decode/lens.py)
-        executors[chat.job_kind("lens", name)] = LensJobs(
-            loaded, chat_boot.prefix_cache(loaded) if loaded.supports_kv_cache else None)
+        for experiment in experiments.EXPERIMENTS:  # Inside, attribution, ablation, ... (webapp/chat/experiments.py)
+            executors[chat.job_kind(experiment.work, name)] = experiment.executor_for(loaded, chat_boot.prefix_cache)
         warmups[kind] = _warm_up(chat_boot)
     if "loops" in models:
         core_models["loops"] = models["loops"]

@@ -8,7 +8,7 @@ import pytest
 from tests.support.chat_models import tiny_checkpoint
 from webapp.chat import boot
 from webapp.chat.model.errors import ModelLoadError
-from webapp.chat.registry import DEFAULT_NAME, ChatModels, ModelRecord, model_entries
+from webapp.chat.registry import DEFAULT_NAME, ChatModels, ModelRecord, Work, model_entries
 from webapp.config import ConfigError, Settings
 
 
@@ -89,8 +89,9 @@ def test_loaded_models_keep_their_order_kinds_and_records(tmp_path):
     models = boot.load_models(settings)
     assert models.names() == ["a", "b"] and models.default == "a"
     assert (models.kind("a"), models.kind("b")) == ("chat", "chat:b")
-    assert (models.inside_kind("a"), models.inside_kind("b")) == ("inside", "inside:b")
-    assert (models.attribution_kind("a"), models.attribution_kind("b")) == ("attribution", "attribution:b")
+    assert (models.job_kind(Work.INSIDE, "a"), models.job_kind(Work.INSIDE, "b")) == ("inside", "inside:b")
+    assert (models.job_kind(Work.ATTRIBUTION, "a"), models.job_kind(Work.ATTRIBUTION, "b")) == ("attribution",
+                                                                                                "attribution:b")
     b = models.record("b")
     assert b.precision == "bfloat16" and b.file_id.startswith("model.safetensors@")
     assert b.file_id != models.record("a").file_id  # other weights, another id

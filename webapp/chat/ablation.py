@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from webapp.chat.decode.ablation import AblationJobs, AblationRequest, AblationResult
-from webapp.chat.decode.types import SamplingParams
+from webapp.chat.decode.ablation import AblationRequest, AblationResult
 from webapp.chat.model.ablation import Parts, intervention, parse_parts, zero_edit
 from webapp.chat.model.edits import Edit
 from webapp.chat.model.hooked import layout_problem
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.prompt import PromptReport
 from webapp.chat.records import Status
-from webapp.chat.service import ROOT, ChatError, ChatService, Turn
+from webapp.chat.registry import Work
+from webapp.chat.service import ChatError, ChatService, Turn
 from webapp.core import InferenceCore
 from webapp.core.jobs import Job
 from webapp.core.kept import KeptResults
@@ -38,10 +38,6 @@ def config_of(loaded: LoadedChatModel) -> Any:
     """The model's config (n_layer, n_head): every model parts of which can be switched off has one."""
     model: Any = loaded.model
     return model.config
-
-
-def executor(loaded: LoadedChatModel) -> AblationJobs:
-    return AblationJobs(loaded)
 
 
 class AblationService:
@@ -98,14 +94,11 @@ class AblationService:
             raise ChatError("This reply's saved prompt is damaged, so it cannot be run again.") from None
         return AblationRequest(tuple(prompt.ids), parts)
 
-    def reply_turn(self, conversation: dict, message: dict, details, parts: Parts, edit: Edit) -> Turn:
+    def reply_turn(self, conversation: dict, message: dict, history: list[dict], parts: Parts, edit: Edit) -> Turn:
         """A new version of the reply: its prompt, its settings and seed, `edit` in every forward."""
-        name, loaded = self.writer(message)
-        sampling = SamplingParams(**{k: v for k, v in (message["settings"] or {}).items()
-                                     if k in ("max_new_tokens", "temperature", "top_k", "seed")})
-        return Turn(conversation, PromptReport.from_dict(details.prompt), sampling,
-                    branch_from=message["parent_id"] or ROOT, model=name, edit=edit,
-                    intervention=intervention(parts, config_of(loaded).n_head))
+        _, loaded = self.writer(message)
+        return self.chat.rerun_turn(conversation, message, history, edit,
+                                    intervention(parts, config_of(loaded).n_head))
 
     @staticmethod
     def zero_edit(loaded: LoadedChatModel, parts: Parts) -> Edit:
@@ -135,4 +128,4 @@ class AblationService:
     def start(self, owner: str, model: str, request: AblationRequest) -> Job[AblationRequest, AblationResult]:
         """The job working this request out: the one already queued or running, else a new one. Raises
         Refused (queue full, too many jobs for this browser or address)."""
-        return self.kept.start(self.chat.models.job_kind("ablate", model), owner, model, request, AblationResult())
+        return self.kept.start(self.chat.models.job_kind(Work.ABLATE, model), owner, model, request, AblationResult())

@@ -10,6 +10,7 @@ from typing import Any
 from webapp.chat.decode.attribution import AttributionReport, AttributionRequest, AttributionResult
 from webapp.chat.inside import InsideService
 from webapp.chat.records import ReplyDetails
+from webapp.chat.registry import Work
 from webapp.chat.service import ChatError
 from webapp.core import InferenceCore
 from webapp.core.jobs import Job
@@ -49,4 +50,5 @@ class AttributionService:
               request: AttributionRequest) -> Job[AttributionRequest, AttributionResult]:
         """The job working this request out on that model: the one already queued or running, else a new
         one. Raises Refused (queue full, too many jobs for this browser or address)."""
-        return self.kept.start(self.models.attribution_kind(model), owner, model, request, AttributionResult())
+        kind = self.models.job_kind(Work.ATTRIBUTION, model)
+        return self.kept.start(kind, owner, model, request, AttributionResult())

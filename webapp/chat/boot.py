@@ -6,17 +6,12 @@ from __future__ import annotations
 import ctypes
 import logging
 
-from webapp.chat.attribution import AttributionService
 from webapp.chat.decode.alone import ChatAlone
-from webapp.chat.decode.attribution import AttributionJobs
 from webapp.chat.decode.batched import ChatBatch
 from webapp.chat.decode.generate import generate
-from webapp.chat.decode.head import HeadJobs
-from webapp.chat.decode.inside import InsideJobs
 from webapp.chat.decode.prefill import pin_prompt_head
 from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.remote.executor import remote_executor
-from webapp.chat.inside import InsideService
 from webapp.chat.model import kernels
 from webapp.chat.model.errors import ModelLoadError
 from webapp.chat.model.loading import LoadedChatModel, load_chat_model
@@ -129,28 +124,3 @@ def service(core: InferenceCore, db: AnyDatabase, models: ChatModels, max_messag
     store = ChatStore(db)
     store.finish_deletions()  # a conversation whose deletion the last process did not finish
     return ChatService(core, store, models, max_messages)
-
-
-def inside_executor(loaded) -> InsideJobs:
-    """The core's executor for "Inside this token" jobs: whole jobs on the local chat model."""
-    return InsideJobs(loaded, prefix_cache(loaded) if loaded.supports_kv_cache else None)
-
-
-def inside_service(core: InferenceCore, models: ChatModels, settings) -> InsideService:
-    return InsideService(core, models, keep=settings.inside_cache_entries)
-
-
-def attribution_executor(loaded) -> AttributionJobs:
-    """The core's executor for "Who pushed this token" jobs: whole jobs on the local chat model, reading
-    the replies' kept caches as Inside does."""
-    return AttributionJobs(loaded, prefix_cache(loaded) if loaded.supports_kv_cache else None)
-
-
-def head_executor(loaded) -> HeadJobs:
-    """The core's executor for one head over a reply (query × key): whole jobs on the local chat model,
-    reading the replies' kept caches as Inside does."""
-    return HeadJobs(loaded, prefix_cache(loaded) if loaded.supports_kv_cache else None)
-
-
-def attribution_service(core: InferenceCore, inside: InsideService, settings) -> AttributionService:
-    return AttributionService(core, inside, keep=settings.inside_cache_entries)

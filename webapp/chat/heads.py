@@ -14,6 +14,7 @@ from webapp.chat.decode.head import HeadReport, HeadRequest, HeadResult
 from webapp.chat.inside import InsideService
 from webapp.chat.model.prompt import PromptReport
 from webapp.chat.records import ReplyDetails
+from webapp.chat.registry import Work
 from webapp.chat.service import ChatError
 from webapp.core import InferenceCore
 from webapp.core.jobs import Job
@@ -72,7 +73,7 @@ class HeadService:
     def start(self, owner: str, model: str, request: HeadRequest) -> Job[HeadRequest, HeadResult]:
         """The job working this request out on that model: the one already queued or running, else a new
         one. Raises Refused (queue full, too many jobs for this browser or address)."""
-        return self.kept.start(self.models.job_kind("head", model), owner, model, request, HeadResult())
+        return self.kept.start(self.models.job_kind(Work.HEAD, model), owner, model, request, HeadResult())
 
 
 def regions(prompt: dict | None, index: int, positions: int) -> list[Region]:

@@ -10,7 +10,7 @@ from typing import TypeVar
 from webapp.chat.decode.inside import InsideReport, InsideRequest, InsideResult
 from webapp.chat.model.hooked import layout_problem
 from webapp.chat.records import ReplyDetails, Status
-from webapp.chat.registry import ChatModels, ModelRecord, model_record
+from webapp.chat.registry import ChatModels, ModelRecord, Work, model_record
 from webapp.chat.service import ChatError
 from webapp.core import InferenceCore
 from webapp.core.jobs import Job
@@ -84,4 +84,4 @@ class InsideService:
     def start(self, owner: str, model: str, request: InsideRequest) -> Job[InsideRequest, InsideResult]:
         """The job working this request out on that model: the one already queued or running, else a new
         one. Raises Refused (queue full, too many jobs for this browser or address)."""
-        return self.kept.start(self.models.inside_kind(model), owner, model, request, InsideResult())
+        return self.kept.start(self.models.job_kind(Work.INSIDE, model), owner, model, request, InsideResult())

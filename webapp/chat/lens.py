@@ -12,6 +12,7 @@ from webapp.chat.decode.lens import LensReport, LensRequest, LensResult
 from webapp.chat.inside import InsideService
 from webapp.chat.model.ablation import Parts, parse_parts
 from webapp.chat.records import ReplyDetails, Status
+from webapp.chat.registry import Work
 from webapp.chat.service import ChatError
 from webapp.core import InferenceCore
 from webapp.core.jobs import Job
@@ -73,4 +74,4 @@ class LensService:
     def start(self, owner: str, model: str, request: LensRequest) -> Job[LensRequest, LensResult]:
         """The job working this request out on that model: the one already queued or running, else a new
         one. Raises Refused (queue full, too many jobs for this browser or address)."""
-        return self.kept.start(self.models.job_kind("lens", model), owner, model, request, LensResult())
+        return self.kept.start(self.models.job_kind(Work.LENS, model), owner, model, request, LensResult())

@@ -11,6 +11,7 @@ from webapp.chat.decode.patching import PatchingRequest, PatchingResult
 from webapp.chat.inside import InsideService
 from webapp.chat.model.patching import Patching, first_difference
 from webapp.chat.records import ReplyDetails
+from webapp.chat.registry import Work
 from webapp.chat.service import ChatError
 from webapp.core import InferenceCore
 from webapp.core.jobs import Job
@@ -76,7 +77,7 @@ class PatchingService:
         return PatchingRequest(clean.context_ids, corrupted_ids, clean.token, against, index)
 
     def kind(self, model: str) -> str:
-        return self.inside.models.job_kind("patching", model)
+        return self.inside.models.job_kind(Work.PATCHING, model)
 
     def result(self, model: str, request: PatchingRequest) -> Patching | None:
         """The kept map for this request on that model, if it was worked out before."""

@@ -20,6 +20,7 @@ import dataclasses
 import re
 import tomllib
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,20 @@ KEYS = {
     "backend_max_replies": "chat_backend_max_replies",
 }
 PATH_KEYS = ("checkpoint", "backend_key_file")
+
+
+
+class Work(StrEnum):
+    """What a job on a chat model does: its replies, or one experiment (webapp/chat/experiments.py). With the
+    model's name it makes the core's job kind (ChatModels.job_kind)."""
+
+    CHAT = "chat"
+    INSIDE = "inside"
+    ABLATE = "ablate"
+    ATTRIBUTION = "attribution"
+    HEAD = "head"
+    PATCHING = "patching"
+    LENS = "lens"
 
 
 @dataclass(frozen=True)
@@ -164,20 +179,14 @@ class ChatModels:
     def settings_for(self, name: str, base: Settings) -> Settings:
         return self._settings.get(name, base)
 
-    def job_kind(self, work: str, name: str) -> str:
-        """The core's job kind for one kind of work on this model ("chat", "inside", "attribution", "ablate",
-        "patching", "head", "lens"): the default model keeps the plain name, another adds its own ("inside:second")."""
-        return work if name == self.default else f"{work}:{name}"
+    def job_kind(self, work: Work, name: str) -> str:
+        """The core's job kind for one kind of work on this model: the default model keeps the plain name,
+        another adds its own ("inside:second"), so each model's jobs have executors of their own."""
+        return str(work) if name == self.default else f"{work}:{name}"
 
     def kind(self, name: str) -> str:
         """The core's job kind for this model's replies."""
-        return self.job_kind("chat", name)
-
-    def inside_kind(self, name: str) -> str:
-        return self.job_kind("inside", name)
-
-    def attribution_kind(self, name: str) -> str:
-        return self.job_kind("attribution", name)
+        return self.job_kind(Work.CHAT, name)
 
     def card(self, name: str | None = None) -> ModelCard:
         name = self.default if name is None else name

@@ -247,6 +247,23 @@ class ChatService:
         return Turn(conversation, self.check_prompt(history, sampling, name), sampling, user_text=content,
                     branch_from=message["parent_id"] or ROOT, model=name)
 
+    def rerun_turn(self, conversation: dict, message: dict, history: list[dict], edit: Edit,
+                   intervention: dict) -> Turn:
+        """A new version of a reply written again from its exact saved prompt with its own settings and seed,
+        `edit` in every forward (parts switched off, directions added), `intervention` its record. Raises
+        ChatError (409): a reply running, or its prompt not kept or damaged."""
+        if message["status"] == Status.PENDING or any(m["status"] == Status.PENDING for m in history):
+            raise ChatError("Stop the running reply before writing it again with the model changed.")
+        details = self.details(message["id"])
+        if not details.prompt or "prompt" in details.damaged:
+            raise ChatError("This reply was saved before Glassbox kept its prompt, so it cannot be run again.")
+        try:
+            prompt = PromptReport.from_dict(details.prompt)
+        except (TypeError, ValueError, KeyError):
+            raise ChatError("This reply's saved prompt is damaged, so it cannot be run again.") from None
+        return Turn(conversation, prompt, sampling_of(message), branch_from=message["parent_id"] or ROOT,
+                    model=self.writer_name(message), edit=edit, intervention=intervention)
+
     def branch_turn(self, conversation: dict, message: dict, forced: Forced, history: list[dict] | None = None) -> Turn:
         """A new version of a reply that starts with `forced` (its tokens before one, then another) and
         goes on with the reply's own settings and prompt. (`history`: the branch shown, when the caller
@@ -259,8 +276,7 @@ class ChatService:
         details = self.details(message["id"])
         if not details.odds or not details.prompt:
             raise ChatError("This reply was saved before Glassbox kept its tokens, so it cannot be branched.")
-        sampling = SamplingParams(**{k: v for k, v in (message["settings"] or {}).items()
-                               if k in ("max_new_tokens", "temperature", "top_k", "seed")})
+        sampling = sampling_of(message)
         if len(forced.tokens) > sampling.max_new_tokens:
             raise ChatError(f"That continuation is longer than the reply may be ({sampling.max_new_tokens} tokens).",
                             400)
@@ -380,3 +396,9 @@ def heed(job: ChatJob, signals: ReplySignals) -> None:
         job.watched_elsewhere()
     if signals.stop_requested:  # Stop pressed on another front end
         job.cancel()
+
+
+def sampling_of(message: dict) -> SamplingParams:
+    """The sampling settings a reply was written with (its seed too): a new version of it uses the same."""
+    return SamplingParams(**{k: v for k, v in (message["settings"] or {}).items()
+                             if k in ("max_new_tokens", "temperature", "top_k", "seed")})

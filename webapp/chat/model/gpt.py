@@ -33,7 +33,8 @@ from torch.nn import functional as F
 from webapp.chat.model import hooked, kernels
 from webapp.chat.model.attention import attend, merge_heads, split_heads
 from webapp.chat.model.edits import Edit, edit_heads, edit_mlp, edit_resid
-from webapp.chat.model.linear import ONEDNN, DecodingLinear, Linear
+from webapp.chat.model.linear import DecodingLinear, Linear
+from webapp.nn.rowwise import ONEDNN
 
 
 @dataclass

@@ -6,7 +6,6 @@ reply); `DecodingLinear` is the forward both it and precision.WeightOnlyLinear s
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +15,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from webapp.chat.model import kernels
+from webapp.nn.rowwise import ONEDNN, onednn_linear
 
 
 class DecodingLinear:
@@ -68,38 +68,6 @@ class Linear(DecodingLinear, nn.Linear):
         if not _batch_invariant(x, self.weight):
             return F.linear(x, self.weight, self.bias)
         return onednn_linear(x, self.weight, self.bias)
-
-
-def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """x @ weightᵀ + bias through oneDNN's inner product, one row run as two (see Linear)."""
-    rows = x.reshape(-1, x.size(-1))  # (N, C_in)
-    n = rows.size(0)
-    if n == 1:
-        rows = rows.expand(2, -1)
-    y: Tensor
-    if rows.dtype == torch.bfloat16 and not _onednn_bfloat16():
-        # a CPU without bfloat16 inner products (AVX2 only): the same weights widened exactly to float32,
-        # whose inner product computes each row alike too; the result rounded back to bfloat16
-        y = torch.ops.mkldnn._linear_pointwise(rows.float().contiguous(), weight.float(),
-                                               None if bias is None else bias.float(), "none", [], "")
-        y = y.to(torch.bfloat16)
-    else:
-        y = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), weight, bias, "none", [], "")
-    return y[:n].view(*x.shape[:-1], -1)
-
-
-ONEDNN: bool = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
-
-
-@functools.cache
-def _onednn_bfloat16() -> bool:
-    """Whether oneDNN has a bfloat16 inner product on this CPU (it refuses to create one without AVX-512)."""
-    try:
-        ones = torch.ones(2, 16, dtype=torch.bfloat16)
-        torch.ops.mkldnn._linear_pointwise(ones, ones, None, "none", [], "")
-    except RuntimeError:
-        return False
-    return True
 
 
 def _batch_invariant(x: Tensor, weight: Tensor) -> bool:

@@ -23,7 +23,8 @@ import torch.nn as nn
 from webapp.chat.model import kernels
 from webapp.chat.model.arena import into_huge_pages
 from webapp.chat.model.gpt import GPT
-from webapp.chat.model.linear import DecodingLinear, _onednn_bfloat16, onednn_linear
+from webapp.chat.model.linear import DecodingLinear
+from webapp.nn.rowwise import onednn_bfloat16, onednn_linear
 
 PRECISIONS = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
               "float16": "float16", "fp16": "float16", "int8": "int8"}
@@ -106,7 +107,7 @@ DEQUANTIZE_BLOCK = 1 << 22  # int8 weights dequantized at once: a whole layer of
 def int8_dtype() -> torch.dtype:
     """What int8_matmul dequantizes to: bfloat16 where oneDNN has a bfloat16 inner product (AVX-512, AMX:
     the speed of bfloat16's prefill), float32 elsewhere (where bfloat16's would be widened anyway)."""
-    return torch.bfloat16 if _onednn_bfloat16() else torch.float32
+    return torch.bfloat16 if onednn_bfloat16() else torch.float32
 
 
 def int8_matmul(rows: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -90,7 +90,7 @@ def ablated_turn(conversation_id: str, message_id: int, fields, page):
     run = ablation.reply_request(message, details, parts, page.messages)
     edit = ablation.zero_edit(loaded, parts) if parts.mode == "zero" else worked_out(name, run).edit
     assert edit is not None
-    return ablation.reply_turn(page.conversation, message, details, parts, edit)
+    return ablation.reply_turn(page.conversation, message, page.messages, parts, edit)
 
 
 def worked_out(model: str, run: AblationRequest) -> AblationResult:

@@ -4,39 +4,20 @@ reply, as a page (no JavaScript needed: the request waits for its job, holding a
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Generator
-from contextlib import closing
 from typing import cast
 
 from flask import Response, abort, get_template_attribute, jsonify, render_template, request
 
 from webapp.chat.decode.inside import InsideReport
 from webapp.chat.decode.odds import TokenOdds
-from webapp.chat.inside import InsideService
 from webapp.chat.service import ChatError
 from webapp.chat.web import inside_view
-from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service, settings
+from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
 from webapp.chat.web.inside_view import HeadView, LensRowView
+from webapp.chat.web.reply_jobs import InsideError, inside_service, runnable_writer, wait_for_job
 from webapp.chat.web.token_views import token_text, whitespace_name
-from webapp.core import Refused
-from webapp.core.jobs import CANCELLED, DONE, Job
-from webapp.web import heavy, refusal_headers, refusal_status
+from webapp.web import heavy
 from webapp.web.security import owner_id
-from webapp.web.state import glassbox
-from webapp.web.streams import held_slot
-
-STILL_WORKING = "Still working this token out; reload the page in a moment."
-
-
-class InsideError(Exception):
-    def __init__(self, message: str, status: int, headers: dict | None = None) -> None:
-        super().__init__(message)
-        self.status, self.headers = status, headers or {}
-
-
-def inside_service() -> InsideService:
-    return glassbox().service(InsideService)
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/inside/<int:index>")
@@ -167,41 +148,3 @@ def resolved(message: dict, index: int) -> tuple[str, InsideReport]:
         return model, report
     job = wait_for_job(lambda: inside.start(owner_id(), model, inside_request), "look inside this token")
     return model, cast(InsideReport, job.result.report)
-
-
-def runnable_writer(message: dict) -> str:
-    """The model that wrote a reply, when it can be looked into here. Raises InsideError (409: another
-    model or file, a remote backend, not nanoGPT's layout)."""
-    inside = inside_service()
-    try:
-        model = inside.writer(message)
-    except ChatError as error:
-        raise InsideError(str(error), error.status) from None
-    problem = inside.unavailable(model)
-    if problem is not None:
-        raise InsideError(problem, 409)
-    return model
-
-
-def wait_for_job(start: Callable[[], Job], what: str) -> Job:
-    """Start a job (or join the one running) and wait for it in this request, holding a stream slot ->
-    the job, done, with a report. Raises InsideError: 429/503 (refused, or still running after
-    GLASSBOX_INSIDE_WAIT_SECONDS), 500 (the job failed; `what` it could not do)."""
-    try:
-        # before the job: a refusal leaves nothing queued. A wait of many seconds that nobody watches token
-        # by token: the bulk share, so a flood of cold reports leaves the other slots to live replies
-        with held_slot(bulk=True) as slot:
-            job = start()
-    except Refused as error:
-        raise InsideError(str(error), refusal_status(error), refusal_headers(error)) from None
-    assert slot is not None
-    deadline = time.monotonic() + settings().inside_wait_seconds
-    with slot, closing(cast(Generator, job.subscribe(settings().heartbeat_seconds))) as events:
-        for _ in events:
-            if time.monotonic() > deadline:  # leaving cancels the job unless another page waits for it
-                raise InsideError(STILL_WORKING, 503)
-    if job.state == DONE and getattr(job.result, "report", None) is not None:
-        return job
-    if job.state == CANCELLED:
-        raise InsideError("Stopped before it was worked out (the server is shutting down?); try again.", 503)
-    raise InsideError(f"Could not {what}: {job.error or 'the job failed'}.", 500)

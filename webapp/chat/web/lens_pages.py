@@ -14,7 +14,8 @@ from webapp.chat.lens import MAX_COLUMNS, LensService
 from webapp.chat.service import ChatError
 from webapp.chat.web import lens_view
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
-from webapp.chat.web.inside_pages import InsideError, runnable_writer, shared_message, wait_for_job
+from webapp.chat.web.inside_pages import shared_message
+from webapp.chat.web.reply_jobs import InsideError, runnable_writer, wait_for_job
 from webapp.web import heavy
 from webapp.web.security import owner_id
 from webapp.web.state import glassbox

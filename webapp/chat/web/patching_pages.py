@@ -5,13 +5,9 @@ runs), and as JSON (docs/api.md). The owner's only."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Generator
-from contextlib import closing
 from typing import Any, cast
 
 from flask import abort, jsonify, redirect, render_template, request, url_for
-from werkzeug.exceptions import HTTPException
 
 from webapp.chat.decode.odds import TokenOdds
 from webapp.chat.decode.patching import PatchingMetrics, PatchingRequest
@@ -19,16 +15,15 @@ from webapp.chat.model.patching import Cells, Patching, first_difference
 from webapp.chat.patching import PatchingService
 from webapp.chat.service import ChatError
 from webapp.chat.web import patching_view
-from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service, settings
-from webapp.chat.web.inside_pages import STILL_WORKING, InsideError, inside_service
+from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
+from webapp.chat.web.reply_jobs import InsideError, runnable_writer, wait_for_job
 from webapp.chat.web.token_views import token_text
 from webapp.core import Refused
-from webapp.core.jobs import CANCELLED, DONE, FINISHED, AnyJob
+from webapp.core.jobs import FINISHED, AnyJob
 from webapp.web import refusal_headers, refusal_status
 from webapp.web.security import csrf_exempt, owner_id
 from webapp.web.sse import finished_stream, stream_job
 from webapp.web.state import glassbox
-from webapp.web.streams import held_slot
 
 
 def patching_service() -> PatchingService:
@@ -38,14 +33,7 @@ def patching_service() -> PatchingService:
 def checked(message: dict, index: int, corrupted: object, against: object) -> tuple[str, PatchingRequest]:
     """(model, request), or InsideError: 404, 409 (as Inside: not here, not finished, cannot look into
     it), 400 (bad input, contexts of different lengths)."""
-    inside = inside_service()
-    try:
-        model = inside.writer(message)
-    except ChatError as error:
-        raise InsideError(str(error), error.status) from None
-    problem = inside.unavailable(model)
-    if problem is not None:
-        raise InsideError(problem.replace("Inside cannot look into", "Patching cannot run on"), 409)
+    model = runnable_writer(message, "Patching cannot run on")
     try:
         return model, patching_service().request_for(message, service().details(message["id"]), index,
                                                      corrupted, against)
@@ -83,22 +71,8 @@ def patching_json(conversation_id: str, message_id: int, index: int):
 
 def wait(model: str, patching_request: PatchingRequest) -> Patching:
     """Start (or join) the job and wait for it, as Inside's JSON does."""
-    try:
-        with held_slot(bulk=True) as slot:  # before the job: a refusal leaves nothing queued
-            job = start(model, patching_request)
-    except HTTPException as error:
-        raise InsideError(str(error.description), error.code or 503) from None
-    assert slot is not None
-    deadline = time.monotonic() + settings().inside_wait_seconds
-    with slot, closing(cast(Generator, job.subscribe(settings().heartbeat_seconds))) as events:
-        for _ in events:
-            if time.monotonic() > deadline:  # leaving cancels the job unless another client waits for it
-                raise InsideError(STILL_WORKING, 503)
-    if job.state == DONE and job.result.patching is not None:
-        return cast(Patching, job.result.patching)
-    if job.state == CANCELLED:
-        raise InsideError("Stopped before it was worked out; try again.", 503)
-    raise InsideError(f"Could not patch: {job.error or 'the job failed'}.", 500)
+    job = wait_for_job(lambda: patching_service().start(owner_id(), model, patching_request), "patch", "patching")
+    return cast(Patching, job.result.patching)
 
 
 def form_values() -> tuple[str | None, object]:

@@ -29,6 +29,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from webapp.loops.model.loop_state import LoopOutput, LoopRows, LoopStep
+from webapp.nn.rowwise import onednn_linear
 
 N_SYMBOLS = 26
 
@@ -39,7 +40,6 @@ def rowwise_linear(x, weight, bias=None):
     gets the very numbers it gets alone. Elsewhere (training, a GPU) plain F.linear."""
     if (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and not torch.is_grad_enabled()
             and torch.backends.mkldnn.is_available()):
-        from webapp.chat.model.linear import onednn_linear
         return onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 

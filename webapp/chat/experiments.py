@@ -1,0 +1,84 @@
+"""The glass-box experiments on a chat model's replies, each declared once: what its jobs are called on the
+core, which executor runs them, whether they start from a finished reply's kept KV cache, and the service
+its views call. The app factory loops over EXPERIMENTS (webapp/__init__.py): adding an experiment is its own
+modules (request and result types and executor in webapp/chat/decode/, its torch work reading the hooked
+forward in webapp/chat/model/, its service, its views and templates) plus one line here
+(docs/architecture.md, "Adding an experiment").
+
+Every experiment's checks (the model that wrote the reply, running here, in nanoGPT's layout) go through
+Inside's service, built first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from webapp.chat.ablation import AblationService
+from webapp.chat.attribution import AttributionService
+from webapp.chat.decode.ablation import AblationJobs
+from webapp.chat.decode.attribution import AttributionJobs
+from webapp.chat.decode.head import HeadJobs
+from webapp.chat.decode.inside import InsideJobs
+from webapp.chat.decode.lens import LensJobs
+from webapp.chat.decode.patching import PatchingJobs
+from webapp.chat.decode.prefix_cache import PrefixCache
+from webapp.chat.decode.reply_jobs import ReplyJobs
+from webapp.chat.heads import HeadService
+from webapp.chat.inside import InsideService
+from webapp.chat.lens import LensService
+from webapp.chat.model.loading import LoadedChatModel
+from webapp.chat.patching import PatchingService
+from webapp.chat.registry import Work
+from webapp.chat.service import ChatService
+from webapp.core import InferenceCore
+
+# (core, chat, inside, settings) -> the service an experiment's views call
+ServiceFactory = Callable[[InferenceCore, ChatService, InsideService, Any], object]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One experiment: its jobs run as kind `work` on the default model and `work:<name>` on another
+    (ChatModels.job_kind), by `executor`, one at a time between the replies' batched steps."""
+
+    work: Work
+    executor: Callable[[LoadedChatModel, PrefixCache | None], ReplyJobs[Any, Any]]
+    service: ServiceFactory | None  # None: Inside's, built before every other
+    reads_kept_cache: bool = True  # it starts from a finished reply's kept keys and values, where there are some
+
+    def executor_for(self, loaded: LoadedChatModel, prefix: Callable[[LoadedChatModel], PrefixCache]
+                     ) -> ReplyJobs[Any, Any]:
+        """This experiment's executor on one loaded model; prefix: the model's shared PrefixCache."""
+        kept = prefix(loaded) if self.reads_kept_cache and loaded.supports_kv_cache else None
+        return self.executor(loaded, kept)
+
+
+EXPERIMENTS: tuple[Experiment, ...] = (
+    # "Inside this token": the logit lens and every head's attention at one position
+    Experiment(Work.INSIDE, InsideJobs, None),
+    # switching parts off: a mean ablation's means, one position's odds with parts off
+    Experiment(Work.ABLATE, AblationJobs, lambda core, chat, inside, settings: AblationService(core, chat),
+               reads_kept_cache=False),
+    # "Who pushed this token": direct logit attribution
+    Experiment(Work.ATTRIBUTION, AttributionJobs,
+               lambda core, chat, inside, settings: AttributionService(core, inside, settings.inside_cache_entries)),
+    # one head over a whole reply, query × key
+    Experiment(Work.HEAD, HeadJobs,
+               lambda core, chat, inside, settings: HeadService(core, inside, settings.inside_cache_entries)),
+    # "Patch from another question": activation patching
+    Experiment(Work.PATCHING, PatchingJobs,
+               lambda core, chat, inside, settings: PatchingService(core, inside, settings.inside_cache_entries,
+                                                                    settings.patching_max_cells),
+               reads_kept_cache=False),
+    # the logit lens over a whole reply
+    Experiment(Work.LENS, LensJobs,
+               lambda core, chat, inside, settings: LensService(core, inside, settings.inside_cache_entries)),
+)
+
+
+def services(core: InferenceCore, chat: ChatService, settings: Any) -> list[object]:
+    """Every experiment's service, Inside's first."""
+    inside = InsideService(core, chat.models, keep=settings.inside_cache_entries)
+    return [inside] + [e.service(core, chat, inside, settings) for e in EXPERIMENTS if e.service is not None]
