@@ -25,6 +25,8 @@ from webapp.chat.decode.lens import LensJobs
 from webapp.chat.decode.patching import PatchingJobs
 from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.reply_jobs import ReplyJobs
+from webapp.chat.decode.steering import DirectionJobs
+from webapp.chat.directions import DirectionStore
 from webapp.chat.heads import HeadService
 from webapp.chat.inside import InsideService
 from webapp.chat.lens import LensService
@@ -32,6 +34,7 @@ from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.patching import PatchingService
 from webapp.chat.registry import Work
 from webapp.chat.service import ChatService
+from webapp.chat.steering import SteeringService
 from webapp.core import InferenceCore
 
 # (core, chat, inside, settings) -> the service an experiment's views call
@@ -74,7 +77,11 @@ EXPERIMENTS: tuple[Experiment, ...] = (
                reads_kept_cache=False),
     # the logit lens over a whole reply
     Experiment(Work.LENS, LensJobs,
-               lambda core, chat, inside, settings: LensService(core, inside, settings.inside_cache_entries)),
+               lambda core, chat, inside, settings: LensService(core, inside, settings.inside_cache_entries,
+                                                                DirectionStore(chat.store.db))),
+    # steering: a contrastive direction from two lists of prompts; steered versions run as replies
+    Experiment(Work.DIRECTION, DirectionJobs, lambda core, chat, inside, settings: SteeringService(core, chat),
+               reads_kept_cache=False),
 )
 
 

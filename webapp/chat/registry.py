@@ -60,6 +60,7 @@ class Work(StrEnum):
     HEAD = "head"
     PATCHING = "patching"
     LENS = "lens"
+    DIRECTION = "direction"  # a steering direction from two lists of prompts
 
 
 @dataclass(frozen=True)

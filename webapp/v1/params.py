@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from webapp.chat.decode.odds import TOP_ALTERNATIVES
 from webapp.chat.decode.types import SamplingParams
+from webapp.chat.model.edits import Edit
 from webapp.chat.model.prompt import PromptTooLong
 from webapp.chat.registry import DEFAULT_NAME
 from webapp.v1.errors import ApiError
@@ -40,6 +41,7 @@ class Ask:
     stops: tuple[str, ...] = ()
     logprobs: int | None = None  # alternatives to report per token; None: no logprobs asked for
     model: str = DEFAULT_NAME  # the registry name of the model that answers
+    edit: Edit | None = None  # directions added to the residual stream (`glassbox.steer`), in every forward
 
 
 # -- fields ------------------------------------------------------------------------------------

@@ -3,16 +3,20 @@ request to webapp/v1/replies.py; errors of every kind leave in OpenAI's shape (w
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from flask import current_app, jsonify, request
 
 from webapp.chat.registry import ChatModels
+from webapp.chat.service import ChatError
+from webapp.chat.steering import SteeringService
 from webapp.v1 import params, replies, shapes
 from webapp.v1.blueprint import bp
 from webapp.v1.errors import ApiError, not_found_url
 from webapp.v1.replies import chat_service
 from webapp.web.security import csrf_exempt
+from webapp.web.state import glassbox
 
 STARTED = int(time.time())  # a model's `created`: when this server loaded it
 
@@ -55,7 +59,28 @@ def model(model: str):
 def chat_completions():
     body, registry = json_body(), chat_models()
     loaded = registry.get(params.requested_model(body, registry.names()))
-    return replies.respond(params.parse_chat(body, loaded, current_app.config["GLASSBOX"], registry.names()))
+    ask = params.parse_chat(body, loaded, current_app.config["GLASSBOX"], registry.names())
+    return replies.respond(steered(body, ask))
+
+
+def steered(body: dict, ask: params.Ask) -> params.Ask:
+    """Glassbox's extension: "glassbox": {"steer": [{"direction": <name>, "alpha": <number>}, ...]} adds the
+    model's named directions to the residual stream in every forward (docs/api.md, "Steering")."""
+    extension = body.get("glassbox")
+    if extension is None:
+        return ask
+    if not isinstance(extension, dict):
+        raise ApiError(400, "Invalid 'glassbox': expected an object, e.g. {\"steer\": [{\"direction\": \"name\", "
+                            "\"alpha\": 4}]}.", param="glassbox")
+    if extension.get("steer") is None:
+        return ask
+    steering = glassbox().service(SteeringService)
+    try:
+        name, loaded = steering.model(ask.model)
+        terms, _ = steering.terms(name, loaded, extension["steer"])
+    except ChatError as error:
+        raise ApiError(error.status, str(error), param="glassbox.steer") from None
+    return dataclasses.replace(ask, edit=steering.edit(loaded, terms))
 
 
 @bp.post("/completions")

@@ -12,6 +12,7 @@ from typing import cast
 
 from flask import abort, jsonify, render_template, request
 
+from webapp.chat import interventions
 from webapp.chat.ablation import AblationService, config_of
 from webapp.chat.decode.ablation import AblationRequest, AblationResult, Odds
 from webapp.chat.model.ablation import describe, intervention
@@ -35,11 +36,8 @@ def ablation_service() -> AblationService:
 
 @bp.app_template_filter("intervention_label")
 def intervention_label(record: dict | None) -> str:
-    """A version's label: what was switched off ("heads 1.0, 2.3 zeroed")."""
-    try:
-        return describe(record) if record else ""
-    except (TypeError, ValueError, AttributeError):  # a record this code did not write
-        return "parts switched off"
+    """A version's label: what was switched off ("heads 1.0, 2.3 zeroed"), or added ("steered: ...")."""
+    return interventions.label(record)
 
 
 # -- a reply, ablated: a new version ----------------------------------------------------------------

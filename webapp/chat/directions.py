@@ -1,0 +1,90 @@
+"""Steering directions, saved per chat model (migration 007): a name, the block it is added after, the vector,
+its norm and how it was made. In SQLite or PostgreSQL (webapp/db), shared by everyone on the server as the
+models are; the one who made a direction may delete it."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from webapp.db import AnyDatabase
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a direction's name: it is also a URL path segment
+
+
+@dataclass(frozen=True)
+class Direction:
+    model: str  # the registry name of the model it belongs to
+    name: str
+    layer: int  # added after this block (0-based)
+    vector: tuple[float, ...]  # the model's width
+    norm: float
+    made: dict[str, Any]  # how: {"kind": "contrastive", "positive": [...], "negative": [...], "read": ...} or imported
+    owner: str
+    created_at: float
+
+    def as_json(self, with_vector: bool = True) -> dict[str, Any]:
+        found: dict[str, Any] = {"name": self.name, "model": self.model, "layer": self.layer, "norm": self.norm,
+                                 "made": self.made, "created_at": self.created_at}
+        if with_vector:
+            found["vector"] = list(self.vector)
+        return found
+
+
+def name_problem(name: object) -> str | None:
+    """Why a direction's name cannot be used (None: it can)."""
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        return ("name must be 1 to 64 letters, digits, '_', '-' or '.', starting with a letter or digit "
+                f"(got {str(name)[:40]!r}).")
+    return None
+
+
+class DirectionStore:
+    def __init__(self, db: AnyDatabase) -> None:
+        self.db = db
+
+    def save(self, direction: Direction) -> bool:
+        """Save a new direction -> False when the model already has one of that name (nothing saved)."""
+        with self.db.transaction() as db:
+            taken = db.execute("SELECT 1 FROM directions WHERE model = ? AND name = ?",
+                               (direction.model, direction.name)).fetchone()
+            if taken:
+                return False
+            db.execute("INSERT INTO directions (model, name, layer, vector, norm, made, owner, created_at)"
+                       " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (direction.model, direction.name, direction.layer, json.dumps(list(direction.vector)),
+                        direction.norm, json.dumps(direction.made), direction.owner, direction.created_at))
+        return True
+
+    def get(self, model: str, name: str) -> Direction | None:
+        with self.db.connect() as db:
+            row = db.execute("SELECT * FROM directions WHERE model = ? AND name = ?", (model, name)).fetchone()
+        return _direction(row) if row else None
+
+    def of_model(self, model: str) -> list[Direction]:
+        """The model's directions, newest first."""
+        with self.db.connect() as db:
+            rows = db.execute("SELECT * FROM directions WHERE model = ? ORDER BY created_at DESC, name",
+                              (model,)).fetchall()
+        return [_direction(row) for row in rows]
+
+    def delete(self, owner: str, model: str, name: str) -> bool:
+        """Delete the owner's direction -> whether there was one."""
+        with self.db.transaction() as db:
+            return bool(db.execute("DELETE FROM directions WHERE model = ? AND name = ? AND owner = ?",
+                                   (model, name, owner)).rowcount)
+
+
+def new_direction(model: str, name: str, layer: int, vector: list[float], made: dict[str, Any],
+                  owner: str) -> Direction:
+    return Direction(model, name, layer, tuple(vector), math.sqrt(sum(v * v for v in vector)), made, owner,
+                     time.time())
+
+
+def _direction(row: Any) -> Direction:
+    return Direction(row["model"], row["name"], int(row["layer"]), tuple(json.loads(row["vector"])), float(row["norm"]),
+                     json.loads(row["made"]), row["owner"], float(row["created_at"]))

@@ -1,0 +1,80 @@
+"""What a version of a reply changed in the model, read from its record (`messages.intervention`, the shape
+export.json shows): one tagged union, so a new kind of intervention is taught here once.
+
+    Ablation   parts switched off: {"heads": ["1.0"], "mlps": [1], "mode": "zero"|"mean", "layers"?: [0]}
+               (the records written before there were other kinds have no "kind"; "kind": "ablate" reads alike)
+    Steering   directions added: {"kind": "steer", "directions": [{"direction", "layer", "alpha", "norm"}]}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from webapp.chat.model.ablation import describe
+
+
+@dataclass(frozen=True)
+class Ablation:
+    record: dict[str, Any]  # as saved: webapp/chat/model/ablation.intervention
+
+    def label(self) -> str:
+        """"heads 1.0, 2.3 zeroed", "attention layer 1 and MLP 0 mean-ablated"."""
+        return describe(self.record)
+
+
+@dataclass(frozen=True)
+class SteerTerm:
+    direction: str
+    layer: int  # added after this block (0-based)
+    alpha: float
+    norm: float  # the direction's norm: α · norm is how far the stream is pushed
+
+
+@dataclass(frozen=True)
+class Steering:
+    terms: tuple[SteerTerm, ...]
+
+    def label(self) -> str:
+        """"steered: france ×8 after block 2"."""
+        return "steered: " + ", ".join(f"{t.direction} ×{t.alpha:g} after block {t.layer}" for t in self.terms)
+
+    @property
+    def record(self) -> dict[str, Any]:
+        return {"kind": "steer", "directions": [{"direction": t.direction, "layer": t.layer, "alpha": t.alpha,
+                                                 "norm": t.norm} for t in self.terms]}
+
+
+Intervention = Ablation | Steering
+
+
+def from_record(record: object) -> Intervention | None:
+    """A version's intervention from its record (None: the model's own run). Raises ValueError for a record
+    this code did not write."""
+    if not record:
+        return None
+    if not isinstance(record, dict):
+        raise ValueError("an intervention record is a JSON object")
+    kind = record.get("kind", "ablate")
+    if kind == "ablate":
+        return Ablation(record)
+    if kind == "steer":
+        terms = record.get("directions")
+        if not isinstance(terms, list) or not terms:
+            raise ValueError("a steering record lists its directions")
+        try:
+            return Steering(tuple(SteerTerm(str(t["direction"]), int(t["layer"]), float(t["alpha"]), float(t["norm"]))
+                                  for t in terms))
+        except (TypeError, KeyError, ValueError):
+            raise ValueError("a steering record's direction is malformed") from None
+    raise ValueError(f"unknown kind of intervention {str(kind)[:40]!r}")
+
+
+def label(record: object) -> str:
+    """A version's label from its record ("" for the model's own run; a plain one for a record this code did
+    not write)."""
+    try:
+        found = from_record(record)
+        return found.label() if found is not None else ""
+    except (TypeError, ValueError, AttributeError):
+        return "the model changed"

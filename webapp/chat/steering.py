@@ -1,0 +1,187 @@
+"""Steering, on the shared core: directions made and saved per model (from two lists of prompts, on the
+core's worker, or imported), and a reply written again with directions added to its residual stream, as a
+new version beside the original (webapp/chat/model/steering.py has the torch work).
+
+A steered version is an ordinary turn: the reply's exact prompt, its settings and seed, and an Edit that
+adds α · v after block L at every position, prompt and reply alike; it runs as a row of the batched decode
+step beside everyone's replies and keeps the fused kernel (webapp/chat/model/gpt.py). Its record
+(`messages.intervention`) is {"kind": "steer", "directions": [{"direction", "layer", "alpha", "norm"}]}.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from webapp.chat.decode.steering import DirectionRequest, DirectionResult
+from webapp.chat.directions import Direction, DirectionStore, name_problem, new_direction
+from webapp.chat.interventions import Steering, SteerTerm
+from webapp.chat.model.edits import Edit
+from webapp.chat.model.hooked import layout_problem
+from webapp.chat.model.loading import LoadedChatModel
+from webapp.chat.model.steering import MAX_ALPHA, MAX_TERMS, Term, steer_edit
+from webapp.chat.registry import Work
+from webapp.chat.service import ChatError, ChatService, Turn
+from webapp.core import InferenceCore
+from webapp.core.jobs import Job
+
+MAX_PROMPTS = 64  # prompts on each side of a contrastive direction
+MAX_PROMPT_CHARS = 2000
+REMOTE = ("Replies here come from a remote server (GLASSBOX_CHAT_BACKEND): there is no residual stream here "
+          "to steer.")
+
+
+class SteeringService:
+    """What the steering views and /v1 call; knows the core, the chat service and the directions' store."""
+
+    def __init__(self, core: InferenceCore, chat: ChatService) -> None:
+        self.core, self.chat = core, chat
+        self.store = DirectionStore(chat.store.db)
+
+    # -- checks ------------------------------------------------------------------------------
+    def model(self, name: object) -> tuple[str, LoadedChatModel]:
+        """A model this server runs that can be steered. Raises ChatError: 400 (not one of ours), 409 (remote,
+        not nanoGPT's layout)."""
+        if name is None:
+            name = self.chat.models.default
+        if not isinstance(name, str) or name not in self.chat.models:
+            raise ChatError(f"model must be one of this server's chat models: {', '.join(self.chat.models.names())}.",
+                            400)
+        loaded = self.chat.models.get(name)
+        if getattr(loaded, "remote", False):
+            raise ChatError(REMOTE, 409)
+        problem = layout_problem(loaded.model)
+        if problem is not None:
+            raise ChatError(f"This model cannot be steered: {problem}.", 409)
+        return name, loaded
+
+    @staticmethod
+    def layer(loaded: LoadedChatModel, layer: object) -> int:
+        """A block of the model (0-based). Raises ChatError (400)."""
+        n_layer = _config(loaded).n_layer
+        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < n_layer:
+            raise ChatError(f"layer must be a block of this model, 0 to {n_layer - 1} (the direction is added after "
+                            f"it); got {str(layer)[:40]!r}.", 400)
+        return layer
+
+    # -- directions ----------------------------------------------------------------------------
+    def contrastive_request(self, loaded: LoadedChatModel, layer: int, positive: object,
+                            negative: object) -> DirectionRequest:
+        """Each prompt wrapped as the chat template wraps a user message (the few-shot turns, the message, the
+        reply's start), read at its last position. Raises ChatError (400)."""
+        sides = []
+        for side, prompts in (("positive", positive), ("negative", negative)):
+            if (not isinstance(prompts, list) or not prompts or len(prompts) > MAX_PROMPTS
+                    or not all(isinstance(p, str) and p.strip() for p in prompts)):
+                raise ChatError(f"{side} must be a list of 1 to {MAX_PROMPTS} non-empty prompts (strings).", 400)
+            if any(len(p) > MAX_PROMPT_CHARS for p in prompts):
+                raise ChatError(f"Each prompt may have at most {MAX_PROMPT_CHARS} characters.", 400)
+            try:
+                sides.append(tuple(tuple(loaded.prompt.build([{"role": "user", "content": p}], 1)) for p in prompts))
+            except ValueError as error:  # PromptTooLong
+                raise ChatError(str(error), 400) from None
+        return DirectionRequest(layer, sides[0], sides[1])
+
+    def start(self, owner: str, model: str, request: DirectionRequest) -> Job[DirectionRequest, DirectionResult]:
+        """The job working a contrastive direction out. Raises Refused (queue full, too many jobs)."""
+        job: Job[DirectionRequest, DirectionResult] = Job(self.chat.models.job_kind(Work.DIRECTION, model), owner,
+                                                          request, result=DirectionResult())
+        self.core.submit(job)
+        return job
+
+    def vector(self, loaded: LoadedChatModel, vector: object) -> list[float]:
+        """An imported vector: the model's width of finite numbers. Raises ChatError (400)."""
+        width = _config(loaded).n_embd
+        if not isinstance(vector, list) or len(vector) != width:
+            got = len(vector) if isinstance(vector, list) else type(vector).__name__
+            raise ChatError(f"vector must be a list of {width} numbers, this model's width; got {got}.", 400)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vector):
+            raise ChatError("vector must hold finite numbers only.", 400)
+        return [float(v) for v in vector]
+
+    def save(self, owner: str, model: str, name: object, layer: int, vector: list[float],
+             made: dict[str, Any]) -> Direction:
+        """Save a new named direction. Raises ChatError: 400 (a bad name), 409 (the name is taken)."""
+        problem = name_problem(name)
+        if problem is not None:
+            raise ChatError(problem, 400)
+        assert isinstance(name, str)
+        direction = new_direction(model, name, layer, vector, made, owner)
+        if not self.store.save(direction):
+            raise ChatError(f"This model already has a direction named {name!r}; choose another name.", 409)
+        return direction
+
+    def direction(self, model: str, name: str) -> Direction:
+        found = self.store.get(model, name)
+        if found is None:
+            raise ChatError(f"No direction named {name[:64]!r} for the model {model!r}.", 404)
+        return found
+
+    def directions(self, model: str) -> list[Direction]:
+        return self.store.of_model(model)
+
+    def delete(self, owner: str, model: str, name: str) -> bool:
+        return self.store.delete(owner, model, name)
+
+    # -- steering ------------------------------------------------------------------------------
+    def terms(self, model: str, loaded: LoadedChatModel, steer: object) -> tuple[list[Term], dict[str, Any]]:
+        """`steer`, [{"direction": <name>, "alpha": <number>}, ...] -> the terms and the version's record.
+        Raises ChatError: 400 (malformed, α not finite or beyond ±MAX_ALPHA, too many), 404 (no such direction)."""
+        if not isinstance(steer, list) or not steer:
+            raise ChatError('steer must be a list of {"direction": <name>, "alpha": <number>}.', 400)
+        if len(steer) > MAX_TERMS:
+            raise ChatError(f"At most {MAX_TERMS} directions at once.", 400)
+        terms, record = [], []
+        width = _config(loaded).n_embd
+        for item in steer:
+            if not isinstance(item, dict) or not isinstance(item.get("direction"), str):
+                raise ChatError('Each steer item must be {"direction": <name>, "alpha": <number>}.', 400)
+            alpha = item.get("alpha")
+            if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha) \
+                    or abs(alpha) > MAX_ALPHA:
+                raise ChatError(f"alpha must be a finite number from {-MAX_ALPHA:g} to {MAX_ALPHA:g}; "
+                                f"got {str(alpha)[:40]!r}.", 400)
+            direction = self.direction(model, item["direction"])
+            if len(direction.vector) != width:
+                raise ChatError(f"The direction {direction.name!r} has {len(direction.vector)} numbers; this model's "
+                                f"width is {width}.", 409)
+            terms.append(Term(direction.layer, direction.vector, float(alpha)))
+            record.append(SteerTerm(direction.name, direction.layer, float(alpha), direction.norm))
+        return terms, Steering(tuple(record)).record
+
+    @staticmethod
+    def edit(loaded: LoadedChatModel, terms: list[Term]) -> Edit:
+        weight = _config_model(loaded).transformer.wte.weight  # the activations' dtype (lm_head may be int8)
+        return steer_edit(terms, weight.device, weight.dtype)
+
+    def reply_turn(self, conversation: dict, message: dict, history: list[dict], steer: object) -> Turn:
+        """A new version of the reply, steered. Raises ChatError (400, 404, 409)."""
+        if message["role"] != "assistant":
+            raise ChatError("Only replies can be steered.", 404)
+        self.chat.writer(message)  # 409 naming the model when it is not run here
+        name = self.chat.writer_name(message)
+        _, loaded = self.model(name)
+        terms, record = self.terms(name, loaded, steer)
+        return self.chat.rerun_turn(conversation, message, history, self.edit(loaded, terms), record)
+
+
+def terms_of(store: DirectionStore, model: str, steering: Steering) -> tuple[Term, ...]:
+    """The terms a steered version ran with, from its record and the model's saved directions. Raises ChatError
+    (409) when a direction was deleted since, or made again under its name."""
+    terms = []
+    for term in steering.terms:
+        found = store.get(model, term.direction)
+        if found is None or not math.isclose(found.norm, term.norm, rel_tol=1e-6) or found.layer != term.layer:
+            raise ChatError(f"The direction {term.direction!r} this version was steered with was deleted or made "
+                            "again since, so the version cannot be read again with it.", 409)
+        terms.append(Term(found.layer, found.vector, term.alpha))
+    return tuple(terms)
+
+
+def _config_model(loaded: LoadedChatModel) -> Any:
+    """The model in nanoGPT's layout (checked before: SteeringService.model)."""
+    return loaded.model
+
+
+def _config(loaded: LoadedChatModel) -> Any:
+    return _config_model(loaded).config
