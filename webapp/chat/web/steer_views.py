@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from flask import Response, abort, g, jsonify, redirect, render_template, request, url_for
+from flask import Response, abort, jsonify, redirect, render_template, request, url_for
 
 from webapp.chat.model.steering import read_control_vector, write_control_vector
 from webapp.chat.service import ChatError
@@ -30,21 +30,16 @@ def steering() -> SteeringService:
 
 
 @bp.app_context_processor
-def directions_context() -> dict:
-    """directions_for(message): the directions of the model that wrote a reply (its Steer form), read once per
-    model and request."""
-    def directions_for(message: dict) -> list | None:
-        """None: that model cannot be steered here (remote, not nanoGPT's layout, not run here)."""
-        cache = g.setdefault("glassbox_directions", {})
-        name = service().writer_name(message)
-        if name not in cache:
-            try:
-                steering().model(name)
-                cache[name] = steering().directions(name)
-            except ChatError:
-                cache[name] = None
-        return cache[name]
-    return {"directions_for": directions_for}
+def steering_context() -> dict:
+    """steerable(message): whether the model that wrote a reply can be steered here (its Steer form); asked of
+    the models in memory, never of the database, so a page costs no statement more."""
+    def steerable(message: dict) -> bool:
+        try:
+            steering().model(service().writer_name(message))
+        except ChatError:
+            return False
+        return True
+    return {"steerable": steerable}
 
 
 # -- directions ------------------------------------------------------------------------------------
