@@ -280,3 +280,27 @@ def held_out(n_arithmetic: int = 400, seed: int = 7) -> list[QA]:
             q = q.replace(f" {op} ", op)
         out.append(QA("arithmetic", q, arithmetic_answer(a, op, b)))
     return out
+
+
+def write_jsonl(path: str, exchanges: int, seed: int = 0, mix: str = "sums") -> None:
+    """The training mix as a corpus for `python -m webapp.features train`: one {"user", "assistant"} a line."""
+    import json
+
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as out:
+        for _ in range(exchanges):
+            qa = sample_train(rng, mix)
+            out.write(json.dumps({"user": qa.question, "assistant": qa.answer}) + "\n")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the bundled chat model's synthetic training text as a "
+                                                 "JSON-lines corpus (webapp/features reads it).")
+    parser.add_argument("out")
+    parser.add_argument("--exchanges", type=int, default=100_000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mix", choices=["base", "sums"], default="sums")
+    args = parser.parse_args()
+    write_jsonl(args.out, args.exchanges, args.seed, args.mix)

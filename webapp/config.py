@@ -89,6 +89,8 @@ class Settings:
     chat_arch: str = ""          # preset, n_layer=2,n_head=4,... or a JSON file; empty: from the checkpoint
     chat_tokenizer: str = ""     # "byte", "gpt2" (packaged) or "gpt2:/path/gpt2.tiktoken"; empty: from config.json
     chat_factory: str = ""       # "module:function", the owner's build_model(arch)
+    # sparse dictionaries (SAELens folders, comma-separated; "none"); empty: dictionaries/ beside the checkpoint
+    chat_dictionaries: str = ""
     loop_model: str = str(ROOT / "models/loops")  # directory, or "module:function"
     # Remote chat (webapp/chat/decode/remote/executor.py, docs/scaling.md): replies from OpenAI-compatible servers
     chat_backend: str = ""       # "openai:<base url>[,<base url>...]"; empty: the local chat model writes replies

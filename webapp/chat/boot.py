@@ -12,6 +12,7 @@ from webapp.chat.decode.generate import generate
 from webapp.chat.decode.prefill import pin_prompt_head
 from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.remote.executor import remote_executor
+from webapp.chat.dictionaries import load_dictionaries
 from webapp.chat.model import kernels
 from webapp.chat.model.errors import ModelLoadError
 from webapp.chat.model.loading import LoadedChatModel, load_chat_model
@@ -43,6 +44,9 @@ def load_model(settings):
                                  factory=settings.chat_factory or None, device=settings.device,
                                  dtype=settings.dtype or None)
     loaded.torch_threads = reply_threads(loaded.model, settings.chat_torch_threads)
+    if not getattr(settings, "chat_backend", ""):  # a remote model's stream is not here to read
+        loaded.dictionaries = load_dictionaries(settings.chat_dictionaries, settings.chat_checkpoint, loaded.model,
+                                                loaded.tokenizer)
     if settings.device == "cpu":  # compiled here, once per machine, rather than on the first reply
         if kernels.library() is not None:
             logging.getLogger("glassbox").info("decode kernel compiled for this CPU, in %s", kernels.cache_dir())

@@ -19,6 +19,7 @@ from webapp.chat.ablation import AblationService
 from webapp.chat.attribution import AttributionService
 from webapp.chat.decode.ablation import AblationJobs
 from webapp.chat.decode.attribution import AttributionJobs
+from webapp.chat.decode.features import FeaturesJobs
 from webapp.chat.decode.head import HeadJobs
 from webapp.chat.decode.inside import InsideJobs
 from webapp.chat.decode.lens import LensJobs
@@ -27,6 +28,7 @@ from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.reply_jobs import ReplyJobs
 from webapp.chat.decode.steering import DirectionJobs
 from webapp.chat.directions import DirectionStore
+from webapp.chat.features import FeatureService
 from webapp.chat.heads import HeadService
 from webapp.chat.inside import InsideService
 from webapp.chat.lens import LensService
@@ -79,6 +81,9 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment(Work.LENS, LensJobs,
                lambda core, chat, inside, settings: LensService(core, inside, settings.inside_cache_entries,
                                                                 DirectionStore(chat.store.db))),
+    # the features active at a token, by each of the model's sparse dictionaries
+    Experiment(Work.FEATURES, FeaturesJobs,
+               lambda core, chat, inside, settings: FeatureService(core, inside, settings.inside_cache_entries)),
     # steering: a contrastive direction from two lists of prompts; steered versions run as replies
     Experiment(Work.DIRECTION, DirectionJobs, lambda core, chat, inside, settings: SteeringService(core, chat),
                reads_kept_cache=False),

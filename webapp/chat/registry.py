@@ -35,6 +35,7 @@ KEYS = {
     "arch": "chat_arch",
     "tokenizer": "chat_tokenizer",
     "factory": "chat_factory",
+    "dictionaries": "chat_dictionaries",
     "dtype": "dtype",
     "torch_threads": "chat_torch_threads",
     "backend": "chat_backend",
@@ -61,6 +62,7 @@ class Work(StrEnum):
     PATCHING = "patching"
     LENS = "lens"
     DIRECTION = "direction"  # a steering direction from two lists of prompts
+    FEATURES = "features"  # the sparse dictionaries' features at a token
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,8 @@ def _entry_settings(table: dict[str, Any], base: Settings, folder: Path, here: s
         if field is None:
             raise ConfigError(f"{here}, key {key!r}: unknown; a model takes {', '.join(sorted(KEYS))}")
         kind = types[field]
+        if key == "dictionaries" and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = ",".join(str(folder / Path(v).expanduser()) for v in value) or "none"
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if type(value) is not kind:

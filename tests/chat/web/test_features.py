@@ -1,0 +1,95 @@
+"""A reply's token's features through the app: each dictionary's activations at the position that produced the
+token equal its encode, written out by hand, of the residual stream there (a forward written out by hand),
+strongest first, labelled; share links read them too; a model without a dictionary, or a dictionary that does
+not fit the model, says so."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.chat.web import test_ablation
+from tests.chat.web.test_ablation import CONFIG, greedy_reply, prompt_of, tokens_of
+from tests.chat.web.test_steering import by_hand, gpt
+from webapp.chat import boot
+from webapp.chat.dictionaries import load_dictionaries
+from webapp.chat.model.errors import ModelLoadError
+from webapp.config import Settings
+from webapp.features import saelens
+from webapp.features.sae import Dictionary, DictionaryConfig
+from webapp.web.state import glassbox
+
+chat_app = test_ablation.chat_app  # the fixture: a model whose heads matter, never sampling a special
+
+
+def dictionary(folder, layer: int, d_in: int = CONFIG.n_embd, seed: int = 0) -> Dictionary:
+    torch.manual_seed(seed)
+    sae = Dictionary(DictionaryConfig(d_in, 48, "topk", 6, layer, model_name="glassbox"))
+    with torch.no_grad():
+        sae.b_enc.normal_(0, 0.5)
+    saelens.save(sae, folder)
+    return sae
+
+
+def test_a_tokens_features_are_each_dictionarys_encode_of_the_stream_there(chat_app, tmp_path):
+    loaded = glassbox(chat_app).core.models["chat"]
+    saes = {name: dictionary(tmp_path / name, layer, seed=layer) for name, layer in (("early", 0), ("late", 1))}
+    loaded.dictionaries = load_dictionaries(f"{tmp_path / 'early'},{tmp_path / 'late'}", "", loaded.model,
+                                            loaded.tokenizer)
+    client = chat_app.test_client()
+    cid, mid = greedy_reply(client, n=5)
+    index = 3
+    got = client.get(f"/chat/c/{cid}/m/{mid}/features/{index}.json")
+    assert got.status_code == 200, got.get_json()
+    data = got.get_json()
+    assert [d["name"] for d in data["dictionaries"]] == ["early", "late"]
+    context = prompt_of(chat_app, mid) + tokens_of(chat_app, mid)[:index]
+    streams = by_hand(gpt(chat_app), context)
+    for reading in data["dictionaries"]:
+        sae = saes[reading["name"]]
+        assert reading["hook_name"] == sae.config.hook_name
+        x = streams[sae.config.layer][-1]  # after its block, at the position that produced token `index`
+        t = {k: v.detach() for k, v in sae.state_dict().items()}
+        pre = torch.relu((x - t["b_dec"]) @ t["W_enc"] + t["b_enc"])
+        kth = pre.topk(6).values[-1]
+        want = {int(i): float(pre[i]) for i in torch.nonzero((pre >= kth) & (pre > 0))[:, 0]}
+        listed = {f["index"]: f["activation"] for f in reading["features"]}
+        assert listed.keys() == want.keys()
+        for i, a in want.items():
+            assert listed[i] == pytest.approx(a, abs=1e-4)
+        activations = [f["activation"] for f in reading["features"]]
+        assert activations == sorted(activations, reverse=True)
+        assert all(f["label"].startswith("pushes ") for f in reading["features"])
+
+
+def test_a_model_without_a_dictionary_says_how_to_make_one(chat_app):
+    client = chat_app.test_client()
+    cid, mid = greedy_reply(client, n=3)
+    got = client.get(f"/chat/c/{cid}/m/{mid}/features/0.json")
+    assert got.status_code == 409 and "python -m webapp.features train" in got.get_json()["error"]
+
+
+def test_a_dictionary_that_does_not_fit_stops_start_up_naming_it(tmp_path):
+    dictionary(tmp_path / "narrow", 1, d_in=CONFIG.n_embd)
+    settings = Settings(chat_dictionaries=str(tmp_path / "narrow"))  # the bundled model is 256 wide
+    with pytest.raises(ModelLoadError, match="narrow: d_in is 32, the model's width is 256"):
+        boot.load_models(settings)
+    deep = tmp_path / "deep"
+    saelens.save(Dictionary(DictionaryConfig(256, 8, "topk", 2, 9)), deep)
+    with pytest.raises(ModelLoadError, match="reads block 9; the model has blocks 0 to 3"):
+        boot.load_models(Settings(chat_dictionaries=str(deep)))
+    cfg = json.loads((deep / "cfg.json").read_text())
+    (deep / "cfg.json").write_text(json.dumps({**cfg, "architecture": "gated"}))
+    with pytest.raises(ModelLoadError, match="architecture 'gated' is not one Glassbox reads"):
+        boot.load_models(Settings(chat_dictionaries=str(deep)))
+
+
+def test_a_registry_lists_a_models_dictionaries(tmp_path):
+    saelens.save(Dictionary(DictionaryConfig(256, 16, "topk", 2, 1)), tmp_path / "dicts" / "mine")
+    registry = tmp_path / "models.toml"
+    bundled = Settings().chat_checkpoint
+    registry.write_text(f'[models.small]\ncheckpoint = "{bundled}"\ndictionaries = ["dicts/mine"]\n')
+    models = boot.load_models(Settings(chat_models=str(registry)))
+    assert list(models.get("small").dictionaries) == ["mine"]

@@ -1,0 +1,124 @@
+"""Training a dictionary from the command line on the bundled chat model: SAELens's files written, the figures
+on held-out text, Ctrl-C-safe resume, and a clear refusal for a corpus or a block that is not there; the quality
+module's spliced loss equals a splice written out by hand."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from tests.conftest import ROOT
+from webapp.chat.model.gpt import GPT, GPTConfig
+from webapp.features import saelens
+from webapp.features.activations import ShuffleBuffer
+from webapp.features.quality import quality
+from webapp.features.sae import Dictionary, DictionaryConfig
+
+
+def corpus(tmp_path, lines: int = 400) -> str:
+    path = tmp_path / "corpus.jsonl"
+    with path.open("w") as out:
+        for i in range(lines):
+            out.write(json.dumps({"user": f"What is {i % 50} + {i % 7}?",
+                                  "assistant": f"{i % 50} + {i % 7} = {i % 50 + i % 7}."}) + "\n")
+    return str(path)
+
+
+def features(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "webapp.features", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_the_command_line_trains_a_saelens_dictionary_of_the_bundled_model_and_resumes(tmp_path):
+    out = tmp_path / "d"
+    common = ["train", "--layer", "1", "--width", "64", "--k", "4", "--corpus", corpus(tmp_path, 2000),
+              "--out", str(out), "--batch", "512", "--context", "64", "--eval-sequences", "4"]
+    run = features(*common, "--tokens", "4096")
+    assert run.returncode == 0, run.stderr
+    assert "tokens/s" in run.stderr and "EV" in run.stderr
+    cfg = json.loads((out / "cfg.json").read_text())
+    assert (cfg["architecture"], cfg["d_in"], cfg["d_sae"], cfg["k"], cfg["hook_name"]) == \
+        ("topk", 256, 64, 4, "blocks.1.hook_resid_post")
+    figures = json.loads((out / "quality.json").read_text())
+    assert figures["l0"] == pytest.approx(4.0) and 0 <= figures["dead_fraction"] <= 1
+    assert figures["ce_clean"] <= figures["ce_spliced"] + 1e-6 or figures["loss_recovered"] <= 1.0
+    assert json.loads(run.stdout.strip().splitlines()[-1])["explained_variance"] == figures["explained_variance"]
+    first = saelens.load(out)
+    state = torch.load(out / "glassbox_training.pt", weights_only=False)
+    assert state["step"] == 8 and state["sequences_read"] > 0
+    again = features(*common, "--tokens", "8192", "--resume")
+    assert again.returncode == 0, again.stderr
+    assert torch.load(out / "glassbox_training.pt", weights_only=False)["step"] == 16  # went on from step 8
+    assert not torch.equal(saelens.load(out).W_dec, first.W_dec)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"--layer": "4"}, "--layer 4: the model has blocks 0 to 3"),
+    ({"--corpus": "/nowhere/at/all"}, "no such file or folder"),
+    ({"--k": "65"}, "--k must be from 1 to --width"),
+])
+def test_a_bad_request_says_what_is_wrong_and_trains_nothing(tmp_path, change, words):
+    args = {"--layer": "1", "--width": "64", "--k": "4", "--tokens": "1024", "--corpus": corpus(tmp_path, 10),
+            "--out": str(tmp_path / "d"), **change}
+    run = features("train", *[item for pair in args.items() for item in pair])
+    assert run.returncode == 2 and words in run.stderr, run.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_corpus_that_is_not_text_is_refused_by_name(tmp_path):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.txt").write_bytes(b"\xff\xfe\x00bad")
+    run = features("train", "--layer", "0", "--width", "32", "--k", "2", "--tokens", "512", "--corpus",
+                   str(tmp_path / "c"), "--out", str(tmp_path / "d"), "--batch", "64")
+    assert run.returncode == 2 and "a.txt: not UTF-8 text" in run.stderr, run.stderr
+    (tmp_path / "empty").mkdir()
+    run = features("train", "--layer", "0", "--width", "32", "--k", "2", "--tokens", "512", "--corpus",
+                   str(tmp_path / "empty"), "--out", str(tmp_path / "d"))
+    assert run.returncode == 2 and "no .txt or .jsonl file" in run.stderr
+
+
+def test_the_spliced_loss_is_the_model_run_with_the_stream_replaced_by_hand():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=50, n_layer=2, n_head=2, n_embd=16)).eval()
+    sae = Dictionary(DictionaryConfig(16, 24, "topk", 3, layer=0)).eval()
+    seq = [(3 * i + 1) % 50 for i in range(20)]
+    got = quality(model, sae, [seq])
+    ids = torch.tensor([seq])
+
+    def ce(replace) -> float:
+        x = model.transformer.wte(ids) + model.transformer.wpe(torch.arange(20))
+        for layer, block in enumerate(model.transformer.h):
+            x = x + _attention(block, x)
+            x = x + block.mlp(block.ln_2(x))
+            if layer == 0 and replace is not None:
+                x = torch.cat([x[:, :1], replace(x[:, 1:])], dim=1)  # the start token's stream as it is
+        logits = model.lm_head(model.transformer.ln_f(x))[0, :-1]
+        return float(F.cross_entropy(logits, ids[0, 1:]))
+
+    with torch.no_grad():
+        assert got.ce_clean == pytest.approx(ce(None), rel=1e-5)
+        assert got.ce_spliced == pytest.approx(ce(lambda x: sae(x[0])[1][None]), rel=1e-5)
+        assert got.ce_zero == pytest.approx(ce(torch.zeros_like), rel=1e-5)
+    assert got.loss_recovered == pytest.approx((got.ce_zero - got.ce_spliced) / (got.ce_zero - got.ce_clean))
+
+
+def _attention(block, x):
+    T, C = x.size(1), x.size(2)
+    q, k, v = block.attn.c_attn(block.ln_1(x)).split(C, dim=2)
+    q, k, v = (t.view(1, T, 2, C // 2).transpose(1, 2) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return block.attn.c_proj(y.transpose(1, 2).reshape(1, T, C))
+
+
+def test_the_shuffle_buffer_hands_every_row_out_once_in_a_new_order():
+    buffer = ShuffleBuffer(100, 2, seed=1)
+    rows = torch.arange(200, dtype=torch.float32).view(100, 2)
+    assert buffer.add(torch.cat([rows, rows[:5]])).size(0) == 5 and buffer.full()
+    taken = torch.cat([buffer.take(30), buffer.take(30), buffer.take(100)])
+    assert sorted(taken[:, 0].tolist()) == rows[:, 0].tolist() and buffer.n == 0
+    assert taken[:30, 0].tolist() != rows[:30, 0].tolist()

@@ -1,0 +1,67 @@
+"""The features active at one token of a reply, on the core's worker: the residual stream at the position that
+produced it (as Inside reads it: a kept KV cache's positions reused, the rest run through the hooked forward up
+to the last block a dictionary reads), encoded by each of the model's dictionaries (webapp/chat/dictionaries.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from webapp.chat.decode.prefix_cache import PrefixCache
+from webapp.chat.decode.reply_jobs import ReplyJobs, kept_prefix
+from webapp.chat.model import hooked
+from webapp.chat.model.loading import LoadedChatModel
+from webapp.core.executors import Worker
+from webapp.core.jobs import Job
+
+TOP_FEATURES = 32  # active features listed per dictionary, strongest first
+
+
+@dataclass(frozen=True)
+class FeaturesRequest:
+    """Token `index` of a reply: the ids at positions 0..p, as Inside's request has them."""
+
+    context_ids: tuple[int, ...]
+    index: int
+
+
+@dataclass(frozen=True)
+class Reading:
+    dictionary: str
+    hook_name: str
+    features: tuple[tuple[int, float], ...]  # (feature, activation), strongest first, active ones only
+
+
+@dataclass
+class FeaturesResult:
+    report: tuple[Reading, ...] | None = None
+
+
+def features_report(loaded: LoadedChatModel, request: FeaturesRequest, between: Callable[[], None] | None = None,
+                    prefix: PrefixCache | None = None) -> tuple[Reading, ...]:
+    model = loaded.model
+    dictionaries = list((loaded.dictionaries or {}).values())
+    kept = kept_prefix(model, request.context_ids, prefix)
+    last = len(request.context_ids) - 1
+    layers = frozenset(d.layer + 1 for d in dictionaries)
+    with torch.inference_mode():
+        x = hooked.embed(model, kept.tokens(next(model.parameters()).device), kept.start)
+        out = hooked.run(model, x, start=kept.start, past=kept.past, last_layer=max(layers) - 1,
+                         reads=hooked.Reads(resid=True, first=last, layers=layers), between=kept.between(between))
+        readings = []
+        for d in dictionaries:
+            z = d.sae.encode(out.resid[d.layer + 1][0, -1:].float())[0]  # (d_sae,)
+            top = z.topk(min(TOP_FEATURES, z.numel()))
+            active = [(int(i), float(a)) for a, i in zip(top.values.tolist(), top.indices.tolist()) if a > 0]
+            readings.append(Reading(d.name, d.hook_name, tuple(active)))
+    return tuple(readings)
+
+
+class FeaturesJobs(ReplyJobs[FeaturesRequest, FeaturesResult]):
+    """The core's executor for a token's features."""
+
+    def work(self, request: FeaturesRequest, between: Callable[[], None], job: Job[FeaturesRequest, FeaturesResult],
+             core: Worker) -> FeaturesResult:
+        return FeaturesResult(features_report(self.loaded, request, between, self.prefix))

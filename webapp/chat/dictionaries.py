@@ -1,0 +1,93 @@
+"""A chat model's sparse dictionaries (webapp/features), loaded with it at start-up: the folders
+GLASSBOX_CHAT_DICTIONARIES names (a registry model's `dictionaries = [...]`), else every dictionary in
+`dictionaries/` beside the checkpoint (the bundled model's). A folder that cannot be read, or whose dictionary
+does not fit the model (its width, its block), stops start-up naming the folder and the mismatch.
+
+Each feature gets an automatic label from the tokens it pushes up: its decoder row through the final layer
+norm's scale and the output layer (Neuronpedia's "logit effects"), its three strongest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from webapp.chat.model.errors import ModelLoadError
+from webapp.chat.model.tokenizer import token_bytes
+from webapp.features.sae import Dictionary
+from webapp.features.saelens import DictionaryFileError, load
+
+LABEL_TOKENS = 3
+
+
+@dataclass
+class LoadedDictionary:
+    name: str  # its folder's name
+    path: Path
+    sae: Dictionary
+    labels: list[str]  # per feature
+
+    @property
+    def hook_name(self) -> str:
+        return self.sae.config.hook_name
+
+    @property
+    def layer(self) -> int:
+        return self.sae.config.layer
+
+
+def folders(spec: str, checkpoint: str) -> list[Path]:
+    """The dictionary folders a model loads: those named (comma-separated; "none": none), else those in
+    `dictionaries/` beside the checkpoint."""
+    if spec.strip() == "none":
+        return []
+    if spec.strip():
+        return [Path(part.strip()).expanduser() for part in spec.split(",") if part.strip()]
+    beside = Path(checkpoint).parent / "dictionaries"
+    return sorted(p for p in beside.iterdir() if (p / "cfg.json").is_file()) if beside.is_dir() else []
+
+
+def load_dictionaries(spec: str, checkpoint: str, model: Any, tokenizer: Any) -> dict[str, LoadedDictionary]:
+    """Every dictionary the model loads, checked against it, labelled. Raises ModelLoadError naming the folder."""
+    found: dict[str, LoadedDictionary] = {}
+    config = getattr(model, "config", None)
+    for path in folders(spec, checkpoint):
+        try:
+            sae = load(path)
+        except DictionaryFileError as error:
+            raise ModelLoadError(f"dictionary {error}") from None
+        width, n_layer = getattr(config, "n_embd", None), getattr(config, "n_layer", None)
+        if sae.config.d_in != width:
+            raise ModelLoadError(f"dictionary {path}: d_in is {sae.config.d_in}, the model's width is {width}")
+        if not isinstance(n_layer, int) or not 0 <= sae.config.layer < n_layer:
+            raise ModelLoadError(f"dictionary {path}: {sae.config.hook_name} reads block {sae.config.layer}; the "
+                                 f"model has blocks 0 to {(n_layer or 1) - 1}")
+        if path.name in found:
+            raise ModelLoadError(f"dictionary {path}: two dictionaries named {path.name!r}")
+        device = model.transformer.wte.weight.device
+        sae = sae.to(device)
+        found[path.name] = LoadedDictionary(path.name, path, sae, labels(model, sae, tokenizer))
+    return found
+
+
+@torch.inference_mode()
+def pushes(model: Any, sae: Dictionary, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each feature's strongest pushes: its decoder row scaled by ln_f's γ, through lm_head -> (values,
+    token ids), each (d_sae, top)."""
+    gamma = model.transformer.ln_f.weight.float()
+    weight = model.lm_head.weight.float()
+    effects = (sae.W_dec.float() * gamma) @ weight.T  # (d_sae, V)
+    return effects.topk(min(top, effects.size(-1)), dim=-1)
+
+
+def labels(model: Any, sae: Dictionary, tokenizer: Any) -> list[str]:
+    _, ids = pushes(model, sae, LABEL_TOKENS)
+    return ["pushes " + ", ".join(repr(_text(tokenizer, int(t))) for t in row) for row in ids.tolist()]
+
+
+def _text(tokenizer: Any, token: int) -> str:
+    found = token_bytes(tokenizer, token)
+    return f"<{token}>" if found is None else found.decode("utf-8", "replace")

@@ -1,0 +1,62 @@
+"""The features of a reply's token (webapp/chat/features.py), as JSON: for each of the model's dictionaries,
+the features active at the position that produced the token, strongest first, with their activations and
+labels. The owner's, and read-only through a share link."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from flask import jsonify
+
+from webapp.chat.decode.features import Reading
+from webapp.chat.features import FeatureService
+from webapp.chat.service import ChatError
+from webapp.chat.web.blueprint import bp, owned_message, service
+from webapp.chat.web.inside_pages import shared_message
+from webapp.chat.web.reply_jobs import InsideError, runnable_writer, wait_for_job
+from webapp.web.security import owner_id
+from webapp.web.state import glassbox
+
+
+def feature_service() -> FeatureService:
+    return glassbox().service(FeatureService)
+
+
+@bp.get("/c/<conversation_id>/m/<int:message_id>/features/<int:index>.json")
+def token_features_json(conversation_id: str, message_id: int, index: int):
+    return answer(owned_message(conversation_id, message_id), index)
+
+
+@bp.get("/shared/<token>/m/<int:message_id>/features/<int:index>.json")
+def shared_token_features_json(token: str, message_id: int, index: int):
+    _, message = shared_message(token, message_id)
+    return answer(message, index)
+
+
+def answer(message: dict, index: int):
+    """{"dictionaries": [{"name", "hook_name", "features": [{"index", "activation", "label"}]}]}."""
+    try:
+        model, readings = resolved(message, index)
+    except InsideError as error:
+        return jsonify({"error": str(error)}), error.status, error.headers
+    features = feature_service()
+    return jsonify({"dictionaries": [
+        {"name": r.dictionary, "hook_name": r.hook_name,
+         "features": [{"index": i, "activation": a, "label": features.labels(model, r.dictionary)[i]}
+                      for i, a in r.features]} for r in readings]})
+
+
+def resolved(message: dict, index: int) -> tuple[str, tuple[Reading, ...]]:
+    """(the model that wrote the reply, the readings): kept, or read now by a job this request waits for.
+    Raises InsideError: 404, 409 (cannot run here, not finished, no dictionary), 429/503, 500."""
+    features = feature_service()
+    model = runnable_writer(message, "Features cannot be read on")
+    try:
+        wanted = features.request_for(model, message, service().details(message["id"]), index)
+    except ChatError as error:
+        raise InsideError(str(error), error.status) from None
+    found = features.report(model, wanted)
+    if found is not None:
+        return model, found
+    job = wait_for_job(lambda: features.start(owner_id(), model, wanted), "read this token's features")
+    return model, cast(tuple[Reading, ...], job.result.report)

@@ -1,0 +1,114 @@
+"""python -m webapp.features train --model <name> --layer L --width W --k K --tokens N --corpus PATH --out DIR
+
+Trains a TopK sparse dictionary of a chat model's residual stream after block L (several blocks: `--layer 1,2`,
+one dictionary each, in DIR/blocks.L.hook_resid_post), writes it in SAELens's format and prints its quality on
+held-out text. The model is the registry's (GLASSBOX_CHAT_MODELS) of that name, else the one the GLASSBOX_CHAT_*
+settings load (the bundled model by default), on GLASSBOX_DEVICE. A progress line shows tokens/s and the
+explained variance; Ctrl-C keeps the last step, and --resume goes on from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from webapp.chat.model.errors import ModelLoadError
+from webapp.chat.model.loading import LoadedChatModel, load_chat_model
+from webapp.chat.registry import model_entries
+from webapp.config import ConfigError, Settings
+from webapp.features.activations import CorpusError, corpus_files, documents, sequences
+from webapp.features.quality import quality
+from webapp.features.train import STATE, Plan, Progress, folder_of, train
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m webapp.features", description=__doc__.split("\n\n")[1])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("train", help="train a dictionary")
+    run.add_argument("--model", default=None, help="the registry's name (default: the first model)")
+    run.add_argument("--layer", required=True, help="the block (0-based) whose output it reads; several: 1,2")
+    run.add_argument("--width", type=int, required=True, help="features in the dictionary (d_sae)")
+    run.add_argument("--k", type=int, required=True, help="features active per token (TopK)")
+    run.add_argument("--tokens", type=int, required=True, help="training tokens")
+    run.add_argument("--corpus", type=Path, required=True, help="a .txt or .jsonl file, or a folder of them")
+    run.add_argument("--out", type=Path, required=True, help="the folder the dictionary is written into")
+    run.add_argument("--context", type=int, default=128, help="tokens per sequence (128)")
+    run.add_argument("--batch", type=int, default=4096, help="activation rows per step (4096)")
+    run.add_argument("--lr", type=float, default=None, help="learning rate (2e-4 / sqrt(width / 16384))")
+    run.add_argument("--eval-sequences", type=int, default=64, help="held-out sequences for the figures (64)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--resume", action="store_true", help="go on from the checkpoint in --out")
+    args = parser.parse_args(argv)
+    try:
+        name, loaded = load(args.model)
+        layers = tuple(int(part) for part in str(args.layer).split(","))
+        n_layer = int(loaded.model.config.n_layer)  # type: ignore[union-attr, arg-type]
+        bad = [layer for layer in layers if not 0 <= layer < n_layer]
+        if bad:
+            raise ValueError(f"--layer {bad[0]}: the model has blocks 0 to {n_layer - 1}")
+        if not 0 < args.k <= args.width:
+            raise ValueError(f"--k must be from 1 to --width ({args.width})")
+        corpus_files(args.corpus)  # a missing or empty corpus, said before anything runs
+    except (ConfigError, ModelLoadError, CorpusError, ValueError) as error:
+        print(f"cannot train: {error}", file=sys.stderr)
+        return 2
+    plan = Plan(layers, args.width, args.k, args.tokens, context=args.context, batch=args.batch, lr=args.lr,
+                eval_sequences=args.eval_sequences, seed=args.seed)
+    model = loaded.model
+    started = time.monotonic()
+    try:
+        saes = train(model, loaded.prompt, args.corpus, plan, args.out, name, args.resume, report=_progress)
+    except KeyboardInterrupt:
+        print(f"\nstopped: the last step is kept in {args.out} (--resume goes on)", file=sys.stderr)
+        return 130
+    except CorpusError as error:
+        print(f"\ncannot train: {error}", file=sys.stderr)
+        return 2
+    print(file=sys.stderr)
+    state = args.out / STATE
+    trained = torch.load(state, weights_only=False)["step"] * plan.batch if state.exists() else 0
+    if trained < plan.tokens:
+        print(f"the corpus ran out after {trained:,} of {plan.tokens:,} tokens", file=sys.stderr)
+    held_out = list(zip(range(plan.eval_sequences), sequences(documents(corpus_files(args.corpus), loaded.prompt),
+                                                               plan.context)))
+    for layer, sae in saes.items():
+        figures = quality(model, sae, [seq for _, seq in held_out])
+        folder = folder_of(args.out, plan, layer)
+        report = {"layer": layer, "width": plan.width, "k": plan.k, "tokens": plan.tokens,
+                  "seconds": round(time.monotonic() - started, 1), "explained_variance": figures.explained_variance,
+                  "l0": figures.l0, "dead_fraction": figures.dead_fraction, "ce_clean": figures.ce_clean,
+                  "ce_spliced": figures.ce_spliced, "ce_zero": figures.ce_zero,
+                  "loss_recovered": figures.loss_recovered, "held_out_tokens": figures.tokens}
+        (folder / "quality.json").write_text(json.dumps(report, indent=2) + "\n")
+        print(json.dumps(report))
+    return 0
+
+
+def load(name: str | None) -> tuple[str, LoadedChatModel]:
+    """The registry's model of that name (default: the first), loaded for training on GLASSBOX_DEVICE."""
+    settings = Settings.from_env()
+    entries = model_entries(settings)
+    entry = entries[0] if name is None else next((e for e in entries if e.name == name), None)
+    if entry is None:
+        raise ValueError(f"--model {name!r}: the registry has {', '.join(e.name for e in entries)}")
+    if entry.settings.chat_backend:
+        raise ValueError(f"--model {entry.name!r} runs on a remote backend: there is no residual stream here")
+    s = entry.settings
+    loaded = load_chat_model(s.chat_checkpoint, arch=s.chat_arch or None, tokenizer_spec=s.chat_tokenizer or None,
+                             factory=s.chat_factory or None, device=s.device, dtype=torch.float32)
+    return entry.name, loaded
+
+
+def _progress(p: Progress) -> None:
+    figures = "  ".join(f"L{layer}: EV {ev:.3f} L0 {p.l0[layer]:.1f}" for layer, ev in p.explained_variance.items())
+    print(f"\rstep {p.step}  {p.tokens:,} tokens  {p.tokens_per_second:,.0f} tokens/s  {figures}", end="",
+          file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

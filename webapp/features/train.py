@@ -1,0 +1,183 @@
+"""Training TopK dictionaries on a model's residual stream (Gao et al. 2024), one per chosen block, all on the
+same activations: Adam at lr 2e-4 / √(d_sae / 2¹⁴), the decoder's rows kept at unit norm (the gradient's
+part along each row removed, then the rows renormalised), b_dec started at the first buffer's mean, and the
+AuxK loss (k_aux = d_in / 2, weight 1/32) on the features that fired on none of the last DEAD_TOKENS tokens.
+
+The first `eval_sequences` sequences of the corpus are held out for the quality figures
+(webapp/features/quality.py); training reads the ones after them. A checkpoint (the dictionaries in
+SAELens's format, and `glassbox_training.pt`: the optimiser, the step, the sequences read) is written every
+`checkpoint_seconds`, at the end, and on Ctrl-C; `resume` goes on from it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from webapp.features import saelens
+from webapp.features.activations import ShuffleBuffer, activations, corpus_files, documents, sequences
+from webapp.features.sae import Dictionary, DictionaryConfig, aux_loss, remove_parallel_gradient
+
+STATE = "glassbox_training.pt"
+DEAD_TOKENS = 1_000_000  # a feature silent this long is dead (for AuxK and the figures)
+
+
+@dataclass(frozen=True)
+class Plan:
+    layers: tuple[int, ...]
+    width: int
+    k: int
+    tokens: int  # training tokens (activation rows) per dictionary
+    context: int = 128  # tokens per sequence
+    batch: int = 4096  # activation rows per step
+    sequences_per_forward: int = 16
+    buffer_batches: int = 8  # the shuffle buffer holds this many steps' rows
+    eval_sequences: int = 64
+    seed: int = 0
+    lr: float | None = None  # None: 2e-4 / sqrt(width / 2**14)
+    checkpoint_seconds: float = 300.0
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else 2e-4 / math.sqrt(self.width / 2**14)
+
+
+@dataclass
+class Progress:
+    step: int
+    tokens: int
+    tokens_per_second: float
+    explained_variance: dict[int, float]  # per layer, on the last step's batch
+    l0: dict[int, float]
+
+
+def folder_of(out: Path, plan: Plan, layer: int) -> Path:
+    """Where a dictionary is written: `out` itself for one block, out/blocks.L.hook_resid_post for several."""
+    return out if len(plan.layers) == 1 else out / f"blocks.{layer}.hook_resid_post"
+
+
+def train(model: Any, prompt: Any, corpus: Path, plan: Plan, out: Path, model_name: str = "",
+          resume: bool = False, report: Callable[[Progress], None] | None = None,
+          between: Callable[[], None] | None = None) -> dict[int, Dictionary]:
+    """Train one dictionary per block of `plan.layers` on the corpus's activations, writing them into `out`.
+    between: called after each step (a job on the core lets replies step, and stops there when cancelled)."""
+    torch.manual_seed(plan.seed)
+    d_in = model.config.n_embd
+    saes = {layer: Dictionary(DictionaryConfig(d_in, plan.width, "topk", plan.k, layer, model_name=model_name))
+            for layer in plan.layers}
+    params = [p for sae in saes.values() for p in (sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec)]
+    optimiser = torch.optim.Adam(params, lr=plan.learning_rate, betas=(0.9, 0.999), eps=6.25e-10)
+    quiet = {layer: torch.zeros(plan.width, dtype=torch.long) for layer in plan.layers}  # tokens since it fired
+    step, read, started = 0, 0, False
+    state_path = out / STATE
+    if resume and state_path.exists():
+        state = torch.load(state_path, weights_only=False)
+        for layer, sae in saes.items():
+            sae.load_state_dict(saelens.load(folder_of(out, plan, layer)).state_dict())
+        optimiser.load_state_dict(state["optimiser"])
+        step, read, quiet, started = state["step"], state["sequences_read"], state["quiet"], True
+    seqs = sequences(documents(corpus_files(corpus), prompt), plan.context)
+    counted = _Counted(itertools.islice(seqs, plan.eval_sequences + read, None), read)
+    stream = activations(model, counted, plan.layers, plan.sequences_per_forward)
+    buffers = {layer: ShuffleBuffer(plan.batch * plan.buffer_batches, d_in, plan.seed + layer) for layer in plan.layers}
+    pending = {layer: torch.empty(0, d_in) for layer in plan.layers}  # rows read, not yet in the buffer
+    clock, last_save, tokens_at_clock = time.monotonic(), time.monotonic(), step * plan.batch
+
+    def save() -> None:
+        for layer, sae in saes.items():
+            saelens.save(sae, folder_of(out, plan, layer), {"plan": asdict(plan), "step": step,
+                                                            "tokens": step * plan.batch})
+        torch.save({"optimiser": optimiser.state_dict(), "step": step, "sequences_read": counted.read,
+                    "quiet": quiet, "plan": asdict(plan)}, state_path)
+
+    try:
+        while step * plan.batch < plan.tokens:
+            if not _fill(buffers, pending, stream):
+                break  # the corpus ran out
+            if not started:
+                for layer, sae in saes.items():  # b_dec at the first buffer's mean
+                    with torch.no_grad():
+                        sae.b_dec.copy_(buffers[layer].data[:buffers[layer].n].mean(0))
+                started = True
+            figures = {}
+            for layer, sae in saes.items():
+                x = buffers[layer].take(plan.batch)
+                figures[layer] = _step(sae, x, quiet[layer], d_in)
+            for sae in saes.values():
+                remove_parallel_gradient(sae)
+            optimiser.step()
+            optimiser.zero_grad(set_to_none=True)
+            for sae in saes.values():
+                sae.normalize_decoder()
+            step += 1
+            if between is not None:
+                between()
+            now = time.monotonic()
+            if report is not None and (now - clock > 1.0 or step * plan.batch >= plan.tokens):
+                rate = (step * plan.batch - tokens_at_clock) / max(now - clock, 1e-9)
+                report(Progress(step, step * plan.batch, rate, {k: v[0] for k, v in figures.items()},
+                                {k: v[1] for k, v in figures.items()}))
+                clock, tokens_at_clock = now, step * plan.batch
+            if now - last_save > plan.checkpoint_seconds:
+                save()
+                last_save = now
+    finally:  # the end, Ctrl-C, a cancelled job: the last step kept
+        if started:
+            save()
+    return saes
+
+
+def _fill(buffers: dict[int, ShuffleBuffer], pending: dict[int, torch.Tensor],
+          stream: Iterator[tuple[dict[int, torch.Tensor], int]]) -> bool:
+    """Top every buffer up, from the rows read before first -> False when the corpus is spent and the buffers
+    are empty."""
+    while True:
+        for layer, buffer in buffers.items():
+            pending[layer] = buffer.add(pending[layer])
+        if all(b.full() for b in buffers.values()):
+            return True
+        found = next(stream, None)
+        if found is None:
+            return all(b.n for b in buffers.values())
+        for layer, rows in found[0].items():
+            pending[layer] = torch.cat([pending[layer], rows])
+
+
+def _step(sae: Dictionary, x: torch.Tensor, quiet: torch.Tensor, d_in: int) -> tuple[float, float]:
+    """One batch's losses backward (the optimiser steps for every dictionary at once) -> (explained variance, L0)."""
+    pre = sae.pre_activations(x)
+    z = sae.activate(pre)
+    x_hat = sae.decode(z)
+    error = ((x_hat - x) ** 2).sum(-1)
+    total = ((x - x.mean(0)) ** 2).sum(-1)
+    loss = error.mean() / total.mean().clamp_min(1e-8)  # normalised MSE
+    fired = (z > 0).any(0)
+    quiet += x.size(0)
+    quiet[fired] = 0
+    dead = quiet > DEAD_TOKENS
+    loss = loss + aux_loss(sae, x, x_hat, pre, dead, d_in // 2) / 32
+    loss.backward()
+    with torch.no_grad():
+        return 1.0 - float(error.sum() / total.sum().clamp_min(1e-8)), float((z > 0).sum(-1).float().mean())
+
+
+class _Counted:
+    """An iterator of sequences that counts how many were read (a resumed run skips them)."""
+
+    def __init__(self, inner: Iterator[list[int]], read: int) -> None:
+        self.inner, self.read = inner, read
+
+    def __iter__(self) -> _Counted:
+        return self
+
+    def __next__(self) -> list[int]:
+        item = next(self.inner)
+        self.read += 1
+        return item
