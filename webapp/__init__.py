@@ -22,6 +22,7 @@ from webapp.chat import experiments
 from webapp.chat.registry import ChatModels
 from webapp.chat.web import bp as chat_bp
 from webapp.chat.web import markdown
+from webapp.chat.web import present as chat_present
 from webapp.config import ROOT, Settings
 from webapp.core import InferenceCore
 from webapp.core.executors import Executor
@@ -31,6 +32,7 @@ from webapp.loops import boot as loops_boot
 from webapp.loops.runs import BATCHED as BATCHED_LOOPS
 from webapp.loops.web import api as loops_api_bp
 from webapp.loops.web import bp as loops_bp
+from webapp.loops.web import present as loops_present
 from webapp.present import PresentLinks
 from webapp.v1 import bp as v1_bp
 from webapp.web import bodies, heavy, pages, prefs, retention, storage_errors, wording
@@ -98,7 +100,9 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
                                           heavy_reads=HeavyReads(settings.heavy_read_bytes_per_second),
                                           services=(chat, *experiments.services(core, chat, settings), loops,
                                                     sweeps),
-                                          stores=(chat.store, loops.store, PresentLinks(db)))
+                                          stores=(chat.store, loops.store, PresentLinks(db)),
+                                          followers={chat_present.KIND: chat_present.FOLLOWER,
+                                                     loops_present.KIND: loops_present.FOLLOWER})
 
     # the API blueprints (/v1, /api/loops) put the API-key check in front of their own routes
     for blueprint in (ops_bp, pages.bp, chat_bp, loops_bp, loops_api_bp, v1_bp, follow_bp):

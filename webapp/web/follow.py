@@ -1,6 +1,7 @@
 """Follow links' own pages (issue 31): `/follow/<token>`, the follower's page, and `/follow/<token>/events`,
 its SSE stream. No cookie is needed: the token is the permission. The web layer does not know the demos:
-each registers how its kind of link is followed (webapp/chat/web/present.py, webapp/loops/web/present.py).
+each says how its kind of link is followed (a Follower: webapp/chat/web/present.py, webapp/loops/web/present.py)
+and create_app hands them to the app's state (`Glassbox.followers`).
 """
 
 from __future__ import annotations
@@ -25,16 +26,13 @@ class Follower:
     events: Callable[[PresentLink], Iterator[str]]  # SSE text: the state now, then the live rest, then `done`
 
 
-KINDS: dict[str, Follower] = {}
-
-
 def links() -> PresentLinks:
     return PresentLinks(glassbox().db)
 
 
 def followed(token: str) -> tuple[PresentLink, Follower]:
     link = links().get(token)
-    follower = KINDS.get(link.kind) if link else None
+    follower = glassbox().followers.get(link.kind) if link else None
     if link is None or follower is None:
         abort(404, GONE)
     return link, follower

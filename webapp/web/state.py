@@ -9,7 +9,7 @@ each demo finds its own by its class (`glassbox().service(ChatService)`), so no 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from flask import Flask, current_app
 
@@ -36,6 +36,7 @@ class Glassbox:
     heavy_reads: HeavyReads  # GLASSBOX_HEAVY_READ_BYTES_PER_SECOND (webapp/web/heavy.py)
     services: tuple[object, ...] = ()  # the demos' services (webapp/chat/boot.py, webapp/loops/boot.py)
     stores: tuple[OwnerStore, ...] = ()  # what the quotas and the retention ask (webapp/browsers.py)
+    followers: dict[str, Any] = field(default_factory=dict)  # a follow link's kind -> its Follower (web/follow.py)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)  # of the pages and API calls (/metrics)
     client_streams: ClientStreams = field(default_factory=ClientStreams)  # webapp/web/streams.py
     bulk_streams: BulkShare = field(default_factory=BulkShare)

@@ -267,4 +267,4 @@ def follow_reply(message_id: int, heartbeat: float, pace: float,
     return False
 
 
-follow.KINDS[KIND] = follow.Follower(follow_page, follow_events)
+FOLLOWER = follow.Follower(follow_page, follow_events)  # how a conversation's follow link is followed

@@ -151,4 +151,4 @@ def follow_events(link: PresentLink) -> Iterator[str]:
             yield comment("heartbeat")
 
 
-follow.KINDS[KIND] = follow.Follower(follow_page, follow_events)
+FOLLOWER = follow.Follower(follow_page, follow_events)  # how the Loop lab's follow link is followed
