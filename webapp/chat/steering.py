@@ -99,6 +99,25 @@ class SteeringService:
             raise ChatError("vector must hold finite numbers only.", 400)
         return [float(v) for v in vector]
 
+    @staticmethod
+    def feature(loaded: LoadedChatModel, spec: object) -> tuple[int, list[float], dict[str, Any]]:
+        """A dictionary feature's direction: its decoder row, added after the dictionary's block ->
+        (layer, vector, how it was made). Raises ChatError (400)."""
+        dictionaries = loaded.dictionaries or {}
+        if not isinstance(spec, dict) or not isinstance(spec.get("dictionary"), str) \
+                or not isinstance(spec.get("index"), int) or isinstance(spec.get("index"), bool):
+            raise ChatError('feature must be {"dictionary": <name>, "index": <feature>}.', 400)
+        found = dictionaries.get(spec["dictionary"])
+        if found is None:
+            names = ", ".join(dictionaries) or "none"
+            raise ChatError(f"This model has no dictionary {spec['dictionary'][:64]!r} (it has: {names}).", 400)
+        index = spec["index"]
+        if not 0 <= index < found.sae.config.d_sae:
+            raise ChatError(f"The dictionary {found.name!r} has features 0 to {found.sae.config.d_sae - 1}.", 400)
+        vector = found.sae.W_dec[index].detach().float().cpu().tolist()
+        return found.layer, vector, {"kind": "feature", "dictionary": found.name, "index": index,
+                                     "label": found.labels[index]}
+
     def save(self, owner: str, model: str, name: object, layer: int, vector: list[float],
              made: dict[str, Any]) -> Direction:
         """Save a new named direction. Raises ChatError: 400 (a bad name), 409 (the name is taken)."""

@@ -93,3 +93,21 @@ def test_a_registry_lists_a_models_dictionaries(tmp_path):
     registry.write_text(f'[models.small]\ncheckpoint = "{bundled}"\ndictionaries = ["dicts/mine"]\n')
     models = boot.load_models(Settings(chat_models=str(registry)))
     assert list(models.get("small").dictionaries) == ["mine"]
+
+
+def test_a_features_decoder_row_becomes_a_direction_after_its_block(chat_app, tmp_path):
+    loaded = glassbox(chat_app).core.models["chat"]
+    sae = dictionary(tmp_path / "early", 0)
+    loaded.dictionaries = load_dictionaries(str(tmp_path / "early"), "", loaded.model, loaded.tokenizer)
+    client = chat_app.test_client()
+    made = client.post("/chat/directions.json", json={"model": "glassbox", "name": "f7",
+                                                      "feature": {"dictionary": "early", "index": 7}})
+    assert made.status_code == 201, made.get_json()
+    got = made.get_json()
+    assert got["layer"] == 0 and got["made"]["kind"] == "feature" and got["made"]["label"].startswith("pushes")
+    torch.testing.assert_close(torch.tensor(got["vector"]), sae.W_dec[7].detach())
+    for feature, words in [({"dictionary": "early", "index": 48}, "features 0 to 47"),
+                           ({"dictionary": "late", "index": 1}, "no dictionary 'late'"),
+                           ({"index": 1}, "feature must be")]:
+        bad = client.post("/chat/directions.json", json={"model": "glassbox", "name": "x", "feature": feature})
+        assert bad.status_code == 400 and words in bad.get_json()["error"]

@@ -46,8 +46,9 @@ def steering_context() -> dict:
 @bp.post("/directions.json")
 @csrf_json_or_form
 def make_direction():
-    """{"model", "name", "layer", "positive": [prompts], "negative": [prompts]} (contrastive) or
-    {"model", "name", "layer", "vector": [floats]} (imported) -> 201 the direction with its vector."""
+    """{"model", "name", "layer", "positive": [prompts], "negative": [prompts]} (contrastive),
+    {"model", "name", "layer", "vector": [floats]} (imported) or {"model", "name", "feature": {"dictionary",
+    "index"}} (a dictionary feature's decoder row) -> 201 the direction with its vector."""
     body = request.get_json(silent=True) if request.is_json else None
     if not isinstance(body, dict):
         return jsonify({"error": 'Send a JSON object: {"model", "name", "layer", "positive": [...], "negative": '
@@ -66,6 +67,9 @@ def made(fields: dict):
     job that works a contrastive one out, InsideError (429/503 refused or too slow, 500 failed)."""
     steer = steering()
     model, loaded = steer.model(fields.get("model"))
+    if "feature" in fields:  # a dictionary feature's decoder row, after the dictionary's block
+        layer, vector, made_from = steer.feature(loaded, fields["feature"])
+        return steer.save(owner_id(), model, fields.get("name"), layer, vector, made_from)
     layer = steer.layer(loaded, fields.get("layer"))
     if "vector" in fields:
         vector = steer.vector(loaded, fields.get("vector"))
