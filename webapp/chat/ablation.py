@@ -20,7 +20,6 @@ from webapp.chat.model.ablation import Parts, intervention, parse_parts, zero_ed
 from webapp.chat.model.edits import Edit
 from webapp.chat.model.hooked import layout_problem
 from webapp.chat.model.loading import LoadedChatModel
-from webapp.chat.model.prompt import PromptReport
 from webapp.chat.records import Status
 from webapp.chat.registry import Work
 from webapp.chat.service import ChatError, ChatService, Turn
@@ -82,17 +81,9 @@ class AblationService:
             raise ChatError(str(error), 400) from None
 
     # -- a reply, ablated ---------------------------------------------------------------------
-    def reply_request(self, message: dict, details, parts: Parts, history: list[dict]) -> AblationRequest:
+    def reply_request(self, message: dict, parts: Parts, history: list[dict]) -> AblationRequest:
         """What the ablated run starts from: the reply's exact saved prompt. Raises ChatError (409)."""
-        if message["status"] == Status.PENDING or any(m["status"] == Status.PENDING for m in history):
-            raise ChatError("Stop the running reply before switching parts off.")
-        if not details.prompt or "prompt" in details.damaged:
-            raise ChatError("This reply was saved before Glassbox kept its prompt, so it cannot be run again.")
-        try:
-            prompt = PromptReport.from_dict(details.prompt)
-        except (TypeError, ValueError, KeyError):
-            raise ChatError("This reply's saved prompt is damaged, so it cannot be run again.") from None
-        return AblationRequest(tuple(prompt.ids), parts)
+        return AblationRequest(tuple(self.chat.saved_prompt(message, history).ids), parts)
 
     def reply_turn(self, conversation: dict, message: dict, history: list[dict], parts: Parts, edit: Edit) -> Turn:
         """A new version of the reply: its prompt, its settings and seed, `edit` in every forward."""

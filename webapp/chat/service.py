@@ -252,17 +252,22 @@ class ChatService:
         """A new version of a reply written again from its exact saved prompt with its own settings and seed,
         `edit` in every forward (parts switched off, directions added), `intervention` its record. Raises
         ChatError (409): a reply running, or its prompt not kept or damaged."""
+        return Turn(conversation, self.saved_prompt(message, history), SamplingParams.saved(message["settings"]),
+                    branch_from=message["parent_id"] or ROOT, model=self.writer_name(message), edit=edit,
+                    intervention=intervention)
+
+    def saved_prompt(self, message: dict, history: list[dict]) -> PromptReport:
+        """The exact prompt a finished reply was given, to write it again. Raises ChatError (409): a reply
+        running, or its prompt not kept or damaged."""
         if message["status"] == Status.PENDING or any(m["status"] == Status.PENDING for m in history):
             raise ChatError("Stop the running reply before writing it again with the model changed.")
         details = self.details(message["id"])
         if not details.prompt or "prompt" in details.damaged:
             raise ChatError("This reply was saved before Glassbox kept its prompt, so it cannot be run again.")
         try:
-            prompt = PromptReport.from_dict(details.prompt)
+            return PromptReport.from_dict(details.prompt)
         except (TypeError, ValueError, KeyError):
             raise ChatError("This reply's saved prompt is damaged, so it cannot be run again.") from None
-        return Turn(conversation, prompt, sampling_of(message), branch_from=message["parent_id"] or ROOT,
-                    model=self.writer_name(message), edit=edit, intervention=intervention)
 
     def branch_turn(self, conversation: dict, message: dict, forced: Forced, history: list[dict] | None = None) -> Turn:
         """A new version of a reply that starts with `forced` (its tokens before one, then another) and
@@ -276,7 +281,7 @@ class ChatService:
         details = self.details(message["id"])
         if not details.odds or not details.prompt:
             raise ChatError("This reply was saved before Glassbox kept its tokens, so it cannot be branched.")
-        sampling = sampling_of(message)
+        sampling = SamplingParams.saved(message["settings"])
         if len(forced.tokens) > sampling.max_new_tokens:
             raise ChatError(f"That continuation is longer than the reply may be ({sampling.max_new_tokens} tokens).",
                             400)
@@ -397,8 +402,3 @@ def heed(job: ChatJob, signals: ReplySignals) -> None:
     if signals.stop_requested:  # Stop pressed on another front end
         job.cancel()
 
-
-def sampling_of(message: dict) -> SamplingParams:
-    """The sampling settings a reply was written with (its seed too): a new version of it uses the same."""
-    return SamplingParams(**{k: v for k, v in (message["settings"] or {}).items()
-                             if k in ("max_new_tokens", "temperature", "top_k", "seed")})

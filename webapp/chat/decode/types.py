@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from webapp.chat.decode.odds import TokenOdds
 from webapp.chat.model.edits import Edit
@@ -33,6 +33,12 @@ class SamplingParams:
         """As saved with a reply and kept in the session, in the order the chat page shows them."""
         return {"temperature": self.temperature, "top_k": self.top_k, "max_new_tokens": self.max_new_tokens,
                 "seed": self.seed}
+
+    @classmethod
+    def saved(cls, settings: dict[str, Any] | None) -> SamplingParams:
+        """What a reply was written with, from its saved settings (its seed too): a new version uses the same."""
+        return cls(**{k: v for k, v in (settings or {}).items() if k in ("max_new_tokens", "temperature", "top_k",
+                                                                          "seed")})
 
 
 @dataclass(frozen=True)

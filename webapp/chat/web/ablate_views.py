@@ -83,9 +83,8 @@ def ablated_turn(conversation_id: str, message_id: int, fields, page):
     ablation = ablation_service()
     name, loaded = ablation.writer(message)
     parts = ablation.parts(loaded, fields)
-    details = service().details(message_id)
     assert page.conversation is not None
-    run = ablation.reply_request(message, details, parts, page.messages)
+    run = ablation.reply_request(message, parts, page.messages)
     edit = ablation.zero_edit(loaded, parts) if parts.mode == "zero" else worked_out(name, run).edit
     assert edit is not None
     return ablation.reply_turn(page.conversation, message, page.messages, parts, edit)
