@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from webapp.chat.model.errors import ModelLoadError
-from webapp.chat.model.tokenizer import token_bytes
+from webapp.chat.model.tokenizer import special_name, token_bytes
 from webapp.features.sae import Dictionary
 from webapp.features.saelens import DictionaryFileError, load
 
@@ -90,4 +90,6 @@ def labels(model: Any, sae: Dictionary, tokenizer: Any) -> list[str]:
 
 def _text(tokenizer: Any, token: int) -> str:
     found = token_bytes(tokenizer, token)
-    return f"<{token}>" if found is None else found.decode("utf-8", "replace")
+    if found is None:  # a special: its name, as the token panel names it
+        return special_name(tokenizer, token) or f"<special {token}>"
+    return found.decode("utf-8", "replace")
