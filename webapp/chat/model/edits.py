@@ -76,7 +76,15 @@ class Edit:
         return tuple(m for m in self.mlps if m.layer == layer)
 
     def adds_at(self, layer: int) -> tuple[ResidAdd, ...]:
-        return tuple(a for a in self.adds if a.layer == layer)
+        return self._adds_by_layer.get(layer, ())
+
+    @cached_property
+    def _adds_by_layer(self) -> dict[int, tuple[ResidAdd, ...]]:
+        """The added vectors by block, found once (a decode step asks at every block of every step)."""
+        found: dict[int, tuple[ResidAdd, ...]] = {}
+        for a in self.adds:
+            found[a.layer] = (*found.get(a.layer, ()), a)
+        return found
 
     @property
     def replaces(self) -> bool:
@@ -150,5 +158,7 @@ def edit_resid(x: torch.Tensor, layer: int, edit: Edit | None, start: int = 0) -
     edit's vectors added there, in x's dtype (x itself when the edit adds none after this block)."""
     adds = edit.adds_at(layer) if edit is not None else ()
     for a in adds:
-        x = x + torch.as_tensor(_replacement(a.value, start, x.size(1))).to(x.dtype)
+        value = _replacement(a.value, start, x.size(1))
+        assert isinstance(value, torch.Tensor)  # an added vector is never None
+        x = x + (value if value.dtype == x.dtype else value.to(x.dtype))
     return x
