@@ -6,6 +6,7 @@ not fit the model, says so."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import torch
 from tests.chat.web import test_ablation
 from tests.chat.web.test_ablation import CONFIG, greedy_reply, prompt_of, tokens_of
 from tests.chat.web.test_steering import by_hand, gpt
+from tests.conftest import csrf_of
 from webapp.chat import boot
 from webapp.chat.dictionaries import load_dictionaries
 from webapp.chat.model.errors import ModelLoadError
@@ -111,3 +113,27 @@ def test_a_features_decoder_row_becomes_a_direction_after_its_block(chat_app, tm
                            ({"index": 1}, "feature must be")]:
         bad = client.post("/chat/directions.json", json={"model": "glassbox", "name": "x", "feature": feature})
         assert bad.status_code == 400 and words in bad.get_json()["error"]
+
+
+def test_the_features_page_lists_them_and_the_token_panel_links_to_it(chat_app, tmp_path):
+    client = chat_app.test_client()
+    cid, mid = greedy_reply(client, n=4)
+    panel = client.get(f"/chat/c/{cid}/m/{mid}/tokens?t=1").get_data(as_text=True)
+    assert "Features here" not in panel  # no dictionary: no link
+    missing = client.get(f"/chat/c/{cid}/m/{mid}/features/1")
+    assert missing.status_code == 409 and "python -m webapp.features train" in missing.get_data(as_text=True)
+    loaded = glassbox(chat_app).core.models["chat"]
+    dictionary(tmp_path / "early", 0)
+    loaded.dictionaries = load_dictionaries(str(tmp_path / "early"), "", loaded.model, loaded.tokenizer)
+    panel = client.get(f"/chat/c/{cid}/m/{mid}/tokens?t=1").get_data(as_text=True)
+    assert f"/chat/c/{cid}/m/{mid}/features/1" in panel
+    page = client.get(f"/chat/c/{cid}/m/{mid}/features/1").get_data(as_text=True)
+    data = client.get(f"/chat/c/{cid}/m/{mid}/features/1.json").get_json()["dictionaries"][0]
+    assert "early" in page and "blocks.0.hook_resid_post" in page
+    for feature in data["features"]:
+        assert f"<td>{feature['index']}</td>" in page and f"{feature['activation']:.3f}" in page
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    client.post(f"/chat/c/{cid}/share", data={"csrf_token": csrf})
+    shared = re.search(r"/chat/shared/([\w-]+)", client.get(f"/chat/c/{cid}").get_data(as_text=True)).group(1)
+    read_only = client.get(f"/chat/shared/{shared}/m/{mid}/features/1")
+    assert read_only.status_code == 200 and "early" in read_only.get_data(as_text=True)

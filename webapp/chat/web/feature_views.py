@@ -1,17 +1,18 @@
-"""The features of a reply's token (webapp/chat/features.py), as JSON: for each of the model's dictionaries,
-the features active at the position that produced the token, strongest first, with their activations and
-labels. The owner's, and read-only through a share link."""
+"""The features of a reply's token (webapp/chat/features.py), as a page (no JavaScript needed: the request waits
+for its job) and as JSON: for each of the model's dictionaries, the features active at the position that
+produced the token, strongest first, with their activations and labels. The owner's, and read-only through a
+share link."""
 
 from __future__ import annotations
 
 from typing import cast
 
-from flask import jsonify
+from flask import abort, jsonify, render_template
 
 from webapp.chat.decode.features import Reading
 from webapp.chat.features import FeatureService
 from webapp.chat.service import ChatError
-from webapp.chat.web.blueprint import bp, owned_message, service
+from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
 from webapp.chat.web.inside_pages import shared_message
 from webapp.chat.web.reply_jobs import InsideError, runnable_writer, wait_for_job
 from webapp.web.security import owner_id
@@ -20,6 +21,42 @@ from webapp.web.state import glassbox
 
 def feature_service() -> FeatureService:
     return glassbox().service(FeatureService)
+
+
+@bp.app_context_processor
+def features_context() -> dict:
+    """has_features(message): whether the model that wrote a reply has a dictionary (the token panel's link),
+    asked of the models in memory."""
+    def has_features(message: dict) -> bool:
+        models = service().models
+        name = service().writer_name(message)
+        return name in models and bool(models.get(name).dictionaries)
+    return {"has_features": has_features}
+
+
+@bp.get("/c/<conversation_id>/m/<int:message_id>/features/<int:index>")
+def token_features(conversation_id: str, message_id: int, index: int):
+    conversation = owned_conversation(conversation_id)
+    return page(conversation, owned_message(conversation_id, message_id), index)
+
+
+@bp.get("/shared/<token>/m/<int:message_id>/features/<int:index>")
+def shared_token_features(token: str, message_id: int, index: int):
+    conversation, message = shared_message(token, message_id)
+    return page(conversation, message, index, shared=token)
+
+
+def page(conversation: dict, message: dict, index: int, shared: str | None = None):
+    common = {"conversation": conversation, "message": message, "index": index, "shared": shared}
+    try:
+        model, readings = resolved(message, index)
+    except InsideError as error:
+        if error.status != 409:
+            abort(error.status, str(error))
+        return render_template("chat/features.html", problem=str(error), **common), 409
+    labels = feature_service().labels
+    tables = [(r, [(i, a, labels(model, r.dictionary)[i]) for i, a in r.features]) for r in readings]
+    return render_template("chat/features.html", problem=None, tables=tables, **common)
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/features/<int:index>.json")
