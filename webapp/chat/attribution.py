@@ -34,7 +34,7 @@ class AttributionService:
         vocabulary = self.vocabulary(model)
         if against is not None and not 0 <= against < vocabulary:
             raise ChatError(f"against must be a token id from 0 to {vocabulary - 1}; got {against}.", 400)
-        return AttributionRequest(inside.context_ids, inside.token, inside.index, against)
+        return AttributionRequest(inside.context_ids, inside.token, inside.index, against, inside.steer)
 
     def vocabulary(self, model: str) -> int:
         """How many token ids there are: the tokenizer's (ordinary and special), within the output layer's

@@ -79,8 +79,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
                reads_kept_cache=False),
     # the logit lens over a whole reply
     Experiment(Work.LENS, LensJobs,
-               lambda core, chat, inside, settings: LensService(core, inside, settings.inside_cache_entries,
-                                                                DirectionStore(chat.store.db))),
+               lambda core, chat, inside, settings: LensService(core, inside, settings.inside_cache_entries)),
     # the features active at a token, by each of the model's sparse dictionaries
     Experiment(Work.FEATURES, FeaturesJobs,
                lambda core, chat, inside, settings: FeatureService(core, inside, settings.inside_cache_entries)),
@@ -92,5 +91,6 @@ EXPERIMENTS: tuple[Experiment, ...] = (
 
 def services(core: InferenceCore, chat: ChatService, settings: Any) -> list[object]:
     """Every experiment's service, Inside's first."""
-    inside = InsideService(core, chat.models, keep=settings.inside_cache_entries)
+    inside = InsideService(core, chat.models, keep=settings.inside_cache_entries,
+                           directions=DirectionStore(chat.store.db))
     return [inside] + [e.service(core, chat, inside, settings) for e in EXPERIMENTS if e.service is not None]

@@ -7,11 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from webapp.chat import interventions
 from webapp.chat.decode.inside import InsideReport, InsideRequest, InsideResult
+from webapp.chat.directions import DirectionStore
 from webapp.chat.model.hooked import layout_problem
+from webapp.chat.model.steering import Term
 from webapp.chat.records import ReplyDetails, Status
 from webapp.chat.registry import ChatModels, ModelRecord, Work, model_record
 from webapp.chat.service import ChatError
+from webapp.chat.steering import terms_of
 from webapp.core import InferenceCore
 from webapp.core.jobs import Job
 from webapp.core.kept import KeptResults
@@ -24,9 +28,11 @@ REMOTE = ("Replies here come from a remote server (GLASSBOX_CHAT_BACKEND), not f
 class InsideService:
     """What the Inside views call; knows the core and the chat service's store, never the device."""
 
-    def __init__(self, core: InferenceCore, models: ChatModels, keep: int = 32) -> None:
+    def __init__(self, core: InferenceCore, models: ChatModels, keep: int = 32,
+                 directions: DirectionStore | None = None) -> None:
         self.core = core
         self.models = models
+        self.directions = directions  # a steered version's directions (None: steered versions are read unsteered)
         # under (the model that works it out, the request): two models' reports on one text are two
         # reports; GLASSBOX_INSIDE_CACHE_ENTRIES of them
         self.kept: KeptResults[InsideRequest, InsideResult, InsideReport] = KeptResults(
@@ -71,7 +77,19 @@ class InsideService:
         reply = [row[0] for row in odds]
         # past the window the generator goes on from the last block_size ids (generate.Sequence._open_window)
         context = (list(prompt["ids"]) + reply[:index])[-block_size:]
-        return InsideRequest(tuple(context), reply[index], index)
+        return InsideRequest(tuple(context), reply[index], index, self.steer_of(self.writer(message), message))
+
+    def steer_of(self, model: str, message: dict) -> tuple[Term, ...]:
+        """The directions a steered version's run added (its record), () for any other: every glass-box view
+        of a steered version reads the steered model. Raises ChatError (409) for a record that cannot be read,
+        or a direction deleted since."""
+        try:
+            found = interventions.from_record(message.get("intervention"))
+        except ValueError:
+            raise ChatError("This version's record of how the model was changed cannot be read.", 409) from None
+        if not isinstance(found, interventions.Steering) or self.directions is None:
+            return ()
+        return terms_of(self.directions, model, found)
 
     def report(self, model: str, request: InsideRequest) -> InsideReport | None:
         """The kept report for this request on that model, if it was worked out before."""

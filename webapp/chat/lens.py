@@ -8,16 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from webapp.chat import interventions
 from webapp.chat.decode.lens import LensReport, LensRequest, LensResult
-from webapp.chat.directions import DirectionStore
 from webapp.chat.inside import InsideService
 from webapp.chat.model.ablation import Parts, parse_parts
-from webapp.chat.model.steering import Term
 from webapp.chat.records import ReplyDetails, Status
 from webapp.chat.registry import Work
 from webapp.chat.service import ChatError
-from webapp.chat.steering import terms_of
 from webapp.core import InferenceCore
 from webapp.core.jobs import Job
 from webapp.core.kept import KeptResults
@@ -29,10 +25,8 @@ MAX_COLUMNS = 256  # reply tokens shown: (n_layer + 1) × 256 cells is already a
 class LensService:
     """What the lens views call; knows the core and the Inside service, never the device."""
 
-    def __init__(self, core: InferenceCore, inside: InsideService, keep: int = 32,
-                 directions: DirectionStore | None = None) -> None:
+    def __init__(self, core: InferenceCore, inside: InsideService, keep: int = 32) -> None:
         self.core, self.inside, self.models = core, inside, inside.models
-        self.directions = directions  # a steered version's directions (None: steered versions are not read)
         # GLASSBOX_INSIDE_CACHE_ENTRIES reports kept, as Inside's
         self.kept: KeptResults[LensRequest, LensResult, LensReport] = KeptResults(
             core, keep, lambda result: result.report)
@@ -56,19 +50,7 @@ class LensService:
         if fits < 1:
             raise ChatError("This reply's prompt fills the model's window.", 409)
         reply = tuple(row[0] for row in odds[:min(MAX_COLUMNS, fits)])
-        return LensRequest(prompt_ids, reply, self.parts_of(model, message), self.steer_of(model, message))
-
-    def steer_of(self, model: str, message: dict) -> tuple[Term, ...]:
-        """The directions the reply's run added (its record), () for none. Raises ChatError (409)."""
-        try:
-            found = interventions.from_record(message.get("intervention"))
-        except ValueError:
-            raise ChatError("This version's record of how the model was changed cannot be read.", 409) from None
-        if not isinstance(found, interventions.Steering):
-            return ()
-        if self.directions is None:
-            raise ChatError("Steered versions cannot be read through the lens here.", 409)
-        return terms_of(self.directions, model, found)
+        return LensRequest(prompt_ids, reply, self.parts_of(model, message), self.inside.steer_of(model, message))
 
     def parts_of(self, model: str, message: dict) -> Parts | None:
         """What the reply's run switched off (its record, `messages.intervention`), None for nothing."""

@@ -19,7 +19,7 @@ from webapp.chat.interventions import Steering, SteerTerm
 from webapp.chat.model.edits import Edit
 from webapp.chat.model.hooked import layout_problem
 from webapp.chat.model.loading import LoadedChatModel
-from webapp.chat.model.steering import MAX_ALPHA, MAX_TERMS, Term, steer_edit
+from webapp.chat.model.steering import MAX_ALPHA, MAX_TERMS, Term, steer_edit_of
 from webapp.chat.registry import Work
 from webapp.chat.service import ChatError, ChatService, Turn
 from webapp.core import InferenceCore
@@ -170,8 +170,9 @@ class SteeringService:
 
     @staticmethod
     def edit(loaded: LoadedChatModel, terms: list[Term]) -> Edit:
-        weight = _config_model(loaded).transformer.wte.weight  # the activations' dtype (lm_head may be int8)
-        return steer_edit(terms, weight.device, weight.dtype)
+        edit = steer_edit_of(loaded.model, terms)
+        assert edit is not None  # terms() gives one at least
+        return edit
 
     def reply_turn(self, conversation: dict, message: dict, history: list[dict], steer: object) -> Turn:
         """A new version of the reply, steered. Raises ChatError (400, 404, 409)."""
@@ -197,10 +198,6 @@ def terms_of(store: DirectionStore, model: str, steering: Steering) -> tuple[Ter
     return tuple(terms)
 
 
-def _config_model(loaded: LoadedChatModel) -> Any:
-    """The model in nanoGPT's layout (checked before: SteeringService.model)."""
-    return loaded.model
-
-
 def _config(loaded: LoadedChatModel) -> Any:
-    return _config_model(loaded).config
+    model: Any = loaded.model  # nanoGPT's layout (checked before: SteeringService.model)
+    return model.config

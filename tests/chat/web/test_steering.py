@@ -257,3 +257,29 @@ def test_the_lens_of_a_steered_version_reads_the_steered_model_and_says_so(chat_
     gone = client.get(f"/chat/c/{cid}/m/{new}/lens.json")
     # the kept report answers as before; a fresh server (or a forgotten report) says why it cannot
     assert gone.status_code in (200, 409)
+
+
+def test_inside_and_who_pushed_a_steered_version_read_the_steered_model(chat_app):
+    """Inside's last row is the steered version's own odds (the token panel's), and the attributed logit is
+    the steered model's, as the hand-written forward with the vector added gives it; the page says so."""
+    client = chat_app.test_client()
+    cid, mid = greedy_reply(client, n=5)
+    vector = torch.randn(CONFIG.n_embd, generator=torch.Generator().manual_seed(13))
+    assert direction(client, name="inside", layer=0, vector=vector.tolist()).status_code == 201
+    new = client.post(f"/chat/c/{cid}/m/{mid}/steer.json",
+                      json={"steer": [{"direction": "inside", "alpha": 3}]}).get_json()["message_id"]
+    finish(client, cid, new)
+    prompt, reply = prompt_of(chat_app, new), tokens_of(chat_app, new)
+    with chat_app.app_context():
+        from webapp.chat.web.blueprint import service
+        odds = service().details(new).odds
+    index = 2
+    inside = client.get(f"/chat/c/{cid}/m/{new}/inside/{index}.json").get_json()
+    assert inside["lens"][-1]["chosen"]["p"] == pytest.approx(odds[index][1], rel=1e-3)
+    logits = by_hand(gpt(chat_app), prompt + reply[:index], (0, 3 * vector))[-1][-1]
+    pushed = client.get(f"/chat/c/{cid}/m/{new}/attribution/{index}.json").get_json()
+    assert pushed["logit"] == pytest.approx(float(logits[reply[index]]), rel=1e-4, abs=1e-4)
+    plain = by_hand(gpt(chat_app), prompt + reply[:index])[-1][-1]
+    assert abs(float(plain[reply[index]]) - pushed["logit"]) > 1e-3  # the push shows
+    page = client.get(f"/chat/c/{cid}/m/{new}/inside/{index}").get_data(as_text=True)
+    assert "reads the model with\n    the same directions added" in page or "the same directions added" in page

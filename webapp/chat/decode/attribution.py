@@ -20,6 +20,7 @@ from webapp.chat.decode.reply_jobs import ReplyJobs, kept_prefix
 from webapp.chat.model.attribution import Attribution, attribute
 from webapp.chat.model.inside import look_inside
 from webapp.chat.model.loading import LoadedChatModel
+from webapp.chat.model.steering import Term, steer_edit_of
 from webapp.core.executors import Worker
 from webapp.core.jobs import Job
 
@@ -33,6 +34,7 @@ class AttributionRequest:
     token: int
     index: int
     against: int | None = None
+    steer: tuple[Term, ...] = ()  # a steered version's directions: its run is read with them added
 
 
 @dataclass
@@ -52,10 +54,11 @@ def attribution_report(loaded: LoadedChatModel, request: AttributionRequest,
                        prefix: PrefixCache | None = None) -> AttributionReport:
     """Run the model over the request's context (reusing a kept KV cache's first positions) -> the report."""
     model = loaded.model
-    kept = kept_prefix(model, request.context_ids, prefix)
+    edit = steer_edit_of(model, request.steer)
+    kept = kept_prefix(model, request.context_ids, prefix if edit is None else None)  # a steered run's keys are its own
     with torch.inference_mode():
         inside = look_inside(model, kept.tokens(next(model.parameters()).device), kept.start, kept.past,
-                             kept.between(between))
+                             kept.between(between), edit)
         attribution = attribute(model, inside, request.token, request.against)
     return AttributionReport(request, attribution, kept.start)
 

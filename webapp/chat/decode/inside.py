@@ -21,6 +21,7 @@ from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.reply_jobs import ReplyJobs, kept_prefix
 from webapp.chat.model.inside import lens_logits, look_inside
 from webapp.chat.model.loading import LoadedChatModel
+from webapp.chat.model.steering import Term, steer_edit_of
 from webapp.core.executors import Worker
 from webapp.core.jobs import Job
 
@@ -36,6 +37,7 @@ class InsideRequest:
     context_ids: tuple[int, ...]
     token: int
     index: int
+    steer: tuple[Term, ...] = ()  # a steered version's directions: its run is read with them added
 
 
 @dataclass(frozen=True)
@@ -92,10 +94,11 @@ def inside_report(loaded: LoadedChatModel, request: InsideRequest, between: Call
     """Run the model over the request's context (reusing the first positions of a KV cache kept in `prefix`)
     -> the report."""
     model = loaded.model
-    kept = kept_prefix(model, request.context_ids, prefix)
+    edit = steer_edit_of(model, request.steer)
+    kept = kept_prefix(model, request.context_ids, prefix if edit is None else None)  # a steered run's keys are its own
     with torch.inference_mode():
         inside = look_inside(model, kept.tokens(next(model.parameters()).device), kept.start, kept.past,
-                             kept.between(between))
+                             kept.between(between), edit)
         logits = lens_logits(model, inside.residuals)  # (n_layer + 1, V)
         rows = lens_rows(logits, request.token)
         attention = inside.attention.float().cpu()

@@ -50,6 +50,14 @@ def steer_edit(terms: Sequence[Term], device: torch.device | str, dtype: torch.d
                                     .to(device=device, dtype=dtype)) for t in terms))
 
 
+def steer_edit_of(model: Any, terms: Sequence[Term]) -> Edit | None:
+    """steer_edit in the model's activations' dtype and on its device; None for no terms (the model's own run)."""
+    if not terms:
+        return None
+    weight = model.transformer.wte.weight  # the activations' dtype (lm_head may hold int8 weights)
+    return steer_edit(terms, weight.device, weight.dtype)
+
+
 @torch.inference_mode()
 def last_residuals(model: Any, prompts: Sequence[Sequence[int]], layer: int,
                    between: Callable[[], None] | None = None) -> torch.Tensor:
