@@ -11,7 +11,7 @@ from webapp.chat import interventions
 from webapp.chat.decode.inside import InsideReport, InsideRequest, InsideResult
 from webapp.chat.directions import DirectionStore
 from webapp.chat.model.hooked import layout_problem
-from webapp.chat.model.steering import Term
+from webapp.chat.model.steering import ClampTerm, Term
 from webapp.chat.records import ReplyDetails, Status
 from webapp.chat.registry import ChatModels, ModelRecord, Work, model_record
 from webapp.chat.service import ChatError
@@ -79,7 +79,7 @@ class InsideService:
         context = (list(prompt["ids"]) + reply[:index])[-block_size:]
         return InsideRequest(tuple(context), reply[index], index, self.steer_of(self.writer(message), message))
 
-    def steer_of(self, model: str, message: dict) -> tuple[Term, ...]:
+    def steer_of(self, model: str, message: dict) -> tuple[Term | ClampTerm, ...]:
         """The directions a steered version's run added (its record), () for any other: every glass-box view
         of a steered version reads the steered model. Raises ChatError (409) for a record that cannot be read,
         or a direction deleted since."""
@@ -89,6 +89,11 @@ class InsideService:
             raise ChatError("This version's record of how the model was changed cannot be read.", 409) from None
         if not isinstance(found, interventions.Steering) or self.directions is None:
             return ()
+        loaded = self.models.get(model).dictionaries or {}
+        missing = [c.dictionary for c in found.clamps if c.dictionary not in loaded]
+        if missing:
+            raise ChatError(f"This version clamped a feature of the dictionary {missing[0]!r}, which the model no "
+                            "longer loads, so it cannot be read again.", 409)
         return terms_of(self.directions, model, found)
 
     def report(self, model: str, request: InsideRequest) -> InsideReport | None:

@@ -3,7 +3,8 @@ export.json shows): one tagged union, so a new kind of intervention is taught he
 
     Ablation   parts switched off: {"heads": ["1.0"], "mlps": [1], "mode": "zero"|"mean", "layers"?: [0]}
                (the records written before there were other kinds have no "kind"; "kind": "ablate" reads alike)
-    Steering   directions added: {"kind": "steer", "directions": [{"direction", "layer", "alpha", "norm"}]}
+    Steering   directions added, features clamped: {"kind": "steer", "directions": [{"direction", "layer", "alpha",
+               "norm"}], "clamps": [{"dictionary", "feature", "layer", "value"}]} ("clamps" only when there are some)
 """
 
 from __future__ import annotations
@@ -32,17 +33,32 @@ class SteerTerm:
 
 
 @dataclass(frozen=True)
+class Clamp:
+    dictionary: str
+    feature: int
+    layer: int  # the dictionary's block
+    value: float  # the activation it is set to
+
+
+@dataclass(frozen=True)
 class Steering:
     terms: tuple[SteerTerm, ...]
+    clamps: tuple[Clamp, ...] = ()
 
     def label(self) -> str:
-        """"steered: france ×8 after block 2"."""
-        return "steered: " + ", ".join(f"{t.direction} ×{t.alpha:g} after block {t.layer}" for t in self.terms)
+        """"steered: france ×8 after block 2, feature resid-2/5 clamped to 10"."""
+        return "steered: " + ", ".join([f"{t.direction} ×{t.alpha:g} after block {t.layer}" for t in self.terms]
+                                       + [f"feature {c.dictionary}/{c.feature} clamped to {c.value:g}"
+                                          for c in self.clamps])
 
     @property
     def record(self) -> dict[str, Any]:
-        return {"kind": "steer", "directions": [{"direction": t.direction, "layer": t.layer, "alpha": t.alpha,
-                                                 "norm": t.norm} for t in self.terms]}
+        found: dict[str, Any] = {"kind": "steer", "directions": [
+            {"direction": t.direction, "layer": t.layer, "alpha": t.alpha, "norm": t.norm} for t in self.terms]}
+        if self.clamps:
+            found["clamps"] = [{"dictionary": c.dictionary, "feature": c.feature, "layer": c.layer, "value": c.value}
+                               for c in self.clamps]
+        return found
 
 
 Intervention = Ablation | Steering
@@ -59,12 +75,14 @@ def from_record(record: object) -> Intervention | None:
     if kind == "ablate":
         return Ablation(record)
     if kind == "steer":
-        terms = record.get("directions")
-        if not isinstance(terms, list) or not terms:
+        terms, clamps = record.get("directions"), record.get("clamps", [])
+        if not isinstance(terms, list) or not isinstance(clamps, list) or not (terms or clamps):
             raise ValueError("a steering record lists its directions")
         try:
             return Steering(tuple(SteerTerm(str(t["direction"]), int(t["layer"]), float(t["alpha"]), float(t["norm"]))
-                                  for t in terms))
+                                  for t in terms),
+                            tuple(Clamp(str(c["dictionary"]), int(c["feature"]), int(c["layer"]), float(c["value"]))
+                                  for c in clamps))
         except (TypeError, KeyError, ValueError):
             raise ValueError("a steering record's direction is malformed") from None
     raise ValueError(f"unknown kind of intervention {str(kind)[:40]!r}")

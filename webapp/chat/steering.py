@@ -15,11 +15,11 @@ from typing import Any
 
 from webapp.chat.decode.steering import DirectionRequest, DirectionResult
 from webapp.chat.directions import Direction, DirectionStore, name_problem, new_direction
-from webapp.chat.interventions import Steering, SteerTerm
+from webapp.chat.interventions import Clamp, Steering, SteerTerm
 from webapp.chat.model.edits import Edit
 from webapp.chat.model.hooked import layout_problem
 from webapp.chat.model.loading import LoadedChatModel
-from webapp.chat.model.steering import MAX_ALPHA, MAX_TERMS, Term, steer_edit_of
+from webapp.chat.model.steering import MAX_ALPHA, MAX_TERMS, ClampTerm, Term, steer_edit_of
 from webapp.chat.registry import Work
 from webapp.chat.service import ChatError, ChatService, Turn
 from webapp.core import InferenceCore
@@ -143,34 +143,40 @@ class SteeringService:
         return self.store.delete(owner, model, name)
 
     # -- steering ------------------------------------------------------------------------------
-    def terms(self, model: str, loaded: LoadedChatModel, steer: object) -> tuple[list[Term], dict[str, Any]]:
-        """`steer`, [{"direction": <name>, "alpha": <number>}, ...] -> the terms and the version's record.
-        Raises ChatError: 400 (malformed, α not finite or beyond ±MAX_ALPHA, too many), 404 (no such direction)."""
+    def terms(self, model: str, loaded: LoadedChatModel, steer: object) -> tuple[list[Term | ClampTerm],
+                                                                                dict[str, Any]]:
+        """`steer`, [{"direction": <name>, "alpha": <number>} or {"feature": {"dictionary", "index"}, "clamp":
+        <number>}, ...] -> the terms and the version's record. Raises ChatError: 400 (malformed, a number not
+        finite or beyond ±MAX_ALPHA, too many, no such feature), 404 (no such direction)."""
         if not isinstance(steer, list) or not steer:
             raise ChatError('steer must be a list of {"direction": <name>, "alpha": <number>}.', 400)
         if len(steer) > MAX_TERMS:
             raise ChatError(f"At most {MAX_TERMS} directions at once.", 400)
-        terms, record = [], []
+        terms: list[Term | ClampTerm] = []
+        record, clamps = [], []
         width = _config(loaded).n_embd
         for item in steer:
+            if isinstance(item, dict) and "feature" in item:  # a feature clamped to a value
+                layer, _, made = self.feature(loaded, item["feature"])
+                value = _number(item.get("clamp"), "clamp")
+                terms.append(ClampTerm(layer, made["dictionary"], made["index"], value))
+                clamps.append(Clamp(made["dictionary"], made["index"], layer, value))
+                continue
             if not isinstance(item, dict) or not isinstance(item.get("direction"), str):
-                raise ChatError('Each steer item must be {"direction": <name>, "alpha": <number>}.', 400)
-            alpha = item.get("alpha")
-            if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha) \
-                    or abs(alpha) > MAX_ALPHA:
-                raise ChatError(f"alpha must be a finite number from {-MAX_ALPHA:g} to {MAX_ALPHA:g}; "
-                                f"got {str(alpha)[:40]!r}.", 400)
+                raise ChatError('Each steer item must be {"direction": <name>, "alpha": <number>} or {"feature": '
+                                '{"dictionary": <name>, "index": <feature>}, "clamp": <number>}.', 400)
+            alpha = _number(item.get("alpha"), "alpha")
             direction = self.direction(model, item["direction"])
             if len(direction.vector) != width:
                 raise ChatError(f"The direction {direction.name!r} has {len(direction.vector)} numbers; this model's "
                                 f"width is {width}.", 409)
             terms.append(Term(direction.layer, direction.vector, float(alpha)))
             record.append(SteerTerm(direction.name, direction.layer, float(alpha), direction.norm))
-        return terms, Steering(tuple(record)).record
+        return terms, Steering(tuple(record), tuple(clamps)).record
 
     @staticmethod
-    def edit(loaded: LoadedChatModel, terms: list[Term]) -> Edit:
-        edit = steer_edit_of(loaded.model, terms)
+    def edit(loaded: LoadedChatModel, terms: list[Term | ClampTerm]) -> Edit:
+        edit = steer_edit_of(loaded, terms)
         assert edit is not None  # terms() gives one at least
         return edit
 
@@ -185,7 +191,16 @@ class SteeringService:
         return self.chat.rerun_turn(conversation, message, history, self.edit(loaded, terms), record)
 
 
-def terms_of(store: DirectionStore, model: str, steering: Steering) -> tuple[Term, ...]:
+def _number(value: object, name: str) -> float:
+    """A strength or a clamp's value. Raises ChatError (400)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
+            or abs(value) > MAX_ALPHA:
+        raise ChatError(f"{name} must be a finite number from {-MAX_ALPHA:g} to {MAX_ALPHA:g}; "
+                        f"got {str(value)[:40]!r}.", 400)
+    return float(value)
+
+
+def terms_of(store: DirectionStore, model: str, steering: Steering) -> tuple[Term | ClampTerm, ...]:
     """The terms a steered version ran with, from its record and the model's saved directions. Raises ChatError
     (409) when a direction was deleted since, or made again under its name."""
     terms = []
@@ -195,7 +210,7 @@ def terms_of(store: DirectionStore, model: str, steering: Steering) -> tuple[Ter
             raise ChatError(f"The direction {term.direction!r} this version was steered with was deleted or made "
                             "again since, so the version cannot be read again with it.", 409)
         terms.append(Term(found.layer, found.vector, term.alpha))
-    return tuple(terms)
+    return (*terms, *(ClampTerm(c.layer, c.dictionary, c.feature, c.value) for c in steering.clamps))
 
 
 def _config(loaded: LoadedChatModel) -> Any:

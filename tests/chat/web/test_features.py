@@ -137,3 +137,73 @@ def test_the_features_page_lists_them_and_the_token_panel_links_to_it(chat_app, 
     shared = re.search(r"/chat/shared/([\w-]+)", client.get(f"/chat/c/{cid}").get_data(as_text=True)).group(1)
     read_only = client.get(f"/chat/shared/{shared}/m/{mid}/features/1")
     assert read_only.status_code == 200 and "early" in read_only.get_data(as_text=True)
+
+
+def test_clamping_a_feature_is_the_formula_at_every_position(chat_app, tmp_path):
+    """x ← x + (a* − a_f(x)) · W_dec[f] after the dictionary's block at every position (Templeton et al.): the
+    clamped version's greedy reply equals a hand-written loop doing that, and its record says what was clamped."""
+    loaded = glassbox(chat_app).core.models["chat"]
+    sae = dictionary(tmp_path / "early", 0)
+    loaded.dictionaries = load_dictionaries(str(tmp_path / "early"), "", loaded.model, loaded.tokenizer)
+    client = chat_app.test_client()
+    cid, mid = greedy_reply(client, n=6)
+    feature, value = 3, 40.0
+    sent = client.post(f"/chat/c/{cid}/m/{mid}/steer.json",
+                       json={"steer": [{"feature": {"dictionary": "early", "index": feature}, "clamp": value}]})
+    assert sent.status_code == 200, sent.get_json()
+    new = sent.get_json()["message_id"]
+    test_ablation.finish(client, cid, new)
+    t = {k: v.detach() for k, v in sae.state_dict().items()}
+
+    def clamp(x: torch.Tensor) -> torch.Tensor:
+        pre = torch.relu((x - t["b_dec"]) @ t["W_enc"] + t["b_enc"])  # (T, d_sae)
+        kth = pre.topk(6, dim=-1).values[:, -1:]
+        a = torch.where(pre >= kth, pre, torch.zeros_like(pre))[:, feature]  # (T,)
+        return x + (value - a)[:, None] * t["W_dec"][feature]
+
+    ids = list(prompt_of(chat_app, mid))
+    want = []
+    for _ in range(6):
+        logits = by_hand_clamped(gpt(chat_app), ids, 0, clamp)[-1]
+        logits[256:] = float("-inf")
+        want.append(int(logits.argmax()))
+        ids.append(want[-1])
+    assert tokens_of(chat_app, new) == want
+    assert tokens_of(chat_app, mid) != want  # the clamp changed the reply (else the test shows nothing)
+    exported = json.loads(client.get(f"/chat/c/{cid}/export.json").get_data(as_text=True))
+    record = next(m for m in exported["messages"] if m["id"] == new)["intervention"]
+    assert record == {"kind": "steer", "directions": [],
+                      "clamps": [{"dictionary": "early", "feature": feature, "layer": 0, "value": value}]}
+    assert "feature early/3 clamped to 40" in client.get(f"/chat/c/{cid}").get_data(as_text=True)
+    bad = client.post(f"/chat/c/{cid}/m/{mid}/steer.json",
+                      json={"steer": [{"feature": {"dictionary": "early", "index": 3}, "clamp": float("nan")}]})
+    assert bad.status_code == 400 and "clamp must be a finite number" in bad.get_json()["error"]
+
+
+def by_hand_clamped(model, ids: list[int], layer: int, change) -> torch.Tensor:
+    """The hand-written forward (test_steering.by_hand) with `change` applied to the stream after `layer`."""
+    import math
+
+    from torch.nn import functional as F
+    sd = {k: v.float() for k, v in model.state_dict().items()}
+    C, nh, T = CONFIG.n_embd, CONFIG.n_head, len(ids)
+    hs = C // nh
+
+    def ln(x, name):
+        return F.layer_norm(x, (C,), sd[f"{name}.weight"], sd[f"{name}.bias"], 1e-5)
+
+    def linear(x, name):
+        return x @ sd[f"{name}.weight"].T + sd[f"{name}.bias"]
+
+    x = sd["transformer.wte.weight"][ids] + sd["transformer.wpe.weight"][:T]
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    for n in range(CONFIG.n_layer):
+        p = f"transformer.h.{n}"
+        q, k, v = linear(ln(x, f"{p}.ln_1"), f"{p}.attn.c_attn").split(C, dim=1)
+        q, k, v = (u.view(T, nh, hs).transpose(0, 1) for u in (q, k, v))
+        att = ((q @ k.transpose(-2, -1)) / math.sqrt(hs)).masked_fill(~causal, float("-inf")).softmax(-1)
+        x = x + linear((att @ v).transpose(0, 1).reshape(T, C), f"{p}.attn.c_proj")
+        x = x + linear(F.gelu(linear(ln(x, f"{p}.ln_2"), f"{p}.mlp.c_fc")), f"{p}.mlp.c_proj")
+        if n == layer:
+            x = change(x)
+    return ln(x, "transformer.ln_f") @ sd["transformer.wte.weight"].T

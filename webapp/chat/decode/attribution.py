@@ -20,7 +20,7 @@ from webapp.chat.decode.reply_jobs import ReplyJobs, kept_prefix
 from webapp.chat.model.attribution import Attribution, attribute
 from webapp.chat.model.inside import look_inside
 from webapp.chat.model.loading import LoadedChatModel
-from webapp.chat.model.steering import Term, steer_edit_of
+from webapp.chat.model.steering import ClampTerm, Term, steer_edit_of
 from webapp.core.executors import Worker
 from webapp.core.jobs import Job
 
@@ -34,7 +34,7 @@ class AttributionRequest:
     token: int
     index: int
     against: int | None = None
-    steer: tuple[Term, ...] = ()  # a steered version's directions: its run is read with them added
+    steer: tuple[Term | ClampTerm, ...] = ()  # a steered version's directions: its run is read with them added
 
 
 @dataclass
@@ -54,7 +54,7 @@ def attribution_report(loaded: LoadedChatModel, request: AttributionRequest,
                        prefix: PrefixCache | None = None) -> AttributionReport:
     """Run the model over the request's context (reusing a kept KV cache's first positions) -> the report."""
     model = loaded.model
-    edit = steer_edit_of(model, request.steer)
+    edit = steer_edit_of(loaded, request.steer)
     kept = kept_prefix(model, request.context_ids, prefix if edit is None else None)  # a steered run's keys are its own
     with torch.inference_mode():
         inside = look_inside(model, kept.tokens(next(model.parameters()).device), kept.start, kept.past,

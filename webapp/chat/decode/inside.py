@@ -21,7 +21,7 @@ from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.reply_jobs import ReplyJobs, kept_prefix
 from webapp.chat.model.inside import lens_logits, look_inside
 from webapp.chat.model.loading import LoadedChatModel
-from webapp.chat.model.steering import Term, steer_edit_of
+from webapp.chat.model.steering import ClampTerm, Term, steer_edit_of
 from webapp.core.executors import Worker
 from webapp.core.jobs import Job
 
@@ -37,7 +37,7 @@ class InsideRequest:
     context_ids: tuple[int, ...]
     token: int
     index: int
-    steer: tuple[Term, ...] = ()  # a steered version's directions: its run is read with them added
+    steer: tuple[Term | ClampTerm, ...] = ()  # a steered version's directions: its run is read with them added
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def inside_report(loaded: LoadedChatModel, request: InsideRequest, between: Call
     """Run the model over the request's context (reusing the first positions of a KV cache kept in `prefix`)
     -> the report."""
     model = loaded.model
-    edit = steer_edit_of(model, request.steer)
+    edit = steer_edit_of(loaded, request.steer)
     kept = kept_prefix(model, request.context_ids, prefix if edit is None else None)  # a steered run's keys are its own
     with torch.inference_mode():
         inside = look_inside(model, kept.tokens(next(model.parameters()).device), kept.start, kept.past,

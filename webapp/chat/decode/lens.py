@@ -23,7 +23,7 @@ from webapp.chat.decode.reply_jobs import ReplyJobs, kept_prefix
 from webapp.chat.model.ablation import Parts
 from webapp.chat.model.lens import lens_grid, reply_residuals
 from webapp.chat.model.loading import LoadedChatModel
-from webapp.chat.model.steering import Term, steer_edit_of
+from webapp.chat.model.steering import ClampTerm, Term, steer_edit_of
 from webapp.core.executors import Worker
 from webapp.core.jobs import Job
 
@@ -36,7 +36,7 @@ class LensRequest:
     prompt_ids: tuple[int, ...]
     reply_ids: tuple[int, ...]
     parts: Parts | None = None
-    steer: tuple[Term, ...] = ()  # the directions its run added (webapp/chat/model/steering.py)
+    steer: tuple[Term | ClampTerm, ...] = ()  # the directions its run added (webapp/chat/model/steering.py)
 
 
 @dataclass
@@ -65,7 +65,7 @@ def lens_report(loaded: LoadedChatModel, request: LensRequest, between: Callable
     if request.parts is not None:  # the reply's own Edit, as its run had it
         edit = ablation_result(loaded, AblationRequest(request.prompt_ids, request.parts), between).edit
     elif request.steer:
-        edit = steer_edit_of(model, request.steer)
+        edit = steer_edit_of(loaded, request.steer)
     ids = list(request.prompt_ids) + list(request.reply_ids[:-1])  # the last token produced nothing shown
     first = len(request.prompt_ids) - 1  # the position that produced the reply's first token
     # an edited run's keys and values are its own: never kept, so never read (webapp/chat/decode/generate.py);

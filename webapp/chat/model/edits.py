@@ -11,7 +11,7 @@ thing wherever it runs:
     y = edit_heads(y, layer, edit, start)
     x = x + c_proj(merge_heads(y))
     x = x + edit_mlp(mlp(ln_2(x)), layer, edit, start)
-    x = edit_resid(x, layer, edit, start)    x + each added vector: blocks.{layer}.hook_resid_post
+    x = edit_resid(x, layer, edit, start)    x + each added vector, clamped features set: hook_resid_post
 
 A replacement is zero (zero ablation), one vector for every position (mean ablation: a head's mean
 output), or one vector per position 0..P-1 of the sequence (activation patching: another run's outputs,
@@ -27,6 +27,7 @@ kernel's call: GPT.decode_step).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -60,6 +61,18 @@ class ResidAdd:
 
 
 @dataclass(frozen=True, eq=False)
+class ResidClamp:
+    """Set one sparse-dictionary feature's activation after block `layer` to `value` at every position, keeping
+    the dictionary's reconstruction error (Templeton et al. 2024): x ← x + (value − a(x)) · direction."""
+
+    layer: int
+    direction: torch.Tensor  # (C,): the feature's decoder row
+    value: float
+    activation: Callable[[torch.Tensor], torch.Tensor]  # x (N, C) -> (N,): the feature's activation there
+    name: str  # the dictionary and the feature, for `key` (a function has no bits to hash)
+
+
+@dataclass(frozen=True, eq=False)
 class Edit:
     """What one run (one sequence) has changed: some heads' outputs and some MLPs' outputs replaced, some
     vectors added after blocks. The values are read as given, on every forward; its `key` is taken once, so
@@ -68,6 +81,7 @@ class Edit:
     heads: tuple[HeadEdit, ...] = ()
     mlps: tuple[MlpEdit, ...] = ()
     adds: tuple[ResidAdd, ...] = ()
+    clamps: tuple[ResidClamp, ...] = ()
 
     def heads_at(self, layer: int) -> tuple[HeadEdit, ...]:
         return tuple(h for h in self.heads if h.layer == layer)
@@ -77,6 +91,10 @@ class Edit:
 
     def adds_at(self, layer: int) -> tuple[ResidAdd, ...]:
         return self._adds_by_layer.get(layer, ())
+
+    def changes_stream_at(self, layer: int) -> bool:
+        """Whether the edit adds to, or clamps a feature of, the stream after block `layer`."""
+        return bool(self.adds_at(layer)) or any(c.layer == layer for c in self.clamps)
 
     @cached_property
     def _adds_by_layer(self) -> dict[int, tuple[ResidAdd, ...]]:
@@ -97,6 +115,9 @@ class Edit:
         compute the same keys and values, so they may share a prefix cache's entries (its `variant`)."""
         digest = hashlib.sha256()
         items: tuple[HeadEdit | MlpEdit | ResidAdd, ...] = (*self.heads, *self.mlps, *self.adds)
+        for clamp in self.clamps:  # the dictionary's feature by name, its target and its decoder row's bits
+            digest.update(f"clamp:{clamp.layer}:{clamp.name}={clamp.value!r}:".encode())
+            digest.update(clamp.direction.detach().to("cpu").float().contiguous().numpy().tobytes())
         for item in items:
             where = (f"head:{item.layer}:{item.head}" if isinstance(item, HeadEdit)
                      else f"add:{item.layer}" if isinstance(item, ResidAdd) else f"mlp:{item.layer}")
@@ -155,10 +176,15 @@ def edit_mlp(out: torch.Tensor, layer: int, edit: Edit | None, start: int = 0) -
 
 def edit_resid(x: torch.Tensor, layer: int, edit: Edit | None, start: int = 0) -> torch.Tensor:
     """x (B, T, C): the residual stream after block `layer` at positions start..start+T-1 -> x plus the
-    edit's vectors added there, in x's dtype (x itself when the edit adds none after this block)."""
-    adds = edit.adds_at(layer) if edit is not None else ()
-    for a in adds:
+    edit's vectors added there, then its clamped features set, in x's dtype (x itself when the edit changes
+    nothing after this block)."""
+    if edit is None or not edit.changes_stream_at(layer):
+        return x
+    for a in edit.adds_at(layer):
         value = _replacement(a.value, start, x.size(1))
         assert isinstance(value, torch.Tensor)  # an added vector is never None
         x = x + (value if value.dtype == x.dtype else value.to(x.dtype))
+    for clamp in (c for c in edit.clamps if c.layer == layer):
+        now = clamp.activation(x.reshape(-1, x.size(-1)).float()).view(*x.shape[:-1], 1)  # (B, T, 1)
+        x = x + ((clamp.value - now) * clamp.direction.float()).to(x.dtype)
     return x

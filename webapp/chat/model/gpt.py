@@ -196,7 +196,7 @@ class Block(nn.Module):
             if chunk.edit is not None:
                 out[:, a:b] = edit_mlp(out[:, a:b], layer, chunk.edit, chunk.start)
         x = x + out
-        if not any(chunk.edit is not None and chunk.edit.adds_at(layer) for chunk in chunks):
+        if not any(chunk.edit is not None and chunk.edit.changes_stream_at(layer) for chunk in chunks):
             return x
         return torch.cat([edit_resid(x[:, a:b], layer, chunk.edit, chunk.start)
                           for chunk, (a, b) in zip(chunks, _rows(chunks))], dim=1)
@@ -211,7 +211,7 @@ class Block(nn.Module):
         are in the batch and whichever path they take."""
         x = self._decode_block(x, caches, layer, positions, edits)
         for r, (edit, pos) in enumerate(zip(edits, positions)):
-            if edit is not None and edit.adds_at(layer):  # after the block, whichever path it took
+            if edit is not None and edit.changes_stream_at(layer):  # after the block, whichever path it took
                 x[r:r + 1] = edit_resid(x[r:r + 1], layer, edit, pos)
         return x
 

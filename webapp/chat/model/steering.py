@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from webapp.chat.model import hooked
-from webapp.chat.model.edits import Edit, ResidAdd
+from webapp.chat.model.edits import Edit, ResidAdd, ResidClamp
 
 MAX_ALPHA = 1000.0  # |α| beyond this is a typo, not an experiment
 MAX_TERMS = 8  # directions one steered run adds at once
@@ -43,6 +43,17 @@ class Term:
     alpha: float
 
 
+@dataclass(frozen=True)
+class ClampTerm:
+    """Feature `feature` of the model's dictionary `dictionary` (read after block `layer`) set to `value` at
+    every position, the dictionary's reconstruction error kept (Templeton et al. 2024)."""
+
+    layer: int
+    dictionary: str
+    feature: int
+    value: float
+
+
 def steer_edit(terms: Sequence[Term], device: torch.device | str, dtype: torch.dtype) -> Edit:
     """The Edit that adds each term's α · v after its block, in the model's dtype and on its device (the
     product taken in float32)."""
@@ -50,12 +61,32 @@ def steer_edit(terms: Sequence[Term], device: torch.device | str, dtype: torch.d
                                     .to(device=device, dtype=dtype)) for t in terms))
 
 
-def steer_edit_of(model: Any, terms: Sequence[Term]) -> Edit | None:
-    """steer_edit in the model's activations' dtype and on its device; None for no terms (the model's own run)."""
+def steer_edit_of(loaded: Any, terms: Sequence[Term | ClampTerm]) -> Edit | None:
+    """The Edit of a steered run on a loaded model (its dictionaries give the clamped features), in the
+    model's activations' dtype and on its device; None for no terms (the model's own run). Raises KeyError
+    for a dictionary the model has not loaded."""
     if not terms:
         return None
-    weight = model.transformer.wte.weight  # the activations' dtype (lm_head may hold int8 weights)
-    return steer_edit(terms, weight.device, weight.dtype)
+    weight = loaded.model.transformer.wte.weight  # the activations' dtype (lm_head may hold int8 weights)
+    added = steer_edit([t for t in terms if isinstance(t, Term)], weight.device, weight.dtype)
+    clamps = []
+    for t in terms:
+        if isinstance(t, ClampTerm):
+            sae = loaded.dictionaries[t.dictionary].sae
+            clamps.append(ResidClamp(t.layer, sae.W_dec[t.feature].detach(), t.value, FeatureActivation(sae, t.feature),
+                                     f"{t.dictionary}/{t.feature}"))
+    return Edit(adds=added.adds, clamps=tuple(clamps))
+
+
+class FeatureActivation:
+    """x (N, C) -> (N,): one feature's activation under its dictionary's encode."""
+
+    def __init__(self, sae: Any, feature: int) -> None:
+        self.sae, self.feature = sae, feature
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        found: torch.Tensor = self.sae.encode(x)[:, self.feature]
+        return found
 
 
 @torch.inference_mode()
