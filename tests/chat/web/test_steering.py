@@ -283,3 +283,24 @@ def test_inside_and_who_pushed_a_steered_version_read_the_steered_model(chat_app
     assert abs(float(plain[reply[index]]) - pushed["logit"]) > 1e-3  # the push shows
     page = client.get(f"/chat/c/{cid}/m/{new}/inside/{index}").get_data(as_text=True)
     assert "reads the model with\n    the same directions added" in page or "the same directions added" in page
+
+
+def test_a_sweep_writes_one_version_per_strength_each_the_loops_reply(chat_app):
+    client = chat_app.test_client()
+    cid, mid = greedy_reply(client, n=5)
+    vector = torch.randn(CONFIG.n_embd, generator=torch.Generator().manual_seed(17))
+    assert direction(client, name="sweep", layer=1, vector=vector.tolist()).status_code == 201
+    sent = client.post(f"/chat/c/{cid}/m/{mid}/steer_sweep.json", json={"direction": "sweep", "alphas": [-3, 0, 3]})
+    assert sent.status_code == 200, sent.get_json()
+    ids = sent.get_json()["message_ids"]
+    assert len(ids) == 3 and len(set(ids)) == 3
+    prompt = prompt_of(chat_app, mid)
+    for new, alpha in zip(ids, (-3, 0, 3)):
+        finish(client, cid, new)
+        assert tokens_of(chat_app, new) == steered_greedy(gpt(chat_app), prompt, 5, 1, alpha * vector)
+    assert tokens_of(chat_app, ids[1]) == tokens_of(chat_app, mid)  # α = 0: the plain reply
+    for body, words in [({"direction": "sweep", "alphas": [1]}, "2 to 9 numbers"),
+                        ({"direction": "sweep", "alphas": [1, float("inf")]}, "alpha must be a finite number"),
+                        ({"direction": "nope", "alphas": [1, 2]}, "No direction named")]:
+        got = client.post(f"/chat/c/{cid}/m/{mid}/steer_sweep.json", json=body)
+        assert got.status_code in (400, 404) and words in got.get_json()["error"], got.get_json()
