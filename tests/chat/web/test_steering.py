@@ -304,3 +304,33 @@ def test_a_sweep_writes_one_version_per_strength_each_the_loops_reply(chat_app):
                         ({"direction": "nope", "alphas": [1, 2]}, "No direction named")]:
         got = client.post(f"/chat/c/{cid}/m/{mid}/steer_sweep.json", json=body)
         assert got.status_code in (400, 404) and words in got.get_json()["error"], got.get_json()
+
+
+def test_a_vector_imports_from_npy_and_safetensors_files_and_a_bad_one_is_named(chat_app, tmp_path):
+    import io
+
+    from safetensors.torch import save as safetensors_save
+    client = chat_app.test_client()
+    vector = np.arange(CONFIG.n_embd, dtype=np.float32) / 10
+    npy = io.BytesIO()
+    np.save(npy, vector)
+    csrf = csrf_of(client, "/chat/directions")
+
+    def upload(name: str, data: bytes, layer: str = "1"):
+        return client.post("/chat/directions", data={"csrf_token": csrf, "model": "glassbox", "name": name,
+                                                     "layer": layer, "file": (io.BytesIO(data), name)},
+                           content_type="multipart/form-data")
+
+    assert "error" not in upload("from.npy", npy.getvalue()).headers["Location"]
+    assert np.allclose(client.get("/chat/directions/glassbox/from.npy.json").get_json()["vector"], vector)
+    data = safetensors_save({"direction": torch.from_numpy(vector)})
+    assert "error" not in upload("st.safetensors", data).headers["Location"]
+    got = client.get("/chat/directions/glassbox/st.safetensors.json").get_json()
+    assert got["layer"] == 1 and got["made"]["from"] == "st.safetensors"
+    wide = io.BytesIO()
+    np.save(wide, np.ones((2, CONFIG.n_embd), dtype=np.float32))
+    refused = upload("wide.npy", wide.getvalue())
+    assert "a direction is one vector" in client.get(refused.headers["Location"]).get_data(as_text=True)
+    no_block = upload("nolayer.npy", npy.getvalue(), layer="")
+    assert "Say after which block" in client.get(no_block.headers["Location"]).get_data(as_text=True)
+    assert client.get("/chat/directions/glassbox/nolayer.npy.json").status_code == 404  # nothing saved

@@ -5,11 +5,13 @@ models; steering a reply is the owner's only."""
 
 from __future__ import annotations
 
+import io
 import tempfile
 from pathlib import Path
 
 import numpy as np
 from flask import Response, abort, jsonify, redirect, render_template, request, url_for
+from safetensors.torch import load as safetensors_load
 
 from webapp.chat.model.steering import read_control_vector, write_control_vector
 from webapp.chat.service import ChatError
@@ -74,7 +76,7 @@ def made(fields: dict):
     layer = steer.layer(loaded, fields.get("layer"))
     if "vector" in fields:
         vector = steer.vector(loaded, fields.get("vector"))
-        how: dict[str, object] = {"kind": "imported", "from": fields.get("from", "a list of numbers")}
+        how: dict[str, object] = {"kind": "imported", "from": str(fields.get("from", "a list of numbers"))[:200]}
     else:
         wanted = steer.contrastive_request(loaded, layer, fields.get("positive"), fields.get("negative"))
         job = wait_for_job(lambda: steer.start(owner_id(), model, wanted), "work this direction out", "vector")
@@ -142,7 +144,9 @@ def make_direction_form():
     upload = request.files.get("file")
     try:
         if upload is not None and upload.filename:
-            fields["vector"], fields["layer"] = imported(upload.read(MAX_IMPORT_BYTES + 1), fields["layer"])
+            fields["vector"], fields["layer"] = imported(upload.read(MAX_IMPORT_BYTES + 1), fields["layer"],
+                                                         upload.filename)
+            fields["from"] = upload.filename
         else:
             fields["positive"] = lines(request.form.get("positive", ""))
             fields["negative"] = lines(request.form.get("negative", ""))
@@ -156,10 +160,15 @@ def lines(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
-def imported(data: bytes, layer: object) -> tuple[list[float], object]:
-    """A llama.cpp control vector's direction for one block -> (vector, layer). Raises ChatError (400)."""
+def imported(data: bytes, layer: object, filename: str = "") -> tuple[list[float], object]:
+    """A direction from a file -> (vector, layer): a llama.cpp control vector (its one block, or the one
+    named), or one vector in a .npy or .safetensors file (the block named). Raises ChatError (400)."""
     if len(data) > MAX_IMPORT_BYTES:
         raise ChatError(f"That file is larger than {MAX_IMPORT_BYTES // 2**20} MiB.", 400)
+    if filename.endswith((".npy", ".safetensors")):
+        if not isinstance(layer, int):
+            raise ChatError("Say after which block the vector is added.", 400)
+        return one_vector(data, filename), layer
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "import.gguf"
         path.write_bytes(data)
@@ -174,6 +183,23 @@ def imported(data: bytes, layer: object) -> tuple[list[float], object]:
     if layer not in found:
         raise ChatError(f"The file has no direction for block {layer} (it has {sorted(found)}).", 400)
     return [float(v) for v in found[layer]], layer
+
+
+def one_vector(data: bytes, filename: str) -> list[float]:
+    """The one vector of a .npy or .safetensors file. Raises ChatError (400)."""
+    try:
+        if filename.endswith(".npy"):
+            array = np.load(io.BytesIO(data), allow_pickle=False)
+        else:
+            tensors = safetensors_load(data)
+            if len(tensors) != 1:
+                raise ChatError(f"That file holds {len(tensors)} tensors; give one with a single vector.", 400)
+            array = next(iter(tensors.values())).float().numpy()
+    except (ValueError, OSError, RuntimeError) as error:
+        raise ChatError(f"That file cannot be read as {filename.rsplit('.', 1)[-1]}: {str(error)[:200]}", 400) from None
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.number):
+        raise ChatError(f"That file's array has shape {tuple(array.shape)}; a direction is one vector.", 400)
+    return [float(v) for v in array]
 
 
 @bp.post("/directions/<model>/<name>/delete")
