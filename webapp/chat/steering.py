@@ -65,10 +65,14 @@ class SteeringService:
         return layer
 
     # -- directions ----------------------------------------------------------------------------
-    def contrastive_request(self, loaded: LoadedChatModel, layer: int, positive: object,
-                            negative: object) -> DirectionRequest:
+    def contrastive_request(self, loaded: LoadedChatModel, layer: int, positive: object, negative: object,
+                            method: object = None) -> DirectionRequest:
         """Each prompt wrapped as the chat template wraps a user message (the few-shot turns, the message, the
-        reply's start), read at its last position. Raises ChatError (400)."""
+        reply's start), read at its last position. method: "mean" (the default) or "pca" (pairs: as many
+        positive prompts as negative). Raises ChatError (400)."""
+        method = "mean" if method in (None, "") else method
+        if method not in ("mean", "pca"):
+            raise ChatError(f"method must be mean or pca, not {str(method)[:40]!r}.", 400)
         sides = []
         for side, prompts in (("positive", positive), ("negative", negative)):
             if (not isinstance(prompts, list) or not prompts or len(prompts) > MAX_PROMPTS
@@ -80,7 +84,9 @@ class SteeringService:
                 sides.append(tuple(tuple(loaded.prompt.build([{"role": "user", "content": p}], 1)) for p in prompts))
             except ValueError as error:  # PromptTooLong
                 raise ChatError(str(error), 400) from None
-        return DirectionRequest(layer, sides[0], sides[1])
+        if method == "pca" and (len(sides[0]) != len(sides[1]) or len(sides[0]) < 2):
+            raise ChatError("method pca takes pairs: as many positive prompts as negative, two pairs at least.", 400)
+        return DirectionRequest(layer, sides[0], sides[1], str(method))
 
     def start(self, owner: str, model: str, request: DirectionRequest) -> Job[DirectionRequest, DirectionResult]:
         """The job working a contrastive direction out. Raises Refused (queue full, too many jobs)."""

@@ -334,3 +334,25 @@ def test_a_vector_imports_from_npy_and_safetensors_files_and_a_bad_one_is_named(
     no_block = upload("nolayer.npy", npy.getvalue(), layer="")
     assert "Say after which block" in client.get(no_block.headers["Location"]).get_data(as_text=True)
     assert client.get("/chat/directions/glassbox/nolayer.npy.json").status_code == 404  # nothing saved
+
+
+def test_a_pca_direction_is_the_first_component_of_the_pairs_differences(chat_app):
+    client = chat_app.test_client()
+    positive, negative = ["Hello there", "Hi", "Good morning"], ["Goodbye", "Bye now", "See you"]
+    made = direction(client, name="pca", layer=1, positive=positive, negative=negative, method="pca")
+    assert made.status_code == 201, made.get_json()
+    got = torch.tensor(made.get_json()["vector"])
+    loaded = glassbox(chat_app).core.models["chat"]
+    rows = {p: by_hand(gpt(chat_app), loaded.prompt.build([{"role": "user", "content": p}], 1))[1][-1]
+            for p in positive + negative}
+    diffs = np.stack([(rows[a] - rows[b]).numpy() for a, b in zip(positive, negative)]).astype(np.float64)
+    component = np.linalg.svd(diffs - diffs.mean(0))[2][0]
+    mean = diffs.mean(0)
+    want = component * float(mean @ component)  # scaled to the mean difference along it, pointing its way
+    assert np.allclose(got.numpy(), want, atol=1e-3)
+    assert float(got @ torch.tensor(mean, dtype=torch.float32)) > 0
+    assert made.get_json()["made"]["method"] == "pca"
+    uneven = direction(client, name="pca2", layer=1, positive=positive, negative=negative[:2], method="pca")
+    assert uneven.status_code == 400 and "pairs" in uneven.get_json()["error"]
+    odd = direction(client, name="pca3", layer=1, positive=positive, negative=negative, method="median")
+    assert odd.status_code == 400 and "method must be mean or pca" in odd.get_json()["error"]

@@ -20,6 +20,7 @@ class DirectionRequest:
     layer: int
     positive: tuple[tuple[int, ...], ...]
     negative: tuple[tuple[int, ...], ...]
+    method: str = "mean"  # or "pca": the first principal component of the paired differences
 
 
 @dataclass
@@ -32,5 +33,6 @@ class DirectionJobs(ReplyJobs[DirectionRequest, DirectionResult]):
 
     def work(self, request: DirectionRequest, between: Callable[[], None],
              job: Job[DirectionRequest, DirectionResult], core: Worker) -> DirectionResult:
-        vector = contrastive(self.loaded.model, request.positive, request.negative, request.layer, between)
+        vector = contrastive(self.loaded.model, request.positive, request.negative, request.layer, between,
+                             request.method)
         return DirectionResult(vector.tolist())

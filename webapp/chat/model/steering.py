@@ -107,11 +107,20 @@ def last_residuals(model: Any, prompts: Sequence[Sequence[int]], layer: int,
 
 
 def contrastive(model: Any, positive: Sequence[Sequence[int]], negative: Sequence[Sequence[int]],
-                layer: int, between: Callable[[], None] | None = None) -> torch.Tensor:
-    """The mean difference of the residual stream after block `layer` at the prompts' last positions ->
-    (C,) float32 on the CPU."""
+                layer: int, between: Callable[[], None] | None = None, method: str = "mean") -> torch.Tensor:
+    """A direction from the residual stream after block `layer` at the prompts' last positions -> (C,) float32 on
+    the CPU. "mean": the mean of the positive less the mean of the negative. "pca" (repeng's way): the first
+    principal component of the paired differences positive[i] − negative[i] (centred), scaled to the mean
+    difference's length along it and signed to point the same way."""
     plus, minus = last_residuals(model, positive, layer, between), last_residuals(model, negative, layer, between)
-    return (plus.mean(0) - minus.mean(0)).cpu()
+    mean = plus.mean(0) - minus.mean(0)
+    if method == "mean":
+        return mean.cpu()
+    diffs = plus - minus  # (N, C): the pairs, in order
+    vh: torch.Tensor = torch.linalg.svd(diffs - diffs.mean(0), full_matrices=False)[2]
+    component = vh[0]  # (C,) unit length
+    along = float(mean @ component)
+    return (component * (along if along != 0 else float(mean.norm()))).cpu()
 
 
 def write_control_vector(path: Path, directions: dict[int, np.ndarray], model_hint: str) -> None:

@@ -78,13 +78,17 @@ def made(fields: dict):
         vector = steer.vector(loaded, fields.get("vector"))
         how: dict[str, object] = {"kind": "imported", "from": str(fields.get("from", "a list of numbers"))[:200]}
     else:
-        wanted = steer.contrastive_request(loaded, layer, fields.get("positive"), fields.get("negative"))
+        wanted = steer.contrastive_request(loaded, layer, fields.get("positive"), fields.get("negative"),
+                                           fields.get("method"))
         job = wait_for_job(lambda: steer.start(owner_id(), model, wanted), "work this direction out", "vector")
         vector = list(job.result.vector)
         how = {"kind": "contrastive", "positive": fields.get("positive"), "negative": fields.get("negative"),
+               "method": wanted.method,
                "read": "the residual stream after the block, at the last position of each prompt wrapped as "
-                       "the chat template wraps a user message; the mean of the positive less the mean of the "
-                       "negative"}
+                       "the chat template wraps a user message; " + (
+                           "the mean of the positive less the mean of the negative" if wanted.method == "mean" else
+                           "the first principal component of the pairs' differences, at the mean difference's "
+                           "length along it")}
     return steer.save(owner_id(), model, fields.get("name"), layer, vector, how)
 
 
@@ -150,6 +154,7 @@ def make_direction_form():
         else:
             fields["positive"] = lines(request.form.get("positive", ""))
             fields["negative"] = lines(request.form.get("negative", ""))
+            fields["method"] = request.form.get("method")
         made(fields)
     except (ChatError, InsideError) as error:
         return redirect(url_for("chat.directions_page", error=str(error)))
