@@ -48,6 +48,8 @@ def test_the_command_line_trains_a_saelens_dictionary_of_the_bundled_model_and_r
     assert figures["l0"] == pytest.approx(4.0) and 0 <= figures["dead_fraction"] <= 1
     assert figures["ce_clean"] <= figures["ce_spliced"] + 1e-6 or figures["loss_recovered"] <= 1.0
     assert json.loads(run.stdout.strip().splitlines()[-1])["explained_variance"] == figures["explained_variance"]
+    stats = json.loads((out / "glassbox_features.json").read_text())  # each feature's density and top contexts
+    assert len(stats["density"]) == 64 and len(stats["top"]) == 64 and stats["tokens"] > 0
     first = saelens.load(out)
     state = torch.load(out / "glassbox_training.pt", weights_only=False)
     assert state["step"] == 8 and state["sequences_read"] > 0

@@ -17,10 +17,12 @@ import torch
 
 from webapp.chat.model.errors import ModelLoadError
 from webapp.chat.model.tokenizer import special_name, token_bytes
+from webapp.features import contexts
 from webapp.features.sae import Dictionary
 from webapp.features.saelens import DictionaryFileError, load
 
 LABEL_TOKENS = 3
+PUSHES = 10  # tokens a feature page lists as pushed up
 
 
 @dataclass
@@ -29,6 +31,8 @@ class LoadedDictionary:
     path: Path
     sae: Dictionary
     labels: list[str]  # per feature
+    pushes: list[list[tuple[int, float]]]  # per feature: (token, logit effect), strongest first
+    stats: dict[str, Any] | None  # density and top contexts on a corpus (webapp/features/contexts.py), if made
 
     @property
     def hook_name(self) -> str:
@@ -69,7 +73,10 @@ def load_dictionaries(spec: str, checkpoint: str, model: Any, tokenizer: Any) ->
             raise ModelLoadError(f"dictionary {path}: two dictionaries named {path.name!r}")
         device = model.transformer.wte.weight.device
         sae = sae.to(device)
-        found[path.name] = LoadedDictionary(path.name, path, sae, labels(model, sae, tokenizer))
+        values, ids = pushes(model, sae, PUSHES)
+        pushed = [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+        found[path.name] = LoadedDictionary(path.name, path, sae, labels(pushed, tokenizer), pushed,
+                                            contexts.load(path))
     return found
 
 
@@ -83,12 +90,11 @@ def pushes(model: Any, sae: Dictionary, top: int) -> tuple[torch.Tensor, torch.T
     return effects.topk(min(top, effects.size(-1)), dim=-1)
 
 
-def labels(model: Any, sae: Dictionary, tokenizer: Any) -> list[str]:
-    _, ids = pushes(model, sae, LABEL_TOKENS)
-    return ["pushes " + ", ".join(repr(_text(tokenizer, int(t))) for t in row) for row in ids.tolist()]
+def labels(pushed: list[list[tuple[int, float]]], tokenizer: Any) -> list[str]:
+    return ["pushes " + ", ".join(repr(text(tokenizer, t)) for t, _ in row[:LABEL_TOKENS]) for row in pushed]
 
 
-def _text(tokenizer: Any, token: int) -> str:
+def text(tokenizer: Any, token: int) -> str:
     found = token_bytes(tokenizer, token)
     if found is None:  # a special: its name, as the token panel names it
         return special_name(tokenizer, token) or f"<special {token}>"

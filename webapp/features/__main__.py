@@ -10,6 +10,7 @@ explained variance; Ctrl-C keeps the last step, and --resume goes on from it.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -21,7 +22,9 @@ from webapp.chat.model.errors import ModelLoadError
 from webapp.chat.model.loading import LoadedChatModel, load_chat_model
 from webapp.chat.registry import model_entries
 from webapp.config import ConfigError, Settings
+from webapp.features import contexts
 from webapp.features.activations import CorpusError, corpus_files, documents, sequences
+from webapp.features.contexts import feature_contexts
 from webapp.features.quality import quality
 from webapp.features.train import STATE, Plan, Progress, folder_of, train
 
@@ -41,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--batch", type=int, default=4096, help="activation rows per step (4096)")
     run.add_argument("--lr", type=float, default=None, help="learning rate (2e-4 / sqrt(width / 16384))")
     run.add_argument("--eval-sequences", type=int, default=64, help="held-out sequences for the figures (64)")
+    run.add_argument("--context-sequences", type=int, default=512,
+                     help="sequences of the corpus read for each feature's top contexts and density (512; 0: none)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--resume", action="store_true", help="go on from the checkpoint in --out")
     args = parser.parse_args(argv)
@@ -86,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
                   "loss_recovered": figures.loss_recovered, "held_out_tokens": figures.tokens}
         (folder / "quality.json").write_text(json.dumps(report, indent=2) + "\n")
         print(json.dumps(report))
+        if args.context_sequences:  # where each feature fires most, for its page
+            seqs = itertools.islice(sequences(documents(corpus_files(args.corpus), loaded.prompt), plan.context),
+                                    args.context_sequences)
+            contexts.save(feature_contexts(model, sae, seqs), folder)
     return 0
 
 

@@ -131,7 +131,8 @@ def test_the_features_page_lists_them_and_the_token_panel_links_to_it(chat_app, 
     data = client.get(f"/chat/c/{cid}/m/{mid}/features/1.json").get_json()["dictionaries"][0]
     assert "early" in page and "blocks.0.hook_resid_post" in page
     for feature in data["features"]:
-        assert f"<td>{feature['index']}</td>" in page and f"{feature['activation']:.3f}" in page
+        assert f"/chat/features/glassbox/early/{feature['index']}\">{feature['index']}</a>" in page
+        assert f"{feature['activation']:.3f}" in page
     csrf = csrf_of(client, f"/chat/c/{cid}")
     client.post(f"/chat/c/{cid}/share", data={"csrf_token": csrf})
     shared = re.search(r"/chat/shared/([\w-]+)", client.get(f"/chat/c/{cid}").get_data(as_text=True)).group(1)
@@ -207,3 +208,34 @@ def by_hand_clamped(model, ids: list[int], layer: int, change) -> torch.Tensor:
         if n == layer:
             x = change(x)
     return ln(x, "transformer.ln_f") @ sd["transformer.wte.weight"].T
+
+
+def test_a_features_page_has_its_label_pushes_density_and_top_contexts(chat_app, tmp_path):
+    from webapp.features import contexts
+    loaded = glassbox(chat_app).core.models["chat"]
+    sae = dictionary(tmp_path / "early", 0)
+    seqs = [[256] + [(7 * i + 3 * j) % 250 for j in range(30)] for i in range(6)]
+    stats = contexts.feature_contexts(loaded.model, sae, seqs, top=4, window=3, batch=4)
+    contexts.save(stats, tmp_path / "early")
+    loaded.dictionaries = load_dictionaries(str(tmp_path / "early"), "", loaded.model, loaded.tokenizer)
+    # by hand: every token's activations after block 0 (the start token left out)
+    rows = torch.cat([sae.encode(by_hand(gpt(chat_app), s)[0][1:]).detach() for s in seqs])  # (6 * 30, 48)
+    assert stats["tokens"] == 180
+    torch.testing.assert_close(torch.tensor(stats["density"]), (rows > 0).float().mean(0))
+    feature = int((rows > 0).sum(0).argmax())
+    strongest = rows[:, feature].topk(4).values
+    assert [p["activation"] for p in stats["top"][feature]] == pytest.approx(strongest.tolist(), rel=1e-4)
+    place = int(rows[:, feature].argmax())
+    s, p = divmod(place, 30)
+    first = stats["top"][feature][0]
+    assert first["tokens"][first["at"]] == seqs[s][p + 1] and len(first["tokens"]) <= 7
+    client = chat_app.test_client()
+    data = client.get(f"/chat/features/glassbox/early/{feature}.json").get_json()
+    assert data["index"] == feature and data["label"].startswith("pushes ")
+    assert data["density"] == pytest.approx(float((rows[:, feature] > 0).float().mean()))
+    assert len(data["pushes"]) == 10 and data["pushes"][0]["logit"] >= data["pushes"][-1]["logit"]
+    assert [c["activation"] for c in data["top_contexts"]] == pytest.approx(strongest.tolist(), rel=1e-4)
+    page = client.get(f"/chat/features/glassbox/early/{feature}").get_data(as_text=True)
+    assert "<mark>" in page and data["label"].replace("'", "&#39;") in page
+    assert client.get("/chat/features/glassbox/early/48.json").status_code == 404
+    assert client.get("/chat/features/glassbox/nope/1.json").status_code == 404

@@ -10,6 +10,7 @@ from typing import cast
 from flask import abort, jsonify, render_template
 
 from webapp.chat.decode.features import Reading
+from webapp.chat.dictionaries import text
 from webapp.chat.features import FeatureService
 from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
@@ -56,7 +57,7 @@ def page(conversation: dict, message: dict, index: int, shared: str | None = Non
         return render_template("chat/features.html", problem=str(error), **common), 409
     labels = feature_service().labels
     tables = [(r, [(i, a, labels(model, r.dictionary)[i]) for i, a in r.features]) for r in readings]
-    return render_template("chat/features.html", problem=None, tables=tables, **common)
+    return render_template("chat/features.html", problem=None, tables=tables, model=model, **common)
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/features/<int:index>.json")
@@ -97,3 +98,37 @@ def resolved(message: dict, index: int) -> tuple[str, tuple[Reading, ...]]:
         return model, found
     job = wait_for_job(lambda: features.start(owner_id(), model, wanted), "read this token's features")
     return model, cast(tuple[Reading, ...], job.result.report)
+
+
+# -- one feature's page -------------------------------------------------------------------------------
+@bp.get("/features/<model>/<dictionary>/<int:index>.json")
+def feature_json(model: str, dictionary: str, index: int):
+    """{"index", "label", "density", "pushes": [{"token", "logit"}], "top_contexts": [{"activation", "at",
+    "tokens": [texts]}]}; density and top_contexts null where the dictionary has no statistics."""
+    return jsonify(feature_view(model, dictionary, index))
+
+
+@bp.get("/features/<model>/<dictionary>/<int:index>")
+def feature_page(model: str, dictionary: str, index: int):
+    return render_template("chat/feature.html", model=model, dictionary=dictionary, **feature_view(model, dictionary,
+                                                                                                    index))
+
+
+def feature_view(model: str, dictionary: str, index: int) -> dict:
+    """What a feature's page and JSON show, from the dictionary as loaded (nothing runs). 404 for no such one."""
+    models = service().models
+    loaded = models.get(model) if model in models else None
+    found = (loaded.dictionaries or {}).get(dictionary) if loaded is not None else None
+    if loaded is None or found is None:
+        abort(404, f"No dictionary {dictionary[:64]!r} on a model {model[:64]!r} here.")
+    if not 0 <= index < found.sae.config.d_sae:
+        abort(404, f"The dictionary {dictionary!r} has features 0 to {found.sae.config.d_sae - 1}.")
+    stats = found.stats
+    contexts = None
+    if stats is not None:
+        contexts = [{"activation": place["activation"], "at": place["at"],
+                     "tokens": [text(loaded.tokenizer, t) for t in place["tokens"]]} for place in stats["top"][index]]
+    return {"index": index, "label": found.labels[index], "hook_name": found.hook_name,
+            "density": stats["density"][index] if stats is not None else None,
+            "pushes": [{"token": text(loaded.tokenizer, t), "logit": v} for t, v in found.pushes[index]],
+            "top_contexts": contexts}

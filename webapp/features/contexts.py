@@ -1,0 +1,86 @@
+"""What each feature of a dictionary does on a corpus: its density (the fraction of tokens it is active on) and
+its top contexts (the tokens where it is strongest, a few tokens either side), as a feature page shows them
+(Neuronpedia's "top activations"). The corpus runs through the hooked forward a batch of sequences at a time;
+only each feature's best few places are kept, never every activation.
+
+Saved beside the dictionary as `glassbox_features.json` (webapp/chat/dictionaries.py reads it):
+    {"tokens": N, "density": [d_sae floats], "top": [[{"activation", "tokens": [ids], "at": i}, ...] per feature]}
+where `tokens` is the context around the place (its own token at index `at`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from webapp.chat.model import hooked
+from webapp.features.sae import Dictionary
+
+FILE = "glassbox_features.json"
+
+
+@torch.inference_mode()
+def feature_contexts(model: Any, sae: Dictionary, sequences: Iterable[Sequence[int]], top: int = 8,
+                     window: int = 6, batch: int = 16) -> dict[str, Any]:
+    """Each feature's density and `top` strongest places over the sequences (each [bos, ...], equal lengths
+    within a batch), with `window` tokens either side (the start token left out)."""
+    layer, d_sae = sae.config.layer, sae.config.d_sae
+    device = model.transformer.wte.weight.device
+    best = torch.full((d_sae, top), -1.0)  # activations; -1: none yet
+    where = torch.zeros((d_sae, top, 2), dtype=torch.long)  # (sequence, position)
+    active = torch.zeros(d_sae)
+    kept: list[list[int]] = []
+    tokens = 0
+    rows: list[list[int]] = []
+    for seq in [*sequences, None]:
+        if seq is not None:
+            rows.append(list(seq))
+            if len(rows) < batch:
+                continue
+        if not rows:
+            break
+        ids = torch.tensor(rows, dtype=torch.long, device=device)
+        out = hooked.run(model, hooked.embed(model, ids), last_layer=layer,
+                         reads=hooked.Reads(resid=True, layers=frozenset({layer + 1})))
+        x = out.resid[layer + 1][:, 1:].float()  # (B, T - 1, C): the start token left out
+        T1 = x.size(1)
+        z = sae.encode(x.reshape(-1, x.size(-1))).cpu()  # (B (T-1), d_sae)
+        active += (z > 0).sum(0)
+        tokens += z.size(0)
+        values, flat = z.T.topk(min(top, z.size(0)), dim=1)  # (d_sae, top) each: rows of z
+        first = len(kept)
+        found_where = torch.stack([flat // T1 + first, flat % T1 + 1], dim=-1)  # (sequence, position)
+        merged = torch.cat([best, values], dim=1)
+        merged_where = torch.cat([where, found_where], dim=1)
+        best, order = merged.topk(top, dim=1)
+        where = merged_where.gather(1, order[..., None].expand(-1, -1, 2))
+        kept.extend(rows)
+        rows = []
+    found: list[list[dict[str, Any]]] = []
+    for f in range(d_sae):
+        places = []
+        for value, (s, p) in zip(best[f].tolist(), where[f].tolist()):
+            if value <= 0:
+                continue
+            lo = max(1, p - window)
+            places.append({"activation": float(f"{value:.6g}"), "tokens": kept[s][lo:p + window + 1], "at": p - lo})
+        found.append(places)
+    density = [float(f"{d:.6g}") for d in (active / max(tokens, 1)).tolist()]  # (a smaller file)
+    return {"tokens": tokens, "density": density, "top": found}
+
+
+def save(stats: dict[str, Any], folder: Path) -> None:
+    (folder / FILE).write_text(json.dumps(stats, separators=(",", ":")))
+
+
+def load(folder: Path) -> dict[str, Any] | None:
+    """The saved statistics, or None when there are none (or they cannot be read: the page says so)."""
+    try:
+        found = json.loads((folder / FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) and isinstance(found.get("top"), list) else None
