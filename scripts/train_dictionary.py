@@ -1,7 +1,8 @@
 """Train the bundled chat model's bundled dictionary (models/chat/dictionaries/resid-2): a TopK dictionary of the
 residual stream after block 2, on the model's own synthetic training text (scripts/chat_corpus.py), with
 `python -m webapp.features train`. Its figures land in models/chat/dictionaries/resid-2/quality.json and
-docs/features.md, each feature's density and top contexts in glassbox_features.json beside it. Run from the repository root: .venv/bin/python scripts/train_dictionary.py
+docs/features.md, each feature's density and top contexts in glassbox_features.json beside it. Run from the
+repository root: .venv/bin/python scripts/train_dictionary.py
 """
 
 from __future__ import annotations
