@@ -297,7 +297,7 @@ if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description="Write the bundled chat model's synthetic training text as a "
-                                                 "JSON-lines corpus (webapp/features reads it).")
+                                                 "JSON-lines corpus (python -m webapp.features reads it).")
     parser.add_argument("out")
     parser.add_argument("--exchanges", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)

@@ -1,4 +1,4 @@
-"""A chat model's sparse dictionaries (webapp/features), loaded with it at start-up: the folders
+"""A chat model's sparse dictionaries (webapp/chat/features), loaded with it at start-up: the folders
 GLASSBOX_CHAT_DICTIONARIES names (a registry model's `dictionaries = [...]`), else every dictionary in
 `dictionaries/` beside the checkpoint (the bundled model's). A folder that cannot be read, or whose dictionary
 does not fit the model (its width, its block), stops start-up naming the folder and the mismatch.
@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
+from webapp.chat.features import contexts
+from webapp.chat.features.sae import Dictionary
+from webapp.chat.features.saelens import DictionaryFileError, load
 from webapp.chat.model.errors import ModelLoadError
 from webapp.chat.model.tokenizer import special_name, token_bytes
-from webapp.features import contexts
-from webapp.features.sae import Dictionary
-from webapp.features.saelens import DictionaryFileError, load
 
 LABEL_TOKENS = 3
 PUSHES = 10  # tokens a feature page lists as pushed up
@@ -32,7 +32,7 @@ class LoadedDictionary:
     sae: Dictionary
     labels: list[str]  # per feature
     pushes: list[list[tuple[int, float]]]  # per feature: (token, logit effect), strongest first
-    stats: dict[str, Any] | None  # density and top contexts on a corpus (webapp/features/contexts.py), if made
+    stats: dict[str, Any] | None  # density and top contexts on a corpus (webapp/chat/features/contexts.py), if made
 
     @property
     def hook_name(self) -> str:

@@ -28,7 +28,7 @@ from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.reply_jobs import ReplyJobs
 from webapp.chat.decode.steering import DirectionJobs
 from webapp.chat.directions import DirectionStore
-from webapp.chat.features import FeatureService
+from webapp.chat.features.service import FeatureService
 from webapp.chat.heads import HeadService
 from webapp.chat.inside import InsideService
 from webapp.chat.lens import LensService

@@ -1,1 +1,2 @@
-"""Features of your own model: sparse dictionaries trained here, in SAELens's format (issue 49)."""
+"""`python -m webapp.features train`: sparse dictionaries of a chat model's residual stream, trained here (the package
+is webapp/chat/features; docs/features.md)."""

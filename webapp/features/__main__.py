@@ -18,15 +18,15 @@ from pathlib import Path
 
 import torch
 
+from webapp.chat.features import contexts
+from webapp.chat.features.activations import CorpusError, corpus_files, documents, sequences
+from webapp.chat.features.contexts import feature_contexts
+from webapp.chat.features.quality import quality
+from webapp.chat.features.train import STATE, Plan, Progress, folder_of, train
 from webapp.chat.model.errors import ModelLoadError
 from webapp.chat.model.loading import LoadedChatModel, load_chat_model
 from webapp.chat.registry import model_entries
 from webapp.config import ConfigError, Settings
-from webapp.features import contexts
-from webapp.features.activations import CorpusError, corpus_files, documents, sequences
-from webapp.features.contexts import feature_contexts
-from webapp.features.quality import quality
-from webapp.features.train import STATE, Plan, Progress, folder_of, train
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,10 +17,10 @@ from tests.chat.web.test_steering import by_hand, gpt
 from tests.conftest import csrf_of
 from webapp.chat import boot
 from webapp.chat.dictionaries import load_dictionaries
+from webapp.chat.features import saelens
+from webapp.chat.features.sae import Dictionary, DictionaryConfig
 from webapp.chat.model.errors import ModelLoadError
 from webapp.config import Settings
-from webapp.features import saelens
-from webapp.features.sae import Dictionary, DictionaryConfig
 from webapp.web.state import glassbox
 
 chat_app = test_ablation.chat_app  # the fixture: a model whose heads matter, never sampling a special
@@ -211,7 +211,7 @@ def by_hand_clamped(model, ids: list[int], layer: int, change) -> torch.Tensor:
 
 
 def test_a_features_page_has_its_label_pushes_density_and_top_contexts(chat_app, tmp_path):
-    from webapp.features import contexts
+    from webapp.chat.features import contexts
     loaded = glassbox(chat_app).core.models["chat"]
     sae = dictionary(tmp_path / "early", 0)
     seqs = [[256] + [(7 * i + 3 * j) % 250 for j in range(30)] for i in range(6)]

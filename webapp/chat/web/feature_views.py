@@ -11,7 +11,7 @@ from flask import abort, jsonify, render_template
 
 from webapp.chat.decode.features import Reading
 from webapp.chat.dictionaries import text
-from webapp.chat.features import FeatureService
+from webapp.chat.features.service import FeatureService
 from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
 from webapp.chat.web.inside_pages import shared_message

@@ -4,7 +4,7 @@ part along each row removed, then the rows renormalised), b_dec started at the f
 AuxK loss (k_aux = d_in / 2, weight 1/32) on the features that fired on none of the last DEAD_TOKENS tokens.
 
 The first `eval_sequences` sequences of the corpus are held out for the quality figures
-(webapp/features/quality.py); training reads the ones after them. A checkpoint (the dictionaries in
+(webapp/chat/features/quality.py); training reads the ones after them. A checkpoint (the dictionaries in
 SAELens's format, and `glassbox_training.pt`: the optimiser, the step, the sequences read) is written every
 `checkpoint_seconds`, at the end, and on Ctrl-C; `resume` goes on from it.
 """
@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from webapp.features import saelens
-from webapp.features.activations import ShuffleBuffer, activations, corpus_files, documents, sequences
-from webapp.features.sae import Dictionary, DictionaryConfig, aux_loss, remove_parallel_gradient
+from webapp.chat.features import saelens
+from webapp.chat.features.activations import ShuffleBuffer, activations, corpus_files, documents, sequences
+from webapp.chat.features.sae import Dictionary, DictionaryConfig, aux_loss, remove_parallel_gradient
 
 STATE = "glassbox_training.pt"
 DEAD_TOKENS = 1_000_000  # a feature silent this long is dead (for AuxK and the figures)

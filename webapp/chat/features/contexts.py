@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
+from webapp.chat.features.sae import Dictionary
 from webapp.chat.model import hooked
-from webapp.features.sae import Dictionary
 
 FILE = "glassbox_features.json"
 

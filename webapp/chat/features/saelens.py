@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from webapp.features.sae import ARCHITECTURES, Dictionary, DictionaryConfig
+from webapp.chat.features.sae import ARCHITECTURES, Dictionary, DictionaryConfig
 
 HOOK = re.compile(r"blocks\.(\d+)\.hook_resid_post")
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from webapp.chat.features.sae import Dictionary
 from webapp.chat.model import hooked
 from webapp.chat.model.edits import Edit, ResidAdd
-from webapp.features.sae import Dictionary
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from webapp.features import saelens
-from webapp.features.sae import Dictionary, DictionaryConfig
-from webapp.features.saelens import DictionaryFileError
+from webapp.chat.features import saelens
+from webapp.chat.features.sae import Dictionary, DictionaryConfig
+from webapp.chat.features.saelens import DictionaryFileError
 
 D_IN, D_SAE = 16, 40
 

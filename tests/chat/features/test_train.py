@@ -13,11 +13,11 @@ import torch
 from torch.nn import functional as F
 
 from tests.conftest import ROOT
+from webapp.chat.features import saelens
+from webapp.chat.features.activations import ShuffleBuffer
+from webapp.chat.features.quality import quality
+from webapp.chat.features.sae import Dictionary, DictionaryConfig
 from webapp.chat.model.gpt import GPT, GPTConfig
-from webapp.features import saelens
-from webapp.features.activations import ShuffleBuffer
-from webapp.features.quality import quality
-from webapp.features.sae import Dictionary, DictionaryConfig
 
 
 def corpus(tmp_path, lines: int = 400) -> str:

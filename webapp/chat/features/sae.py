@@ -28,7 +28,7 @@ ARCHITECTURES = ("topk", "standard", "jumprelu")
 
 @dataclass(frozen=True)
 class DictionaryConfig:
-    """What SAELens's cfg.json says of a dictionary (webapp/features/saelens.py reads and writes it)."""
+    """What SAELens's cfg.json says of a dictionary (webapp/chat/features/saelens.py reads and writes it)."""
 
     d_in: int
     d_sae: int
