@@ -86,8 +86,9 @@ def pushes(model: Any, sae: Dictionary, top: int) -> tuple[torch.Tensor, torch.T
     token ids), each (d_sae, top)."""
     gamma = model.transformer.ln_f.weight.float()
     weight = model.lm_head.weight.float()
-    effects = (sae.W_dec.float() * gamma) @ weight.T  # (d_sae, V)
-    return effects.topk(min(top, effects.size(-1)), dim=-1)
+    effects: torch.Tensor = (sae.W_dec.float() * gamma) @ weight.T  # (d_sae, V)
+    found = effects.topk(min(top, effects.size(-1)), dim=-1)
+    return found.values, found.indices
 
 
 def labels(pushed: list[list[tuple[int, float]]], tokenizer: Any) -> list[str]:

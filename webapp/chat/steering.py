@@ -186,7 +186,8 @@ class SteeringService:
         assert edit is not None  # terms() gives one at least
         return edit
 
-    def reply_turn(self, conversation: dict, message: dict, history: list[dict], steer: object) -> Turn:
+    def reply_turn(self, conversation: dict[str, Any], message: dict[str, Any], history: list[dict[str, Any]],
+                   steer: object) -> Turn:
         """A new version of the reply, steered. Raises ChatError (400, 404, 409)."""
         if message["role"] != "assistant":
             raise ChatError("Only replies can be steered.", 404)

@@ -4,6 +4,8 @@ or running), finished readings kept, a bounded number, under their request."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from webapp.chat.decode.features import FeaturesRequest, FeaturesResult, Reading
 from webapp.chat.inside import InsideService
 from webapp.chat.records import ReplyDetails
@@ -31,7 +33,7 @@ class FeatureService:
             return NO_DICTIONARY
         return None
 
-    def request_for(self, model: str, message: dict, details: ReplyDetails, index: int) -> FeaturesRequest:
+    def request_for(self, model: str, message: dict[str, Any], details: ReplyDetails, index: int) -> FeaturesRequest:
         """Token `index` of a reply. Raises ChatError: 404 (no such token), 409 (not finished, no dictionary)."""
         inside = self.inside.request_for(message, details, index)
         problem = self.unavailable(model)
@@ -40,7 +42,8 @@ class FeatureService:
         return FeaturesRequest(inside.context_ids, inside.index)
 
     def labels(self, model: str, dictionary: str) -> list[str]:
-        return self.models.get(model).dictionaries[dictionary].labels
+        found: list[str] = self.models.get(model).dictionaries[dictionary].labels
+        return found
 
     def report(self, model: str, request: FeaturesRequest) -> tuple[Reading, ...] | None:
         return self.kept.get(model, request)

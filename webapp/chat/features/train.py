@@ -163,7 +163,7 @@ def _step(sae: Dictionary, x: torch.Tensor, quiet: torch.Tensor, d_in: int) -> t
     quiet[fired] = 0
     dead = quiet > DEAD_TOKENS
     loss = loss + aux_loss(sae, x, x_hat, pre, dead, d_in // 2) / 32
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]
     with torch.no_grad():
         return 1.0 - float(error.sum() / total.sum().clamp_min(1e-8)), float((z > 0).sum(-1).float().mean())
 
