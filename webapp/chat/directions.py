@@ -43,17 +43,27 @@ def name_problem(name: object) -> str | None:
     return None
 
 
+class TooManyDirections(Exception):
+    def __init__(self, most: int) -> None:
+        super().__init__(f"You have made {most} directions, the most one browser may keep: delete some on the "
+                         "Directions page first.")
+
+
 class DirectionStore:
     def __init__(self, db: AnyDatabase) -> None:
         self.db = db
 
-    def save(self, direction: Direction) -> bool:
-        """Save a new direction -> False when the model already has one of that name (nothing saved)."""
+    def save(self, direction: Direction, most: int = 0) -> bool:
+        """Save a new direction -> False when the model already has one of that name (nothing saved). Raises
+        TooManyDirections when its owner has `most` already (0: no limit), checked under the write lock."""
         with self.db.transaction() as db:
             taken = db.execute("SELECT 1 FROM directions WHERE model = ? AND name = ?",
                                (direction.model, direction.name)).fetchone()
             if taken:
                 return False
+            if most and db.execute("SELECT COUNT(*) FROM directions WHERE owner = ?",
+                                   (direction.owner,)).fetchone()[0] >= most:
+                raise TooManyDirections(most)
             db.execute("INSERT INTO directions (model, name, layer, vector, norm, made, owner, created_at)"
                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                        (direction.model, direction.name, direction.layer, json.dumps(list(direction.vector)),

@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from webapp.chat.decode.steering import DirectionRequest, DirectionResult
-from webapp.chat.directions import Direction, DirectionStore, name_problem, new_direction
+from webapp.chat.directions import Direction, DirectionStore, TooManyDirections, name_problem, new_direction
 from webapp.chat.interventions import Clamp, Steering, SteerTerm
 from webapp.chat.model.edits import Edit
 from webapp.chat.model.hooked import layout_problem
@@ -26,6 +26,7 @@ from webapp.core import InferenceCore
 from webapp.core.jobs import Job
 
 MAX_PROMPTS = 64  # prompts on each side of a contrastive direction
+MAX_DIRECTIONS_PER_OWNER = 200  # directions one browser (or API key) may keep, over every model
 MAX_PROMPT_CHARS = 2000
 REMOTE = ("Replies here come from a remote server (GLASSBOX_CHAT_BACKEND): there is no residual stream here "
           "to steer.")
@@ -132,8 +133,11 @@ class SteeringService:
             raise ChatError(problem, 400)
         assert isinstance(name, str)
         direction = new_direction(model, name, layer, vector, made, owner)
-        if not self.store.save(direction):
-            raise ChatError(f"This model already has a direction named {name!r}; choose another name.", 409)
+        try:
+            if not self.store.save(direction, MAX_DIRECTIONS_PER_OWNER):
+                raise ChatError(f"This model already has a direction named {name!r}; choose another name.", 409)
+        except TooManyDirections as error:
+            raise ChatError(str(error), 429) from None
         return direction
 
     def direction(self, model: str, name: str) -> Direction:

@@ -356,3 +356,16 @@ def test_a_pca_direction_is_the_first_component_of_the_pairs_differences(chat_ap
     assert uneven.status_code == 400 and "pairs" in uneven.get_json()["error"]
     odd = direction(client, name="pca3", layer=1, positive=positive, negative=negative, method="median")
     assert odd.status_code == 400 and "method must be mean or pca" in odd.get_json()["error"]
+
+
+def test_a_browser_keeps_a_bounded_number_of_directions(chat_app, monkeypatch):
+    from webapp.chat import steering
+    monkeypatch.setattr(steering, "MAX_DIRECTIONS_PER_OWNER", 2)
+    client = chat_app.test_client()
+    for name in ("a", "b"):
+        assert direction(client, name=name, layer=0, vector=[1.0] * CONFIG.n_embd).status_code == 201
+    refused = direction(client, name="c", layer=0, vector=[1.0] * CONFIG.n_embd)
+    assert refused.status_code == 429 and "delete some" in refused.get_json()["error"]
+    assert client.get("/chat/directions/glassbox/c.json").status_code == 404
+    other = chat_app.test_client()  # another browser has its own allowance
+    assert direction(other, name="c", layer=0, vector=[1.0] * CONFIG.n_embd).status_code == 201
