@@ -18,11 +18,11 @@ from webapp.chat.decode.ablation import AblationRequest, AblationResult, Odds
 from webapp.chat.model.ablation import describe, intervention
 from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, owned_page, service, settings
-from webapp.chat.web.composer import start_reply
+from webapp.chat.web.composer import start_reply, start_version_json
 from webapp.chat.web.token_views import token_text
 from webapp.core import Refused
 from webapp.core.jobs import CANCELLED, DONE
-from webapp.web import is_htmx, quotas, refusal_headers, refusal_status
+from webapp.web import is_htmx, refusal_headers, refusal_status
 from webapp.web.security import csrf_json_or_form, owner_id
 from webapp.web.state import glassbox
 from webapp.web.streams import held_slot
@@ -60,20 +60,11 @@ def ablate(conversation_id: str, message_id: int):
 def ablate_json(conversation_id: str, message_id: int):
     """The same, for scripts: fields as a JSON body (heads a list or a string) or a form ->
     {"message_id": the new version}. Its stream is /chat/c/<c>/m/<id>/stream, as every reply's."""
-    try:
-        page = owned_page(conversation_id)
-        fields = request.get_json(silent=True) if request.is_json else request.form
-        if not isinstance(fields, dict) and request.is_json:
-            return jsonify({"error": "Send a JSON object: heads, layers, mlps, mode."}), 400
-        turn = ablated_turn(conversation_id, message_id, fields or {}, page)
-        owner = owner_id()
-        quotas.check_chat(service().store, owner, new_conversation=False)
-        ids = service().start_turn(owner, turn)
-    except ChatError as error:
-        return jsonify({"error": str(error)}), error.status
-    except Refused as error:
-        return jsonify({"error": str(error)}), refusal_status(error), refusal_headers(error)
-    return jsonify({"message_id": ids.reply_id})
+    fields = request.get_json(silent=True) if request.is_json else request.form
+    if not isinstance(fields, dict) and request.is_json:
+        return jsonify({"error": "Send a JSON object: heads, layers, mlps, mode."}), 400
+    return start_version_json(lambda page: ablated_turn(conversation_id, message_id, fields or {}, page),
+                              conversation_id)
 
 
 def ablated_turn(conversation_id: str, message_id: int, fields, page):

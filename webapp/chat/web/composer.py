@@ -3,7 +3,9 @@ arithmetic beside them, bad input given back with its messages, and starting a c
 
 from __future__ import annotations
 
-from flask import current_app, redirect, render_template, request, session, url_for
+from collections.abc import Callable
+
+from flask import Response, current_app, jsonify, redirect, render_template, request, session, url_for
 
 from webapp.chat.decode.publish import chat_result
 from webapp.chat.decode.types import ChatJob, SamplingParams
@@ -11,7 +13,7 @@ from webapp.chat.model.prompt import PromptTooLong
 from webapp.chat.records import ChatPage, Status
 from webapp.chat.service import ChatError, Turn
 from webapp.chat.web import token_views
-from webapp.chat.web.blueprint import service, settings
+from webapp.chat.web.blueprint import owned_page, service, settings
 from webapp.chat.web.forms import FormError, FormErrors, remembered_sampling, submitted_sampling
 from webapp.core import Refused
 from webapp.present import PresentLinks
@@ -164,6 +166,23 @@ def start_reply(turn: Turn, page: ChatPage, draft: str = "", second: Turn | None
         for reply in replies:
             wait_for_reply(reply)
     return redirect(url_for("chat.conversation", conversation_id=ids.conversation_id, beside=beside), 303)
+
+
+def start_version_json(make_turn: Callable[[ChatPage], Turn], conversation_id: str
+                       ) -> Response | tuple[Response, int] | tuple[Response, int, dict]:
+    """A JSON route's new version of a reply (ablated, steered): the page read once, the turn checked and
+    started -> {"message_id"}, or {"error"} with the status (400, 404, 409, 429/503 refused)."""
+    try:
+        page = owned_page(conversation_id)
+        turn = make_turn(page)
+        owner = owner_id()
+        quotas.check_chat(service().store, owner, new_conversation=False)
+        ids = service().start_turn(owner, turn)
+    except ChatError as error:
+        return jsonify({"error": str(error)}), error.status
+    except Refused as error:
+        return jsonify({"error": str(error)}), refusal_status(error), refusal_headers(error)
+    return jsonify({"message_id": ids.reply_id})
 
 
 def reply_fragment(page: ChatPage, created: bool, sampling: SamplingParams, beside: int | None = None,

@@ -17,7 +17,7 @@ from webapp.chat.model.steering import read_control_vector, write_control_vector
 from webapp.chat.service import ChatError
 from webapp.chat.steering import SteeringService
 from webapp.chat.web.blueprint import bp, owned_message, owned_page, service
-from webapp.chat.web.composer import start_reply
+from webapp.chat.web.composer import start_reply, start_version_json
 from webapp.chat.web.reply_jobs import InsideError, wait_for_job
 from webapp.core import Refused
 from webapp.web import quotas, refusal_headers, refusal_status
@@ -239,19 +239,13 @@ def steer_json(conversation_id: str, message_id: int):
     body = request.get_json(silent=True) if request.is_json else None
     if not isinstance(body, dict):
         return jsonify({"error": 'Send a JSON object: {"steer": [{"direction": <name>, "alpha": <number>}]}.'}), 400
-    try:
-        page = owned_page(conversation_id)
-        assert page.conversation is not None
-        turn = steering().reply_turn(page.conversation, owned_message(conversation_id, message_id), page.messages,
-                                     body.get("steer"))
-        owner = owner_id()
-        quotas.check_chat(service().store, owner, new_conversation=False)
-        ids = service().start_turn(owner, turn)
-    except ChatError as error:
-        return jsonify({"error": str(error)}), error.status
-    except Refused as error:
-        return jsonify({"error": str(error)}), refusal_status(error), refusal_headers(error)
-    return jsonify({"message_id": ids.reply_id})
+    return start_version_json(lambda page: steering().reply_turn(
+        _shown(page), owned_message(conversation_id, message_id), page.messages, body.get("steer")), conversation_id)
+
+
+def _shown(page) -> dict:
+    assert page.conversation is not None  # an owned page of a conversation
+    return page.conversation
 
 
 @bp.post("/c/<conversation_id>/m/<int:message_id>/steer_sweep.json")
