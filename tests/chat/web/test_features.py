@@ -165,7 +165,7 @@ def test_clamping_a_feature_is_the_formula_at_every_position(chat_app, tmp_path)
     ids = list(prompt_of(chat_app, mid))
     want = []
     for _ in range(6):
-        logits = by_hand_clamped(gpt(chat_app), ids, 0, clamp)[-1]
+        logits = by_hand(gpt(chat_app), ids, change=lambda layer, x: clamp(x) if layer == 0 else x)[-1][-1]
         logits[256:] = float("-inf")
         want.append(int(logits.argmax()))
         ids.append(want[-1])
@@ -179,35 +179,6 @@ def test_clamping_a_feature_is_the_formula_at_every_position(chat_app, tmp_path)
     bad = client.post(f"/chat/c/{cid}/m/{mid}/steer.json",
                       json={"steer": [{"feature": {"dictionary": "early", "index": 3}, "clamp": float("nan")}]})
     assert bad.status_code == 400 and "clamp must be a finite number" in bad.get_json()["error"]
-
-
-def by_hand_clamped(model, ids: list[int], layer: int, change) -> torch.Tensor:
-    """The hand-written forward (test_steering.by_hand) with `change` applied to the stream after `layer`."""
-    import math
-
-    from torch.nn import functional as F
-    sd = {k: v.float() for k, v in model.state_dict().items()}
-    C, nh, T = CONFIG.n_embd, CONFIG.n_head, len(ids)
-    hs = C // nh
-
-    def ln(x, name):
-        return F.layer_norm(x, (C,), sd[f"{name}.weight"], sd[f"{name}.bias"], 1e-5)
-
-    def linear(x, name):
-        return x @ sd[f"{name}.weight"].T + sd[f"{name}.bias"]
-
-    x = sd["transformer.wte.weight"][ids] + sd["transformer.wpe.weight"][:T]
-    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
-    for n in range(CONFIG.n_layer):
-        p = f"transformer.h.{n}"
-        q, k, v = linear(ln(x, f"{p}.ln_1"), f"{p}.attn.c_attn").split(C, dim=1)
-        q, k, v = (u.view(T, nh, hs).transpose(0, 1) for u in (q, k, v))
-        att = ((q @ k.transpose(-2, -1)) / math.sqrt(hs)).masked_fill(~causal, float("-inf")).softmax(-1)
-        x = x + linear((att @ v).transpose(0, 1).reshape(T, C), f"{p}.attn.c_proj")
-        x = x + linear(F.gelu(linear(ln(x, f"{p}.ln_2"), f"{p}.mlp.c_fc")), f"{p}.mlp.c_proj")
-        if n == layer:
-            x = change(x)
-    return ln(x, "transformer.ln_f") @ sd["transformer.wte.weight"].T
 
 
 def test_a_features_page_has_its_label_pushes_density_and_top_contexts(chat_app, tmp_path):

@@ -26,9 +26,10 @@ def gpt(app):
     return glassbox(app).core.models["chat"].model
 
 
-def by_hand(model, ids: list[int], add: tuple[int, torch.Tensor] | None = None) -> list[torch.Tensor]:
+def by_hand(model, ids: list[int], add: tuple[int, torch.Tensor] | None = None, change=None) -> list[torch.Tensor]:
     """nanoGPT's forward written out from the state dict -> the residual stream after each block, (T, C) each,
-    the vector added after block add[0]; and the logits as the last entry."""
+    the vector added after block add[0] (and change(layer, x) applied after every block); and the logits as the
+    last entry."""
     sd = {k: v.float() for k, v in model.state_dict().items()}
     C, nh, T = CONFIG.n_embd, CONFIG.n_head, len(ids)
     hs = C // nh
@@ -51,6 +52,8 @@ def by_hand(model, ids: list[int], add: tuple[int, torch.Tensor] | None = None) 
         x = x + linear(F.gelu(linear(ln(x, f"{p}.ln_2"), f"{p}.mlp.c_fc")), f"{p}.mlp.c_proj")
         if add is not None and add[0] == layer:
             x = x + add[1]
+        if change is not None:
+            x = change(layer, x)
         out.append(x)
     out.append(ln(x, "transformer.ln_f") @ sd["transformer.wte.weight"].T)
     return out
