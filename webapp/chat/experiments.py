@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from webapp.chat.ablation import AblationService
 from webapp.chat.attribution import AttributionService
 from webapp.chat.decode.ablation import AblationJobs
 from webapp.chat.decode.attribution import AttributionJobs
+from webapp.chat.decode.dictionary_training import TrainJobs
 from webapp.chat.decode.features import FeaturesJobs
 from webapp.chat.decode.head import HeadJobs
 from webapp.chat.decode.inside import InsideJobs
@@ -29,6 +31,7 @@ from webapp.chat.decode.reply_jobs import ReplyJobs
 from webapp.chat.decode.steering import DirectionJobs
 from webapp.chat.directions import DirectionStore
 from webapp.chat.features.service import FeatureService
+from webapp.chat.features.training import TrainingService
 from webapp.chat.heads import HeadService
 from webapp.chat.inside import InsideService
 from webapp.chat.lens import LensService
@@ -37,6 +40,7 @@ from webapp.chat.patching import PatchingService
 from webapp.chat.registry import Work
 from webapp.chat.service import ChatService
 from webapp.chat.steering import SteeringService
+from webapp.config import ROOT
 from webapp.core import InferenceCore
 
 # (core, chat, inside, settings) -> the service an experiment's views call
@@ -83,6 +87,9 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     # the features active at a token, by each of the model's sparse dictionaries
     Experiment(Work.FEATURES, FeaturesJobs,
                lambda core, chat, inside, settings: FeatureService(core, inside, settings.inside_cache_entries)),
+    # a sparse dictionary trained from the page
+    Experiment(Work.TRAIN, TrainJobs, lambda core, chat, inside, settings: TrainingService(
+        core, chat.models, Path(settings.instance_path or ROOT / "instance")), reads_kept_cache=False),
     # steering: a contrastive direction from two lists of prompts; steered versions run as replies
     Experiment(Work.DIRECTION, DirectionJobs, lambda core, chat, inside, settings: SteeringService(core, chat),
                reads_kept_cache=False),

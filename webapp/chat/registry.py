@@ -63,6 +63,7 @@ class Work(StrEnum):
     LENS = "lens"
     DIRECTION = "direction"  # a steering direction from two lists of prompts
     FEATURES = "features"  # the sparse dictionaries' features at a token
+    TRAIN = "train"  # a sparse dictionary trained from the page
 
 
 @dataclass(frozen=True)

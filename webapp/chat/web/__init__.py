@@ -9,6 +9,7 @@ from webapp.chat.web import (  # noqa: F401  (each registers its routes on bp)
     ablate_views,
     attribution_pages,
     conversations,
+    dictionary_views,
     feature_views,
     glass,
     head_pages,

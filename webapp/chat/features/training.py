@@ -1,0 +1,86 @@
+"""Training a dictionary from the page, on the shared core: the request checked here, the corpus an uploaded file
+kept in the instance folder, the job a whole job on the core's worker (webapp/chat/decode/dictionary_training.py)
+that lets replies step after every training step and stops there when asked; its progress is published as
+events. The finished dictionary is written into the instance folder (dictionaries/<model>/<name>) and loaded
+beside the model at once."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+
+from webapp.chat.decode.dictionary_training import TrainRequest, TrainResult
+from webapp.chat.registry import ChatModels, Work
+from webapp.chat.service import ChatError
+from webapp.core import InferenceCore
+from webapp.core.jobs import Job
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MAX_CORPUS_BYTES = 64 * 2**20
+MAX_WIDTH = 65_536
+MAX_TOKENS = 20_000_000
+SUFFIXES = (".txt", ".jsonl")
+
+
+class TrainingService:
+    """What the dictionary pages call; knows the core and the models, never the device."""
+
+    def __init__(self, core: InferenceCore, models: ChatModels, instance: Path) -> None:
+        self.core, self.models, self.instance = core, models, instance
+
+    def request(self, model: object, fields: dict[str, str], corpus_name: str, corpus: bytes) -> tuple[str,
+                                                                                                       TrainRequest]:
+        """(model, request) from the form, the corpus saved. Raises ChatError: 400 (a field, the corpus), 409 (a
+        model that cannot be trained on here, a name taken)."""
+        if not isinstance(model, str) or model not in self.models:
+            raise ChatError(f"model must be one of this server's chat models: {', '.join(self.models.names())}.", 400)
+        loaded = self.models.get(model)
+        if getattr(loaded, "remote", False):
+            raise ChatError("This model's replies come from a remote server: there is no residual stream here to "
+                            "train a dictionary on.", 409)
+        config = getattr(loaded.model, "config", None)
+        n_layer = getattr(config, "n_layer", 0)
+        name = fields.get("name", "").strip()
+        if not NAME.fullmatch(name):
+            raise ChatError("name must be 1 to 64 letters, digits, '_', '-' or '.', starting with a letter or digit.",
+                            400)
+        if name in (loaded.dictionaries or {}):
+            raise ChatError(f"This model already has a dictionary named {name!r}.", 409)
+        numbers = {}
+        for field, low, high in (("layer", 0, n_layer - 1), ("width", 2, MAX_WIDTH), ("k", 1, MAX_WIDTH),
+                                 ("tokens", 512, MAX_TOKENS)):
+            try:
+                numbers[field] = int(fields.get(field, ""))
+            except ValueError:
+                raise ChatError(f"{field} must be a whole number.", 400) from None
+            if not low <= numbers[field] <= high:
+                raise ChatError(f"{field} must be from {low:,} to {high:,}.", 400)
+        if numbers["k"] > numbers["width"]:
+            raise ChatError("k must be at most the width.", 400)
+        suffix = Path(corpus_name).suffix
+        if suffix not in SUFFIXES:
+            raise ChatError("The corpus is a .txt file (one document a line) or a .jsonl file of chat exchanges.", 400)
+        if not corpus.strip():
+            raise ChatError("The corpus is empty.", 400)
+        if len(corpus) > MAX_CORPUS_BYTES:
+            raise ChatError(f"The corpus is larger than {MAX_CORPUS_BYTES // 2**20} MiB.", 400)
+        try:
+            corpus.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ChatError("The corpus is not UTF-8 text.", 400) from None
+        folder = self.instance / "corpora"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{uuid.uuid4().hex}{suffix}"
+        path.write_bytes(corpus)
+        out = self.instance / "dictionaries" / model / name
+        if out.exists():
+            raise ChatError(f"A dictionary folder {name!r} exists for this model already.", 409)
+        return model, TrainRequest(name, numbers["layer"], numbers["width"], numbers["k"], numbers["tokens"], str(path),
+                                   str(out))
+
+    def start(self, owner: str, model: str, request: TrainRequest) -> Job[TrainRequest, TrainResult]:
+        """The training job. Raises Refused (queue full, too many jobs for this browser or address)."""
+        job: Job[TrainRequest, TrainResult] = Job(self.models.job_kind(Work.TRAIN, model), owner, request,
+                                                  result=TrainResult())
+        return self.core.submit(job)
