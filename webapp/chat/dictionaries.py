@@ -86,9 +86,14 @@ def pushes(model: Any, sae: Dictionary, top: int) -> tuple[torch.Tensor, torch.T
     token ids), each (d_sae, top)."""
     gamma = model.transformer.ln_f.weight.float()
     weight = model.lm_head.weight.float()
-    effects: torch.Tensor = (sae.W_dec.float() * gamma) @ weight.T  # (d_sae, V)
-    found = effects.topk(min(top, effects.size(-1)), dim=-1)
-    return found.values, found.indices
+    rows = max(1, 2**24 // weight.size(0))  # features at a time: never a (d_sae, V) matrix for a large vocabulary
+    values, indices = [], []
+    for start in range(0, sae.W_dec.size(0), rows):
+        effects: torch.Tensor = (sae.W_dec[start:start + rows].float() * gamma) @ weight.T  # (rows, V)
+        found = effects.topk(min(top, effects.size(-1)), dim=-1)
+        values.append(found.values.cpu())
+        indices.append(found.indices.cpu())
+    return torch.cat(values), torch.cat(indices)
 
 
 def labels(pushed: list[list[tuple[int, float]]], tokenizer: Any) -> list[str]:

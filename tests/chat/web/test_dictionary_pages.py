@@ -49,13 +49,15 @@ def test_a_dictionary_trained_from_the_page_streams_its_progress_and_is_loaded(c
 
 def test_stop_ends_the_training_and_loads_nothing(chat_app):
     client = chat_app.test_client()
-    started = train(client, tokens="20000000", data=corpus(3000))
+    started = train(client, tokens="2000000", data=corpus(3000))
     job_page = started.headers["Location"]
     csrf = csrf_of(client, job_page)
     assert client.post(job_page + "/stop", data={"csrf_token": csrf}).status_code == 303
     events = sse_events(client.get(job_page + "/events").get_data(as_text=True))
     assert events[-1][0] == "done" and "Stopped" in events[-1][1]
     assert "mine" not in (glassbox(chat_app).core.models["chat"].dictionaries or {})
+    again = train(client)  # nothing of the stopped one is kept: its name is free
+    assert again.status_code == 303, again.get_data(as_text=True)
 
 
 def test_every_bad_field_is_a_400_naming_it_and_nothing_runs(chat_app):

@@ -210,3 +210,16 @@ def test_a_features_page_has_its_label_pushes_density_and_top_contexts(chat_app,
     assert "<mark>" in page and data["label"].replace("'", "&#39;") in page
     assert client.get("/chat/features/glassbox/early/48.json").status_code == 404
     assert client.get("/chat/features/glassbox/nope/1.json").status_code == 404
+
+
+def test_the_features_of_a_clamped_version_read_the_clamped_model(chat_app, tmp_path):
+    loaded = glassbox(chat_app).core.models["chat"]
+    dictionary(tmp_path / "early", 0)
+    loaded.dictionaries = load_dictionaries(str(tmp_path / "early"), "", loaded.model, loaded.tokenizer)
+    client = chat_app.test_client()
+    cid, mid = greedy_reply(client, n=4)
+    new = client.post(f"/chat/c/{cid}/m/{mid}/steer.json", json={"steer": [
+        {"feature": {"dictionary": "early", "index": 5}, "clamp": 30.0}]}).get_json()["message_id"]
+    test_ablation.finish(client, cid, new)
+    features = client.get(f"/chat/c/{cid}/m/{new}/features/2.json").get_json()["dictionaries"][0]["features"]
+    assert {f["index"]: f["activation"] for f in features}.get(5) == pytest.approx(30.0, rel=0.2)

@@ -372,3 +372,22 @@ def test_a_browser_keeps_a_bounded_number_of_directions(chat_app, monkeypatch):
     assert client.get("/chat/directions/glassbox/c.json").status_code == 404
     other = chat_app.test_client()  # another browser has its own allowance
     assert direction(other, name="c", layer=0, vector=[1.0] * CONFIG.n_embd).status_code == 201
+
+
+def test_a_broken_npy_or_safetensors_file_is_a_clear_error_and_a_sweep_fits_the_job_limit(chat_app):
+    import io
+    client = chat_app.test_client()
+    csrf = csrf_of(client, "/chat/directions")
+    for name, data in (("broken.safetensors", b"not a safetensors file"), ("empty.npy", b"")):
+        got = client.post("/chat/directions", data={"csrf_token": csrf, "model": "glassbox", "name": "x", "layer": "1",
+                                                    "file": (io.BytesIO(data), name)},
+                          content_type="multipart/form-data")
+        assert got.status_code == 302
+        assert "cannot be read as" in client.get(got.headers["Location"]).get_data(as_text=True)
+    cid, mid = greedy_reply(client, n=3)
+    assert direction(client, name="many", layer=0, vector=[0.1] * CONFIG.n_embd).status_code == 201
+    most = chat_app.config["GLASSBOX"].max_jobs_per_owner
+    if most:
+        too_many = client.post(f"/chat/c/{cid}/m/{mid}/steer_sweep.json",
+                               json={"direction": "many", "alphas": list(range(most + 1))})
+        assert too_many.status_code == 400 and f"at most {most}" in too_many.get_json()["error"]

@@ -11,13 +11,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+
 from webapp.chat.decode.reply_jobs import ReplyJobs
 from webapp.chat.dictionaries import load_dictionaries
 from webapp.chat.features import contexts
 from webapp.chat.features.activations import corpus_files, documents, sequences
 from webapp.chat.features.quality import quality
 from webapp.chat.features.sae import Dictionary
-from webapp.chat.features.train import Plan, Progress, train
+from webapp.chat.features.train import STATE, Plan, Progress, train
 from webapp.core.executors import Worker
 from webapp.core.jobs import Job
 
@@ -56,15 +58,12 @@ class TrainJobs(ReplyJobs[TrainRequest, TrainResult]):
             job.emit("progress", progress)
 
         corpus, out = Path(request.corpus), Path(request.out)
-        try:
-            (sae,) = train(loaded.model, loaded.prompt, corpus, plan, out, request.name, report=report,
-                           between=between).values()
-            if result.progress is None:
-                raise ValueError(f"the corpus ran out before the first step: it needs more than "
-                                 f"{plan.eval_sequences} sequences of {plan.context} tokens")
-            return self._finish(request, result, plan, sae, corpus, out)
-        finally:
-            corpus.unlink(missing_ok=True)  # the upload is not kept once its dictionary is made (or stopped)
+        (sae,) = train(loaded.model, loaded.prompt, corpus, plan, out, request.name, report=report,
+                       between=between).values()
+        if not (out / "cfg.json").exists() or torch.load(out / STATE, weights_only=False)["step"] == 0:
+            raise ValueError(f"the corpus ran out before the first step: it needs more than "
+                             f"{plan.eval_sequences} sequences of {plan.context} tokens")
+        return self._finish(request, result, plan, sae, corpus, out)
 
     def _finish(self, request: TrainRequest, result: TrainResult, plan: Plan, sae: Dictionary, corpus: Path,
                 out: Path) -> TrainResult:

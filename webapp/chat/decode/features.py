@@ -13,6 +13,7 @@ from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.reply_jobs import ReplyJobs, kept_prefix
 from webapp.chat.model import hooked
 from webapp.chat.model.loading import LoadedChatModel
+from webapp.chat.model.steering import ClampTerm, Term, steer_edit_of
 from webapp.core.executors import Worker
 from webapp.core.jobs import Job
 
@@ -25,6 +26,7 @@ class FeaturesRequest:
 
     context_ids: tuple[int, ...]
     index: int
+    steer: tuple[Term | ClampTerm, ...] = ()  # a steered version's directions: its run is read with them added
 
 
 @dataclass(frozen=True)
@@ -43,12 +45,13 @@ def features_report(loaded: LoadedChatModel, request: FeaturesRequest, between: 
                     prefix: PrefixCache | None = None) -> tuple[Reading, ...]:
     model = loaded.model
     dictionaries = list((loaded.dictionaries or {}).values())
-    kept = kept_prefix(model, request.context_ids, prefix)
+    edit = steer_edit_of(loaded, request.steer)
+    kept = kept_prefix(model, request.context_ids, prefix if edit is None else None)  # a steered run's keys are its own
     last = len(request.context_ids) - 1
     layers = frozenset(d.layer + 1 for d in dictionaries)
     with torch.inference_mode():
         x = hooked.embed(model, kept.tokens(next(model.parameters()).device), kept.start)
-        out = hooked.run(model, x, start=kept.start, past=kept.past, last_layer=max(layers) - 1,
+        out = hooked.run(model, x, start=kept.start, past=kept.past, last_layer=max(layers) - 1, edits=edit,
                          reads=hooked.Reads(resid=True, first=last, layers=layers), between=kept.between(between))
         readings = []
         for d in dictionaries:

@@ -76,9 +76,11 @@ def sequences(docs: Iterator[list[int]], context: int) -> Iterator[list[int]]:
     buffer: list[int] = []
     for doc in docs:
         buffer.extend(doc)
-        while len(buffer) >= context:
-            yield buffer[:context]
-            buffer = buffer[context:]
+        start = 0
+        while len(buffer) - start >= context:
+            yield buffer[start:start + context]
+            start += context
+        del buffer[:start]  # once per document: a long one costs what it holds, not its square
 
 
 def activations(model: Any, seqs: Iterator[list[int]], layers: Sequence[int], batch: int,
@@ -95,7 +97,7 @@ def activations(model: Any, seqs: Iterator[list[int]], layers: Sequence[int], ba
         ids = torch.tensor(rows, dtype=torch.long, device=device)
         with torch.inference_mode():
             out = hooked.run(model, hooked.embed(model, ids), last_layer=max(layers), reads=reads)
-        yield ({layer: out.resid[layer + 1][:, skip_first:].reshape(-1, out.resid[layer + 1].size(-1)).float().clone()
+        yield ({layer: out.resid[layer + 1][:, skip_first:].reshape(-1, out.resid[layer + 1].size(-1)).float().cpu()
                 for layer in layers}, ids.numel())
 
 

@@ -48,7 +48,7 @@ def feature_contexts(model: Any, sae: Dictionary, sequences: Iterable[Sequence[i
                          reads=hooked.Reads(resid=True, layers=frozenset({layer + 1})))
         x = out.resid[layer + 1][:, 1:].float()  # (B, T - 1, C): the start token left out
         T1 = x.size(1)
-        z = sae.encode(x.reshape(-1, x.size(-1))).cpu()  # (B (T-1), d_sae)
+        z = sae.to(x.device).encode(x.reshape(-1, x.size(-1))).cpu()  # (B (T-1), d_sae)
         active += (z > 0).sum(0)
         tokens += z.size(0)
         values, flat = z.T.topk(min(top, z.size(0)), dim=1)  # (d_sae, top) each: rows of z

@@ -57,7 +57,7 @@ def quality(model: Any, sae: Dictionary, held_out: Sequence[Sequence[int]]) -> Q
         clean = hooked.run(model, hooked.embed(model, ids), reads=hooked.Reads(resid=True,
                                                                                layers=frozenset({layer + 1})))
         x = clean.resid[layer + 1][0].float()  # (T, C)
-        z, x_hat = sae(x[1:])
+        z, x_hat = sae.to(x.device)(x[1:])
         active += float((z > 0).sum())
         fired |= (z > 0).any(0).cpu()
         rows.append(x[1:].cpu())

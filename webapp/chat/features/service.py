@@ -39,7 +39,7 @@ class FeatureService:
         problem = self.unavailable(model)
         if problem is not None:
             raise ChatError(problem, 409)
-        return FeaturesRequest(inside.context_ids, inside.index)
+        return FeaturesRequest(inside.context_ids, inside.index, inside.steer)
 
     def labels(self, model: str, dictionary: str) -> list[str]:
         found: list[str] = self.models.get(model).dictionaries[dictionary].labels

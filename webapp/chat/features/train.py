@@ -70,8 +70,10 @@ def train(model: Any, prompt: Any, corpus: Path, plan: Plan, out: Path, model_na
     between: called after each step (a job on the core lets replies step, and stops there when cancelled)."""
     torch.manual_seed(plan.seed)
     d_in = model.config.n_embd
+    device = model.transformer.wte.weight.device  # the dictionaries train where the model runs (rows come on the CPU)
     saes = {layer: Dictionary(DictionaryConfig(d_in, plan.width, "topk", plan.k, layer, model_name=model_name))
             for layer in plan.layers}
+    saes = {layer: sae.to(device) for layer, sae in saes.items()}
     params = [p for sae in saes.values() for p in (sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec)]
     optimiser = torch.optim.Adam(params, lr=plan.learning_rate, betas=(0.9, 0.999), eps=6.25e-10)
     quiet = {layer: torch.zeros(plan.width, dtype=torch.long) for layer in plan.layers}  # tokens since it fired
@@ -80,7 +82,7 @@ def train(model: Any, prompt: Any, corpus: Path, plan: Plan, out: Path, model_na
     if resume and state_path.exists():
         state = torch.load(state_path, weights_only=False)
         for layer, sae in saes.items():
-            sae.load_state_dict(saelens.load(folder_of(out, plan, layer)).state_dict())
+            sae.load_state_dict(saelens.load(folder_of(out, plan, layer)).to(device).state_dict())
         optimiser.load_state_dict(state["optimiser"])
         step, read, quiet, started = state["step"], state["sequences_read"], state["quiet"], True
     seqs = sequences(documents(corpus_files(corpus), prompt), plan.context)
@@ -104,11 +106,11 @@ def train(model: Any, prompt: Any, corpus: Path, plan: Plan, out: Path, model_na
             if not started:
                 for layer, sae in saes.items():  # b_dec at the first buffer's mean
                     with torch.no_grad():
-                        sae.b_dec.copy_(buffers[layer].data[:buffers[layer].n].mean(0))
+                        sae.b_dec.copy_(buffers[layer].data[:buffers[layer].n].mean(0).to(device))
                 started = True
             figures = {}
             for layer, sae in saes.items():
-                x = buffers[layer].take(plan.batch)
+                x = buffers[layer].take(plan.batch).to(device)
                 figures[layer] = _step(sae, x, quiet[layer], d_in)
             for sae in saes.values():
                 remove_parallel_gradient(sae)
@@ -158,10 +160,10 @@ def _step(sae: Dictionary, x: torch.Tensor, quiet: torch.Tensor, d_in: int) -> t
     error = ((x_hat - x) ** 2).sum(-1)
     total = ((x - x.mean(0)) ** 2).sum(-1)
     loss = error.mean() / total.mean().clamp_min(1e-8)  # normalised MSE
-    fired = (z > 0).any(0)
+    fired = (z > 0).any(0).cpu()
     quiet += x.size(0)
     quiet[fired] = 0
-    dead = quiet > DEAD_TOKENS
+    dead = (quiet > DEAD_TOKENS).to(z.device)
     loss = loss + aux_loss(sae, x, x_hat, pre, dead, d_in // 2) / 32
     loss.backward()  # type: ignore[no-untyped-call]
     with torch.no_grad():

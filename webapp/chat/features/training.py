@@ -7,6 +7,7 @@ beside the model at once."""
 from __future__ import annotations
 
 import re
+import shutil
 import uuid
 from pathlib import Path
 
@@ -14,12 +15,14 @@ from webapp.chat.decode.dictionary_training import TrainRequest, TrainResult
 from webapp.chat.registry import ChatModels, Work
 from webapp.chat.service import ChatError
 from webapp.core import InferenceCore
-from webapp.core.jobs import Job
+from webapp.core.jobs import Job, JobState
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_CORPUS_BYTES = 64 * 2**20
-MAX_WIDTH = 65_536
-MAX_TOKENS = 20_000_000
+# A dictionary trained from the page is a whole job holding the core's worker (replies step between its steps,
+# other whole jobs wait): bounded here; larger ones are the command line's (python -m webapp.features train).
+MAX_WIDTH = 16_384
+MAX_TOKENS = 2_000_000
 SUFFIXES = (".txt", ".jsonl")
 
 
@@ -69,18 +72,33 @@ class TrainingService:
             corpus.decode("utf-8")
         except UnicodeDecodeError:
             raise ChatError("The corpus is not UTF-8 text.", 400) from None
+        out = self.instance / "dictionaries" / model / name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir()  # claimed: two jobs of one name never write into one folder
+        except FileExistsError:
+            raise ChatError(f"A dictionary {name!r} is being trained, or was, for this model: choose another name.",
+                            409) from None
         folder = self.instance / "corpora"
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{uuid.uuid4().hex}{suffix}"
         path.write_bytes(corpus)
-        out = self.instance / "dictionaries" / model / name
-        if out.exists():
-            raise ChatError(f"A dictionary folder {name!r} exists for this model already.", 409)
         return model, TrainRequest(name, numbers["layer"], numbers["width"], numbers["k"], numbers["tokens"], str(path),
                                    str(out))
 
     def start(self, owner: str, model: str, request: TrainRequest) -> Job[TrainRequest, TrainResult]:
         """The training job. Raises Refused (queue full, too many jobs for this browser or address)."""
         job: Job[TrainRequest, TrainResult] = Job(self.models.job_kind(Work.TRAIN, model), owner, request,
-                                                  result=TrainResult())
-        return self.core.submit(job)
+                                                  result=TrainResult(), on_finish=_clean_up)
+        try:
+            return self.core.submit(job)
+        except BaseException:
+            _clean_up(job, JobState.FAILED, None)
+            raise
+
+
+def _clean_up(job: Job[TrainRequest, TrainResult], outcome: JobState, error: str | None) -> None:
+    """Whatever the outcome, the upload goes; a dictionary not finished goes too (its name is free again)."""
+    Path(job.request.corpus).unlink(missing_ok=True)
+    if outcome != JobState.DONE:
+        shutil.rmtree(job.request.out, ignore_errors=True)

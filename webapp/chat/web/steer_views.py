@@ -16,7 +16,7 @@ from safetensors.torch import load as safetensors_load
 from webapp.chat.model.steering import read_control_vector, write_control_vector
 from webapp.chat.service import ChatError
 from webapp.chat.steering import SteeringService
-from webapp.chat.web.blueprint import bp, owned_message, owned_page, service
+from webapp.chat.web.blueprint import bp, owned_message, owned_page, service, settings
 from webapp.chat.web.composer import start_reply, start_version_json
 from webapp.chat.web.reply_jobs import InsideError, wait_for_job
 from webapp.core import Refused
@@ -200,7 +200,9 @@ def one_vector(data: bytes, filename: str) -> list[float]:
             if len(tensors) != 1:
                 raise ChatError(f"That file holds {len(tensors)} tensors; give one with a single vector.", 400)
             array = next(iter(tensors.values())).float().numpy()
-    except (ValueError, OSError, RuntimeError) as error:
+    except ChatError:
+        raise
+    except Exception as error:  # numpy and safetensors raise their own kinds (EOFError, SafetensorError, ...)
         raise ChatError(f"That file cannot be read as {filename.rsplit('.', 1)[-1]}: {str(error)[:200]}", 400) from None
     if array.ndim != 1 or not np.issubdtype(array.dtype, np.number):
         raise ChatError(f"That file's array has shape {tuple(array.shape)}; a direction is one vector.", 400)
@@ -264,13 +266,19 @@ def steer_sweep_json(conversation_id: str, message_id: int):
         message = owned_message(conversation_id, message_id)
         turns = [steering().reply_turn(page.conversation, message, page.messages,
                                        [{"direction": body.get("direction"), "alpha": alpha}]) for alpha in alphas]
-        owner = owner_id()
-        ids = []
+        most = settings().max_jobs_per_owner
+        if most and len(turns) > most:
+            raise ChatError(f"This server runs at most {most} replies of one browser at once: sweep at most {most} "
+                            "strengths.", 400)
+    except ChatError as error:
+        return jsonify({"error": str(error)}), error.status
+    owner, ids = owner_id(), []
+    try:
         for turn in turns:  # every strength checked before the first is started
             quotas.check_chat(service().store, owner, new_conversation=False)
             ids.append(service().start_turn(owner, turn).reply_id)
-    except ChatError as error:
-        return jsonify({"error": str(error)}), error.status
+    except ChatError as error:  # the versions already started go on: they are said too
+        return jsonify({"error": str(error), "message_ids": ids}), error.status
     except Refused as error:
-        return jsonify({"error": str(error)}), refusal_status(error), refusal_headers(error)
+        return jsonify({"error": str(error), "message_ids": ids}), refusal_status(error), refusal_headers(error)
     return jsonify({"message_ids": ids})
