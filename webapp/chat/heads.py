@@ -65,7 +65,7 @@ class HeadService:
             user = [r for r in regions(details.prompt, index, p + 1) if r.kind == "user"]
             first = user[0].start if user else first
         first = max(first, p - MAX_ROWS + 1, 0)
-        return HeadRequest(inside.context_ids, index, layer, head, first)
+        return HeadRequest(inside.context_ids, index, layer, head, first, inside.steer)
 
     def report(self, model: str, request: HeadRequest) -> HeadReport | None:
         return self.kept.get(model, request)

@@ -391,3 +391,22 @@ def test_a_broken_npy_or_safetensors_file_is_a_clear_error_and_a_sweep_fits_the_
         too_many = client.post(f"/chat/c/{cid}/m/{mid}/steer_sweep.json",
                                json={"direction": "many", "alphas": list(range(most + 1))})
         assert too_many.status_code == 400 and f"at most {most}" in too_many.get_json()["error"]
+
+
+def test_the_one_head_view_of_a_steered_version_reads_the_steered_model(chat_app):
+    """Its weights are the steered run's: the last row is Inside's row for that head, which reads the steered
+    model, and differs from the plain run's."""
+    client = chat_app.test_client()
+    cid, mid = greedy_reply(client, n=6)
+    vector = torch.randn(CONFIG.n_embd, generator=torch.Generator().manual_seed(19)) * 3
+    assert direction(client, name="heads", layer=0, vector=vector.tolist()).status_code == 201
+    new = client.post(f"/chat/c/{cid}/m/{mid}/steer.json",
+                      json={"steer": [{"direction": "heads", "alpha": 2}]}).get_json()["message_id"]
+    finish(client, cid, new)
+    head = client.get(f"/chat/c/{cid}/m/{new}/inside/4/head/1.0.json").get_json()
+    inside = client.get(f"/chat/c/{cid}/m/{new}/inside/4.json").get_json()
+    assert head["weights"][-1] == pytest.approx(inside["attention"]["weights"][1][0], abs=1e-6)
+    context = head["context_ids"]
+    plain = by_hand(gpt(chat_app), context)  # block 1's input is the plain stream after block 0
+    steered = by_hand(gpt(chat_app), context, (0, 2 * vector))
+    assert not torch.allclose(plain[0], steered[0])  # the push reaches block 1's input

@@ -18,6 +18,7 @@ from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.reply_jobs import ReplyJobs, kept_prefix
 from webapp.chat.model.head_attention import head_attention
 from webapp.chat.model.loading import LoadedChatModel
+from webapp.chat.model.steering import ClampTerm, Term, steer_edit_of
 from webapp.core.executors import Worker
 from webapp.core.jobs import Job
 
@@ -32,6 +33,7 @@ class HeadRequest:
     layer: int
     head: int
     first: int
+    steer: tuple[Term | ClampTerm, ...] = ()  # a steered version's directions: its run is read with them added
 
 
 @dataclass
@@ -51,11 +53,12 @@ def head_report(loaded: LoadedChatModel, request: HeadRequest, between: Callable
     """Run the model over the request's context to the chosen block (reusing a kept KV cache's positions
     before the first query row) -> the report."""
     model = loaded.model
-    # the query rows are run, from their residual stream up
-    kept = kept_prefix(model, request.context_ids, prefix, run_from=request.first)
+    edit = steer_edit_of(loaded, request.steer)
+    # the query rows are run, from their residual stream up; a steered run's keys are its own
+    kept = kept_prefix(model, request.context_ids, prefix if edit is None else None, run_from=request.first)
     with torch.inference_mode():
         weights = head_attention(model, kept.tokens(next(model.parameters()).device), request.layer, request.head,
-                                 request.first, kept.start, kept.past, kept.between(between))
+                                 request.first, kept.start, kept.past, kept.between(between), edit)
         # made lists here, on the worker: torch work on a request thread would get a thread pool of its own
         rows = weights.cpu().tolist()
     return HeadReport(request, rows, kept.start)
