@@ -62,7 +62,8 @@ class InsideService:
 
     def request_for(self, message: dict, details: ReplyDetails, index: int) -> InsideRequest:
         """The ids the model had when it produced token `index` of a reply. Raises ChatError (404, 409)."""
-        block_size = self.models.get(self.writer(message)).block_size
+        model = self.writer(message)
+        block_size = self.models.get(model).block_size
         if message["role"] != "assistant":
             raise ChatError("Only replies have tokens to look into.", 404)
         if message["status"] == Status.PENDING:
@@ -77,7 +78,7 @@ class InsideService:
         reply = [row[0] for row in odds]
         # past the window the generator goes on from the last block_size ids (generate.Sequence._open_window)
         context = (list(prompt["ids"]) + reply[:index])[-block_size:]
-        return InsideRequest(tuple(context), reply[index], index, self.steer_of(self.writer(message), message))
+        return InsideRequest(tuple(context), reply[index], index, self.steer_of(model, message))
 
     def steer_of(self, model: str, message: dict) -> tuple[Term | ClampTerm, ...]:
         """The directions a steered version's run added (its record), () for any other: every glass-box view

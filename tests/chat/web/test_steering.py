@@ -72,6 +72,14 @@ def direction(client, **body):
     return client.post("/chat/directions.json", json={"model": "glassbox", **body})
 
 
+def steered_version(client, cid: str, mid: int, name: str, alpha: float) -> int:
+    """Reply `mid` written again with α · the direction `name` (steer.json), read to its end -> its id."""
+    sent = client.post(f"/chat/c/{cid}/m/{mid}/steer.json", json={"steer": [{"direction": name, "alpha": alpha}]})
+    assert sent.status_code == 200, sent.get_json()
+    finish(client, cid, sent.get_json()["message_id"])
+    return int(sent.get_json()["message_id"])
+
+
 def test_a_contrastive_direction_is_the_mean_difference_at_the_prompts_last_positions(chat_app):
     client = chat_app.test_client()
     made = direction(client, name="hi-vs-bye", layer=0, positive=["Hello there", "Hi"], negative=["Goodbye"])
@@ -122,9 +130,7 @@ def test_a_steered_run_never_leaves_its_keys_for_a_plain_one(chat_app):
     kept = [(entry.cache, list(entry.ids)) for entry in holder._entries]
     vector = torch.randn(CONFIG.n_embd, generator=torch.Generator().manual_seed(5))  # (a constant one ln_f removes)
     assert direction(client, name="push", layer=1, vector=vector.tolist()).status_code == 201
-    steered = client.post(f"/chat/c/{cid}/m/{mid}/steer.json",
-                          json={"steer": [{"direction": "push", "alpha": 4}]}).get_json()["message_id"]
-    finish(client, cid, steered)
+    steered = steered_version(client, cid, mid, "push", 4)
     assert tokens_of(chat_app, steered) != before
     assert [(entry.cache, list(entry.ids)) for entry in holder._entries] == kept
     assert all(entry.variant is None for entry in holder._entries)
@@ -237,9 +243,7 @@ def test_the_lens_of_a_steered_version_reads_the_steered_model_and_says_so(chat_
     cid, mid = greedy_reply(client, n=6)
     vector = torch.randn(CONFIG.n_embd, generator=torch.Generator().manual_seed(11))
     assert direction(client, name="lensed", layer=0, vector=vector.tolist()).status_code == 201
-    new = client.post(f"/chat/c/{cid}/m/{mid}/steer.json",
-                      json={"steer": [{"direction": "lensed", "alpha": 3}]}).get_json()["message_id"]
-    finish(client, cid, new)
+    new = steered_version(client, cid, mid, "lensed", 3)
     data = client.get(f"/chat/c/{cid}/m/{new}/lens.json").get_json()
     assert data["intervention"]["kind"] == "steer"
     prompt, reply = prompt_of(chat_app, new), tokens_of(chat_app, new)
@@ -269,9 +273,7 @@ def test_inside_and_who_pushed_a_steered_version_read_the_steered_model(chat_app
     cid, mid = greedy_reply(client, n=5)
     vector = torch.randn(CONFIG.n_embd, generator=torch.Generator().manual_seed(13))
     assert direction(client, name="inside", layer=0, vector=vector.tolist()).status_code == 201
-    new = client.post(f"/chat/c/{cid}/m/{mid}/steer.json",
-                      json={"steer": [{"direction": "inside", "alpha": 3}]}).get_json()["message_id"]
-    finish(client, cid, new)
+    new = steered_version(client, cid, mid, "inside", 3)
     prompt, reply = prompt_of(chat_app, new), tokens_of(chat_app, new)
     with chat_app.app_context():
         from webapp.chat.web.blueprint import service
@@ -400,9 +402,7 @@ def test_the_one_head_view_of_a_steered_version_reads_the_steered_model(chat_app
     cid, mid = greedy_reply(client, n=6)
     vector = torch.randn(CONFIG.n_embd, generator=torch.Generator().manual_seed(19)) * 3
     assert direction(client, name="heads", layer=0, vector=vector.tolist()).status_code == 201
-    new = client.post(f"/chat/c/{cid}/m/{mid}/steer.json",
-                      json={"steer": [{"direction": "heads", "alpha": 2}]}).get_json()["message_id"]
-    finish(client, cid, new)
+    new = steered_version(client, cid, mid, "heads", 2)
     head = client.get(f"/chat/c/{cid}/m/{new}/inside/4/head/1.0.json").get_json()
     inside = client.get(f"/chat/c/{cid}/m/{new}/inside/4.json").get_json()
     assert head["weights"][-1] == pytest.approx(inside["attention"]["weights"][1][0], abs=1e-6)
