@@ -103,7 +103,7 @@ class AblationService:
         if message["status"] == Status.PENDING:
             raise ChatError("This reply is still being written; switch parts off once it has finished.", 409)
         odds, prompt = details.odds, details.prompt
-        if odds is None or prompt is None or details.damaged:
+        if odds is None or prompt is None or {"prompt", "odds"} & set(details.damaged):
             raise ChatError("This reply's tokens and prompt were not kept (or are damaged).", 404)
         if not 0 <= index < len(odds):
             raise ChatError(f"No such token in this reply: it has tokens 0 to {len(odds) - 1}.", 404)

@@ -9,6 +9,8 @@ norm's scale and the output layer (Neuronpedia's "logit effects"), its three str
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ import torch
 
 from webapp.chat.features import contexts
 from webapp.chat.features.sae import Dictionary
-from webapp.chat.features.saelens import DictionaryFileError, load
+from webapp.chat.features.saelens import CFG, WEIGHTS, DictionaryFileError, load
 from webapp.chat.model.errors import ModelLoadError
 from webapp.chat.model.tokenizer import special_name, token_bytes
 
@@ -33,6 +35,7 @@ class LoadedDictionary:
     labels: list[str]  # per feature
     pushes: list[list[tuple[int, float]]]  # per feature: (token, logit effect), strongest first
     stats: dict[str, Any] | None  # density and top contexts on a corpus (webapp/chat/features/contexts.py), if made
+    fingerprint: str = ""  # of its files: features saved with a reply were read by this very dictionary
 
     @property
     def hook_name(self) -> str:
@@ -41,6 +44,16 @@ class LoadedDictionary:
     @property
     def layer(self) -> int:
         return self.sae.config.layer
+
+    @functools.cached_property
+    def encoder(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The encoder as one linear layer, laid out for the decode kernel (webapp/chat/model/kernels): the
+        weight W_encᵀ (d_sae, d_in), contiguous, and the bias with b_dec folded in (b_enc − b_dec W_enc), so
+        that x @ weightᵀ + bias = sae.pre_activations(x)."""
+        sae = self.sae
+        with torch.no_grad():
+            bias = sae.b_enc - sae.b_dec @ sae.W_enc if sae.config.apply_b_dec_to_input else sae.b_enc
+            return sae.W_enc.T.contiguous().float(), bias.float().contiguous()
 
 
 def folders(spec: str, checkpoint: str) -> list[Path]:
@@ -76,8 +89,19 @@ def load_dictionaries(spec: str, checkpoint: str, model: Any, tokenizer: Any) ->
         values, ids = pushes(model, sae, PUSHES)
         pushed = [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
         found[path.name] = LoadedDictionary(path.name, path, sae, labels(pushed, tokenizer), pushed,
-                                            contexts.load(path))
+                                            contexts.load(path), fingerprint(path))
     return found
+
+
+def fingerprint(folder: Path) -> str:
+    """A short hash of a dictionary's cfg.json and weights: a dictionary trained again into the same folder
+    gets another one."""
+    digest = hashlib.sha256()
+    for name in (CFG, WEIGHTS):
+        with open(folder / name, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
 
 
 @torch.inference_mode()

@@ -54,7 +54,8 @@ class ReplyDetails:
 
     prompt: dict | None = None
     odds: list | None = None
-    damaged: tuple[str, ...] = ()  # "prompt", "odds"
+    features: dict | None = None  # what the dictionaries read at each token (webapp/chat/decode/readings.py saved)
+    damaged: tuple[str, ...] = ()  # "prompt", "odds", "features"
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def branch(everything: dict[int, dict], leaf: int | None) -> list[dict]:
 def details_from_row(row) -> ReplyDetails:
     read: dict = {}
     damaged = []
-    for field, kind in (("prompt", dict), ("odds", list)):
+    for field, kind in (("prompt", dict), ("odds", list), ("features", dict)):
         if row is None or not row[field]:
             continue
         try:

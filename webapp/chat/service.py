@@ -13,6 +13,7 @@ from typing import TypeVar
 
 import psycopg
 
+from webapp.chat.decode import readings
 from webapp.chat.decode.types import ChatJob, ChatRequest, ChatResult, Forced, SamplingParams
 from webapp.chat.follow import follow_reply
 from webapp.chat.leases import Leases
@@ -378,12 +379,12 @@ class ChatService:
         def save(job: ChatJob, outcome: JobState, error: str | None) -> None:
             result = job.result
             status = STATUS_OF_OUTCOME.get(outcome, Status.ERROR)
-            odds = [o.as_row() for o in result.odds]
+            odds, features = [o.as_row() for o in result.odds], readings.saved(result.features)
             stats = result.stats
             if job.started is not None:  # how long it waited for a free row, shown apart from its first token
                 stats = dataclasses.replace(stats, wait_seconds=job.started - job.created)
             self._leases.let_go(message_id)  # its end is saved next, or it stays pending for its lease only
-            saving(lambda: self.store.finish_reply(message_id, result.reply, status, error, stats, odds))
+            saving(lambda: self.store.finish_reply(message_id, result.reply, status, error, stats, odds, features))
         return save
 
 

@@ -185,8 +185,9 @@ class ChatStore:
                        (int(on), message_id, conversation_id))
 
     def finish_reply(self, message_id: int, content: str, status: Status, error: str | None,
-                     stats: ReplyStats, odds: list | None = None) -> None:
-        """The reply's text, outcome and figures; `odds`: one compact row per token (TokenOdds.as_row)."""
+                     stats: ReplyStats, odds: list | None = None, features: dict | None = None) -> None:
+        """The reply's text, outcome and figures; `odds`: one compact row per token (TokenOdds.as_row);
+        `features`: what the dictionaries read at each token (webapp/chat/decode/readings.py saved)."""
         with self.db.transaction() as db:
             db.execute("UPDATE messages SET content = ?, status = ?, error = ?, tokens = ?, ttft_seconds = ?,"
                        " tokens_per_second = ?, wait_seconds = ? WHERE id = ?",
@@ -195,6 +196,9 @@ class ChatStore:
             if odds is not None:
                 db.execute("UPDATE reply_details SET odds = ? WHERE message_id = ?",
                            (json.dumps(odds, separators=(",", ":")), message_id))
+            if features is not None:
+                db.execute("UPDATE reply_details SET features = ? WHERE message_id = ?",
+                           (json.dumps(features, separators=(",", ":")), message_id))
 
     def begin_turn(self, owner: str, conversation_id: str | None, *, user_text: str | None,
                    branch_from: int | None, settings: dict, prompt: dict, max_messages: int = 0,
@@ -315,7 +319,8 @@ class ChatStore:
     def details(self, message_id: int) -> ReplyDetails:
         """What a reply saved beside its text (ReplyDetails)."""
         with self.db.connect() as db:
-            row = db.execute("SELECT prompt, odds FROM reply_details WHERE message_id = ?", (message_id,)).fetchone()
+            row = db.execute("SELECT prompt, odds, features FROM reply_details WHERE message_id = ?",
+                             (message_id,)).fetchone()
         return details_from_row(row)
 
     def details_of(self, message_ids: list[int]) -> dict[int, ReplyDetails]:
@@ -325,7 +330,7 @@ class ChatStore:
         marks = ", ".join("?" * len(message_ids))
         with self.db.connect() as db:
             rows = {r["message_id"]: r for r in db.execute(
-                f"SELECT message_id, prompt, odds FROM reply_details WHERE message_id IN ({marks})",
+                f"SELECT message_id, prompt, odds, features FROM reply_details WHERE message_id IN ({marks})",
                 tuple(message_ids)).fetchall()}
         return {message_id: details_from_row(rows.get(message_id)) for message_id in message_ids}
 
@@ -338,7 +343,7 @@ class ChatStore:
             for marks, batch in in_batches(owners):
                 total += int(db.execute(
                     "SELECT COALESCE(SUM(LENGTH(m.content) + COALESCE(LENGTH(d.prompt), 0)"
-                    " + COALESCE(LENGTH(d.odds), 0)), 0)"
+                    " + COALESCE(LENGTH(d.odds), 0) + COALESCE(LENGTH(d.features), 0)), 0)"
                     " FROM conversations c JOIN messages m ON m.conversation_id = c.id"
                     f" LEFT JOIN reply_details d ON d.message_id = m.id WHERE c.owner IN ({marks})",
                     batch).fetchone()[0])

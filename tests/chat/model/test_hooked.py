@@ -176,3 +176,31 @@ def test_only_the_hooked_forward_and_the_serving_paths_run_the_blocks():
                     found.add(f"{path.relative_to(ROOT)}:{func.name}")
     assert found == {"webapp/chat/model/hooked.py:run", "webapp/chat/model/gpt.py:prefill",
                      "webapp/chat/model/gpt.py:decode_step"}
+
+
+@torch.inference_mode()
+def test_the_serving_paths_tap_the_stream_after_a_block_where_they_give_logits():
+    """What a dictionary reads as a reply is sampled: prefill's taps at each chunk's last position given logits,
+    the decode step's at every row, both the stream after the block as the math has it (a steering add in it)."""
+    m = model()
+    ids = [[(5 * i + 3) % 70 for i in range(14)], [(11 * i + 1) % 70 for i in range(9)]]
+    vector = torch.randn(CONFIG.n_embd, generator=torch.Generator().manual_seed(2)) * 3
+    steer = Edit(adds=(ResidAdd(0, vector),))
+    want = [by_hand(m, ids[0], add=(0, vector)), by_hand(m, ids[1])]
+    caches = [m.new_cache(), m.new_cache()]
+    taps: dict[int, torch.Tensor | None] = {0: None, 2: None}
+    m.prefill([Chunk(ids[0][:10], caches[0], 0, edit=steer), Chunk(ids[1][:4], caches[1], 0, logits=False),
+               Chunk(ids[1][4:7], caches[1], 4)], taps)  # two chunks given logits: ids[0][9] and ids[1][6]
+    for block in (0, 2):
+        tapped = taps[block]
+        assert tapped is not None and tapped.shape == (2, CONFIG.n_embd)
+        torch.testing.assert_close(tapped[0], want[0]["resid"][block + 1][9], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(tapped[1], want[1]["resid"][block + 1][6], atol=1e-5, rtol=1e-4)
+    m.prefill([Chunk(ids[0][10:13], caches[0], 10, edit=steer)])  # then each up to the position decoded
+    m.prefill([Chunk(ids[1][7:8], caches[1], 7)])
+    taps = {1: None}
+    m.decode_step(torch.tensor([[ids[0][13]], [ids[1][8]]]), caches, [13, 8], [steer, None], taps)
+    tapped = taps[1]
+    assert tapped is not None and tapped.shape == (2, CONFIG.n_embd)
+    torch.testing.assert_close(tapped[0], want[0]["resid"][2][13], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(tapped[1], want[1]["resid"][2][8], atol=1e-5, rtol=1e-4)

@@ -6,10 +6,18 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+from pathlib import Path
+
+import torch
 
 from tests.chat.web import test_ablation
 from tests.chat.web.test_ablation import greedy_reply
 from tests.conftest import csrf_of, sse_events
+from webapp.chat.features import saelens
+from webapp.chat.features.sae import Dictionary, DictionaryConfig
+from webapp.chat.features.train import STATE
+from webapp.chat.features.training import TrainingService
 from webapp.web.state import glassbox
 
 chat_app = test_ablation.chat_app  # the fixture: a small model, never sampling a special
@@ -45,6 +53,27 @@ def test_a_dictionary_trained_from_the_page_streams_its_progress_and_is_loaded(c
     assert "mine" in client.get("/chat/dictionaries").get_data(as_text=True)
     again = train(client)
     assert again.status_code == 409 and "already has a dictionary named" in again.get_data(as_text=True)
+    # the next start loads it again from the instance folder, as trained
+    weights = loaded.dictionaries.pop("mine").sae.W_enc.detach().clone()
+    glassbox(chat_app).service(TrainingService).load_trained()
+    assert torch.equal(loaded.dictionaries["mine"].sae.W_enc, weights)
+
+
+def test_a_start_loads_the_finished_dictionaries_trained_here_and_skips_what_does_not_fit(chat_app, caplog):
+    loaded = glassbox(chat_app).core.models["chat"]
+    here = Path(chat_app.instance_path) / "dictionaries" / "glassbox"
+    for name, d_in, layer in (("fits", 32, 1), ("narrow", 16, 1), ("deep", 32, 7), ("cut-short", 32, 0)):
+        saelens.save(Dictionary(DictionaryConfig(d_in, 24, "topk", 4, layer)), here / name)
+    (here / "cut-short" / STATE).write_bytes(b"a training stopped by a restart")
+    (here / "empty").mkdir()
+    with caplog.at_level(logging.WARNING, logger="glassbox"):
+        glassbox(chat_app).service(TrainingService).load_trained()
+    assert sorted(loaded.dictionaries) == ["fits"]
+    assert "narrow" in caplog.text and "d_in is 16" in caplog.text and "deep" in caplog.text
+    saelens.save(Dictionary(DictionaryConfig(32, 24, "topk", 4, 0)), here.parent / "other" / "fits")
+    with caplog.at_level(logging.WARNING, logger="glassbox"):
+        glassbox(chat_app).service(TrainingService).load_trained()  # again: "fits" is taken now
+    assert loaded.dictionaries["fits"].layer == 1 and "already has one named 'fits'" in caplog.text
 
 
 def test_stop_ends_the_training_and_loads_nothing(chat_app):

@@ -10,6 +10,7 @@ import re
 
 import pytest
 import torch
+from markupsafe import escape
 
 from tests.chat.web import test_ablation
 from tests.chat.web.test_ablation import CONFIG, greedy_reply, prompt_of, tokens_of
@@ -19,7 +20,10 @@ from webapp.chat import boot
 from webapp.chat.dictionaries import load_dictionaries
 from webapp.chat.features import saelens
 from webapp.chat.features.sae import Dictionary, DictionaryConfig
+from webapp.chat.features.service import FeatureService
 from webapp.chat.model.errors import ModelLoadError
+from webapp.chat.service import ChatService
+from webapp.chat.web.feature_views import PANEL_FEATURES
 from webapp.config import Settings
 from webapp.web.state import glassbox
 
@@ -35,13 +39,21 @@ def dictionary(folder, layer: int, d_in: int = CONFIG.n_embd, seed: int = 0) -> 
     return sae
 
 
-def test_a_tokens_features_are_each_dictionarys_encode_of_the_stream_there(chat_app, tmp_path):
+@pytest.mark.parametrize("loaded_when", ["before the reply", "after the reply"])
+def test_a_tokens_features_are_each_dictionarys_encode_of_the_stream_there(chat_app, tmp_path, loaded_when):
+    """Read by the decode step that sampled the token and saved with the reply, or (a dictionary loaded since) by
+    a job: the same numbers either way."""
     loaded = glassbox(chat_app).core.models["chat"]
     saes = {name: dictionary(tmp_path / name, layer, seed=layer) for name, layer in (("early", 0), ("late", 1))}
+    client = chat_app.test_client()
+    if loaded_when == "after the reply":
+        cid, mid = greedy_reply(client, n=5)
     loaded.dictionaries = load_dictionaries(f"{tmp_path / 'early'},{tmp_path / 'late'}", "", loaded.model,
                                             loaded.tokenizer)
-    client = chat_app.test_client()
-    cid, mid = greedy_reply(client, n=5)
+    if loaded_when == "before the reply":
+        cid, mid = greedy_reply(client, n=5)
+    saved = glassbox(chat_app).service(ChatService).details(mid).features
+    assert (saved is None) == (loaded_when == "after the reply")
     index = 3
     got = client.get(f"/chat/c/{cid}/m/{mid}/features/{index}.json")
     assert got.status_code == 200, got.get_json()
@@ -223,3 +235,31 @@ def test_the_features_of_a_clamped_version_read_the_clamped_model(chat_app, tmp_
     test_ablation.finish(client, cid, new)
     features = client.get(f"/chat/c/{cid}/m/{new}/features/2.json").get_json()["dictionaries"][0]["features"]
     assert {f["index"]: f["activation"] for f in features}.get(5) == pytest.approx(30.0, rel=0.2)
+
+
+def test_the_token_panel_shows_the_features_read_as_the_reply_was_written_without_a_job(chat_app, tmp_path,
+                                                                                          monkeypatch):
+    loaded = glassbox(chat_app).core.models["chat"]
+    dictionary(tmp_path / "early", 0)
+    loaded.dictionaries = load_dictionaries(str(tmp_path / "early"), "", loaded.model, loaded.tokenizer)
+    client = chat_app.test_client()
+    cid, mid = greedy_reply(client, n=4)
+
+    def no_job(*args, **kwargs):
+        raise AssertionError("a token whose features were saved with its reply started a job")
+    monkeypatch.setattr(FeatureService, "start", no_job)
+    data = client.get(f"/chat/c/{cid}/m/{mid}/features/2.json").get_json()["dictionaries"][0]
+    strongest = data["features"][:PANEL_FEATURES]
+    assert strongest, "the test's dictionary reads something at every position"
+    panel = client.get(f"/chat/c/{cid}/m/{mid}/tokens/2").get_data(as_text=True)
+    assert "<h3>Features here</h3>" in panel and "Strongest in early (blocks.0.hook_resid_post)" in panel
+    shown = re.findall(r'/chat/features/glassbox/early/(\d+)">', panel)
+    assert [int(i) for i in shown] == [f["index"] for f in strongest]
+    for f in strongest:
+        assert str(escape(f["label"])) in panel
+        assert f"{f['activation']:.3f}" in panel
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    client.post(f"/chat/c/{cid}/share", data={"csrf_token": csrf})
+    shared = re.search(r"/chat/shared/([\w-]+)", client.get(f"/chat/c/{cid}").get_data(as_text=True)).group(1)
+    read_only = client.get(f"/chat/shared/{shared}/m/{mid}/tokens?t=2").get_data(as_text=True)
+    assert re.findall(r'/chat/features/glassbox/early/(\d+)">', read_only) == shown

@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence as Seq
 
-from webapp.chat.decode.generate import Piece, Sequence, decode_step
+from webapp.chat.decode.generate import Sequence, decode_step
+from webapp.chat.decode.pieces import Piece
 from webapp.chat.decode.prefill import prefill_step
 from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.publish import chat_result, publish

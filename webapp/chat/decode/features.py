@@ -9,15 +9,15 @@ from dataclasses import dataclass
 
 import torch
 
+from webapp.chat.decode import readings
 from webapp.chat.decode.prefix_cache import PrefixCache
+from webapp.chat.decode.readings import Reading
 from webapp.chat.decode.reply_jobs import ReplyJobs, kept_prefix
 from webapp.chat.model import hooked
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.steering import ClampTerm, Term, steer_edit_of
 from webapp.core.executors import Worker
 from webapp.core.jobs import Job
-
-TOP_FEATURES = 32  # active features listed per dictionary, strongest first
 
 
 @dataclass(frozen=True)
@@ -27,13 +27,6 @@ class FeaturesRequest:
     context_ids: tuple[int, ...]
     index: int
     steer: tuple[Term | ClampTerm, ...] = ()  # a steered version's directions: its run is read with them added
-
-
-@dataclass(frozen=True)
-class Reading:
-    dictionary: str
-    hook_name: str
-    features: tuple[tuple[int, float], ...]  # (feature, activation), strongest first, active ones only
 
 
 @dataclass
@@ -48,18 +41,13 @@ def features_report(loaded: LoadedChatModel, request: FeaturesRequest, between: 
     edit = steer_edit_of(loaded, request.steer)
     kept = kept_prefix(model, request.context_ids, prefix if edit is None else None)  # a steered run's keys are its own
     last = len(request.context_ids) - 1
-    layers = frozenset(d.layer + 1 for d in dictionaries)
+    layers = frozenset(block + 1 for block in readings.blocks_read(dictionaries))
     with torch.inference_mode():
         x = hooked.embed(model, kept.tokens(next(model.parameters()).device), kept.start)
         out = hooked.run(model, x, start=kept.start, past=kept.past, last_layer=max(layers) - 1, edits=edit,
                          reads=hooked.Reads(resid=True, first=last, layers=layers), between=kept.between(between))
-        readings = []
-        for d in dictionaries:
-            z = d.sae.encode(out.resid[d.layer + 1][0, -1:].float())[0]  # (d_sae,)
-            top = z.topk(min(TOP_FEATURES, z.numel()))
-            active = [(int(i), float(a)) for a, i in zip(top.values.tolist(), top.indices.tolist()) if a > 0]
-            readings.append(Reading(d.name, d.hook_name, tuple(active)))
-    return tuple(readings)
+    found = readings.read(dictionaries, {layer - 1: out.resid[layer][0, -1:] for layer in layers})
+    return found[0]
 
 
 class FeaturesJobs(ReplyJobs[FeaturesRequest, FeaturesResult]):

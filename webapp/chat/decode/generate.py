@@ -28,23 +28,24 @@ on the device as the next step's input, and nothing already tokenized is tokeniz
 
 from __future__ import annotations
 
-import codecs
 import math
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from webapp.chat.decode import sampling
+from webapp.chat.decode import readings, sampling
 from webapp.chat.decode.odds import TokenOdds, token_odds
+from webapp.chat.decode.pieces import GenerationStats, Piece, Pieces, TextDecoder
 from webapp.chat.decode.prefix_cache import PrefixCache, common_prefix
+from webapp.chat.decode.readings import Streams
+from webapp.chat.decode.recompute import generate_recompute
 from webapp.chat.decode.types import SamplingParams, decode_rate
 from webapp.chat.model.edits import Edit
-from webapp.chat.model.gpt import Chunk, KVCache
+from webapp.chat.model.gpt import Chunk, KVCache, Taps
 from webapp.chat.model.loading import LoadedChatModel
 
 # Prefill runs in chunks, so a cancel lands quickly and, in the batched decoder, so the other replies'
@@ -61,47 +62,6 @@ def prefill_chunk(model: nn.Module) -> int:
     params = sum(p.numel() for p in model.parameters())
     tokens = PREFILL_FLOPS / (2 * max(params, 1))
     return int(max(MIN_CHUNK, min(MAX_CHUNK, 2 ** max(0, round(math.log2(max(tokens, 1)))))))
-
-
-@dataclass
-class GenerationStats:
-    prompt_tokens: int
-    new_tokens: int  # tokens kept in the reply (the stopping special token is not counted)
-    time_to_first_token_s: float | None  # from the start to the first sampled token (prefill included)
-    total_s: float
-    decode_tokens_per_s: float | None  # sampled tokens after the first / time after the first (given ones excluded)
-    stop_reason: str  # "end" (a special token), "length" (max_new_tokens), "cancelled"
-    kv_cache: bool
-    reused_tokens: int = 0  # prompt positions whose keys/values came from the prefix cache
-
-
-@dataclass
-class Piece:
-    text: str  # newly printable text; "" while a multi-byte character is incomplete
-    tokens: int  # reply tokens so far
-    elapsed_s: float  # since the reply started
-    stats: GenerationStats | None = None  # only on the last piece
-    token: int | None = None  # the sampled id (None on the last piece)
-    odds: TokenOdds | None = None  # what the model thought of it (when asked for: `odds=True`)
-    given: bool = False  # a token the reply was given (a branch's kept tokens and pick), not sampled
-
-
-Pieces = Generator[Piece, None, None]  # closing it stops the reply (and frees its cache)
-
-
-class _TextDecoder:
-    """Token bytes in, printable text out: UTF-8 decoded incrementally, and a trailing \r held back
-    until the next piece, so a \r\n split across two tokens streams as one line break (the page
-    and SSE both read a lone \r as a break of its own)."""
-
-    def __init__(self) -> None:
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="ignore")
-        self._cr = ""
-
-    def decode(self, data: bytes, final: bool = False) -> str:
-        text = self._cr + self._utf8.decode(data, final=final)
-        self._cr = "\r" if text.endswith("\r") and not final else ""
-        return text[:-1] if self._cr else text
 
 
 class Sequence:
@@ -125,9 +85,11 @@ class Sequence:
         self.device = weight.device
         self.dtype = getattr(self.model, "kv_dtype", None) or weight.dtype  # its KV cache's (prefix reuse)
         self.params, self.prefix, self.want_odds = params, prefix, odds
+        # a reply that keeps its odds keeps its features too: read from the stream each step computes anyway
+        self.reader = readings.ReplyReader((loaded.dictionaries or {}) if odds else {})
         self.edit = edit  # outputs replaced in every forward of this reply (webapp/chat/model/edits.py)
         self.gen = sampling.generator(self.device, params.seed)
-        self.decoder = _TextDecoder()
+        self.decoder = TextDecoder()
         self.ids = list(prompt_ids)  # the prompt, then the reply
         self.prompt_tokens = len(self.ids)
         self.cache: KVCache | None = None
@@ -171,6 +133,7 @@ class Sequence:
                 return
             self.new_tokens += 1
             self.given += 1
+            self.reader.add(None)
             self.ids.append(token)
             self.pieces.append(Piece(self.decoder.decode(self.tok.decode_single_token_bytes(token)),
                                      self.new_tokens, 0.0, token=token, odds=odds[i] if i < len(odds) else None,
@@ -200,10 +163,11 @@ class Sequence:
     def prefill_chunk(self) -> int:
         """Run the next chunk of the prompt; after the last one, sample the first token. -> tokens run."""
         piece = self.next_chunk
+        taps = tap(self.reader.blocks) if self.last_chunk else None
         with torch.inference_mode():
             # chunks before the last skip lm_head: only the prompt's last position needs logits
-            logits = self.model.prefill([self.chunk_to_run])[0]
-        self.prefilled(logits)
+            logits = self.model.prefill([self.chunk_to_run], *tapping(taps))[0]
+        self.prefilled(logits, tapped(taps))
         return len(piece)
 
     @property
@@ -222,15 +186,16 @@ class Sequence:
         """Whether the next chunk ends the prompt (its last position's logits give the first token)."""
         return len(self.todo) <= self.chunk
 
-    def prefilled(self, logits: torch.Tensor | None) -> None:
-        """The next chunk has run (its keys and values are in the cache): after the last, sample."""
+    def prefilled(self, logits: torch.Tensor | None, streams: Streams | None = None) -> None:
+        """The next chunk has run (its keys and values are in the cache): after the last, sample. streams:
+        the stream after the blocks this reply's dictionaries read, at the prompt's last position (1, C)."""
         piece, last = self.next_chunk, self.last_chunk
         self.cached += piece
         self.todo = self.todo[len(piece):]
         if last:
             assert logits is not None
             next_id = self.sample(logits)
-            self.accept(next_id, _odds([self], logits, [next_id])[0])
+            self.accept(next_id, _odds([self], logits, [next_id])[0], streams)
 
     def sample(self, logits: torch.Tensor) -> torch.Tensor:
         """The next token from this reply's logits (1, V), with its own settings and generator -> (1, 1)."""
@@ -238,7 +203,7 @@ class Sequence:
         with torch.inference_mode():
             return sampling.sample(logits, p.temperature, p.top_k, self.gen)  # stays on the device
 
-    def accept(self, next_id: torch.Tensor, odds: TokenOdds | None = None) -> None:
+    def accept(self, next_id: torch.Tensor, odds: TokenOdds | None = None, streams: Streams | None = None) -> None:
         """Take a sampled token: stop on a special, else publish its text and get ready for the next."""
         p = self.params
         token = int(next_id.item())  # the one host sync per token: we must know whether to stop
@@ -252,6 +217,7 @@ class Sequence:
         self.ids.append(token)
         self.pieces.append(Piece(self.decoder.decode(self.tok.decode_single_token_bytes(token)),
                                  self.new_tokens, now, token=token, odds=odds))
+        self.reader.add(streams)
         if self.new_tokens == p.max_new_tokens:
             self.stop_reason = "length"
         elif self.position >= self.block_size:
@@ -279,7 +245,7 @@ class Sequence:
         n, first = self.new_tokens, self.t_first
         stats = GenerationStats(self.prompt_tokens, n, first, total, decode_rate(n - self.given, first, total),
                                 self.stop_reason or "cancelled", True, self.reused)
-        return Piece(self.decoder.decode(b"", final=True), n, total, stats)
+        return Piece(self.decoder.decode(b"", final=True), n, total, stats, readings=self.reader.readings())
 
     @property
     def cache_bytes(self) -> int:
@@ -289,13 +255,14 @@ class Sequence:
 def decode_step(model: Any, seqs: list[Sequence]) -> None:
     """One token for every decoding Sequence at once: the weights are read once for all rows."""
     idx = torch.cat([s.next_token for s in seqs if s.next_token is not None])  # (B, 1)
+    taps = tap(frozenset().union(*(s.reader.blocks for s in seqs)))
     with torch.inference_mode():
         logits = model.decode_step(idx, [s.cache for s in seqs], [s.position for s in seqs],
-                                   [s.edit for s in seqs])  # (B, V)
+                                   [s.edit for s in seqs], *tapping(taps))  # (B, V)
     picks = [s.sample(logits[row:row + 1]) for row, s in enumerate(seqs)]
-    for s, next_id, odds in zip(seqs, picks, _odds(seqs, logits, picks)):
+    for row, (s, next_id, odds) in enumerate(zip(seqs, picks, _odds(seqs, logits, picks))):
         s.cached.append(s.ids[-1])
-        s.accept(next_id, odds)
+        s.accept(next_id, odds, tapped(taps, row, s.reader.blocks))
 
 
 def _odds(seqs: list[Sequence], logits: torch.Tensor, picks: list[torch.Tensor]) -> list[TokenOdds | None]:
@@ -309,6 +276,23 @@ def _odds(seqs: list[Sequence], logits: torch.Tensor, picks: list[torch.Tensor])
         for r, odds in zip(rows, found):
             out[r] = odds
     return out
+
+
+def tap(blocks: frozenset[int]) -> Taps | None:
+    """The taps a forward fills in for these blocks (GPT.prefill, GPT.decode_step); None for none."""
+    return {block: None for block in blocks} or None
+
+
+def tapped(taps: Taps | None, row: int = 0, blocks: frozenset[int] | None = None) -> Streams | None:
+    """Row `row` of what a forward tapped (1, C) per block (of `blocks`, None: all); None where nothing was."""
+    if taps is None:
+        return None
+    return {block: t[row:row + 1] for block, t in taps.items() if t is not None and (blocks is None or block in blocks)}
+
+
+def tapping(taps: Taps | None) -> tuple[Taps, ...]:
+    """The taps argument where there are any: a model read without dictionaries is called as before them."""
+    return () if taps is None else (taps,)
 
 
 def generate(
@@ -348,7 +332,7 @@ def generate(
                                 should_stop)
     if edit is not None:
         raise ValueError("edits need a model with a KV cache (Glassbox's GPT)")
-    return _generate_recompute(loaded, list(prompt_ids), params, should_stop, odds, forced, forced_odds)
+    return generate_recompute(loaded, list(prompt_ids), params, should_stop, odds, forced, forced_odds)
 
 
 def _generate_cached(seq: Sequence, should_stop: Callable[[], bool]) -> Pieces:
@@ -369,49 +353,3 @@ def _generate_cached(seq: Sequence, should_stop: Callable[[], bool]) -> Pieces:
     finally:
         last = seq.close(keep=not failed)
     yield last
-
-
-def _generate_recompute(loaded: LoadedChatModel, ids: list[int], params: SamplingParams,
-                        should_stop: Callable[[], bool], odds: bool = False, forced: Seq[int] = (),
-                        forced_odds: Seq[TokenOdds | None] = ()) -> Pieces:
-    """The owner's loop, for models without a KV cache: the whole (cropped) window every step."""
-    t0 = time.perf_counter()
-    model, tok, block = loaded.model, loaded.tokenizer, loaded.block_size
-    device = next(model.parameters()).device
-    gen, decoder = sampling.generator(device, params.seed), _TextDecoder()
-    prompt_tokens, n, t_first, reason = len(ids), 0, None, "length"
-    for i, token in enumerate(forced):  # given first tokens, as in Sequence._force
-        if tok.is_special(token):
-            reason = "end"
-            break
-        n += 1
-        ids.append(token)
-        yield Piece(decoder.decode(tok.decode_single_token_bytes(token)), n, 0.0, token=token,
-                    odds=forced_odds[i] if i < len(forced_odds) else None, given=True)
-    given = n
-    while n < params.max_new_tokens and reason != "end":
-        if should_stop():
-            reason = "cancelled"
-            break
-        window = torch.tensor([ids[-block:]], dtype=torch.long, device=device)
-        with torch.inference_mode():
-            logits, _ = model(window)
-            next_id = sampling.sample(logits[:, -1, :], params.temperature, params.top_k, gen)
-            seen = token_odds(logits[:, -1, :], next_id.view(1), [params.temperature],
-                              [params.top_k])[0] if odds else None
-        token = int(next_id.item())
-        if t_first is None:
-            t_first = time.perf_counter() - t0
-        if tok.is_special(token):
-            reason = "end"
-            break
-        n += 1
-        ids.append(token)
-        yield Piece(decoder.decode(tok.decode_single_token_bytes(token)), n, time.perf_counter() - t0,
-                    token=token, odds=seen)
-        if n == params.max_new_tokens:
-            break
-    total = time.perf_counter() - t0
-    stats = GenerationStats(prompt_tokens, n, t_first, total, decode_rate(n - given, t_first, total), reason, False,
-                            0)
-    yield Piece(decoder.decode(b"", final=True), n, total, stats)

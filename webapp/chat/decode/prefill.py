@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from webapp.chat.decode.generate import Sequence, prefill_chunk
+from webapp.chat.decode.generate import Sequence, prefill_chunk, tap, tapped, tapping
 from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.model.gpt import Chunk
 from webapp.chat.model.loading import LoadedChatModel
@@ -34,16 +34,19 @@ def prefill_step(model: Any, seqs: list[Sequence]) -> dict[int, Exception]:
     once for all of them, each chunk's bits the same as alone; if that pass fails, each chunk runs again
     alone, so a prompt that fails fails alone."""
     if len(seqs) > 1 and getattr(model, "prefills_together", lambda: False)():
+        ending = [s for s in seqs if s.last_chunk]  # the chunks given logits, in order: their rows in the taps
+        taps = tap(frozenset().union(*(s.reader.blocks for s in ending)))
         try:
             with torch.inference_mode():
-                logits = model.prefill([s.chunk_to_run for s in seqs])
+                logits = model.prefill([s.chunk_to_run for s in seqs], *tapping(taps))
         except Exception:  # one chunk's failure must not fail the others: try each alone
             pass
         else:
             errors: dict[int, Exception] = {}
             for i, (seq, found) in enumerate(zip(seqs, logits)):
+                streams = tapped(taps, ending.index(seq), seq.reader.blocks) if seq.last_chunk else None
                 try:
-                    seq.prefilled(found)  # samples the first token after a prompt's last chunk
+                    seq.prefilled(found, streams)  # samples the first token after a prompt's last chunk
                 except Exception as exc:
                     errors[i] = exc
             return errors

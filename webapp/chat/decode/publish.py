@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from webapp.chat.decode.generate import Piece
 from webapp.chat.decode.odds import TokenOdds
+from webapp.chat.decode.pieces import Piece
 from webapp.chat.decode.types import ChatJob, ChatResult, ReplyStats, decode_rate
 from webapp.core.executors import Worker
 
@@ -45,6 +45,7 @@ def publish(job: ChatJob, piece: Piece, core: Worker) -> None:
     s = piece.stats
     if s is not None:  # the last piece: the generator's own figures
         result.stats = ReplyStats(s.new_tokens, s.time_to_first_token_s, s.decode_tokens_per_s)
+        result.features = piece.readings or []
         result.stop_reason = s.stop_reason
     elif piece.tokens:
         core.count("tokens", 1, job)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from webapp.chat.decode.odds import TokenOdds
+from webapp.chat.decode.readings import Reading
 from webapp.chat.model.edits import Edit
 from webapp.core.jobs import Job
 
@@ -87,6 +88,8 @@ class ChatResult:
     text: list[str] = field(default_factory=list)  # printable pieces, in order
     token_ids: list[int] = field(default_factory=list)
     odds: list[TokenOdds] = field(default_factory=list)  # one per token
+    features: list[tuple[Reading, ...] | None] = field(default_factory=list)  # at the end, one per token: what the
+    # model's dictionaries read where it was sampled (webapp/chat/decode/readings.py ReplyReader)
     stats: ReplyStats = ReplyStats()
     first_s: float | None = None  # seconds from the start to the first sampled token
     given: int = 0  # tokens given rather than sampled (a branch's kept tokens and pick), first in token_ids

@@ -82,6 +82,15 @@ class Dictionary(nn.Module):
         """x (N, d_in) -> z (N, d_sae)."""
         return self.activate(self.pre_activations(x))
 
+    def strongest(self, pre: Tensor, n: int) -> tuple[Tensor, Tensor]:
+        """Pre-activations (N, d_sae) -> the n largest activations of each row and their features, each (N, n'),
+        largest first (n' = min(n, k) for topk): what encode() then topk would give, without the dense result.
+        Entries past a row's active features are 0."""
+        arch = self.config.architecture
+        if arch == "topk":
+            return torch.relu(pre).topk(min(n, self.config.k, pre.size(-1)), dim=-1)
+        return self.activate(pre).topk(min(n, pre.size(-1)), dim=-1)
+
     def decode(self, z: Tensor) -> Tensor:
         """z (N, d_sae) -> x̂ (N, d_in)."""
         return z @ self.W_dec + self.b_dec

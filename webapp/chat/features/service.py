@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from webapp.chat.decode.features import FeaturesRequest, FeaturesResult, Reading
+from webapp.chat.decode import readings
+from webapp.chat.decode.features import FeaturesRequest, FeaturesResult
+from webapp.chat.decode.readings import Reading
 from webapp.chat.inside import InsideService
 from webapp.chat.records import ReplyDetails
 from webapp.chat.registry import Work
@@ -45,8 +47,16 @@ class FeatureService:
         found: list[str] = self.models.get(model).dictionaries[dictionary].labels
         return found
 
-    def report(self, model: str, request: FeaturesRequest) -> tuple[Reading, ...] | None:
-        return self.kept.get(model, request)
+    def report(self, model: str, request: FeaturesRequest, details: ReplyDetails | None = None
+               ) -> tuple[Reading, ...] | None:
+        """The readings, where known without a job: saved with the reply by the decode step that sampled the token
+        (by every dictionary loaded now, as it is now), or kept from a job; None: start one."""
+        found = self.saved(model, details, request.index) if details is not None else None
+        return found if found is not None else self.kept.get(model, request)
+
+    def saved(self, model: str, details: ReplyDetails, index: int) -> tuple[Reading, ...] | None:
+        """Token `index`'s readings as saved with its reply, by every dictionary loaded now; None where not."""
+        return readings.saved_reading(details.features, index, self.models.get(model).dictionaries)
 
     def start(self, owner: str, model: str, request: FeaturesRequest) -> Job[FeaturesRequest, FeaturesResult]:
         """The job reading this request's features. Raises Refused (queue full, too many jobs)."""

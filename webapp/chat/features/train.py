@@ -74,8 +74,7 @@ def train(model: Any, prompt: Any, corpus: Path, plan: Plan, out: Path, model_na
     saes = {layer: Dictionary(DictionaryConfig(d_in, plan.width, "topk", plan.k, layer, model_name=model_name))
             for layer in plan.layers}
     saes = {layer: sae.to(device) for layer, sae in saes.items()}
-    params = [p for sae in saes.values() for p in (sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec)]
-    optimiser = torch.optim.Adam(params, lr=plan.learning_rate, betas=(0.9, 0.999), eps=6.25e-10)
+    optimiser = new_optimiser(saes, plan)
     quiet = {layer: torch.zeros(plan.width, dtype=torch.long) for layer in plan.layers}  # tokens since it fired
     step, read, started = 0, 0, False
     state_path = out / STATE
@@ -108,16 +107,8 @@ def train(model: Any, prompt: Any, corpus: Path, plan: Plan, out: Path, model_na
                     with torch.no_grad():
                         sae.b_dec.copy_(buffers[layer].data[:buffers[layer].n].mean(0).to(device))
                 started = True
-            figures = {}
-            for layer, sae in saes.items():
-                x = buffers[layer].take(plan.batch).to(device)
-                figures[layer] = _step(sae, x, quiet[layer], d_in)
-            for sae in saes.values():
-                remove_parallel_gradient(sae)
-            optimiser.step()
-            optimiser.zero_grad(set_to_none=True)
-            for sae in saes.values():
-                sae.normalize_decoder()
+            figures = train_step(saes, {layer: buffers[layer].take(plan.batch).to(device) for layer in saes},
+                                 optimiser, quiet)
             step += 1
             if between is not None:
                 between()
@@ -150,6 +141,25 @@ def _fill(buffers: dict[int, ShuffleBuffer], pending: dict[int, torch.Tensor],
             return all(b.n for b in buffers.values())
         for layer, rows in found[0].items():
             pending[layer] = torch.cat([pending[layer], rows])
+
+
+def new_optimiser(saes: dict[int, Dictionary], plan: Plan) -> torch.optim.Adam:
+    params = [p for sae in saes.values() for p in (sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec)]
+    return torch.optim.Adam(params, lr=plan.learning_rate, betas=(0.9, 0.999), eps=6.25e-10)
+
+
+def train_step(saes: dict[int, Dictionary], rows: dict[int, torch.Tensor], optimiser: torch.optim.Optimizer,
+               quiet: dict[int, torch.Tensor]) -> dict[int, tuple[float, float]]:
+    """One step of every dictionary on its batch of activation rows (N, d_in), `quiet` (tokens since each feature
+    fired) updated -> each one's (explained variance, L0) on the batch."""
+    figures = {layer: _step(sae, rows[layer], quiet[layer], sae.config.d_in) for layer, sae in saes.items()}
+    for sae in saes.values():
+        remove_parallel_gradient(sae)
+    optimiser.step()
+    optimiser.zero_grad(set_to_none=True)
+    for sae in saes.values():
+        sae.normalize_decoder()
+    return figures
 
 
 def _step(sae: Dictionary, x: torch.Tensor, quiet: torch.Tensor, d_in: int) -> tuple[float, float]:

@@ -2,16 +2,21 @@
 kept in the instance folder, the job a whole job on the core's worker (webapp/chat/decode/dictionary_training.py)
 that lets replies step after every training step and stops there when asked; its progress is published as
 events. The finished dictionary is written into the instance folder (dictionaries/<model>/<name>) and loaded
-beside the model at once."""
+beside the model at once, and again at every start."""
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import uuid
 from pathlib import Path
 
 from webapp.chat.decode.dictionary_training import TrainRequest, TrainResult
+from webapp.chat.dictionaries import load_dictionaries
+from webapp.chat.features.saelens import CFG
+from webapp.chat.features.train import STATE
+from webapp.chat.model.errors import ModelLoadError
 from webapp.chat.registry import ChatModels, Work
 from webapp.chat.service import ChatError
 from webapp.core import InferenceCore
@@ -25,12 +30,37 @@ MAX_WIDTH = 16_384
 MAX_TOKENS = 2_000_000
 SUFFIXES = (".txt", ".jsonl")
 
+log = logging.getLogger("glassbox")
+
 
 class TrainingService:
     """What the dictionary pages call; knows the core and the models, never the device."""
 
     def __init__(self, core: InferenceCore, models: ChatModels, instance: Path) -> None:
         self.core, self.models, self.instance = core, models, instance
+        self.load_trained()
+
+    def load_trained(self) -> None:
+        """The dictionaries trained on the page before this start, loaded beside their models again: each finished
+        folder of instance/dictionaries/<model>/ (one whose training was cut short still holds its training state,
+        and is left alone). One that no longer fits its model (the model changed under its name), or whose name a
+        configured dictionary has, is skipped with a warning in the log: it stops nothing."""
+        for model in self.models.names():
+            loaded, folder = self.models.get(model), self.instance / "dictionaries" / model
+            if getattr(loaded, "remote", False) or not folder.is_dir():
+                continue
+            for path in sorted(folder.iterdir()):
+                if not (path / CFG).is_file() or (path / STATE).exists():
+                    continue
+                if path.name in (loaded.dictionaries or {}):
+                    log.warning("dictionary %s not loaded: model %s already has one named %r", path, model, path.name)
+                    continue
+                try:
+                    found = load_dictionaries(str(path), "", loaded.model, loaded.tokenizer)
+                except ModelLoadError as error:
+                    log.warning("dictionary %s not loaded for model %s: %s", path, model, error)
+                    continue
+                loaded.dictionaries = {**(loaded.dictionaries or {}), **found}
 
     def request(self, model: object, fields: dict[str, str], corpus_name: str, corpus: bytes) -> tuple[str,
                                                                                                        TrainRequest]:

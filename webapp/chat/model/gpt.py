@@ -9,6 +9,7 @@ One forward per purpose:
                                                       hooked forward every experiment reads (hooked.py)
     model.prefill(chunks)                             prefill chunks of one or several sequences' KVCaches
     model.decode_step(idx, caches, positions, edits)  one token for each of several sequences
+The serving paths also hand back the stream after chosen blocks where they give logits (`taps`: dictionaries').
 
 Each takes an optional edit per sequence (webapp/chat/model/edits.py): every head's output passes
 edits.edit_heads before c_proj, every MLP's output edits.edit_mlp before its residual add, and the stream
@@ -55,6 +56,9 @@ PRESETS: dict[str, GPTConfig] = {
     "gpt2-large": GPTConfig(n_layer=36, n_head=20, n_embd=1280),
     "gpt2-xl": GPTConfig(n_layer=48, n_head=25, n_embd=1600),
 }
+
+
+Taps = dict[int, Tensor | None]  # block L -> the residual stream after it, filled in by prefill/decode_step
 
 
 class KVCache:
@@ -334,7 +338,7 @@ class GPT(nn.Module):
         return all(type(m) is Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
                    for m in linears) and ONEDNN
 
-    def prefill(self, chunks: list[Chunk]) -> list[Tensor | None]:
+    def prefill(self, chunks: list[Chunk], taps: Taps | None = None) -> list[Tensor | None]:
         """Run each chunk's tokens at its positions start..start+T-1, storing their keys and values in its
         cache (positions before start must be there already) -> each chunk's last position's logits (1, V),
         or None for a chunk that does not want them (a prefill chunk before a prompt's last needs only its
@@ -342,7 +346,8 @@ class GPT(nn.Module):
 
         One chunk is one sequence's prefill step; several run side by side through every linear layer, so
         the weights are read once for all of them, and attention is per chunk. Several only where
-        prefills_together(): otherwise call it once per chunk."""
+        prefills_together(): otherwise call it once per chunk. taps: for each block L named in it, the stream
+        after block L at the positions given logits (len(wanted), C), in the chunks' order, written into it."""
         pieces = []
         for chunk in chunks:
             if chunk.start + len(chunk.ids) > chunk.cache.max_len:
@@ -352,14 +357,12 @@ class GPT(nn.Module):
             self._check_positions(chunk.start, len(chunk.ids))
             pieces.append(hooked.embed(self, idx, chunk.start))
         x = torch.cat(pieces, dim=1)  # (1, ΣT, C)
+        ends = [b - 1 if chunk.logits else None for chunk, (_, b) in zip(chunks, _rows(chunks))]
+        wanted = [end for end in ends if end is not None]
         for layer, block in enumerate(self.transformer.h):
             x = block.prefill(x, chunks, layer)
-        ends: list[int | None] = []
-        row = 0
-        for chunk in chunks:
-            row += len(chunk.ids)
-            ends.append(row - 1 if chunk.logits else None)
-        wanted = [end for end in ends if end is not None]
+            if taps is not None and layer in taps:
+                taps[layer] = x[0, wanted, :].clone()  # (len(wanted), C)
         if not wanted:
             return [None] * len(chunks)
         logits = self.lm_head(self.transformer.ln_f(x[0, wanted, :]))  # (len(wanted), V)
@@ -367,12 +370,13 @@ class GPT(nn.Module):
         return [next(found) if end is not None else None for end in ends]
 
     def decode_step(self, idx: Tensor, caches: list[KVCache], positions: list[int],
-                    edits: list[Edit | None] | None = None) -> Tensor:
+                    edits: list[Edit | None] | None = None, taps: Taps | None = None) -> Tensor:
         """One new token for each of B sequences: idx (B, 1), row r at positions[r] of caches[r]
         (one cache per sequence, batch 1 each), with edits[r] (None: the model's own run). -> logits (B, V).
 
         The weights are read once for all rows; attention runs per row over its own cache. A row's
-        logits are the same, bit for bit on CPU, whatever the other rows are (see Linear), edited or not."""
+        logits are the same, bit for bit on CPU, whatever the other rows are (see Linear), edited or not.
+        taps: for each block L named in it, the stream after block L (B, C), written into it."""
         edits = edits if edits is not None else [None] * len(caches)
         if not idx.size(0) == len(caches) == len(positions) == len(edits):
             raise ValueError(f"{idx.size(0)} rows, {len(caches)} caches, {len(positions)} positions and "
@@ -384,6 +388,8 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx) + self.transformer.wpe(rows)  # (B, 1, C)
         for layer, block in enumerate(self.transformer.h):
             x = block.decode(x, caches, layer, positions, edits)
+            if taps is not None and layer in taps:
+                taps[layer] = x[:, -1, :].clone()  # (B, C): the next block's kernel writes x in place
         return self.lm_head(x[:, -1, :], decode=True, norm=self.transformer.ln_f)  # (B, V)
 
 

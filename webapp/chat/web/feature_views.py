@@ -9,7 +9,7 @@ from typing import cast
 
 from flask import abort, jsonify, render_template
 
-from webapp.chat.decode.features import Reading
+from webapp.chat.decode.readings import Reading
 from webapp.chat.dictionaries import text
 from webapp.chat.features.service import FeatureService
 from webapp.chat.service import ChatError
@@ -24,15 +24,33 @@ def feature_service() -> FeatureService:
     return glassbox().service(FeatureService)
 
 
+PANEL_FEATURES = 5  # features the token panel lists per dictionary; the Features page lists every active one
+
+
 @bp.app_context_processor
 def features_context() -> dict:
     """has_features(message): whether the model that wrote a reply has a dictionary (the token panel's link),
-    asked of the models in memory."""
+    asked of the models in memory. saved_features(message, index): the token's strongest features as the decode
+    step that sampled it read them, for the token panel (model, [(reading, rows)]); None where not saved."""
     def has_features(message: dict) -> bool:
         models = service().models
         name = service().writer_name(message)
         return name in models and bool(models.get(name).dictionaries)
-    return {"has_features": has_features}
+
+    def saved_features(message: dict, index: int) -> tuple[str, list] | None:
+        if not has_features(message):
+            return None
+        model = service().writer_name(message)
+        details = service().details(message["id"])
+        found = feature_service().saved(model, details, index)
+        return None if found is None else (model, labelled(model, found, PANEL_FEATURES))
+    return {"has_features": has_features, "saved_features": saved_features}
+
+
+def labelled(model: str, readings: tuple[Reading, ...], top: int | None = None) -> list[tuple[Reading, list]]:
+    """Each reading with its (feature, activation, label) rows, the `top` strongest (None: all)."""
+    labels = feature_service().labels
+    return [(r, [(i, a, labels(model, r.dictionary)[i]) for i, a in r.features[:top]]) for r in readings]
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/features/<int:index>")
@@ -55,9 +73,8 @@ def page(conversation: dict, message: dict, index: int, shared: str | None = Non
         if error.status != 409:
             abort(error.status, str(error))
         return render_template("chat/features.html", problem=str(error), **common), 409
-    labels = feature_service().labels
-    tables = [(r, [(i, a, labels(model, r.dictionary)[i]) for i, a in r.features]) for r in readings]
-    return render_template("chat/features.html", problem=None, tables=tables, model=model, **common)
+    return render_template("chat/features.html", problem=None, tables=labelled(model, readings), model=model,
+                           **common)
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/features/<int:index>.json")
@@ -89,11 +106,12 @@ def resolved(message: dict, index: int) -> tuple[str, tuple[Reading, ...]]:
     Raises InsideError: 404, 409 (cannot run here, not finished, no dictionary), 429/503, 500."""
     features = feature_service()
     model = runnable_writer(message, "Features cannot be read on")
+    details = service().details(message["id"])
     try:
-        wanted = features.request_for(model, message, service().details(message["id"]), index)
+        wanted = features.request_for(model, message, details, index)
     except ChatError as error:
         raise InsideError(str(error), error.status) from None
-    found = features.report(model, wanted)
+    found = features.report(model, wanted, details)
     if found is not None:
         return model, found
     job = wait_for_job(lambda: features.start(owner_id(), model, wanted), "read this token's features")

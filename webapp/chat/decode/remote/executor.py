@@ -44,8 +44,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from webapp.chat.decode.generate import GenerationStats, Piece
 from webapp.chat.decode.odds import TokenOdds
+from webapp.chat.decode.pieces import GenerationStats, Piece
 from webapp.chat.decode.publish import chat_result, publish
 from webapp.chat.decode.remote.backends import Backends, Chunk, Reader, parse_backend, read_key
 from webapp.chat.decode.remote.wire import REPLACEMENT, TokenMap, continuation, odds_of, request_body
