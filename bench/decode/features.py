@@ -49,7 +49,7 @@ def random_dictionary(model, width: int, k: int):
 def alone_rate(loaded, ids: list[int], tokens: int) -> float:
     from webapp.chat.decode.generate import generate
     last = None
-    for piece in generate(loaded, ids, max_new_tokens=tokens, top_k=50, seed=0, odds=True):
+    for piece in generate(loaded, ids, max_new_tokens=tokens, top_k=50, seed=0, odds=True, features=True):
         last = piece
     assert last is not None and last.stats is not None and last.stats.decode_tokens_per_s is not None
     return last.stats.decode_tokens_per_s
@@ -59,7 +59,8 @@ def batch_rate(loaded, ids: list[int], rows: int, tokens: int) -> float:
     """Tokens a second over all rows, rows decoded together after each one's prefill, until they end."""
     from webapp.chat.decode.generate import Sequence, decode_step
     from webapp.chat.decode.types import SamplingParams
-    seqs = [Sequence(loaded, ids[r:], SamplingParams(tokens + 1, 1.0, 50, r), odds=True) for r in range(rows)]
+    seqs = [Sequence(loaded, ids[r:], SamplingParams(tokens + 1, 1.0, 50, r), odds=True, features=True)
+            for r in range(rows)]
     for seq in seqs:
         while seq.prefilling:
             seq.prefill_chunk()

@@ -154,8 +154,9 @@ def respond(ask: Ask) -> Response:
     try:
         # before the job: a refusal leaves nothing queued. A whole (non-streamed) reply takes the bulk share
         with held_slot(bulk=not ask.stream) as slot:
-            job = chat.submit_reply(api_owner(), ChatRequest(ask.prompt_ids, ask.params, odds=ask.logprobs is not None,
-                                                             edit=ask.edit), model=ask.model)
+            wanted = ChatRequest(ask.prompt_ids, ask.params, odds=ask.logprobs is not None, features=False,
+                                 edit=ask.edit)  # nothing of an API reply is kept to show its features
+            job = chat.submit_reply(api_owner(), wanted, model=ask.model)
     except Refused as error:
         raise ApiError.refused(error) from None
     meta = shapes.Meta.new("chatcmpl" if ask.kind == "chat" else "cmpl", job.id, ask.model, chat.models.get(ask.model))

@@ -67,15 +67,15 @@ def test_each_sampled_token_has_what_every_dictionary_read_where_it_was_sampled(
     loaded = with_dictionaries(tiny(config=LONG, endless=True), tmp_path)
     prompt = [(9 * j + 4) % 256 for j in range(70)]  # several prefill chunks
     n = readings.READ_EVERY + 7  # read in two goes: READ_EVERY tokens at a time, the rest at the end
-    tokens, found = reply(loaded, prompt, n, odds=True)
+    tokens, found = reply(loaded, prompt, n, features=True)
     assert len(tokens) == n and found is not None and len(found) == n
     for i in range(n):
         same(found[i], by_forward(loaded, prompt + tokens[:i]))
         assert all(r.fingerprint == loaded.dictionaries[r.dictionary].fingerprint for r in found[i])
     plain, nothing = reply(loaded, prompt, 3)
-    assert nothing is None  # no odds kept: nothing tapped, nothing read
+    assert nothing is None  # not asked for: nothing tapped, nothing read
     assert plain == tokens[:3]  # and reading them changed no token
-    branch, read = reply(loaded, prompt, 5, odds=True, forced=tokens[:2])
+    branch, read = reply(loaded, prompt, 5, features=True, forced=tokens[:2])
     assert branch == tokens[:5] and read is not None
     assert read[:2] == [None, None]  # given, not sampled: read by a job when asked
     for i in (2, 3, 4):
@@ -84,15 +84,15 @@ def test_each_sampled_token_has_what_every_dictionary_read_where_it_was_sampled(
 
 def test_a_reply_in_a_batch_reads_what_it_reads_alone(tmp_path):
     loaded = with_dictionaries(tiny(config=LONG, endless=True), tmp_path)
-    reqs = [ChatRequest(r.prompt_ids, r.params, odds=i != 2) for i, r in enumerate(requests(5))]
+    reqs = [ChatRequest(r.prompt_ids, r.params, features=i != 2) for i, r in enumerate(requests(5))]
     jobs, sizes = batched(loaded, reqs)
     assert max(sizes) >= 3 and all(job.state == DONE for job in jobs)
     for i, (job, request) in enumerate(zip(jobs, reqs)):
         p = request.params
         _, alone = reply(loaded, request.prompt_ids, p.max_new_tokens, temperature=p.temperature, top_k=p.top_k,
-                         seed=p.seed, odds=True)
+                         seed=p.seed, features=True)
         if i == 2:
-            assert job.result.features == []  # no odds kept: nothing read
+            assert job.result.features == []  # not asked for: nothing read
             continue
         assert len(job.result.features) == len(alone)
         for got, want in zip(job.result.features, alone):
@@ -101,7 +101,7 @@ def test_a_reply_in_a_batch_reads_what_it_reads_alone(tmp_path):
 
 def test_saved_readings_read_back_for_the_dictionaries_as_they_are_now(tmp_path):
     loaded = with_dictionaries(tiny(config=LONG, endless=True), tmp_path)
-    _, tokens = reply(loaded, [5, 6, 7], 4, odds=True)
+    _, tokens = reply(loaded, [5, 6, 7], 4, features=True)
     tokens[2] = None  # a token typed into a branch: nothing read
     column = readings.saved(tokens)
     assert column is not None

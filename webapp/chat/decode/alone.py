@@ -27,7 +27,8 @@ class ChatAlone(WholeJobs[ChatRequest, ChatResult]):
         pieces = generate(self.loaded, request.prompt_ids, max_new_tokens=p.max_new_tokens,
                           temperature=p.temperature, top_k=p.top_k, seed=p.seed,
                           should_stop=lambda: job.cancelled, odds=request.odds,
-                          forced=request.forced, forced_odds=request.forced_odds, edit=request.edit)
+                          forced=request.forced, forced_odds=request.forced_odds, edit=request.edit,
+                          features=request.features)
         with torch_threads(self.loaded.torch_threads), closing(pieces):
             for piece in pieces:
                 publish(job, piece, core)

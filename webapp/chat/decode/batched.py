@@ -49,7 +49,8 @@ class ChatBatch(BatchedJobs[ChatRequest, ChatResult]):
         chat_result(job)
         self._rows[job.id] = (job, Sequence(self.loaded, request.prompt_ids, request.params, self.prefix,
                                             odds=request.odds, forced=request.forced,
-                                            forced_odds=request.forced_odds, edit=request.edit))
+                                            forced_odds=request.forced_odds, edit=request.edit,
+                                            features=request.features))
 
     def begin_step(self) -> None:
         self._errors = {}

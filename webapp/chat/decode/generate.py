@@ -74,7 +74,7 @@ class Sequence:
 
     def __init__(self, loaded: LoadedChatModel, prompt_ids: Seq[int], params: SamplingParams,
                  prefix: PrefixCache | None = None, odds: bool = False, forced: Seq[int] = (),
-                 forced_odds: Seq[TokenOdds | None] = (), edit: Edit | None = None) -> None:
+                 forced_odds: Seq[TokenOdds | None] = (), edit: Edit | None = None, features: bool = False) -> None:
         params.check()
         if len(prompt_ids) == 0:
             raise ValueError("prompt_ids is empty")
@@ -85,8 +85,8 @@ class Sequence:
         self.device = weight.device
         self.dtype = getattr(self.model, "kv_dtype", None) or weight.dtype  # its KV cache's (prefix reuse)
         self.params, self.prefix, self.want_odds = params, prefix, odds
-        # a reply that keeps its odds keeps its features too: read from the stream each step computes anyway
-        self.reader = readings.ReplyReader((loaded.dictionaries or {}) if odds else {})
+        # what the model's dictionaries read at each token, from the stream each step computes anyway
+        self.reader = readings.ReplyReader((loaded.dictionaries or {}) if features else {})
         self.edit = edit  # outputs replaced in every forward of this reply (webapp/chat/model/edits.py)
         self.gen = sampling.generator(self.device, params.seed)
         self.decoder = TextDecoder()
@@ -309,6 +309,7 @@ def generate(
     forced: Seq[int] = (),
     forced_odds: Seq[TokenOdds | None] = (),
     edit: Edit | None = None,
+    features: bool = False,
 ) -> Pieces:
     """Yield a Piece per sampled token, then a last Piece carrying GenerationStats.
 
@@ -320,6 +321,7 @@ def generate(
     forced: the reply's first tokens, given rather than sampled (with their odds, where known).
     edit: heads' and MLPs' outputs replaced in every forward (webapp/chat/model/edits.py); a model with a
     KV cache only (the edited run's keys and values stay its own: never taken from or kept in prefix_cache).
+    features: the last Piece carries what the model's dictionaries read at each token (decode/readings.py).
     Raises ValueError for arguments out of range, before any work.
     """
     params = SamplingParams(max_new_tokens, temperature, top_k, seed)
@@ -328,8 +330,8 @@ def generate(
         raise ValueError("prompt_ids is empty")
     should_stop = should_stop or (lambda: False)
     if loaded.supports_kv_cache:
-        return _generate_cached(Sequence(loaded, prompt_ids, params, prefix_cache, odds, forced, forced_odds, edit),
-                                should_stop)
+        return _generate_cached(Sequence(loaded, prompt_ids, params, prefix_cache, odds, forced, forced_odds, edit,
+                                         features), should_stop)
     if edit is not None:
         raise ValueError("edits need a model with a KV cache (Glassbox's GPT)")
     return generate_recompute(loaded, list(prompt_ids), params, should_stop, odds, forced, forced_odds)

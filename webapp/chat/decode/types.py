@@ -59,6 +59,7 @@ class ChatRequest:
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     odds: bool = True  # record each token's odds (webapp/chat/decode/odds.py)
+    features: bool = True  # read each token's features by the model's dictionaries (decode/readings.py)
     forced: tuple[int, ...] = ()  # the reply's first tokens, given (a branch from a token: Forced.tokens)
     forced_odds: tuple[TokenOdds | None, ...] = ()  # their odds where known (Forced.odds)
     edit: Edit | None = None  # heads' and MLPs' outputs replaced in every forward (webapp/chat/model/edits.py)
