@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--out", type=Path, required=True, help="the folder the dictionary is written into")
     run.add_argument("--context", type=int, default=128, help="tokens per sequence (128)")
     run.add_argument("--batch", type=int, default=4096, help="activation rows per step (4096)")
-    run.add_argument("--lr", type=float, default=None, help="learning rate (2e-4 / sqrt(width / 16384))")
+    run.add_argument("--lr", type=float, default=None, help="learning rate (2e-4 / sqrt(width / 16384) "
+                     "times the activations' mean norm / sqrt(d_in))")
     run.add_argument("--eval-sequences", type=int, default=64, help="held-out sequences for the figures (64)")
     run.add_argument("--context-sequences", type=int, default=512,
                      help="sequences of the corpus read for each feature's top contexts and density (512; 0: none)")

@@ -124,3 +124,29 @@ def test_the_shuffle_buffer_hands_every_row_out_once_in_a_new_order():
     taken = torch.cat([buffer.take(30), buffer.take(30), buffer.take(100)])
     assert sorted(taken[:, 0].tolist()) == rows[:, 0].tolist() and buffer.n == 0
     assert taken[:30, 0].tolist() != rows[:30, 0].tolist()
+
+
+@pytest.mark.parametrize("given", [None, 3e-3])
+def test_the_learning_rate_is_gaos_times_the_first_rows_mean_norm_over_root_d_in_unless_given(tmp_path, given):
+    """The stream's scale is each model's own: the default rate follows it (a stream of large norm learned far
+    slower at the bare rate); a rate given is used as given."""
+    from pathlib import Path
+
+    from webapp.chat.features.activations import activations, corpus_files, documents, sequences
+    from webapp.chat.features.train import STATE, Plan, train
+    from webapp.chat.model.prompt import PromptBuilder
+    from webapp.chat.model.tokenizer import ByteTokenizer
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=264, n_layer=2, n_head=2, n_embd=16)).eval()
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(300)  # a stream far from norm √16
+    prompt = PromptBuilder(ByteTokenizer(), 64)
+    plan = Plan((1,), 32, 4, 256, context=32, batch=64, buffer_batches=2, eval_sequences=2, sequences_per_forward=4,
+                lr=given)
+    train(model, prompt, Path(corpus(tmp_path)), plan, tmp_path / "out")
+    lr = torch.load(tmp_path / "out" / STATE, weights_only=False)["optimiser"]["param_groups"][0]["lr"]
+    seqs = sequences(documents(corpus_files(Path(corpus(tmp_path))), prompt), 32)
+    rows = torch.cat([found[1] for found, _ in activations(model, iter(list(seqs)[2:8]), [1], 4)])[:128]
+    norm = float(rows.norm(dim=-1).mean())
+    assert norm > 16  # the check has teeth: the scale is far from 1
+    assert lr == pytest.approx(given if given is not None else 2e-4 / (32 / 2**14) ** 0.5 * norm / 4, rel=1e-5)

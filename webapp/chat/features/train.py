@@ -1,6 +1,7 @@
 """Training TopK dictionaries on a model's residual stream (Gao et al. 2024), one per chosen block, all on the
-same activations: Adam at lr 2e-4 / √(d_sae / 2¹⁴), the decoder's rows kept at unit norm (the gradient's
-part along each row removed, then the rows renormalised), b_dec started at the first buffer's mean, and the
+same activations: Adam at lr 2e-4 / √(d_sae / 2¹⁴) (Gao et al.'s) times the first buffer's mean norm over √d_in
+(unscaled, a stream of large norm learned far slower: docs/features.md), the decoder's rows kept at unit norm (the
+gradient's part along each row removed, then the rows renormalised), b_dec started at the first buffer's mean, and the
 AuxK loss (k_aux = d_in / 2, weight 1/32) on the features that fired on none of the last DEAD_TOKENS tokens.
 
 The first `eval_sequences` sequences of the corpus are held out for the quality figures
@@ -27,6 +28,7 @@ from webapp.chat.features.sae import Dictionary, DictionaryConfig, aux_loss, rem
 
 STATE = "glassbox_training.pt"
 DEAD_TOKENS = 1_000_000  # a feature silent this long is dead (for AuxK and the figures)
+AUX_WEIGHT = 1 / 32  # AuxK's weight in the loss (Gao et al.'s)
 
 
 @dataclass(frozen=True)
@@ -41,12 +43,14 @@ class Plan:
     buffer_batches: int = 8  # the shuffle buffer holds this many steps' rows
     eval_sequences: int = 64
     seed: int = 0
-    lr: float | None = None  # None: 2e-4 / sqrt(width / 2**14)
+    lr: float | None = None  # None: 2e-4 / sqrt(width / 2**14), times the activations' scale (learning_rate)
     checkpoint_seconds: float = 300.0
 
-    @property
-    def learning_rate(self) -> float:
-        return self.lr if self.lr is not None else 2e-4 / math.sqrt(self.width / 2**14)
+    def learning_rate(self, mean_norm: float, d_in: int) -> float:
+        """lr, else Gao et al.'s rate times the activations' mean norm over √d_in."""
+        if self.lr is not None:
+            return self.lr
+        return 2e-4 / math.sqrt(self.width / 2**14) * max(mean_norm, 1e-6) / math.sqrt(d_in)
 
 
 @dataclass
@@ -74,7 +78,7 @@ def train(model: Any, prompt: Any, corpus: Path, plan: Plan, out: Path, model_na
     saes = {layer: Dictionary(DictionaryConfig(d_in, plan.width, "topk", plan.k, layer, model_name=model_name))
             for layer in plan.layers}
     saes = {layer: sae.to(device) for layer, sae in saes.items()}
-    optimiser = new_optimiser(saes, plan)
+    optimiser = new_optimiser(saes, plan.lr or 0.0)  # the rate is set from the first buffer (learning_rate)
     quiet = {layer: torch.zeros(plan.width, dtype=torch.long) for layer in plan.layers}  # tokens since it fired
     step, read, started = 0, 0, False
     state_path = out / STATE
@@ -103,9 +107,13 @@ def train(model: Any, prompt: Any, corpus: Path, plan: Plan, out: Path, model_na
             if not _fill(buffers, pending, stream):
                 break  # the corpus ran out
             if not started:
+                first = {layer: buffers[layer].data[:buffers[layer].n] for layer in saes}
                 for layer, sae in saes.items():  # b_dec at the first buffer's mean
                     with torch.no_grad():
-                        sae.b_dec.copy_(buffers[layer].data[:buffers[layer].n].mean(0).to(device))
+                        sae.b_dec.copy_(first[layer].mean(0).to(device))
+                norm = float(torch.cat(list(first.values())).norm(dim=-1).mean())
+                for group in optimiser.param_groups:
+                    group["lr"] = plan.learning_rate(norm, d_in)
                 started = True
             figures = train_step(saes, {layer: buffers[layer].take(plan.batch).to(device) for layer in saes},
                                  optimiser, quiet)
@@ -143,9 +151,9 @@ def _fill(buffers: dict[int, ShuffleBuffer], pending: dict[int, torch.Tensor],
             pending[layer] = torch.cat([pending[layer], rows])
 
 
-def new_optimiser(saes: dict[int, Dictionary], plan: Plan) -> torch.optim.Adam:
+def new_optimiser(saes: dict[int, Dictionary], lr: float) -> torch.optim.Adam:
     params = [p for sae in saes.values() for p in (sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec)]
-    return torch.optim.Adam(params, lr=plan.learning_rate, betas=(0.9, 0.999), eps=6.25e-10)
+    return torch.optim.Adam(params, lr=lr, betas=(0.9, 0.999), eps=6.25e-10)
 
 
 def train_step(saes: dict[int, Dictionary], rows: dict[int, torch.Tensor], optimiser: torch.optim.Optimizer,
@@ -174,7 +182,7 @@ def _step(sae: Dictionary, x: torch.Tensor, quiet: torch.Tensor, d_in: int) -> t
     quiet += x.size(0)
     quiet[fired] = 0
     dead = (quiet > DEAD_TOKENS).to(z.device)
-    loss = loss + aux_loss(sae, x, x_hat, pre, dead, d_in // 2) / 32
+    loss = loss + aux_loss(sae, x, x_hat, pre, dead, d_in // 2) * AUX_WEIGHT
     loss.backward()  # type: ignore[no-untyped-call]
     with torch.no_grad():
         return 1.0 - float(error.sum() / total.sum().clamp_min(1e-8)), float((z > 0).sum(-1).float().mean())
