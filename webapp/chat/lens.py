@@ -39,7 +39,7 @@ class LensService:
         if message["status"] == Status.PENDING:
             raise ChatError("This reply is still being written; look inside it once it has finished.", 409)
         odds, prompt = details.odds, details.prompt
-        if odds is None or prompt is None or details.damaged:
+        if odds is None or prompt is None or {"prompt", "odds"} & set(details.damaged):
             raise ChatError("This reply's tokens and prompt were not kept (or are damaged).", 404)
         if not odds:
             raise ChatError("This reply has no tokens to look into.", 404)

@@ -116,7 +116,7 @@ def details_from_row(row) -> ReplyDetails:
     read: dict = {}
     damaged = []
     for field, kind in (("prompt", dict), ("odds", list), ("features", dict)):
-        if row is None or not row[field]:
+        if row is None or field not in row.keys() or not row[field]:
             continue
         try:
             value = json.loads(row[field])

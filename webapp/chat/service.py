@@ -314,8 +314,9 @@ class ChatService:
         except ConversationFull as full:
             raise ChatError(str(full), 400) from None
         forced = turn.forced or Forced()
+        # a version with parts switched off keeps no features: a token's are read later of the model as it is
         request = ChatRequest(tuple(turn.prompt.ids), sampling, forced=forced.tokens, forced_odds=forced.odds,
-                              edit=turn.edit)
+                              edit=turn.edit, features=turn.edit is None or not turn.edit.replaces)
         reply_id = ids.reply_id
         self._leases.hold(reply_id)
         try:

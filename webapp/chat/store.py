@@ -324,13 +324,14 @@ class ChatStore:
         return details_from_row(row)
 
     def details_of(self, message_ids: list[int]) -> dict[int, ReplyDetails]:
-        """details() of several replies, read in one statement."""
+        """details() of several replies, read in one statement, without their features (the pages that show many
+        replies never show those)."""
         if not message_ids:
             return {}
         marks = ", ".join("?" * len(message_ids))
         with self.db.connect() as db:
             rows = {r["message_id"]: r for r in db.execute(
-                f"SELECT message_id, prompt, odds, features FROM reply_details WHERE message_id IN ({marks})",
+                f"SELECT message_id, prompt, odds FROM reply_details WHERE message_id IN ({marks})",
                 tuple(message_ids)).fetchall()}
         return {message_id: details_from_row(rows.get(message_id)) for message_id in message_ids}
 

@@ -116,3 +116,15 @@ def test_saved_readings_read_back_for_the_dictionaries_as_they_are_now(tmp_path)
     more = with_dictionaries(tiny(config=LONG, endless=True), tmp_path, (("early", 0), ("late", 1), ("new", 1)))
     assert readings.saved_reading(column, 0, more.dictionaries) is None  # "new" read nothing then
     assert readings.saved_reading({"tokens": "no"}, 0, dictionaries) is None
+
+
+def test_a_dictionary_that_fails_leaves_the_features_unread_and_the_reply_whole(tmp_path, monkeypatch, caplog):
+    loaded = with_dictionaries(tiny(config=LONG, endless=True), tmp_path)
+    plain, _ = reply(loaded, [5, 6, 7], 6)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a dictionary that cannot encode")
+    monkeypatch.setattr(readings, "read", broken)
+    tokens, found = reply(loaded, [5, 6, 7], 6, features=True)
+    assert tokens == plain and found == [None] * 6  # read later by a job, when asked
+    assert "features failed" in caplog.text

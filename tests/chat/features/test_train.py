@@ -140,13 +140,16 @@ def test_the_learning_rate_is_gaos_times_the_first_rows_mean_norm_over_root_d_in
     model = GPT(GPTConfig(block_size=64, vocab_size=264, n_layer=2, n_head=2, n_embd=16)).eval()
     with torch.no_grad():
         model.transformer.wte.weight.mul_(300)  # a stream far from norm √16
+        model.transformer.h[1].mlp.c_proj.weight.mul_(3000)  # and larger after block 1 than after block 0
     prompt = PromptBuilder(ByteTokenizer(), 64)
-    plan = Plan((1,), 32, 4, 256, context=32, batch=64, buffer_batches=2, eval_sequences=2, sequences_per_forward=4,
-                lr=given)
+    plan = Plan((0, 1), 32, 4, 256, context=32, batch=64, buffer_batches=2, eval_sequences=2,
+                sequences_per_forward=4, lr=given)
     train(model, prompt, Path(corpus(tmp_path)), plan, tmp_path / "out")
-    lr = torch.load(tmp_path / "out" / STATE, weights_only=False)["optimiser"]["param_groups"][0]["lr"]
-    seqs = sequences(documents(corpus_files(Path(corpus(tmp_path))), prompt), 32)
-    rows = torch.cat([found[1] for found, _ in activations(model, iter(list(seqs)[2:8]), [1], 4)])[:128]
-    norm = float(rows.norm(dim=-1).mean())
-    assert norm > 16  # the check has teeth: the scale is far from 1
-    assert lr == pytest.approx(given if given is not None else 2e-4 / (32 / 2**14) ** 0.5 * norm / 4, rel=1e-5)
+    groups = torch.load(tmp_path / "out" / STATE, weights_only=False)["optimiser"]["param_groups"]
+    seqs = list(sequences(documents(corpus_files(Path(corpus(tmp_path))), prompt), 32))[2:8]
+    read = list(activations(model, iter(seqs), [0, 1], 4))
+    norms = [float(torch.cat([found[layer] for found, _ in read])[:128].norm(dim=-1).mean()) for layer in (0, 1)]
+    assert min(norms) > 16 and norms[1] > 1.5 * norms[0]  # far from √16, and each block its own
+    for group, norm in zip(groups, norms):  # one rate per dictionary, from its own block's stream
+        want = given if given is not None else 2e-4 / (32 / 2**14) ** 0.5 * norm / 4
+        assert group["lr"] == pytest.approx(want, rel=1e-5)

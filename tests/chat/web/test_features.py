@@ -13,7 +13,7 @@ import torch
 from markupsafe import escape
 
 from tests.chat.web import test_ablation
-from tests.chat.web.test_ablation import CONFIG, greedy_reply, prompt_of, tokens_of
+from tests.chat.web.test_ablation import CONFIG, finish, greedy_reply, prompt_of, tokens_of
 from tests.chat.web.test_steering import by_hand, gpt
 from tests.conftest import csrf_of
 from webapp.chat import boot
@@ -263,3 +263,19 @@ def test_the_token_panel_shows_the_features_read_as_the_reply_was_written_withou
     shared = re.search(r"/chat/shared/([\w-]+)", client.get(f"/chat/c/{cid}").get_data(as_text=True)).group(1)
     read_only = client.get(f"/chat/shared/{shared}/m/{mid}/tokens?t=2").get_data(as_text=True)
     assert re.findall(r'/chat/features/glassbox/early/(\d+)">', read_only) == shown
+
+
+def test_a_version_with_parts_switched_off_keeps_no_features_so_a_token_reads_one_model(chat_app, tmp_path):
+    loaded = glassbox(chat_app).core.models["chat"]
+    dictionary(tmp_path / "early", 0)
+    loaded.dictionaries = load_dictionaries(str(tmp_path / "early"), "", loaded.model, loaded.tokenizer)
+    client = chat_app.test_client()
+    cid, mid = greedy_reply(client, n=4)
+    answer = client.post(f"/chat/c/{cid}/m/{mid}/ablate.json", json={"heads": ["1.1"], "mlps": [0], "mode": "zero"})
+    assert answer.status_code == 200, answer.get_json()
+    ablated = answer.get_json()["message_id"]
+    finish(client, cid, ablated)
+    chat = glassbox(chat_app).service(ChatService)
+    assert chat.details(mid).features is not None and chat.details(ablated).features is None
+    got = client.get(f"/chat/c/{cid}/m/{ablated}/features/1.json")
+    assert got.status_code == 200 and got.get_json()["dictionaries"][0]["name"] == "early"  # read by a job

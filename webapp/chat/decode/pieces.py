@@ -31,8 +31,8 @@ class Piece:
     stats: GenerationStats | None = None  # only on the last piece
     token: int | None = None  # the sampled id (None on the last piece)
     odds: TokenOdds | None = None  # what the model thought of it (when asked for: `odds=True`)
-    # the last piece only, of a reply that kept its odds on a model with dictionaries: what they read at each
-    # reply token, where it was sampled (None for a token given rather than sampled)
+    # the last piece only, of a reply that asked for its features on a model with dictionaries: what they read at
+    # each reply token, where it was sampled (None for a token given rather than sampled, or not read)
     readings: list[tuple[Reading, ...] | None] | None = None
     given: bool = False  # a token the reply was given (a branch's kept tokens and pick), not sampled
 

@@ -5,6 +5,7 @@ step computed anyway: webapp/chat/model/gpt.py `taps`; ReplyReader) and for a to
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,8 @@ READ_EVERY = 32
 DIGITS = 5  # decimals an activation is kept to (saved with the reply): well inside float32's noise
 
 Streams = Mapping[int, torch.Tensor]  # block L -> the residual stream after it, one row per position
+
+log = logging.getLogger("glassbox")
 
 
 @dataclass(frozen=True)
@@ -51,12 +54,17 @@ class ReplyReader:
                 self.flush()
 
     def flush(self) -> None:
-        if not self.waiting:
+        """Encode the waiting tokens. Features are an extra: one that cannot be read (a dictionary failing) is
+        logged and left unread (a job reads it when asked), never the reply's failure."""
+        waiting, self.waiting = self.waiting, []
+        if not waiting:
             return
-        rows = {block: torch.cat([s[block] for _, s in self.waiting]) for block in self.blocks}  # (n, C) each
-        for (token, _), row in zip(self.waiting, read(self.dictionaries.values(), rows)):
-            self.found[token] = row
-        self.waiting = []
+        try:
+            rows = {block: torch.cat([s[block] for _, s in waiting]) for block in self.blocks}  # (n, C) each
+            for (token, _), row in zip(waiting, read(self.dictionaries.values(), rows)):
+                self.found[token] = row
+        except Exception:
+            log.exception("reading %d tokens' features failed; they are left unread", len(waiting))
 
     def readings(self) -> list[tuple[Reading, ...] | None] | None:
         """Every token's readings so far, one per reply token (None: no dictionaries)."""
@@ -121,6 +129,9 @@ def saved_reading(column: object, index: int, dictionaries: Mapping[str, Any]) -
         flat = row.get(name)
         if made.get(name) != d.fingerprint or not isinstance(flat, list) or len(flat) % 2:
             return None
-        readings.append(Reading(name, d.hook_name, tuple((int(flat[i]), float(flat[i + 1]))
-                                                         for i in range(0, len(flat), 2)), d.fingerprint))
+        try:
+            pairs = tuple((int(flat[i]), float(flat[i + 1])) for i in range(0, len(flat), 2))
+        except (TypeError, ValueError):  # a row changed by hand or by a disk: read it again instead
+            return None
+        readings.append(Reading(name, d.hook_name, pairs, d.fingerprint))
     return tuple(readings)

@@ -111,9 +111,8 @@ def train(model: Any, prompt: Any, corpus: Path, plan: Plan, out: Path, model_na
                 for layer, sae in saes.items():  # b_dec at the first buffer's mean
                     with torch.no_grad():
                         sae.b_dec.copy_(first[layer].mean(0).to(device))
-                norm = float(torch.cat(list(first.values())).norm(dim=-1).mean())
-                for group in optimiser.param_groups:
-                    group["lr"] = plan.learning_rate(norm, d_in)
+                for group, layer in zip(optimiser.param_groups, saes):  # each block's stream its own scale
+                    group["lr"] = plan.learning_rate(float(first[layer].norm(dim=-1).mean()), d_in)
                 started = True
             figures = train_step(saes, {layer: buffers[layer].take(plan.batch).to(device) for layer in saes},
                                  optimiser, quiet)
@@ -152,8 +151,9 @@ def _fill(buffers: dict[int, ShuffleBuffer], pending: dict[int, torch.Tensor],
 
 
 def new_optimiser(saes: dict[int, Dictionary], lr: float) -> torch.optim.Adam:
-    params = [p for sae in saes.values() for p in (sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec)]
-    return torch.optim.Adam(params, lr=lr, betas=(0.9, 0.999), eps=6.25e-10)
+    """Adam with one parameter group per dictionary, in the order of `saes` (each its own rate)."""
+    groups = [{"params": [sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec]} for sae in saes.values()]
+    return torch.optim.Adam(groups, lr=lr, betas=(0.9, 0.999), eps=6.25e-10)
 
 
 def train_step(saes: dict[int, Dictionary], rows: dict[int, torch.Tensor], optimiser: torch.optim.Optimizer,

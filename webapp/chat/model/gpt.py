@@ -362,7 +362,7 @@ class GPT(nn.Module):
         for layer, block in enumerate(self.transformer.h):
             x = block.prefill(x, chunks, layer)
             if taps is not None and layer in taps:
-                taps[layer] = x[0, wanted, :].clone()  # (len(wanted), C)
+                taps[layer] = x[0, wanted, :]  # (len(wanted), C): indexing by a list copies
         if not wanted:
             return [None] * len(chunks)
         logits = self.lm_head(self.transformer.ln_f(x[0, wanted, :]))  # (len(wanted), V)
