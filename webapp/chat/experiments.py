@@ -86,7 +86,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
                lambda core, chat, inside, settings: LensService(core, inside, settings.inside_cache_entries)),
     # the features active at a token, by each of the model's sparse dictionaries
     Experiment(Work.FEATURES, FeaturesJobs,
-               lambda core, chat, inside, settings: FeatureService(core, inside, settings.inside_cache_entries)),
+               lambda core, chat, inside, settings: FeatureService(core, inside, settings.inside_cache_entries,
+                                                                              chat.store)),
     # a sparse dictionary trained from the page
     Experiment(Work.TRAIN, TrainJobs, lambda core, chat, inside, settings: TrainingService(
         core, chat.models, Path(settings.instance_path or ROOT / "instance")), reads_kept_cache=False),

@@ -323,6 +323,16 @@ class ChatStore:
                              (message_id,)).fetchone()
         return details_from_row(row)
 
+    def saved_features(self, owner: str, model: str, limit: int) -> list[dict]:
+        """The owner's newest `limit` replies by `model` that kept their features: {id, conversation_id, title,
+        features (JSON text)}, newest first."""
+        with self.db.connect() as db:
+            return [dict(r) for r in db.execute(
+                "SELECT m.id, m.conversation_id, c.title, d.features FROM messages m"
+                " JOIN conversations c ON c.id = m.conversation_id JOIN reply_details d ON d.message_id = m.id"
+                " WHERE c.owner = ? AND m.model = ? AND d.features IS NOT NULL ORDER BY m.id DESC LIMIT ?",
+                (owner, model, limit)).fetchall()]
+
     def details_of(self, message_ids: list[int]) -> dict[int, ReplyDetails]:
         """details() of several replies, read in one statement, without their features (the pages that show many
         replies never show those)."""

@@ -279,3 +279,24 @@ def test_a_version_with_parts_switched_off_keeps_no_features_so_a_token_reads_on
     assert chat.details(mid).features is not None and chat.details(ablated).features is None
     got = client.get(f"/chat/c/{cid}/m/{ablated}/features/1.json")
     assert got.status_code == 200 and got.get_json()["dictionaries"][0]["name"] == "early"  # read by a job
+
+
+def test_a_features_page_lists_the_readers_own_replies_where_it_fired_and_no_one_elses(chat_app, tmp_path):
+    loaded = glassbox(chat_app).core.models["chat"]
+    dictionary(tmp_path / "early", 0)
+    loaded.dictionaries = load_dictionaries(str(tmp_path / "early"), "", loaded.model, loaded.tokenizer)
+    client = chat_app.test_client()
+    cid, mid = greedy_reply(client, n=5)
+    read = client.get(f"/chat/c/{cid}/m/{mid}/features/3.json").get_json()["dictionaries"][0]["features"]
+    feature = read[0]["index"]
+    every = {i: client.get(f"/chat/c/{cid}/m/{mid}/features/{i}.json").get_json()["dictionaries"][0]["features"]
+             for i in range(5)}
+    want = max(((i, f["activation"]) for i, fs in every.items() for f in fs if f["index"] == feature),
+               key=lambda hit: hit[1])
+    page = client.get(f"/chat/features/glassbox/early/{feature}.json").get_json()
+    assert [(p["message_id"], p["token"]) for p in page["fired_in"]] == [(mid, want[0])]
+    assert page["fired_in"][0]["activation"] == pytest.approx(want[1])
+    html = client.get(f"/chat/features/glassbox/early/{feature}").get_data(as_text=True)
+    assert f"/chat/c/{cid}/m/{mid}/tokens?t={want[0]}#token-panel" in html
+    stranger = chat_app.test_client()  # another browser: another owner
+    assert stranger.get(f"/chat/features/glassbox/early/{feature}.json").get_json()["fired_in"] == []

@@ -115,6 +115,23 @@ def saved(tokens: list[tuple[Reading, ...] | None]) -> dict[str, Any] | None:
                        for row in tokens]}
 
 
+def fired(column: object, dictionary: str, fingerprint: str, feature: int) -> list[tuple[int, float]]:
+    """(token, activation) for each token of a saved reply (saved()) where `feature` of this dictionary, as it is
+    now (its fingerprint), was among the strongest read."""
+    if not isinstance(column, dict) or not isinstance(column.get("dictionaries"), dict):
+        return []
+    if column["dictionaries"].get(dictionary) != fingerprint or not isinstance(column.get("tokens"), list):
+        return []
+    found = []
+    for token, row in enumerate(column["tokens"]):
+        flat = row.get(dictionary) if isinstance(row, dict) else None
+        if isinstance(flat, list) and feature in flat[0::2]:
+            at = flat[0::2].index(feature) * 2
+            if at + 1 < len(flat) and isinstance(flat[at + 1], (int, float)):
+                found.append((token, float(flat[at + 1])))
+    return found
+
+
 def saved_reading(column: object, index: int, dictionaries: Mapping[str, Any]) -> tuple[Reading, ...] | None:
     """Token `index`'s readings as saved (saved()), for the dictionaries loaded now, in their order; None when
     not saved, or not by every one of these dictionaries as they are now (one retrained since reads anew)."""

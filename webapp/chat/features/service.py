@@ -4,6 +4,7 @@ or running), finished readings kept, a bounded number, under their request."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from webapp.chat.decode import readings
@@ -13,10 +14,12 @@ from webapp.chat.inside import InsideService
 from webapp.chat.records import ReplyDetails
 from webapp.chat.registry import Work
 from webapp.chat.service import ChatError
+from webapp.chat.store import ChatStore
 from webapp.core import InferenceCore
 from webapp.core.jobs import Job
 from webapp.core.kept import KeptResults
 
+REPLIES_SEARCHED = 500  # an owner's newest replies a feature page looks through for where it fired
 NO_DICTIONARY = ("This model has no sparse dictionary: train one with `python -m webapp.features train` and "
                  "list it in GLASSBOX_CHAT_DICTIONARIES (docs/features.md).")
 
@@ -24,8 +27,9 @@ NO_DICTIONARY = ("This model has no sparse dictionary: train one with `python -m
 class FeatureService:
     """What the feature views call; knows the core and the Inside service, never the device."""
 
-    def __init__(self, core: InferenceCore, inside: InsideService, keep: int = 32) -> None:
-        self.core, self.inside, self.models = core, inside, inside.models
+    def __init__(self, core: InferenceCore, inside: InsideService, keep: int = 32, store: ChatStore | None = None
+                 ) -> None:
+        self.core, self.inside, self.models, self.store = core, inside, inside.models, store
         self.kept: KeptResults[FeaturesRequest, FeaturesResult, tuple[Reading, ...]] = KeptResults(
             core, keep, lambda result: result.report)
 
@@ -53,6 +57,24 @@ class FeatureService:
         (by every dictionary loaded now, as it is now), or kept from a job; None: start one."""
         found = self.saved(model, details, request.index) if details is not None else None
         return found if found is not None else self.kept.get(model, request)
+
+    def fired_in(self, owner: str, model: str, dictionary: str, feature: int, shown: int = 10) -> list[dict[str, Any]]:
+        """The owner's replies where a feature fired, as their saved features say (the newest REPLIES_SEARCHED
+        by that model): {conversation_id, message_id, title, token, activation}, each reply at its strongest
+        token, the strongest `shown` first. Another owner's replies are never read."""
+        found = self.models.get(model).dictionaries[dictionary]
+        places = []
+        for reply in self.store.saved_features(owner, model, REPLIES_SEARCHED) if self.store is not None else []:
+            try:
+                column = json.loads(reply["features"])
+            except ValueError:
+                continue
+            hits = readings.fired(column, dictionary, found.fingerprint, feature)
+            if hits:
+                token, activation = max(hits, key=lambda hit: hit[1])
+                places.append({"conversation_id": reply["conversation_id"], "message_id": reply["id"],
+                               "title": reply["title"], "token": token, "activation": activation})
+        return sorted(places, key=lambda place: -place["activation"])[:shown]
 
     def saved(self, model: str, details: ReplyDetails, index: int) -> tuple[Reading, ...] | None:
         """Token `index`'s readings as saved with its reply, by every dictionary loaded now; None where not."""

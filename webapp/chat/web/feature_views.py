@@ -122,7 +122,8 @@ def resolved(message: dict, index: int) -> tuple[str, tuple[Reading, ...]]:
 @bp.get("/features/<model>/<dictionary>/<int:index>.json")
 def feature_json(model: str, dictionary: str, index: int):
     """{"index", "label", "density", "pushes": [{"token", "logit"}], "top_contexts": [{"activation", "at",
-    "tokens": [texts]}]}; density and top_contexts null where the dictionary has no statistics."""
+    "tokens": [texts]}], "fired_in": [{"conversation_id", "message_id", "title", "token", "activation"}]}; density
+    and top_contexts null where the dictionary has no statistics; fired_in: the asker's own replies only."""
     return jsonify(feature_view(model, dictionary, index))
 
 
@@ -146,7 +147,8 @@ def feature_view(model: str, dictionary: str, index: int) -> dict:
     if stats is not None:
         contexts = [{"activation": place["activation"], "at": place["at"],
                      "tokens": [text(loaded.tokenizer, t) for t in place["tokens"]]} for place in stats["top"][index]]
-    return {"index": index, "label": found.labels[index], "hook_name": found.hook_name,
+    fired_in = feature_service().fired_in(owner_id(), model, dictionary, index)
+    return {"index": index, "label": found.labels[index], "hook_name": found.hook_name, "fired_in": fired_in,
             "density": stats["density"][index] if stats is not None else None,
             "pushes": [{"token": text(loaded.tokenizer, t), "logit": v} for t, v in found.pushes[index]],
             "top_contexts": contexts}
