@@ -39,6 +39,14 @@ def dictionary(folder, layer: int, d_in: int = CONFIG.n_embd, seed: int = 0) -> 
     return sae
 
 
+def with_early_dictionary(app, folder):
+    """The app's model with one dictionary, "early", after block 0, loaded as start-up loads one -> the model."""
+    loaded = glassbox(app).core.models["chat"]
+    dictionary(folder / "early", 0)
+    loaded.dictionaries = load_dictionaries(str(folder / "early"), "", loaded.model, loaded.tokenizer)
+    return loaded
+
+
 @pytest.mark.parametrize("loaded_when", ["before the reply", "after the reply"])
 def test_a_tokens_features_are_each_dictionarys_encode_of_the_stream_there(chat_app, tmp_path, loaded_when):
     """Read by the decode step that sampled the token and saved with the reply, or (a dictionary loaded since) by
@@ -134,9 +142,7 @@ def test_the_features_page_lists_them_and_the_token_panel_links_to_it(chat_app, 
     assert "Features here" not in panel  # no dictionary: no link
     missing = client.get(f"/chat/c/{cid}/m/{mid}/features/1")
     assert missing.status_code == 409 and "python -m webapp.features train" in missing.get_data(as_text=True)
-    loaded = glassbox(chat_app).core.models["chat"]
-    dictionary(tmp_path / "early", 0)
-    loaded.dictionaries = load_dictionaries(str(tmp_path / "early"), "", loaded.model, loaded.tokenizer)
+    with_early_dictionary(chat_app, tmp_path)
     panel = client.get(f"/chat/c/{cid}/m/{mid}/tokens?t=1").get_data(as_text=True)
     assert f"/chat/c/{cid}/m/{mid}/features/1" in panel
     page = client.get(f"/chat/c/{cid}/m/{mid}/features/1").get_data(as_text=True)
@@ -225,9 +231,7 @@ def test_a_features_page_has_its_label_pushes_density_and_top_contexts(chat_app,
 
 
 def test_the_features_of_a_clamped_version_read_the_clamped_model(chat_app, tmp_path):
-    loaded = glassbox(chat_app).core.models["chat"]
-    dictionary(tmp_path / "early", 0)
-    loaded.dictionaries = load_dictionaries(str(tmp_path / "early"), "", loaded.model, loaded.tokenizer)
+    with_early_dictionary(chat_app, tmp_path)
     client = chat_app.test_client()
     cid, mid = greedy_reply(client, n=4)
     new = client.post(f"/chat/c/{cid}/m/{mid}/steer.json", json={"steer": [
@@ -239,9 +243,7 @@ def test_the_features_of_a_clamped_version_read_the_clamped_model(chat_app, tmp_
 
 def test_the_token_panel_shows_the_features_read_as_the_reply_was_written_without_a_job(chat_app, tmp_path,
                                                                                           monkeypatch):
-    loaded = glassbox(chat_app).core.models["chat"]
-    dictionary(tmp_path / "early", 0)
-    loaded.dictionaries = load_dictionaries(str(tmp_path / "early"), "", loaded.model, loaded.tokenizer)
+    with_early_dictionary(chat_app, tmp_path)
     client = chat_app.test_client()
     cid, mid = greedy_reply(client, n=4)
 
@@ -266,9 +268,7 @@ def test_the_token_panel_shows_the_features_read_as_the_reply_was_written_withou
 
 
 def test_a_version_with_parts_switched_off_keeps_no_features_so_a_token_reads_one_model(chat_app, tmp_path):
-    loaded = glassbox(chat_app).core.models["chat"]
-    dictionary(tmp_path / "early", 0)
-    loaded.dictionaries = load_dictionaries(str(tmp_path / "early"), "", loaded.model, loaded.tokenizer)
+    with_early_dictionary(chat_app, tmp_path)
     client = chat_app.test_client()
     cid, mid = greedy_reply(client, n=4)
     answer = client.post(f"/chat/c/{cid}/m/{mid}/ablate.json", json={"heads": ["1.1"], "mlps": [0], "mode": "zero"})
@@ -282,9 +282,7 @@ def test_a_version_with_parts_switched_off_keeps_no_features_so_a_token_reads_on
 
 
 def test_a_features_page_lists_the_readers_own_replies_where_it_fired_and_no_one_elses(chat_app, tmp_path):
-    loaded = glassbox(chat_app).core.models["chat"]
-    dictionary(tmp_path / "early", 0)
-    loaded.dictionaries = load_dictionaries(str(tmp_path / "early"), "", loaded.model, loaded.tokenizer)
+    with_early_dictionary(chat_app, tmp_path)
     client = chat_app.test_client()
     cid, mid = greedy_reply(client, n=5)
     read = client.get(f"/chat/c/{cid}/m/{mid}/features/3.json").get_json()["dictionaries"][0]["features"]

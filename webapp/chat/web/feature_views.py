@@ -94,11 +94,10 @@ def answer(message: dict, index: int):
         model, readings = resolved(message, index)
     except InsideError as error:
         return jsonify({"error": str(error)}), error.status, error.headers
-    features = feature_service()
     return jsonify({"dictionaries": [
         {"name": r.dictionary, "hook_name": r.hook_name,
-         "features": [{"index": i, "activation": a, "label": features.labels(model, r.dictionary)[i]}
-                      for i, a in r.features]} for r in readings]})
+         "features": [{"index": i, "activation": a, "label": label} for i, a, label in rows]}
+        for r, rows in labelled(model, readings)]})
 
 
 def resolved(message: dict, index: int) -> tuple[str, tuple[Reading, ...]]:
