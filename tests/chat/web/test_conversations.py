@@ -351,3 +351,32 @@ def test_a_conversation_is_shared_read_only_on_purpose_and_the_link_can_be_revok
     assert "sse-connect" not in shared
     owner.post(f"/chat/c/{cid}/unshare", data={"csrf_token": csrf})
     assert colleague.get(link.group(1)).status_code == 404
+
+
+# export.json's shape, as it was when messages were read as dicts: every column of the conversation and of each
+# message, the branch's messages with which version each is, every version without, a reply's tokens.
+CONVERSATION_KEYS = ["id", "owner", "title", "created_at", "updated_at", "leaf_id", "model"]
+MESSAGE_KEYS = ["id", "conversation_id", "role", "content", "status", "error", "settings", "tokens", "ttft_seconds",
+                "tokens_per_second", "wait_seconds", "created_at", "parent_id", "token_view", "runner", "lease_until",
+                "model", "model_file", "model_precision", "intervention"]
+
+
+def test_export_json_keeps_its_shape(chat_app):
+    client = chat_app.test_client()
+    cid = send(client, "shape", htmx=False, seed="1", max_new_tokens="5").headers["Location"].rsplit("/", 1)[1]
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    client.post(f"/chat/c/{cid}/regenerate", data={"csrf_token": csrf, "seed": "2", "max_new_tokens": "5"})
+    assert wait_for(lambda: messages(chat_app, cid)[-1]["status"] == "complete")
+    data = json.loads(client.get(f"/chat/c/{cid}/export.json?branches=all").get_data(as_text=True))
+    assert list(data) == ["conversation", "messages", "all_messages"]
+    assert list(data["conversation"]) == CONVERSATION_KEYS and data["conversation"]["id"] == cid
+    question, reply = data["messages"]
+    assert list(question) == MESSAGE_KEYS + ["versions", "version"]
+    assert list(reply) == MESSAGE_KEYS + ["versions", "version"]
+    assert isinstance(reply["tokens"], list)  # a reply's "tokens": each with its odds, in place of their count
+    assert reply["version"] == 2 and reply["versions"] == [data["all_messages"][1]["id"], reply["id"]]
+    assert isinstance(reply["settings"], dict) and reply["settings"]["seed"] == 2 and reply["intervention"] is None
+    assert question["settings"] is None and question["parent_id"] is None and reply["parent_id"] == question["id"]
+    assert list(reply["tokens"][0]) == ["id", "text", "p", "p_sampled", "rank"]
+    assert [list(m) for m in data["all_messages"]] == [MESSAGE_KEYS] * 3
+    assert [m["status"] for m in data["all_messages"]] == ["complete"] * 3
