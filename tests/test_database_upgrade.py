@@ -40,17 +40,17 @@ def test_a_release_database_is_upgraded_in_place_keeping_every_row(tmp_path):
     assert {"runner", "lease_until", "intervention"} <= columns
     store = ChatStore(Database(path))
     shown = store.messages("c1")
-    assert [(m["content"], m["status"]) for m in shown] == [("Hello", "complete"), ("Hi th", "stopped")]
+    assert [(m.content, m.status) for m in shown] == [("Hello", "complete"), ("Hi th", "stopped")]
     assert store.details(2).prompt == {"ids": [1]}
     assert TraceStore(Database(path)).get("me", "t1") == {"request": {}}
     turn = store.begin_turn("me", "c1", user_text="Again", branch_from=None, settings={}, prompt={})
     store.finish_reply(turn.reply_id, "Yes", "complete", None, ReplyStats())
-    assert [m["content"] for m in store.messages("c1")] == ["Hello", "Hi th", "Again", "Yes"]
-    assert [m["intervention"] for m in store.messages("c1")] == [None] * 4  # the release's rows: nothing switched off
+    assert [m.content for m in store.messages("c1")] == ["Hello", "Hi th", "Again", "Yes"]
+    assert [m.intervention for m in store.messages("c1")] == [None] * 4  # the release's rows: nothing switched off
     record = {"heads": ["1.0"], "mlps": [], "mode": "zero"}
     ablated = store.begin_turn("me", "c1", user_text=None, branch_from=turn.user_id, settings={}, prompt={},
                                intervention=record)
-    assert store.message("c1", ablated.reply_id)["intervention"] == record
+    assert store.message("c1", ablated.reply_id).intervention == record
 
 
 def test_a_new_postgres_database_gets_every_migration_once(postgres_url):

@@ -53,7 +53,7 @@ def test_a_conversation_is_shared_once_and_its_link_stops(database_location):
     token = chat.share_conversation("me", turn.conversation_id)
     assert token and chat.share_conversation("me", turn.conversation_id) == token
     assert chat.share_conversation("you", turn.conversation_id) is None
-    assert chat.shared_conversation(token)["id"] == turn.conversation_id
+    assert chat.shared_conversation(token).id == turn.conversation_id
     chat.stop_sharing("me", turn.conversation_id)
     assert chat.shared_conversation(token) is None
     chat.take_back_turn("me", turn)
@@ -90,5 +90,5 @@ def test_a_reply_holding_a_nul_is_saved(database_location):
     turn = chat.begin_turn("me", None, user_text="hi", branch_from=None, settings={}, prompt={})
     chat.save_progress(turn.reply_id, "a\x00")
     chat.finish_reply(turn.reply_id, "a\x00b", "complete", None, ReplyStats())
-    saved = chat.messages(turn.conversation_id)[-1]["content"]
+    saved = chat.messages(turn.conversation_id)[-1].content
     assert saved in ("a\x00b", "a\ufffdb")

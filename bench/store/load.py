@@ -42,7 +42,7 @@ def browser(path: str, name: str, every: float, regenerate: bool, until: float, 
     while time.monotonic() < until:
         again = regenerate and conversation is not None
         try:
-            parent = store.messages(conversation)[-1]["parent_id"] if again else None
+            parent = parent_of(store.messages(conversation)[-1]) if again else None
             started = time.perf_counter()
             ids = store.begin_turn(name, conversation, user_text=None if again else f"{name} #{turn}",
                                    branch_from=parent, settings={"turn": turn}, prompt={"ids": list(range(50))})
@@ -61,6 +61,11 @@ def browser(path: str, name: str, every: float, regenerate: bool, until: float, 
         time.sleep(max(0.0, next_at - time.monotonic()))
     out[name] = {"turns": turn, "saved": saved, "errors": errors, "latencies": latencies,
                  "conversation": conversation, "regenerate": regenerate}
+
+
+def parent_of(message) -> int | None:
+    """A message's parent: a record since Message, a dict in revisions before it (--code)."""
+    return message["parent_id"] if isinstance(message, dict) else message.parent_id
 
 
 def database(location: str):

@@ -84,7 +84,7 @@ def test_a_save_lost_with_postgresql_is_said_without_its_socket_or_host():
     # what a failed save says is kept under the reply and shown to its reader
     import psycopg
 
-    from webapp.chat.service import saving
+    from webapp.chat.leases import saving
     from webapp.core.jobs import Job
     from webapp.db import SaveFailed
 

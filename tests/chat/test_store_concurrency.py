@@ -28,7 +28,7 @@ def browser(path: str, name: str, turns: int, regenerate: bool) -> list[str]:
     for turn in range(turns):
         try:
             again = regenerate and conversation is not None
-            parent = store.messages(conversation)[-1]["parent_id"] if again else None
+            parent = store.messages(conversation)[-1].parent_id if again else None
             ids = store.begin_turn(name, conversation, user_text=None if again else f"{name} #{turn}",
                                    branch_from=parent, settings={"turn": turn}, prompt={"ids": [1, 2, 3]})
             conversation = ids.conversation_id
@@ -59,17 +59,17 @@ def check_nothing_lost(path: str, prefixes: list[str]) -> None:
     for prefix in prefixes:
         for i in range(SENDERS):
             [conversation] = store.conversations(f"{prefix}send{i}")
-            shown = store.messages(conversation["id"])
-            assert [m["content"] for m in shown if m["role"] == "user"] == [f"{prefix}send{i} #{t}"
+            shown = store.messages(conversation.id)
+            assert [m.content for m in shown if m.role == "user"] == [f"{prefix}send{i} #{t}"
                                                                          for t in range(TURNS)]
-            assert [m["content"] for m in shown if m["role"] == "assistant"] == [f"reply {prefix}send{i} #{t}"
+            assert [m.content for m in shown if m.role == "assistant"] == [f"reply {prefix}send{i} #{t}"
                                                                               for t in range(TURNS)]
-            assert all(m["status"] == "complete" for m in shown)
+            assert all(m.status == "complete" for m in shown)
         for i in range(REGENERATORS):
             [conversation] = store.conversations(f"{prefix}regen{i}")
-            replies = [m for m in store.all_messages(conversation["id"]) if m["role"] == "assistant"]
-            assert [m["content"] for m in replies] == [f"reply {prefix}regen{i} #{t}" for t in range(TURNS)]
-            assert len({m["parent_id"] for m in replies}) == 1  # every version answers the one question
+            replies = [m for m in store.all_messages(conversation.id) if m.role == "assistant"]
+            assert [m.content for m in replies] == [f"reply {prefix}regen{i} #{t}" for t in range(TURNS)]
+            assert len({m.parent_id for m in replies}) == 1  # every version answers the one question
 
 
 def fresh(location: str) -> str:

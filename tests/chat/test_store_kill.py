@@ -40,9 +40,9 @@ def test_a_writer_killed_with_minus_9_loses_nothing_it_acknowledged(database_loc
     open_database(database_location, runner="next").init()  # the next start, as the app does it
     store = ChatStore(open_database(database_location))
     conversation = acknowledged[0][0]
-    kept = {m["id"]: m for m in store.all_messages(conversation)}
+    kept = {m.id: m for m in store.all_messages(conversation)}
     for _, reply_id, turn in acknowledged:
-        assert kept[int(reply_id)]["content"] == f"partial {turn}"
-        assert kept[int(reply_id)]["status"] in ("pending", "stopped")
-    assert [m["content"] for m in kept.values() if m["role"] == "user"][:len(acknowledged)] == [
+        assert kept[int(reply_id)].content == f"partial {turn}"
+        assert kept[int(reply_id)].status in ("pending", "stopped")
+    assert [m.content for m in kept.values() if m.role == "user"][:len(acknowledged)] == [
         f"q{turn}" for _, _, turn in acknowledged]

@@ -40,7 +40,7 @@ def test_a_page_is_the_conversation_its_branch_the_sidebar_and_the_link(database
     assert page is not None and page.conversation == store.conversation("me", first.conversation_id)
     assert page.messages == store.messages(first.conversation_id) and page.share_token == token
     assert page.conversations == store.conversations("me")
-    assert [c["id"] for c in page.conversations] == [other.conversation_id, first.conversation_id]
+    assert [c.id for c in page.conversations] == [other.conversation_id, first.conversation_id]
     assert store.page("me", other.conversation_id).share_token is None
     assert store.page("you", first.conversation_id) is None  # not theirs
     new_chat = store.page("me", None)
@@ -60,13 +60,13 @@ def test_the_page_after_a_turn_is_the_page_read_again(database_location):
         if kind == "send":
             ids = turn(store, "me", ids.conversation_id, "next")
         elif kind == "regenerate":
-            ids = turn(store, "me", ids.conversation_id, None, branch_from=last["parent_id"] or ROOT)
+            ids = turn(store, "me", ids.conversation_id, None, branch_from=last.parent_id or ROOT)
         else:
             ids = turn(store, "me", ids.conversation_id, "a new first question", branch_from=ROOT)
         after = before.after(ids)
         assert after is not None, kind
         same(after, store.page("me", ids.conversation_id))
-        assert after.messages[-1]["status"] == "pending" and after.messages[-1]["versions"]
+        assert after.messages[-1].status == "pending" and after.messages[-1].versions
         finish(store, ids)
 
 

@@ -45,7 +45,7 @@ def same_browser(client, other_app):
 
 def finished(app, location):
     store = glassbox(app).service(ChatService).store
-    return wait_for(lambda: "pending" not in store.messages(location.rsplit("/", 1)[1])[-1]["status"], timeout=10)
+    return wait_for(lambda: "pending" not in store.messages(location.rsplit("/", 1)[1])[-1].status, timeout=10)
 
 
 def test_a_conversation_made_through_one_front_end_is_read_through_the_other(front_ends):
@@ -97,12 +97,12 @@ def test_a_running_reply_is_saved_as_it_grows_and_read_so_through_the_other_fron
 
         def growing():
             reply = through_b.messages(conversation)[-1]
-            return reply["status"] == "pending" and reply["content"] != ""
+            return reply.status == "pending" and reply.content != ""
         assert wait_for(growing, timeout=10)
         partial = through_b.messages(conversation)[-1]
-        assert partial["runner"] == glassbox(a).db.runner
-        assert wait_for(lambda: through_b.messages(conversation)[-1]["status"] == "complete", timeout=20)
-        assert through_b.messages(conversation)[-1]["content"].startswith(partial["content"])
+        assert partial.runner == glassbox(a).db.runner
+        assert wait_for(lambda: through_b.messages(conversation)[-1].status == "complete", timeout=20)
+        assert through_b.messages(conversation)[-1].content.startswith(partial.content)
     finally:
         for app in (a, b):
             glassbox(app).core.shutdown()

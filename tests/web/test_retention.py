@@ -61,7 +61,7 @@ def a_browser_with_rows(app):
 def test_a_browser_idle_past_the_retention_loses_its_rows_and_no_one_else(app):
     idle_client, idle = a_browser_with_rows(app)
     [conversation] = glassbox(app).service(ChatService).store.conversations(idle)
-    token = glassbox(app).service(ChatService).store.share_conversation(idle, conversation["id"])
+    token = glassbox(app).service(ChatService).store.share_conversation(idle, conversation.id)
     _, active = a_browser_with_rows(app)
     sql(app, "UPDATE browsers SET seen_at = ? WHERE owner = ?", time.time() - 31 * DAY, idle)
     sql(app, "UPDATE browsers SET seen_at = ? WHERE owner = ?", time.time() - 29 * DAY, active)

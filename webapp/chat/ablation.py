@@ -20,7 +20,7 @@ from webapp.chat.model.ablation import Parts, intervention, parse_parts, zero_ed
 from webapp.chat.model.edits import Edit
 from webapp.chat.model.hooked import layout_problem
 from webapp.chat.model.loading import LoadedChatModel
-from webapp.chat.records import Status
+from webapp.chat.records import Conversation, Message, Status
 from webapp.chat.registry import Work
 from webapp.chat.service import ChatError, ChatService, Turn
 from webapp.core import InferenceCore
@@ -48,10 +48,10 @@ class AblationService:
             core, keep, lambda result: result if result.edit is not None else None)
 
     # -- checks ------------------------------------------------------------------------------
-    def writer(self, message: dict) -> tuple[str, LoadedChatModel]:
+    def writer(self, message: Message) -> tuple[str, LoadedChatModel]:
         """The model that wrote a reply, if parts of it can be switched off here. Raises ChatError: 404 for
         a question, 409 when that model is not run here, is remote, or has not nanoGPT's layout."""
-        if message["role"] != "assistant":
+        if message.role != "assistant":
             raise ChatError("Only replies can be run again with parts switched off.", 404)
         loaded = self.chat.writer(message)  # 409 naming the model when it is not run here
         problem = self.unavailable(loaded)
@@ -81,11 +81,12 @@ class AblationService:
             raise ChatError(str(error), 400) from None
 
     # -- a reply, ablated ---------------------------------------------------------------------
-    def reply_request(self, message: dict, parts: Parts, history: list[dict]) -> AblationRequest:
+    def reply_request(self, message: Message, parts: Parts, history: list[Message]) -> AblationRequest:
         """What the ablated run starts from: the reply's exact saved prompt. Raises ChatError (409)."""
         return AblationRequest(tuple(self.chat.saved_prompt(message, history).ids), parts)
 
-    def reply_turn(self, conversation: dict, message: dict, history: list[dict], parts: Parts, edit: Edit) -> Turn:
+    def reply_turn(self, conversation: Conversation, message: Message, history: list[Message], parts: Parts,
+                   edit: Edit) -> Turn:
         """A new version of the reply: its prompt, its settings and seed, `edit` in every forward."""
         _, loaded = self.writer(message)
         return self.chat.rerun_turn(conversation, message, history, edit,
@@ -96,11 +97,11 @@ class AblationService:
         return zero_edit(parts, config_of(loaded).n_head)
 
     # -- one position ------------------------------------------------------------------------
-    def position_request(self, message: dict, details, index: int, parts: Parts) -> AblationRequest:
+    def position_request(self, message: Message, details, index: int, parts: Parts) -> AblationRequest:
         """Token `index` of a finished reply: the ids before it (prompt, then the reply's tokens before it).
         Raises ChatError (404, 409)."""
         _, loaded = self.writer(message)
-        if message["status"] == Status.PENDING:
+        if message.status == Status.PENDING:
             raise ChatError("This reply is still being written; switch parts off once it has finished.", 409)
         odds, prompt = details.odds, details.prompt
         if odds is None or prompt is None or {"prompt", "odds"} & set(details.damaged):

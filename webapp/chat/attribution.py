@@ -9,7 +9,7 @@ from typing import Any
 
 from webapp.chat.decode.attribution import AttributionReport, AttributionRequest, AttributionResult
 from webapp.chat.inside import InsideService
-from webapp.chat.records import ReplyDetails
+from webapp.chat.records import Message, ReplyDetails
 from webapp.chat.registry import Work
 from webapp.chat.service import ChatError
 from webapp.core import InferenceCore
@@ -26,7 +26,7 @@ class AttributionService:
         self.kept: KeptResults[AttributionRequest, AttributionResult, AttributionReport] = KeptResults(
             core, keep, lambda result: result.report)
 
-    def request_for(self, model: str, message: dict, details: ReplyDetails, index: int,
+    def request_for(self, model: str, message: Message, details: ReplyDetails, index: int,
                     against: int | None) -> AttributionRequest:
         """Token `index` of a reply, against another token. Raises ChatError: 404 (no such token),
         409 (not finished), 400 (`against` not a token of the model's vocabulary)."""

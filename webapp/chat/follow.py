@@ -32,16 +32,16 @@ def follow_reply(store: ChatStore, message_id: int, heartbeat: float,
         row = store.reply_progress(message_id)
         if row is None:
             return
-        text = row["content"]
+        text = row.content
         if len(text) > sent:
             if not running:
                 running = True
                 yield Event("running", {})
             yield Event("token", TokenEvent(text[sent:]))
             sent, quiet_since = len(text), time.monotonic()
-        if row["status"] != Status.PENDING:
+        if row.status != Status.PENDING:
             return
-        if row.get("abandoned"):  # the front end that ran it stopped answering: it will never end
+        if row.abandoned:  # the front end that ran it stopped answering: it will never end
             store.stop_abandoned(message_id)
             return
         if time.monotonic() - quiet_since >= heartbeat:

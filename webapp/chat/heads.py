@@ -13,7 +13,7 @@ from typing import Any
 from webapp.chat.decode.head import HeadReport, HeadRequest, HeadResult
 from webapp.chat.inside import InsideService
 from webapp.chat.model.prompt import PromptReport
-from webapp.chat.records import ReplyDetails
+from webapp.chat.records import Message, ReplyDetails
 from webapp.chat.registry import Work
 from webapp.chat.service import ChatError
 from webapp.core import InferenceCore
@@ -49,7 +49,7 @@ class HeadService:
         config: Any = self.models.get(model).model.config
         return int(config.n_layer), int(config.n_head)
 
-    def request_for(self, model: str, message: dict, details: ReplyDetails, index: int, layer: int,
+    def request_for(self, model: str, message: Message, details: ReplyDetails, index: int, layer: int,
                     head: int, rows: str = "reply") -> HeadRequest:
         """Block `layer`, head `head` (both from 0) over token `index`'s context, its query rows from the reply's
         start (`rows` "reply") or from the user's message ("user"), the last MAX_ROWS. Raises ChatError:

@@ -12,7 +12,7 @@ from webapp.chat.decode.inside import InsideReport, InsideRequest, InsideResult
 from webapp.chat.directions import DirectionStore
 from webapp.chat.model.hooked import layout_problem
 from webapp.chat.model.steering import ClampTerm, Term
-from webapp.chat.records import ReplyDetails, Status
+from webapp.chat.records import Message, ReplyDetails, Status
 from webapp.chat.registry import ChatModels, ModelRecord, Work, model_record
 from webapp.chat.service import ChatError
 from webapp.chat.steering import terms_of
@@ -39,7 +39,7 @@ class InsideService:
             core, keep, lambda result: result.report)
         self._layout: dict[int, str | None] = {}  # id(model) -> why it cannot be looked into
 
-    def writer(self, message: dict) -> str:
+    def writer(self, message: Message) -> str:
         """The registry name of the model that wrote a reply (the default for one saved before replies kept
         their model). Raises ChatError (409) when it is not run here now, or from another file."""
         record: ModelRecord | None = model_record(message)
@@ -60,13 +60,13 @@ class InsideService:
             self._layout[key] = None if problem is None else f"Inside cannot look into this model: {problem}."
         return self._layout[key]
 
-    def request_for(self, message: dict, details: ReplyDetails, index: int) -> InsideRequest:
+    def request_for(self, message: Message, details: ReplyDetails, index: int) -> InsideRequest:
         """The ids the model had when it produced token `index` of a reply. Raises ChatError (404, 409)."""
         model = self.writer(message)
         block_size = self.models.get(model).block_size
-        if message["role"] != "assistant":
+        if message.role != "assistant":
             raise ChatError("Only replies have tokens to look into.", 404)
-        if message["status"] == Status.PENDING:
+        if message.status == Status.PENDING:
             raise ChatError("This reply is still being written; look inside it once it has finished.", 409)
         odds, prompt = details.odds, details.prompt
         if odds is None or prompt is None:
@@ -80,12 +80,12 @@ class InsideService:
         context = (list(prompt["ids"]) + reply[:index])[-block_size:]
         return InsideRequest(tuple(context), reply[index], index, self.steer_of(model, message))
 
-    def steer_of(self, model: str, message: dict) -> tuple[Term | ClampTerm, ...]:
+    def steer_of(self, model: str, message: Message) -> tuple[Term | ClampTerm, ...]:
         """The directions a steered version's run added (its record), () for any other: every glass-box view
         of a steered version reads the steered model. Raises ChatError (409) for a record that cannot be read,
         or a direction deleted since."""
         try:
-            found = interventions.from_record(message.get("intervention"))
+            found = interventions.from_record(message.intervention)
         except ValueError:
             raise ChatError("This version's record of how the model was changed cannot be read.", 409) from None
         if not isinstance(found, interventions.Steering) or self.directions is None:

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from webapp.chat.decode.lens import LensReport, LensRequest, LensResult
 from webapp.chat.inside import InsideService
 from webapp.chat.model.ablation import Parts, parse_parts
-from webapp.chat.records import ReplyDetails, Status
+from webapp.chat.records import Message, ReplyDetails, Status
 from webapp.chat.registry import Work
 from webapp.chat.service import ChatError
 from webapp.core import InferenceCore
@@ -31,12 +31,12 @@ class LensService:
         self.kept: KeptResults[LensRequest, LensResult, LensReport] = KeptResults(
             core, keep, lambda result: result.report)
 
-    def request_for(self, model: str, message: dict, details: ReplyDetails) -> LensRequest:
+    def request_for(self, model: str, message: Message, details: ReplyDetails) -> LensRequest:
         """The reply's exact prompt, its first tokens (at most MAX_COLUMNS, and only those whose context fit
         the model's window in one piece) and what its run switched off. Raises ChatError (404, 409)."""
-        if message["role"] != "assistant":
+        if message.role != "assistant":
             raise ChatError("Only replies have tokens to look into.", 404)
-        if message["status"] == Status.PENDING:
+        if message.status == Status.PENDING:
             raise ChatError("This reply is still being written; look inside it once it has finished.", 409)
         odds, prompt = details.odds, details.prompt
         if odds is None or prompt is None or {"prompt", "odds"} & set(details.damaged):
@@ -52,9 +52,9 @@ class LensService:
         reply = tuple(row[0] for row in odds[:min(MAX_COLUMNS, fits)])
         return LensRequest(prompt_ids, reply, self.parts_of(model, message), self.inside.steer_of(model, message))
 
-    def parts_of(self, model: str, message: dict) -> Parts | None:
+    def parts_of(self, model: str, message: Message) -> Parts | None:
         """What the reply's run switched off (its record, `messages.intervention`), None for nothing."""
-        record = message.get("intervention")
+        record = message.intervention
         if not record or isinstance(record, dict) and record.get("kind") == "steer":
             return None
         config: Any = self.models.get(model).model.config  # nanoGPT's layout: checked before (unavailable)

@@ -10,7 +10,7 @@ from typing import Any, cast
 from webapp.chat.decode.patching import PatchingRequest, PatchingResult
 from webapp.chat.inside import InsideService
 from webapp.chat.model.patching import Patching, first_difference
-from webapp.chat.records import ReplyDetails
+from webapp.chat.records import Message, ReplyDetails
 from webapp.chat.registry import Work
 from webapp.chat.service import ChatError
 from webapp.core import InferenceCore
@@ -34,7 +34,7 @@ class PatchingService:
         part = _last_user_part(details.prompt or {})
         return None if part is None else part["text"]
 
-    def request_for(self, message: dict, details: ReplyDetails, index: int, corrupted: object,
+    def request_for(self, message: Message, details: ReplyDetails, index: int, corrupted: object,
                     against: object) -> PatchingRequest:
         """Token `index` of a reply, against token `against`, with its last user message replaced by
         `corrupted`. Raises ChatError: 404 (no such token), 409 (not here, not finished), 400 (bad input,

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from webapp.chat.model.loading import LoadedChatModel
+from webapp.chat.records import Message
 from webapp.config import ConfigError, Settings
 
 DEFAULT_NAME = "glassbox"  # the one model's name when no registry is given (what /v1 always called it)
@@ -202,7 +203,7 @@ class ChatModels:
         loaded = self._loaded[name]
         return ModelRecord(name, loaded.checkpoint_id, loaded.precision)
 
-    def unavailable_reason(self, message: dict) -> str | None:
+    def unavailable_reason(self, message: Message) -> str | None:
         """`unavailable` for a saved message (what a reply's label says)."""
         return self.unavailable(model_record(message))
 
@@ -221,11 +222,11 @@ class ChatModels:
         return None
 
 
-def model_record(message: dict) -> ModelRecord | None:
+def model_record(message: Message) -> ModelRecord | None:
     """Who wrote a reply, as it was saved; None for a question, or a reply saved before replies kept it."""
-    if message.get("role") != "assistant" or not message.get("model"):
+    if not message.is_reply or not message.model:
         return None
-    return ModelRecord(message["model"], message.get("model_file") or "", message.get("model_precision") or "")
+    return ModelRecord(message.model, message.model_file or "", message.model_precision or "")
 
 
 @dataclass(frozen=True)

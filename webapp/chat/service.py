@@ -4,34 +4,32 @@ built (the pages and /v1 both submit through `submit_reply`)."""
 from __future__ import annotations
 
 import dataclasses
-import logging
 import secrets
-import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
-import psycopg
-
-from webapp.chat.decode import readings
 from webapp.chat.decode.types import ChatJob, ChatRequest, ChatResult, Forced, SamplingParams
 from webapp.chat.follow import follow_reply
-from webapp.chat.leases import Leases
+from webapp.chat.leases import Leases, heed
 from webapp.chat.model.edits import Edit
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.prompt import PromptBuilder, PromptReport
-from webapp.chat.records import ChatPage, ConversationFull, ReplyDetails, ReplySignals, Status, TurnIds
+from webapp.chat.records import (
+    ChatPage,
+    Conversation,
+    ConversationFull,
+    Message,
+    ReplyDetails,
+    ReplySignals,
+    TurnIds,
+)
 from webapp.chat.registry import ChatModels, model_record
 from webapp.chat.store import ROOT, ChatStore
 from webapp.core import InferenceCore, Refused
-from webapp.core.jobs import CANCELLED, DONE, Event, Job, JobState
-from webapp.db import SaveFailed, public_reason
+from webapp.core.jobs import Event, Job, JobState
 from webapp.present import CHANGES
 
-log = logging.getLogger(__name__)
-T = TypeVar("T")
 DRAWN_SEED_MAX = 2**32 - 1  # the seeds a person may type (webapp/chat/web/forms.py SEED_MAX)
-STATUS_OF_OUTCOME = {DONE: Status.COMPLETE, CANCELLED: Status.STOPPED}  # anything else is an error
 
 
 class ChatError(Exception):
@@ -46,7 +44,7 @@ class ChatError(Exception):
 class Turn:
     """A checked request for a reply, nothing saved yet: where it goes, what the model is given."""
 
-    conversation: dict | None  # None: a new conversation
+    conversation: Conversation | None  # None: a new conversation
     prompt: PromptReport
     sampling: SamplingParams
     user_text: str | None = None  # the question it answers, when the turn adds one
@@ -84,11 +82,12 @@ class ChatService:
     def max_new_tokens_limit(self, model: str | None = None) -> int:
         return self.models.get(model).prompt.max_new_tokens_limit()
 
-    def check_prompt(self, history: list[dict], sampling: SamplingParams, model: str | None = None) -> PromptReport:
-        """The prompt for a reply to `history` by `model` (None: the default); raises PromptTooLong
-        (nothing saved yet)."""
-        turns = [{"role": m["role"], "content": m["content"]} for m in history
-                 if m["role"] == "user" or m["status"] in (Status.COMPLETE, Status.STOPPED)]
+    def check_prompt(self, history: Sequence[Message], sampling: SamplingParams, model: str | None = None,
+                     question: str | None = None) -> PromptReport:
+        """The prompt for a reply by `model` (None: the default) to `history`, and then to `question` when one
+        is asked; raises PromptTooLong (nothing saved yet)."""
+        turns = [m.turn for m in history if m.said] + ([] if question is None else [{"role": "user",
+                                                                                     "content": question}])
         return self.models.get(model).prompt.explain(turns, sampling.max_new_tokens)
 
     # -- which model --------------------------------------------------------------------------
@@ -101,13 +100,13 @@ class ChatService:
                             f"{', '.join(self.models.names())}.", 400)
         return name
 
-    def conversation_model(self, conversation: dict | None) -> str:
+    def conversation_model(self, conversation: Conversation | None) -> str:
         """The model a conversation's new replies use: the one it was started with, while this server
         runs it; else the default (each reply is labelled with the model that wrote it)."""
-        name = conversation.get("model") if conversation else None
-        return name if isinstance(name, str) and name in self.models else self.models.default
+        name = conversation.model if conversation else None
+        return name if name and name in self.models else self.models.default
 
-    def writer(self, message: dict) -> LoadedChatModel:
+    def writer(self, message: Message) -> LoadedChatModel:
         """The model that wrote a reply, to read or continue it with. A reply saved before replies kept
         their model counts as the default's. Raises ChatError (409) when that model is not run here now,
         or runs from another file: never another model's numbers."""
@@ -117,15 +116,15 @@ class ChatService:
             raise ChatError(problem, 409)
         return self.models.get(record.name if record else None)
 
-    def writer_name(self, message: dict) -> str:
+    def writer_name(self, message: Message) -> str:
         record = model_record(message)
         return record.name if record else self.models.default
 
     # -- reading (views never touch the store) -------------------------------------------------
-    def conversations(self, owner: str) -> list[dict]:
+    def conversations(self, owner: str) -> list[Conversation]:
         return self.store.conversations(owner)
 
-    def conversation(self, owner: str, conversation_id: str) -> dict | None:
+    def conversation(self, owner: str, conversation_id: str) -> Conversation | None:
         return self.store.conversation(owner, conversation_id)
 
     def page(self, owner: str, conversation_id: str | None) -> ChatPage | None:
@@ -141,11 +140,11 @@ class ChatService:
         assert page is not None  # saved by this owner
         return page
 
-    def history(self, conversation_id: str) -> list[dict]:
+    def history(self, conversation_id: str) -> list[Message]:
         """The branch shown, oldest first (see ChatStore.messages)."""
         return self.store.messages(conversation_id)
 
-    def message(self, conversation_id: str, message_id: int) -> dict | None:
+    def message(self, conversation_id: str, message_id: int) -> Message | None:
         return self.store.message(conversation_id, message_id)
 
     def details(self, message_id: int) -> ReplyDetails:
@@ -154,7 +153,7 @@ class ChatService:
     def details_of(self, message_ids: list[int]) -> dict[int, ReplyDetails]:
         return self.store.details_of(message_ids)
 
-    def all_messages(self, conversation_id: str) -> list[dict]:
+    def all_messages(self, conversation_id: str) -> list[Message]:
         return self.store.all_messages(conversation_id)
 
     def share(self, owner: str, conversation_id: str) -> str | None:
@@ -163,10 +162,10 @@ class ChatService:
     def stop_sharing(self, owner: str, conversation_id: str) -> None:
         self.store.stop_sharing(owner, conversation_id)
 
-    def shared(self, token: str) -> tuple[dict, list[dict]] | None:
+    def shared(self, token: str) -> tuple[Conversation, list[Message]] | None:
         """A shared conversation and the branch shown, for whoever has the token; None if not shared."""
         conversation = self.store.shared_conversation(token)
-        return None if conversation is None else (conversation, self.history(conversation["id"]))
+        return None if conversation is None else (conversation, self.history(conversation.id))
 
     def set_token_view(self, conversation_id: str, message_id: int, on: bool) -> None:
         """Read a reply as its tokens (or as text again); kept with the reply, so a streaming one keeps it."""
@@ -176,28 +175,26 @@ class ChatService:
         self.store.delete_conversation(owner, conversation_id)
 
     # -- turns: check, then save in one transaction, submit, take back if refused ----------------
-    def send_turn(self, conversation: dict | None, content: str, sampling: SamplingParams,
-                  history: list[dict] | None = None, model: str | None = None) -> Turn:
+    def send_turn(self, conversation: Conversation | None, content: str, sampling: SamplingParams,
+                  history: list[Message] | None = None, model: str | None = None) -> Turn:
         """A new question in a conversation (None: a new one, with `model`, None: the default; a
         conversation's replies use its own), after `history` (the branch shown, when the caller read it
         already). Raises PromptTooLong, ChatError for an unknown model."""
         if history is None:
-            history = self.history(conversation["id"]) if conversation else []
+            history = self.history(conversation.id) if conversation else []
         name = self.conversation_model(conversation) if conversation else self.chosen_model(model)
-        question = {"role": "user", "content": content, "status": Status.COMPLETE}
-        prompt = self.check_prompt(history + [question], sampling, name)
+        prompt = self.check_prompt(history, sampling, name, question=content)
         return Turn(conversation, prompt, sampling, user_text=content, model=name)
 
-    def second_turn(self, turn: Turn, model: str, history: list[dict]) -> Turn:
+    def second_turn(self, turn: Turn, model: str, history: list[Message]) -> Turn:
         """`turn`'s question answered by another model too: a second version of its reply, beside the first
         (where it goes is known once `turn` is saved: `start_both`); `history`: the branch `turn` follows.
         Raises PromptTooLong, ChatError."""
         name = self.chosen_model(model)
         if name == turn.model:
             raise ChatError(f"Choose another model than {name} to ask beside it.", 400)
-        question = [{"role": "user", "content": turn.user_text or "", "status": Status.COMPLETE}]
-        return Turn(turn.conversation, self.check_prompt(history + question, turn.sampling, name), turn.sampling,
-                    model=name)
+        return Turn(turn.conversation, self.check_prompt(history, turn.sampling, name, question=turn.user_text or ""),
+                    turn.sampling, model=name)
 
     def start_both(self, owner: str, turn: Turn, second: Turn) -> tuple[TurnIds, int | str]:
         """One question, two models: `turn` saved and queued, then `second` as another version of its reply
@@ -214,14 +211,14 @@ class ChatService:
             return ids, f"{second.model} could not answer too: {refused}"
         return ids, other.reply_id
 
-    def regenerate_turn(self, conversation: dict, sampling: SamplingParams, history: list[dict] | None = None,
-                        model: str | None = None) -> Turn:
+    def regenerate_turn(self, conversation: Conversation, sampling: SamplingParams,
+                        history: list[Message] | None = None, model: str | None = None) -> Turn:
         """A new version of the last reply, after the same question; the old one stays. `model`: another
         model writes it (None: the model that wrote the reply). (`history`: the branch shown, when the
         caller read it already.)"""
         if history is None:
-            history = self.history(conversation["id"])
-        if not history or history[-1]["role"] != "assistant" or history[-1]["status"] == Status.PENDING:
+            history = self.history(conversation.id)
+        if not history or not history[-1].is_reply or history[-1].pending:
             raise ChatError("There is no finished reply to regenerate.")
         if model:
             name = self.chosen_model(model)
@@ -229,40 +226,40 @@ class ChatService:
             self.writer(history[-1])  # its own model, which must still run here (ChatError 409)
             name = self.writer_name(history[-1])
         return Turn(conversation, self.check_prompt(history[:-1], sampling, name), sampling,
-                    branch_from=history[-1]["parent_id"] or ROOT, model=name)
+                    branch_from=history[-1].parent_id or ROOT, model=name)
 
-    def edit_turn(self, conversation: dict, message: dict, content: str, sampling: SamplingParams,
-                  history: list[dict] | None = None) -> Turn:
+    def edit_turn(self, conversation: Conversation, message: Message, content: str, sampling: SamplingParams,
+                  history: list[Message] | None = None) -> Turn:
         """A new version of a question (and a reply to it); the old one stays with what followed it.
         (`history`: the branch shown, when the caller read it already.)"""
-        if message["role"] != "user":
+        if message.role != "user":
             raise ChatError("Only your own messages can be edited.")
-        path = self.history(conversation["id"]) if history is None else history
-        if any(m["status"] == Status.PENDING for m in path):
+        path = self.history(conversation.id) if history is None else history
+        if any(m.pending for m in path):
             raise ChatError("Stop the running reply before editing.")
-        shown = [m["id"] for m in path]
-        if message["id"] not in shown:
+        shown = [m.id for m in path]
+        if message.id not in shown:
             raise ChatError("That message is on a branch not shown; show it first.")
-        history = path[:shown.index(message["id"])] + [{**message, "content": content}]
         name = self.conversation_model(conversation)
-        return Turn(conversation, self.check_prompt(history, sampling, name), sampling, user_text=content,
-                    branch_from=message["parent_id"] or ROOT, model=name)
+        prompt = self.check_prompt(path[:shown.index(message.id)], sampling, name, question=content)
+        return Turn(conversation, prompt, sampling, user_text=content, branch_from=message.parent_id or ROOT,
+                    model=name)
 
-    def rerun_turn(self, conversation: dict, message: dict, history: list[dict], edit: Edit,
+    def rerun_turn(self, conversation: Conversation, message: Message, history: list[Message], edit: Edit,
                    intervention: dict) -> Turn:
         """A new version of a reply written again from its exact saved prompt with its own settings and seed,
         `edit` in every forward (parts switched off, directions added), `intervention` its record. Raises
         ChatError (409): a reply running, or its prompt not kept or damaged."""
-        return Turn(conversation, self.saved_prompt(message, history), SamplingParams.saved(message["settings"]),
-                    branch_from=message["parent_id"] or ROOT, model=self.writer_name(message), edit=edit,
+        return Turn(conversation, self.saved_prompt(message, history), SamplingParams.saved(message.settings),
+                    branch_from=message.parent_id or ROOT, model=self.writer_name(message), edit=edit,
                     intervention=intervention)
 
-    def saved_prompt(self, message: dict, history: list[dict]) -> PromptReport:
+    def saved_prompt(self, message: Message, history: list[Message]) -> PromptReport:
         """The exact prompt a finished reply was given, to write it again. Raises ChatError (409): a reply
         running, or its prompt not kept or damaged."""
-        if message["status"] == Status.PENDING or any(m["status"] == Status.PENDING for m in history):
+        if message.pending or any(m.pending for m in history):
             raise ChatError("Stop the running reply before writing it again with the model changed.")
-        details = self.details(message["id"])
+        details = self.details(message.id)
         if not details.prompt or "prompt" in details.damaged:
             raise ChatError("This reply was saved before Glassbox kept its prompt, so it cannot be run again.")
         try:
@@ -270,24 +267,25 @@ class ChatService:
         except (TypeError, ValueError, KeyError):
             raise ChatError("This reply's saved prompt is damaged, so it cannot be run again.") from None
 
-    def branch_turn(self, conversation: dict, message: dict, forced: Forced, history: list[dict] | None = None) -> Turn:
+    def branch_turn(self, conversation: Conversation, message: Message, forced: Forced,
+                    history: list[Message] | None = None) -> Turn:
         """A new version of a reply that starts with `forced` (its tokens before one, then another) and
         goes on with the reply's own settings and prompt. (`history`: the branch shown, when the caller
         read it already.)"""
         if history is None:
-            history = self.history(conversation["id"])
-        if any(m["status"] == Status.PENDING for m in history):
+            history = self.history(conversation.id)
+        if any(m.pending for m in history):
             raise ChatError("Stop the running reply before branching.")
         self.writer(message)  # the tokens are that model's: it goes on, or nobody does (ChatError 409)
-        details = self.details(message["id"])
+        details = self.details(message.id)
         if not details.odds or not details.prompt:
             raise ChatError("This reply was saved before Glassbox kept its tokens, so it cannot be branched.")
-        sampling = SamplingParams.saved(message["settings"])
+        sampling = SamplingParams.saved(message.settings)
         if len(forced.tokens) > sampling.max_new_tokens:
             raise ChatError(f"That continuation is longer than the reply may be ({sampling.max_new_tokens} tokens).",
                             400)
         return Turn(conversation, PromptReport.from_dict(details.prompt), sampling,
-                    branch_from=message["parent_id"] or ROOT, forced=forced, model=self.writer_name(message))
+                    branch_from=message.parent_id or ROOT, forced=forced, model=self.writer_name(message))
 
     def start_turn(self, owner: str, turn: Turn) -> TurnIds:
         """Save the turn and queue the job that writes its reply -> what was saved (ChatStore.begin_turn).
@@ -306,7 +304,7 @@ class ChatService:
         if turn.forced is not None and turn.forced.at is not None:  # the version says where it was branched
             settings["branched_at"] = turn.forced.at
         try:
-            ids = self.store.begin_turn(owner, conversation["id"] if conversation else None,
+            ids = self.store.begin_turn(owner, conversation.id if conversation else None,
                                         user_text=turn.user_text, branch_from=turn.branch_from,
                                         settings=settings, prompt=turn.prompt.as_dict(),
                                         max_messages=self.max_messages, model=self.models.record(name),
@@ -320,8 +318,9 @@ class ChatService:
         reply_id = ids.reply_id
         self._leases.hold(reply_id)
         try:
-            self.submit_reply(owner, request, model=name, ref=reply_id, on_finish=self._saver(reply_id),
-                              on_progress=self._progress_saver(reply_id))
+            self.submit_reply(owner, request, model=name, ref=reply_id,
+                              on_finish=self._leases.finish_saver(reply_id),
+                              on_progress=self._leases.progress_saver(reply_id))
         except Exception:
             self._leases.let_go(reply_id)
             self.store.take_back_turn(owner, ids)
@@ -331,13 +330,13 @@ class ChatService:
 
     def show_version(self, conversation_id: str, message_id: int) -> None:
         """Show another version of a message, and the branch below it."""
-        if any(m["status"] == Status.PENDING for m in self.history(conversation_id)):
+        if any(m.pending for m in self.history(conversation_id)):
             raise ChatError("Stop the running reply before switching versions.")
         self.store.show_message(conversation_id, message_id)
         CHANGES.notify(f"chat:{conversation_id}")
 
     def submit_reply(self, owner: str, request: ChatRequest, *, model: str | None = None, ref: object = None,
-                     on_finish: Callable[[ChatJob, str, str | None], None] | None = None,
+                     on_finish: Callable[[ChatJob, JobState, str | None], None] | None = None,
                      on_progress: Callable[[ChatJob], None] | None = None) -> ChatJob:
         """Queue a reply job (its result a ChatResult) for `model` (None: the default) -> the job; raises
         Refused when the core will not take it."""
@@ -365,42 +364,8 @@ class ChatService:
         return follow_reply(self.store, message_id, heartbeat)
 
     # -- on the core's worker ----------------------------------------------------------------
-    def _progress_saver(self, message_id: int):
-        def save(job: ChatJob) -> None:
-            heed(job, saving(lambda: self.store.save_progress(message_id, job.result.reply)))
-        return save
-
     def _heed_signals(self, message_id: int, signals: ReplySignals) -> None:
         """What another front end asked about a reply this one runs or has queued (Leases)."""
         job = self.job_for(message_id)
         if job is not None:
             heed(job, signals)
-
-    def _saver(self, message_id: int):
-        def save(job: ChatJob, outcome: JobState, error: str | None) -> None:
-            result = job.result
-            status = STATUS_OF_OUTCOME.get(outcome, Status.ERROR)
-            odds, features = [o.as_row() for o in result.odds], readings.saved(result.features)
-            stats = result.stats
-            if job.started is not None:  # how long it waited for a free row, shown apart from its first token
-                stats = dataclasses.replace(stats, wait_seconds=job.started - job.created)
-            self._leases.let_go(message_id)  # its end is saved next, or it stays pending for its lease only
-            saving(lambda: self.store.finish_reply(message_id, result.reply, status, error, stats, odds, features))
-        return save
-
-
-def saving(write: Callable[[], T]) -> T:
-    """A write of a running reply, its failure said in words a user may read (they are saved with the reply
-    and shown under it: never the database's socket path or host)."""
-    try:
-        return write()
-    except (sqlite3.Error, psycopg.Error) as error:
-        raise SaveFailed(public_reason(error)) from error
-
-
-def heed(job: ChatJob, signals: ReplySignals) -> None:
-    if signals.followed:  # its stream is read on another front end
-        job.watched_elsewhere()
-    if signals.stop_requested:  # Stop pressed on another front end
-        job.cancel()
-

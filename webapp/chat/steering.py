@@ -20,6 +20,7 @@ from webapp.chat.model.edits import Edit
 from webapp.chat.model.hooked import layout_problem
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.model.steering import MAX_ALPHA, MAX_TERMS, ClampTerm, Term, steer_edit_of
+from webapp.chat.records import Conversation, Message
 from webapp.chat.registry import Work
 from webapp.chat.service import ChatError, ChatService, Turn
 from webapp.core import InferenceCore
@@ -190,10 +191,10 @@ class SteeringService:
         assert edit is not None  # terms() gives one at least
         return edit
 
-    def reply_turn(self, conversation: dict[str, Any], message: dict[str, Any], history: list[dict[str, Any]],
+    def reply_turn(self, conversation: Conversation, message: Message, history: list[Message],
                    steer: object) -> Turn:
         """A new version of the reply, steered. Raises ChatError (400, 404, 409)."""
-        if message["role"] != "assistant":
+        if message.role != "assistant":
             raise ChatError("Only replies can be steered.", 404)
         self.chat.writer(message)  # 409 naming the model when it is not run here
         name = self.chat.writer_name(message)

@@ -10,14 +10,17 @@ import uuid
 from webapp.chat.decode.types import ReplyStats
 from webapp.chat.records import (
     ChatPage,
+    Conversation,
     ConversationFull,
+    Message,
     ReplyDetails,
+    ReplyProgress,
     ReplySignals,
+    SavedReadings,
     Status,
     TurnIds,
     branch,
     details_from_row,
-    message_from_row,
 )
 from webapp.chat.registry import ModelRecord
 from webapp.db import AnyDatabase, in_batches
@@ -43,17 +46,17 @@ class ChatStore:
         self.db = db
 
     # -- conversations -----------------------------------------------------------------------
-    def conversations(self, owner: str) -> list[dict]:
+    def conversations(self, owner: str) -> list[Conversation]:
         with self.db.connect() as db:
             rows = db.execute("SELECT * FROM conversations WHERE owner = ? ORDER BY updated_at DESC",
                               (owner,)).fetchall()
-        return [dict(r) for r in rows]
+        return [Conversation.from_row(r) for r in rows]
 
-    def conversation(self, owner: str, conversation_id: str) -> dict | None:
+    def conversation(self, owner: str, conversation_id: str) -> Conversation | None:
         with self.db.connect() as db:
             row = db.execute("SELECT * FROM conversations WHERE id = ? AND owner = ?",
                              (conversation_id, owner)).fetchone()
-        return dict(row) if row else None
+        return Conversation.from_row(row) if row else None
 
     def delete_conversation(self, owner: str, conversation_id: str) -> bool:
         """Delete a conversation and everything in it -> whether it was the owner's. It is gone for its
@@ -95,15 +98,15 @@ class ChatStore:
     # A conversation's messages form a tree: a regenerated reply, an edited question or a branch from a
     # token is a new version beside the old one (the same parent). One branch is shown: the path from
     # the first message to the conversation's leaf.
-    def messages(self, conversation_id: str) -> list[dict]:
+    def messages(self, conversation_id: str) -> list[Message]:
         """The branch shown, oldest first; each message says which version of its place it is."""
         return branch(*self._tree(conversation_id))
 
-    def all_messages(self, conversation_id: str) -> list[dict]:
+    def all_messages(self, conversation_id: str) -> list[Message]:
         """Every version of every message (each with its parent_id), oldest first."""
         return list(self._tree(conversation_id)[0].values())
 
-    def _tree(self, conversation_id: str, db=None) -> tuple[dict, int | None]:
+    def _tree(self, conversation_id: str, db=None) -> tuple[dict[int, Message], int | None]:
         """Every message of a conversation by id, and the leaf shown: one statement, so the leaf is one of
         the rows read, whatever commits meanwhile (no conversation, or no message: no leaf)."""
         if db is None:
@@ -111,11 +114,8 @@ class ChatStore:
                 return self._tree(conversation_id, db)
         rows = db.execute("SELECT *, (SELECT leaf_id FROM conversations WHERE id = ?) AS shown_leaf FROM messages"
                           " WHERE conversation_id = ? ORDER BY id", (conversation_id, conversation_id)).fetchall()
-        everything = {r["id"]: message_from_row(r) for r in rows}
-        leaf = None
-        for m in everything.values():
-            leaf = m.pop("shown_leaf")
-        return everything, leaf
+        everything = {r["id"]: Message.from_row(r) for r in rows}
+        return everything, rows[-1]["shown_leaf"] if rows else None
 
     def page(self, owner: str, conversation_id: str | None) -> ChatPage | None:
         """What a chat page shows, in two statements: the owner's conversations (the one shown with its
@@ -124,21 +124,19 @@ class ChatStore:
             rows = db.execute("SELECT c.*, s.token AS share_token FROM conversations c LEFT JOIN conversation_shares s"
                               " ON s.conversation_id = c.id AND c.id = ? WHERE c.owner = ? ORDER BY c.updated_at DESC",
                               (conversation_id, owner)).fetchall()
-            conversations = [dict(r) for r in rows]
-            shown = next((c for c in conversations if c["id"] == conversation_id), None)
+            conversations = [Conversation.from_row(r) for r in rows]
+            shown = next((c for c in conversations if c.id == conversation_id), None)
             if conversation_id is not None and shown is None:
                 return None
-            tree, leaf = self._tree(shown["id"], db) if shown else ({}, None)
-        token = shown["share_token"] if shown else None
-        for c in conversations:
-            del c["share_token"]
+            tree, leaf = self._tree(shown.id, db) if shown else ({}, None)
+        token = next(r["share_token"] for r in rows if r["id"] == conversation_id) if shown else None
         return ChatPage(shown, conversations, tree, leaf, token)
 
-    def message(self, conversation_id: str, message_id: int) -> dict | None:
+    def message(self, conversation_id: str, message_id: int) -> Message | None:
         with self.db.connect() as db:
             row = db.execute("SELECT * FROM messages WHERE id = ? AND conversation_id = ?",
                              (message_id, conversation_id)).fetchone()
-        return message_from_row(row) if row else None
+        return Message.from_row(row) if row else None
 
     def show_message(self, conversation_id: str, message_id: int) -> None:
         """Show the branch through a message: down to its newest descendant, newest child at each step."""
@@ -172,12 +170,12 @@ class ChatStore:
             db.execute("DELETE FROM conversation_shares WHERE conversation_id IN"
                        " (SELECT id FROM conversations WHERE id = ? AND owner = ?)", (conversation_id, owner))
 
-    def shared_conversation(self, token: str) -> dict | None:
+    def shared_conversation(self, token: str) -> Conversation | None:
         """The conversation a token opens (None once its owner stopped sharing it)."""
         with self.db.connect() as db:
             found = db.execute("SELECT c.* FROM conversation_shares s JOIN conversations c ON c.id = s.conversation_id"
                                " WHERE s.token = ?", (token,)).fetchone()
-        return dict(found) if found else None
+        return Conversation.from_row(found) if found else None
 
     def set_token_view(self, conversation_id: str, message_id: int, on: bool) -> None:
         with self.db.transaction() as db:
@@ -229,25 +227,27 @@ class ChatStore:
             else:
                 title = None
             parent = shown if branch_from is None else (branch_from or None)
-            saved, user_id = [], None
+            saved: list[Message] = []
+            user_id = None
             if user_text is not None:
-                saved.append(message_from_row(db.execute(
+                saved.append(Message.from_row(db.execute(
                     "INSERT INTO messages (conversation_id, role, content, status, created_at,"
                     " parent_id) VALUES (?, 'user', ?, 'complete', ?, ?) RETURNING *",
                     (conversation_id, user_text, now, parent)).fetchone()))
-                parent = user_id = saved[-1]["id"]
-            saved.append(message_from_row(db.execute(
+                parent = user_id = saved[-1].id
+            saved.append(Message.from_row(db.execute(
                 "INSERT INTO messages (conversation_id, role, content, status, settings, created_at,"
                 " parent_id, runner, lease_until, model, model_file, model_precision, intervention)"
                 " VALUES (?, 'assistant', '', 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
                 (conversation_id, json.dumps(settings), now, parent, self.db.runner, now + REPLY_LEASE_SECONDS,
                  model and model.name, model and model.file_id, model and model.precision,
                  None if intervention is None else json.dumps(intervention))).fetchone()))
-            reply_id = saved[-1]["id"]
+            reply_id = saved[-1].id
             db.execute("INSERT INTO reply_details (message_id, prompt) VALUES (?, ?)",
                        (reply_id, json.dumps(prompt, separators=(",", ":"))))
-            conversation = dict(db.execute("UPDATE conversations SET updated_at = ?, leaf_id = ? WHERE id = ?"
-                                           " RETURNING *", (now, reply_id, conversation_id)).fetchone())
+            conversation = Conversation.from_row(db.execute(
+                "UPDATE conversations SET updated_at = ?, leaf_id = ? WHERE id = ? RETURNING *",
+                (now, reply_id, conversation_id)).fetchone())
         assert conversation_id is not None and reply_id is not None  # made above when not given
         return TurnIds(conversation_id, created, shown, user_id, reply_id, title, kept, tuple(saved), conversation)
 
@@ -298,17 +298,16 @@ class ChatStore:
                        f" WHERE id = ? AND status = 'pending'"
                        f" ON CONFLICT (message_id) DO UPDATE SET {column} = 1", (message_id,))
 
-    def reply_progress(self, message_id: int) -> dict | None:
-        """A reply's text and status as saved, for a stream that follows it from another front end;
-        `abandoned`: still pending, but the lease of the front end that ran it ran out (it died)."""
+    def reply_progress(self, message_id: int) -> ReplyProgress | None:
+        """A reply's text and status as saved, for a stream that follows it from another front end."""
         with self.db.connect() as db:
             row = db.execute("SELECT content, status, lease_until FROM messages WHERE id = ?",
                              (message_id,)).fetchone()
         if row is None:
             return None
         lease = row["lease_until"]
-        return {"content": row["content"], "status": row["status"],
-                "abandoned": row["status"] == Status.PENDING and lease is not None and lease < time.time()}
+        return ReplyProgress(row["content"], Status(row["status"]),
+                             row["status"] == Status.PENDING and lease is not None and lease < time.time())
 
     def stop_abandoned(self, message_id: int) -> None:
         """A pending reply whose front end died (its lease ran out): it will never end, so it ends as stopped."""
@@ -323,11 +322,10 @@ class ChatStore:
                              (message_id,)).fetchone()
         return details_from_row(row)
 
-    def saved_features(self, owner: str, model: str, limit: int) -> list[dict]:
-        """The owner's newest `limit` replies by `model` that kept their features: {id, conversation_id, title,
-        features (JSON text)}, newest first."""
+    def saved_features(self, owner: str, model: str, limit: int) -> list[SavedReadings]:
+        """The owner's newest `limit` replies by `model` that kept their features, newest first."""
         with self.db.connect() as db:
-            return [dict(r) for r in db.execute(
+            return [SavedReadings(r["id"], r["conversation_id"], r["title"], r["features"]) for r in db.execute(
                 "SELECT m.id, m.conversation_id, c.title, d.features FROM messages m"
                 " JOIN conversations c ON c.id = m.conversation_id JOIN reply_details d ON d.message_id = m.id"
                 " WHERE c.owner = ? AND m.model = ? AND d.features IS NOT NULL ORDER BY m.id DESC LIMIT ?",
@@ -362,7 +360,7 @@ class ChatStore:
 
     def forget_owner(self, owner: str) -> int:
         """Delete every conversation of `owner`, each as delete_conversation does -> how many."""
-        return sum(self.delete_conversation(owner, c["id"]) for c in self.conversations(owner))
+        return sum(self.delete_conversation(owner, c.id) for c in self.conversations(owner))
 
     def count_conversations(self, owner: str) -> int:
         with self.db.connect() as db:

@@ -80,32 +80,32 @@ def test_an_ablated_version_is_the_references_greedy_reply_with_those_heads_zero
     sent = client.post(f"/chat/c/{cid}/m/{mid}/ablate", data={"csrf_token": csrf, "heads": "1.0, 0.1"})
     assert sent.status_code == 303  # no JavaScript: the form waited for the whole reply
     original = store(chat_app).message(cid, mid)
-    versions = [m for m in store(chat_app).all_messages(cid) if m["parent_id"] == original["parent_id"]]
-    assert [m["id"] for m in versions][0] == mid and len(versions) == 2
+    versions = [m for m in store(chat_app).all_messages(cid) if m.parent_id == original.parent_id]
+    assert [m.id for m in versions][0] == mid and len(versions) == 2
     ablated = versions[1]
-    assert ablated["status"] == "complete" and ablated["settings"] == original["settings"]
-    assert ablated["intervention"] == {"heads": ["0.1", "1.0"], "mlps": [], "mode": "zero"}
-    assert original["intervention"] is None
-    assert prompt_of(chat_app, ablated["id"]) == prompt_of(chat_app, mid)  # the exact saved prompt
+    assert ablated.status == "complete" and ablated.settings == original.settings
+    assert ablated.intervention == {"heads": ["0.1", "1.0"], "mlps": [], "mode": "zero"}
+    assert original.intervention is None
+    assert prompt_of(chat_app, ablated.id) == prompt_of(chat_app, mid)  # the exact saved prompt
 
     state, prompt = state_of(chat_app), prompt_of(chat_app, mid)
     expected = reference_greedy(state, 2, prompt, 10, heads={(1, 0): None, (0, 1): None})
-    assert tokens_of(chat_app, ablated["id"]) == expected
+    assert tokens_of(chat_app, ablated.id) == expected
     assert tokens_of(chat_app, mid) == reference_greedy(state, 2, prompt, 10)
     assert expected != tokens_of(chat_app, mid)  # switching them off changed the reply
 
     page = client.get(f"/chat/c/{cid}").get_data(as_text=True)  # the new version is shown, labelled
     assert re.search(r'class="badge intervention"[^>]*>heads 0\.1, 1\.0 zeroed<', page)
-    compare = client.get(f"/chat/c/{cid}/m/{ablated['id']}/compare/{mid}").get_data(as_text=True)
+    compare = client.get(f"/chat/c/{cid}/m/{ablated.id}/compare/{mid}").get_data(as_text=True)
     first = next(i for i, (a, b) in enumerate(zip(expected, tokens_of(chat_app, mid))) if a != b)
     said = (f"first differ at token {first + 1}" if first else "They differ from their first token on")
     assert said in compare and "heads 0.1, 1.0 zeroed" in compare
 
     exported = json.loads(client.get(f"/chat/c/{cid}/export.json?branches=all").get_data(as_text=True))
     records = {m["id"]: m["intervention"] for m in exported["all_messages"]}
-    assert records[ablated["id"]] == {"heads": ["0.1", "1.0"], "mlps": [], "mode": "zero"}
-    assert [v for k, v in records.items() if k != ablated["id"]] == [None] * (len(records) - 1)
-    assert exported["messages"][-1]["intervention"] == records[ablated["id"]]  # the branch shown
+    assert records[ablated.id] == {"heads": ["0.1", "1.0"], "mlps": [], "mode": "zero"}
+    assert [v for k, v in records.items() if k != ablated.id] == [None] * (len(records) - 1)
+    assert exported["messages"][-1]["intervention"] == records[ablated.id]  # the branch shown
 
 
 def test_a_mean_ablated_version_through_the_json_twin_is_the_references(chat_app):
@@ -121,13 +121,13 @@ def test_a_mean_ablated_version_through_the_json_twin_is_the_references(chat_app
     expected = reference_greedy(state, 2, prompt, 12, **means)
     assert tokens_of(chat_app, new) == expected
     assert expected != reference_greedy(state, 2, prompt, 12, heads={(1, 1): None}, mlps={0: None})
-    assert store(chat_app).message(cid, new)["intervention"] == {"heads": ["1.1"], "mlps": [0], "mode": "mean"}
+    assert store(chat_app).message(cid, new).intervention == {"heads": ["1.1"], "mlps": [0], "mode": "mean"}
 
     again = client.post(f"/chat/c/{cid}/m/{mid}/ablate.json", json={"layers": [0], "mode": "zero"})  # a layer
     finish(client, cid, again.get_json()["message_id"])
     assert tokens_of(chat_app, again.get_json()["message_id"]) == reference_greedy(
         state, 2, prompt, 12, heads={(0, 0): None, (0, 1): None})
-    record = store(chat_app).message(cid, again.get_json()["message_id"])["intervention"]
+    record = store(chat_app).message(cid, again.get_json()["message_id"]).intervention
     assert record == {"heads": ["0.0", "0.1"], "mlps": [], "mode": "zero", "layers": [0]}
 
 
@@ -179,7 +179,7 @@ def test_the_json_twin_takes_a_form_with_its_token_and_who_may_ask(chat_app):
     assert answer.status_code == 200
     finish(client, cid, answer.get_json()["message_id"])
     assert stranger.post(f"/chat/c/{cid}/m/{mid}/ablate.json", json={"heads": "1.0"}).status_code == 404
-    question = store(chat_app).message(cid, mid)["parent_id"]
+    question = store(chat_app).message(cid, mid).parent_id
     assert client.post(f"/chat/c/{cid}/m/{question}/ablate.json", json={"heads": "1.0"}).status_code == 404
     assert client.post(f"/chat/c/{cid}/m/99999/ablate.json", json={"heads": "1.0"}).status_code == 404
     assert client.post(f"/chat/c/{cid}/m/{mid}/ablate.json", json=[1]).status_code == 400
@@ -321,17 +321,17 @@ def test_a_second_models_reply_is_ablated_by_that_model(tmp_path):
         sent = send(client, "Hello", model="second", max_new_tokens="6", temperature="0")
         finish_all(client, sent.get_data(as_text=True))
         cid = re.search(r'name="conversation_id" value="([0-9a-f]+)"', sent.get_data(as_text=True)).group(1)
-        reply = [m for m in store(app).all_messages(cid) if m["role"] == "assistant"][-1]
+        reply = [m for m in store(app).all_messages(cid) if m.role == "assistant"][-1]
         second = glassbox(app).core.models["chat:second"]
         state = {k: v.detach().clone() for k, v in second.model.state_dict().items()}
-        answer = client.post(f"/chat/c/{cid}/m/{reply['id']}/ablate.json", json={"mlps": "0", "mode": "mean"})
+        answer = client.post(f"/chat/c/{cid}/m/{reply.id}/ablate.json", json={"mlps": "0", "mode": "mean"})
         new = answer.get_json()["message_id"]
         finish(client, cid, new)
-        assert store(app).message(cid, new)["model"] == "second"
-        odds = store(app).details(reply["id"]).odds
+        assert store(app).message(cid, new).model == "second"
+        odds = store(app).details(reply.id).odds
         assert odds  # the position's odds are the second model's
-        data = client.get(f"/chat/c/{cid}/m/{reply['id']}/tokens/0/ablated.json?mlps=0").get_json()
-        probs = reference(state, 2, prompt_of(app, reply["id"])).softmax(-1)
+        data = client.get(f"/chat/c/{cid}/m/{reply.id}/tokens/0/ablated.json?mlps=0").get_json()
+        probs = reference(state, 2, prompt_of(app, reply.id)).softmax(-1)
         assert data["original"]["p"] == pytest.approx(float(probs[odds[0][0]]), rel=1e-4)
     finally:
         glassbox(app).core.shutdown()

@@ -60,13 +60,13 @@ def test_send_streams_tokens_then_final_bubble_and_saves_the_reply(chat_app):
     assert names[-1] == "done" and names.count("done") == 1
     streamed = "".join(d for n, d in events if n == "token")
     saved = messages(chat_app, conversation_id_of(response))
-    assert [m["role"] for m in saved] == ["user", "assistant"]
+    assert [m.role for m in saved] == ["user", "assistant"]
     reply = saved[1]
-    assert reply["status"] == "complete" and reply["tokens"] >= 1 and reply["ttft_seconds"] is not None
-    assert reply["settings"]["seed"] == 7 and reply["settings"]["max_new_tokens"] == 30
+    assert reply.status == "complete" and reply.tokens >= 1 and reply.ttft_seconds is not None
+    assert reply.settings["seed"] == 7 and reply.settings["max_new_tokens"] == 30
     from markupsafe import escape
     streamed = re.sub(r'<span class="tok s\d" title="[\d.]+%">|</span>', "", streamed)  # a span per token
-    assert streamed == str(escape(reply["content"]))  # every token escaped, nothing lost
+    assert streamed == str(escape(reply.content))  # every token escaped, nothing lost
     assert "tokens" in events[-1][1] and "sse-connect" not in events[-1][1]
 
 
@@ -77,7 +77,7 @@ def test_same_seed_gives_the_same_reply(chat_app):
         response = send(client, "Repeat", seed="42", max_new_tokens="25", htmx=False)
         assert response.status_code == 303
         cid = response.headers["Location"].rsplit("/", 1)[1]
-        replies.append(messages(chat_app, cid)[-1]["content"])
+        replies.append(messages(chat_app, cid)[-1].content)
     assert replies[0] == replies[1]
 
 
@@ -87,7 +87,7 @@ def test_without_javascript_the_form_returns_the_full_reply(chat_app):
     assert response.status_code == 303
     page = client.get(response.headers["Location"]).get_data(as_text=True)
     reply = messages(chat_app, response.headers["Location"].rsplit("/", 1)[1])[-1]
-    assert reply["status"] == "complete"
+    assert reply.status == "complete"
     assert "sse-connect" not in page and 'class="message assistant complete"' in page
 
 
@@ -173,7 +173,7 @@ def test_stop_keeps_the_partial_reply_marked_stopped(slow_chat_app):
     events = sse_events("".join(received) + rest)
     assert events[-1][0] == "done" and "Stopped" in events[-1][1]
     reply = messages(slow_chat_app, cid)[-1]
-    assert reply["status"] == "stopped" and reply["tokens"] >= 3
+    assert reply.status == "stopped" and reply.tokens >= 3
 
 
 def test_closing_the_stream_cancels_the_job_and_frees_the_model(slow_chat_app):
@@ -187,7 +187,7 @@ def test_closing_the_stream_cancels_the_job_and_frees_the_model(slow_chat_app):
     stream.close()
     core = glassbox(slow_chat_app).core
     assert wait_for(lambda: core.counters["cancelled"] == 1, timeout=1.0)
-    assert wait_for(lambda: messages(slow_chat_app, cid)[-1]["status"] == "stopped")
+    assert wait_for(lambda: messages(slow_chat_app, cid)[-1].status == "stopped")
     assert wait_for(lambda: not core.running_jobs())
 
 
@@ -223,17 +223,17 @@ def test_regenerate_adds_a_version_of_the_reply_and_keeps_the_old_one(chat_app):
     regen = client.post(f"/chat/c/{cid}/regenerate", data={"csrf_token": csrf, "seed": "2", "max_new_tokens": "20"})
     assert regen.status_code == 303
     after = messages(chat_app, cid)
-    assert len(after) == 2 and after[0]["id"] == before[0]["id"] and after[1]["id"] != before[1]["id"]
-    assert after[1]["settings"]["seed"] == 2
-    assert after[1]["versions"] == [before[1]["id"], after[1]["id"]] and after[1]["version"] == 2
+    assert len(after) == 2 and after[0].id == before[0].id and after[1].id != before[1].id
+    assert after[1].settings["seed"] == 2
+    assert after[1].versions == (before[1].id, after[1].id) and after[1].version == 2
     page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
     assert "<span>2/2</span>" in page and 'aria-label="Previous version"' in page
     # back to the first version: it is shown again, unchanged
-    back = client.post(f"/chat/c/{cid}/m/{before[1]['id']}/show", data={"csrf_token": csrf})
+    back = client.post(f"/chat/c/{cid}/m/{before[1].id}/show", data={"csrf_token": csrf})
     assert back.status_code == 303
     shown = messages(chat_app, cid)
-    assert shown[1]["id"] == before[1]["id"] and shown[1]["content"] == before[1]["content"]
-    assert shown[1]["version"] == 1
+    assert shown[1].id == before[1].id and shown[1].content == before[1].content
+    assert shown[1].version == 1
     json_export = json.loads(client.get(f"/chat/c/{cid}/export.json?branches=all").get_data(as_text=True))
     assert len(json_export["messages"]) == 2 and len(json_export["all_messages"]) == 3
 
@@ -245,18 +245,18 @@ def test_edit_adds_a_version_of_the_question_and_keeps_the_old_branch(chat_app):
     csrf = csrf_of(client, f"/chat/c/{cid}")
     send(client, "second question", csrf, htmx=False, conversation_id=cid, seed="1", max_new_tokens="10")
     old_branch = messages(chat_app, cid)
-    first_id = old_branch[0]["id"]
+    first_id = old_branch[0].id
     edit = client.post(f"/chat/c/{cid}/m/{first_id}/edit",
                        data={"csrf_token": csrf, "content": "edited question", "max_new_tokens": "10"})
     assert edit.status_code == 303
     after = messages(chat_app, cid)
-    assert [m["content"] for m in after][:1] == ["edited question"] and len(after) == 2
-    assert after[1]["role"] == "assistant" and after[1]["status"] == "complete"
-    assert after[0]["versions"] == [first_id, after[0]["id"]]
+    assert [m.content for m in after][:1] == ["edited question"] and len(after) == 2
+    assert after[1].role == "assistant" and after[1].status == "complete"
+    assert after[0].versions == (first_id, after[0].id)
     # its new title
     assert 'aria-current="page">edited question</a>' in client.get(f"/chat/c/{cid}").get_data(as_text=True)
     client.post(f"/chat/c/{cid}/m/{first_id}/show", data={"csrf_token": csrf})
-    assert [m["id"] for m in messages(chat_app, cid)] == [m["id"] for m in old_branch]  # all four turns kept
+    assert [m.id for m in messages(chat_app, cid)] == [m.id for m in old_branch]  # all four turns kept
 
 
 def test_export_markdown_and_json(chat_app):
@@ -293,7 +293,7 @@ def test_another_browser_gets_404_for_everything_of_a_conversation(chat_app):
     owner, stranger = chat_app.test_client(), chat_app.test_client()
     response = send(owner, "mine", htmx=False, seed="1", max_new_tokens="10")
     cid = response.headers["Location"].rsplit("/", 1)[1]
-    reply_id = messages(chat_app, cid)[-1]["id"]
+    reply_id = messages(chat_app, cid)[-1].id
     csrf = csrf_of(stranger, "/chat/")
     for url in (f"/chat/c/{cid}", f"/chat/c/{cid}/m/{reply_id}/stream", f"/chat/c/{cid}/export.md",
                 f"/chat/c/{cid}/export.json"):
@@ -366,7 +366,7 @@ def test_export_json_keeps_its_shape(chat_app):
     cid = send(client, "shape", htmx=False, seed="1", max_new_tokens="5").headers["Location"].rsplit("/", 1)[1]
     csrf = csrf_of(client, f"/chat/c/{cid}")
     client.post(f"/chat/c/{cid}/regenerate", data={"csrf_token": csrf, "seed": "2", "max_new_tokens": "5"})
-    assert wait_for(lambda: messages(chat_app, cid)[-1]["status"] == "complete")
+    assert wait_for(lambda: messages(chat_app, cid)[-1].status == "complete")
     data = json.loads(client.get(f"/chat/c/{cid}/export.json?branches=all").get_data(as_text=True))
     assert list(data) == ["conversation", "messages", "all_messages"]
     assert list(data["conversation"]) == CONVERSATION_KEYS and data["conversation"]["id"] == cid

@@ -40,17 +40,17 @@ def damage(app, field: str, value: str) -> None:
 @pytest.mark.parametrize("odds", ['[[1, 0.5', '{"a": 1}', '[["x"]]', '"text"'])
 def test_damaged_odds_show_the_reply_without_them(app, odds):
     client, csrf, conversation, reply = a_reply(app)
-    base = f"/chat/c/{conversation}/m/{reply['id']}"
+    base = f"/chat/c/{conversation}/m/{reply.id}"
     assert client.post(f"{base}/view", data={"csrf_token": csrf, "view": "tokens"}).status_code == 303
     damage(app, "odds", odds)
     tokens = client.get(f"{base}/tokens")
     page = tokens.get_data(as_text=True)
     assert tokens.status_code == 200 and DAMAGED in page.replace("&#39;", "'")
-    assert str(escape(reply["content"])) in page or not reply["content"].strip()  # the page escapes it
+    assert str(escape(reply.content)) in page or not reply.content.strip()  # the page escapes it
     assert client.get(f"/chat/c/{conversation}").status_code == 200  # read as tokens: shown as text
     panel = client.get(f"{base}/tokens/0")
     assert panel.status_code == 404 and "damaged" in panel.get_data(as_text=True)
-    assert client.get(f"{base}/compare/{reply['id']}").status_code == 200
+    assert client.get(f"{base}/compare/{reply.id}").status_code == 200
     branch = client.post(f"{base}/branch", data={"csrf_token": csrf, "index": "0", "text": "x"})
     assert branch.status_code == 409 and "damaged" in branch.get_data(as_text=True)
 
@@ -59,6 +59,6 @@ def test_damaged_odds_show_the_reply_without_them(app, odds):
 def test_a_damaged_prompt_says_so(app, prompt):
     client, _, conversation, reply = a_reply(app)
     damage(app, "prompt", prompt)
-    answer = client.get(f"/chat/c/{conversation}/m/{reply['id']}/prompt")
+    answer = client.get(f"/chat/c/{conversation}/m/{reply.id}/prompt")
     assert answer.status_code == 404
     assert "The prompt saved with this reply is damaged and cannot be read." in answer.get_data(as_text=True)

@@ -47,12 +47,12 @@ def test_the_token_view_shows_every_token_with_its_odds_and_a_panel_without_java
     with chat_app.app_context():
         saved = service().store.message(cid, mid)
         odds = service().store.details(mid).odds
-    assert len(spans) == saved["tokens"] == len(odds) and saved["tokens"] >= 1
+    assert len(spans) == saved.tokens == len(odds) and saved.tokens >= 1
     assert [int(i) for _, i in spans] == list(range(len(odds)))
     assert [int(s) for s, _ in spans] == [min(9, int(row[1] * 10)) for row in odds]
     # streamed live too: one span per token, with its probability, as the reply arrived
     streamed = "".join(data for name, data in events if name == "token")
-    assert len(re.findall(r'<span class="tok s\d" title="[\d.]+%">', streamed)) == saved["tokens"]
+    assert len(re.findall(r'<span class="tok s\d" title="[\d.]+%">', streamed)) == saved.tokens
 
     chosen = client.get(f"{tokens_url}?t=0").get_data(as_text=True)  # the no-JS way: a link per token
     assert 'id="token-panel"' in chosen and "Token 1:" in chosen and chosen.count("<meter") == 10
@@ -92,10 +92,10 @@ def test_a_branchs_tokens_per_second_counts_only_what_it_sampled(chat_app):
     assert typed.status_code == 303
     with chat_app.app_context():
         branch = service().store.messages(cid)[-1]
-    assert branch["id"] != mid and branch["tokens"] == 12
-    assert branch["tokens_per_second"] is None and branch["ttft_seconds"] > 0
+    assert branch.id != mid and branch.tokens == 12
+    assert branch.tokens_per_second is None and branch.ttft_seconds > 0
     page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
-    shown = page.split(f'id="message-{branch["id"]}"')[1].split("</li>")[0]
+    shown = page.split(f'id="message-{branch.id}"')[1].split("</li>")[0]
     assert "12 tokens" in shown and "tokens/s" not in shown
 
 
@@ -130,7 +130,7 @@ def test_a_special_token_among_the_alternatives_says_it_ends_the_reply_before_it
         with app.app_context():
             branch = service().store.messages(cid)[-1]
             original = service().store.message(cid, mid)
-        assert branch["id"] != mid and branch["tokens"] == 3 and branch["content"] == original["content"][:3]
+        assert branch.id != mid and branch.tokens == 3 and branch.content == original.content[:3]
     finally:
         glassbox(app).core.shutdown()
 
@@ -164,22 +164,22 @@ def test_a_branch_from_a_token_is_the_fresh_generation_from_that_prefix_and_a_ne
     with chat_app.app_context():
         shown = service().store.messages(cid)
         new = shown[-1]
-        new_ids = [row[0] for row in service().store.details(new["id"]).odds]
-    assert new["id"] != mid and new["versions"] == [mid, new["id"]] and new["version"] == 2
+        new_ids = [row[0] for row in service().store.details(new.id).odds]
+    assert new.id != mid and new.versions == (mid, new.id) and new.version == 2
     assert new_ids[:index + 1] == ids[:index] + [other] and len(new_ids) == 12
     loaded = glassbox(chat_app).core.models["chat"]
     fresh = [p.token for p in generate(loaded, prompt + new_ids[:index + 1], max_new_tokens=12 - index - 1,
                                        temperature=0.9, top_k=20, seed=3) if p.token is not None]
     assert new_ids[index + 1:] == fresh
 
-    typed = client.post(f"/chat/c/{cid}/m/{new['id']}/branch", data={"csrf_token": csrf, "index": "2", "text": "ok!"})
+    typed = client.post(f"/chat/c/{cid}/m/{new.id}/branch", data={"csrf_token": csrf, "index": "2", "text": "ok!"})
     assert typed.status_code == 303
     with chat_app.app_context():
         third = service().store.messages(cid)[-1]
-        third_rows = service().store.details(third["id"]).odds
-    assert [r[0] for r in third_rows[:5]] == new_ids[:2] + list(b"ok!") and third["version"] == 3
+        third_rows = service().store.details(third.id).odds
+    assert [r[0] for r in third_rows[:5]] == new_ids[:2] + list(b"ok!") and third.version == 3
     assert third_rows[2][1] is None  # typed, not sampled: no odds of its own
-    assert "typed into a branch" in client.get(f"/chat/c/{cid}/m/{third['id']}/tokens?t=2").get_data(as_text=True)
+    assert "typed into a branch" in client.get(f"/chat/c/{cid}/m/{third.id}/tokens?t=2").get_data(as_text=True)
 
     bad = client.post(f"/chat/c/{cid}/m/{mid}/branch", data={"csrf_token": csrf, "index": "99", "token": "1"})
     assert bad.status_code == 400 and "there is no token 100" in bad.get_data(as_text=True)
@@ -197,12 +197,12 @@ def test_two_versions_side_by_side_show_where_they_first_differ(chat_app):
     with chat_app.app_context():
         new = service().store.messages(cid)[-1]
     page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
-    compare_url = f"/chat/c/{cid}/m/{new['id']}/compare/{mid}"
+    compare_url = f"/chat/c/{cid}/m/{new.id}/compare/{mid}"
     assert compare_url in page  # linked from the version switcher
     html = client.get(compare_url).get_data(as_text=True)
     assert "They share their first 3 tokens and first differ at token 4." in html
     assert html.count('class="token-panel"') == 2 and 'id="token-panel-1"' in html and 'id="token-panel-2"' in html
-    assert client.get(f"/chat/c/{cid}/m/{new['id']}/compare/{mid - 1}").status_code == 404  # not a sibling
+    assert client.get(f"/chat/c/{cid}/m/{new.id}/compare/{mid - 1}").status_code == 404  # not a sibling
 
 
 def test_a_reply_can_be_read_as_its_tokens_in_place_and_the_choice_is_kept(chat_app):
@@ -234,7 +234,7 @@ def test_every_version_offers_a_comparison_and_a_difference_at_the_first_token_i
     csrf = csrf_of(client, f"/chat/c/{cid}")
     client.post(f"/chat/c/{cid}/m/{mid}/branch", data={"csrf_token": csrf, "index": "0", "token": str(other)})
     with chat_app.app_context():
-        new = service().store.messages(cid)[-1]["id"]
+        new = service().store.messages(cid)[-1].id
     later = client.get(f"/chat/c/{cid}").get_data(as_text=True)
     assert f'href="/chat/c/{cid}/m/{new}/compare/{mid}">Compare with 1</a>' in later
     client.post(f"/chat/c/{cid}/m/{mid}/show", data={"csrf_token": csrf})  # switch back to version 1

@@ -170,7 +170,7 @@ def test_a_branch_is_read_with_its_own_tokens(chat_app):
                        data={"csrf_token": csrf, "index": "2", "text": "ok!"}).status_code == 303
     from webapp.chat.web.blueprint import service
     with chat_app.app_context():
-        branch = service().store.messages(cid)[-1]["id"]
+        branch = service().store.messages(cid)[-1].id
     data = client.get(f"/chat/c/{cid}/m/{branch}/inside/6/head/0.0.json").get_json()
     assert data["context_ids"][-4:-1] == list(b"ok!")
     assert data["context_ids"] == client.get(f"/chat/c/{cid}/m/{branch}/inside/6.json").get_json()["context_ids"]

@@ -169,7 +169,7 @@ def test_typed_and_picked_tokens_are_named_as_such_with_the_models_own_odds_and_
     assert client.post(f"/chat/c/{cid}/m/{mid}/branch",
                        data={"csrf_token": csrf, "index": "3", "token": str(other)}).status_code == 303
     with chat_app.app_context():
-        picked_id = service().store.messages(cid)[-1]["id"]
+        picked_id = service().store.messages(cid)[-1].id
     conversation = client.get(f"/chat/c/{cid}").get_data(as_text=True)
     shown = conversation.split(f'id="message-{picked_id}"')[1].split("</li>")[0]
     assert "branched at token 4" in shown
@@ -183,7 +183,7 @@ def test_typed_and_picked_tokens_are_named_as_such_with_the_models_own_odds_and_
     assert client.post(f"/chat/c/{cid}/m/{picked_id}/branch",
                        data={"csrf_token": csrf, "index": "2", "text": "ok"}).status_code == 303
     with chat_app.app_context():
-        typed_id = service().store.messages(cid)[-1]["id"]
+        typed_id = service().store.messages(cid)[-1].id
     page = client.get(f"/chat/c/{cid}/m/{typed_id}/inside/2").get_data(as_text=True)
     assert "A person typed this token" in page and "branched at token 3" in page
     assert "it was sampled" not in page and "The model chose" not in page

@@ -165,7 +165,7 @@ def test_typed_and_picked_tokens_are_named_as_such(chat_app):
     assert client.post(f"/chat/c/{cid}/m/{mid}/branch",
                        data={"csrf_token": csrf, "index": "2", "text": "ok"}).status_code == 303
     with chat_app.app_context():
-        typed_id = service().store.messages(cid)[-1]["id"]
+        typed_id = service().store.messages(cid)[-1].id
     finish(client, cid, typed_id)
     data = client.get(f"/chat/c/{cid}/m/{typed_id}/lens.json").get_json()
     assert [c["origin"] for c in data["columns"][:4]] == ["kept", "kept", "typed", "typed"]

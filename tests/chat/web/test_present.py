@@ -25,7 +25,7 @@ def a_reply(client, app, tokens=40):
         client.get(stream_url(response.get_data(as_text=True))).get_data()
         cid = conversation_id_of(response)
         reply = messages(app, cid)[-1]
-        if reply["tokens"] == tokens:
+        if reply.tokens == tokens:
             return cid, reply
     pytest.fail("no seed gave a reply of that length")
 
@@ -42,7 +42,7 @@ def test_replay_takes_its_pace_and_gives_the_live_streams_events(chat_app):
     client = chat_app.test_client()
     cid, reply = a_reply(client, chat_app)
     started = time.monotonic()
-    body = client.get(f"/chat/c/{cid}/m/{reply['id']}/replay?pace=10",
+    body = client.get(f"/chat/c/{cid}/m/{reply.id}/replay?pace=10",
                       headers={"Accept": "text/event-stream"}).get_data(as_text=True)
     took = time.monotonic() - started
     assert 4.0 * 0.8 <= took <= 4.0 * 1.2, took
@@ -50,24 +50,24 @@ def test_replay_takes_its_pace_and_gives_the_live_streams_events(chat_app):
     tokens = [d for n, d in events if n == "token"]
     assert len(tokens) == 40 and events[-1][0] == "done" and events[0][0] == "running"
     assert 'class="tok s' in tokens[0]  # shaded by its stored odds, as live
-    assert text_of("".join(tokens)) == reply["content"]
+    assert text_of("".join(tokens)) == reply.content
 
 
 def test_replay_refuses_a_bad_pace_clearly(chat_app):
     client = chat_app.test_client()
     cid, reply = a_reply(client, chat_app, tokens=5)
     for pace in ("0", "-1", "abc", "nan", "1e9", "0.1"):
-        response = client.get(f"/chat/c/{cid}/m/{reply['id']}/replay?pace={pace}")
+        response = client.get(f"/chat/c/{cid}/m/{reply.id}/replay?pace={pace}")
         assert response.status_code == 400, pace
         assert "tokens per second" in response.get_data(as_text=True)
     other = chat_app.test_client()  # someone else's reply: not found
-    assert other.get(f"/chat/c/{cid}/m/{reply['id']}/replay?pace=5").status_code == 404
+    assert other.get(f"/chat/c/{cid}/m/{reply.id}/replay?pace=5").status_code == 404
 
 
 def test_stop_ends_a_replay_and_frees_its_slot(chat_app):
     client = chat_app.test_client()
     cid, reply = a_reply(client, chat_app)
-    response = client.get(f"/chat/c/{cid}/m/{reply['id']}/replay?pace=10",
+    response = client.get(f"/chat/c/{cid}/m/{reply.id}/replay?pace=10",
                           headers={"Accept": "text/event-stream"}, buffered=False)
     chunks = iter(response.response)
     first = time.monotonic()
@@ -83,10 +83,10 @@ def test_stop_ends_a_replay_and_frees_its_slot(chat_app):
 def test_replay_without_javascript_writes_the_page_as_it_goes(chat_app):
     client = chat_app.test_client()
     cid, reply = a_reply(client, chat_app, tokens=5)
-    page = client.get(f"/chat/c/{cid}/m/{reply['id']}/replay?pace=50").get_data(as_text=True)
+    page = client.get(f"/chat/c/{cid}/m/{reply.id}/replay?pace=50").get_data(as_text=True)
     assert "Replay at 50 tokens/s" in page and 'class="tok s' in page
     chat_page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
-    assert f'action="/chat/c/{cid}/m/{reply["id"]}/replay"' in chat_page  # the control under the reply
+    assert f'action="/chat/c/{cid}/m/{reply.id}/replay"' in chat_page  # the control under the reply
 
 
 def test_follower_joins_late_sees_new_turns_live_and_revoke_ends_it(slow_chat_app):
@@ -107,10 +107,10 @@ def test_follower_joins_late_sees_new_turns_live_and_revoke_ends_it(slow_chat_ap
     second = send(client, "Second question", csrf=csrf, conversation_id=cid, seed="2", max_new_tokens="30")
     client.get(stream_url(second.get_data(as_text=True))).get_data()
     reply = messages(app, cid)[-1]
-    assert wait_for(lambda: reply["content"] and text_of("".join(
-        d for n, d in sse_events("".join(got)) if n == "token")) == reply["content"], 10)
+    assert wait_for(lambda: reply.content and text_of("".join(
+        d for n, d in sse_events("".join(got)) if n == "token")) == reply.content, 10)
     # a late joiner: the whole branch, finished (once the reply is saved as such: its stream can end first)
-    assert wait_for(lambda: messages(app, cid)[-1]["status"] == "complete", 10)
+    assert wait_for(lambda: messages(app, cid)[-1].status == "complete", 10)
     late_stream = app.test_client().get(link + "/events", buffered=False)
     late = ""
     for chunk in late_stream.response:
@@ -120,7 +120,7 @@ def test_follower_joins_late_sees_new_turns_live_and_revoke_ends_it(slow_chat_ap
     late_stream.close()
     shown = [d for n, d in sse_events(late) if n == "conversation"]
     assert "Second question" in shown[0]
-    assert f'class="message assistant complete" id="follow-message-{reply["id"]}"' in shown[0]
+    assert f'class="message assistant complete" id="follow-message-{reply.id}"' in shown[0]
 
     client.post(f"/chat/c/{cid}/unpresent", data={"csrf_token": csrf}, headers=HX)
     reader.join(5)
@@ -143,7 +143,7 @@ def test_presentation_pace_spreads_a_live_reply_to_the_screen(tmp_path):
         for chunk in stream.response:
             stamps += [time.monotonic()] * chunk.decode().count("event: token")
         reply = messages(app, conversation_id_of(response))[-1]
-        assert len(stamps) >= reply["tokens"] >= 3  # this seed: a few tokens, then the end
+        assert len(stamps) >= reply.tokens >= 3  # this seed: a few tokens, then the end
         # the screen got one token every 1/5 s (unpaced, the tiny model writes them within milliseconds). Timed
         # from opening the stream: a loaded reader may take tokens late and several at once, never early
         assert stamps[-1] - opened >= (len(stamps) - 1) / 5.0
@@ -155,7 +155,7 @@ def test_the_presenters_page_reports_a_replay_to_the_followers(chat_app):
     client = chat_app.test_client()
     cid, reply = a_reply(client, chat_app, tokens=5)
     csrf = csrf_of(client, f"/chat/c/{cid}")
-    state = {"view": "replay", "message": str(reply["id"]), "token": "3"}
+    state = {"view": "replay", "message": str(reply.id), "token": "3"}
     assert client.post(f"/chat/c/{cid}/present/state", data=state, headers={"X-CSRF-Token": csrf}).status_code == 404
     link = present(client, cid)
     assert client.post(f"/chat/c/{cid}/present/state", data=state, headers={"X-CSRF-Token": csrf}).status_code == 204

@@ -105,7 +105,7 @@ def test_a_stop_recorded_by_another_front_end_stops_the_job_here_at_its_next_sav
     events, took = read_all(stream)
     assert events[-1][0] == "done" and took < 2.5, "the job did not read the stop request"
     reply = messages(slow_chat_app, cid)[-1]
-    assert reply["status"] == "stopped" and reply["tokens"] < 150
+    assert reply.status == "stopped" and reply.tokens < 150
 
 
 def test_a_job_followed_from_another_front_end_is_not_abandoned_as_an_orphan(slow_chat_app):
@@ -116,9 +116,9 @@ def test_a_job_followed_from_another_front_end_is_not_abandoned_as_an_orphan(slo
     job = glassbox(slow_chat_app).service(ChatService).job_for(reply_id)
     job.orphan_seconds = 2.0  # its first save comes within PROGRESS_SECONDS (1 s), before
     store(slow_chat_app).mark_followed(reply_id)  # another front end streams it
-    assert wait_for(lambda: messages(slow_chat_app, cid)[-1]["status"] != "pending", timeout=60)
+    assert wait_for(lambda: messages(slow_chat_app, cid)[-1].status != "pending", timeout=60)
     reply = messages(slow_chat_app, cid)[-1]
-    assert reply["status"] == "complete" and reply["tokens"] == 150
+    assert reply.status == "complete" and reply.tokens == 150
 
 
 def test_the_stream_of_a_reply_whose_front_end_died_ends_as_stopped_when_its_lease_runs_out(chat_app):
@@ -137,7 +137,7 @@ def test_the_stream_of_a_reply_whose_front_end_died_ends_as_stopped_when_its_lea
     assert [d for n, d in events if n == "token"] == ["Half a"] and events[-1][0] == "done"
     assert "stopped" in events[-1][1] and "sse-connect" not in events[-1][1]
     reply = messages(chat_app, cid)[-1]
-    assert reply["status"] == "stopped" and reply["content"] == "Half a"
+    assert reply.status == "stopped" and reply.content == "Half a"
 
 
 def test_the_leases_of_replies_waiting_in_line_are_renewed_while_they_wait(tmp_path, monkeypatch):
@@ -155,8 +155,8 @@ def test_the_leases_of_replies_waiting_in_line_are_renewed_while_they_wait(tmp_p
         with chat.db.transaction() as db:
             db.execute("UPDATE messages SET lease_until = ? WHERE id = ?", (time.time() + 0.3, waiting))
         time.sleep(1.0)
-        assert messages(app, conversation_id_of(second))[-1]["status"] == "pending"  # still in line
-        assert not chat.reply_progress(waiting)["abandoned"]
+        assert messages(app, conversation_id_of(second))[-1].status == "pending"  # still in line
+        assert not chat.reply_progress(waiting).abandoned
         client.get(stream_url(first.get_data(as_text=True))).close()  # the first stops: the row frees
     finally:
         glassbox(app).core.shutdown()
@@ -174,8 +174,8 @@ def test_a_stop_recorded_by_another_front_end_stops_a_reply_still_waiting_in_lin
         second = send(client, "Two", max_new_tokens="5", temperature="0")
         waiting = int(re.search(r"/m/(\d+)/stream", stream_url(second.get_data(as_text=True))).group(1))
         store(app).request_stop(waiting)  # as the front end where Stop was pressed does
-        assert wait_for(lambda: messages(app, conversation_id_of(second))[-1]["status"] == "stopped", timeout=2)
-        assert messages(app, conversation_id_of(first))[-1]["status"] == "pending"  # it never waited for a row
+        assert wait_for(lambda: messages(app, conversation_id_of(second))[-1].status == "stopped", timeout=2)
+        assert messages(app, conversation_id_of(first))[-1].status == "pending"  # it never waited for a row
         client.get(stream_url(first.get_data(as_text=True))).close()
     finally:
         glassbox(app).core.shutdown()

@@ -27,8 +27,8 @@ def test_the_examples_are_forms_that_send_and_the_sampled_one_is_hot(chat_app):
     cid = sent.headers["Location"].rstrip("/").split("/")[-1].split("#")[0]
     with chat_app.app_context():
         question, answer = service().store.messages(cid)[:2]
-    assert question["content"] == "Write a short poem about the sea."
-    assert answer["settings"]["temperature"] == 1.2
+    assert question.content == "Write a short poem about the sea."
+    assert answer.settings["temperature"] == 1.2
 
 
 def test_exports_carry_each_tokens_odds_and_the_seed_it_was_really_sampled_with(chat_app):

@@ -88,31 +88,31 @@ def test_a_conversation_keeps_its_model_and_a_restart_without_it_answers_409_nam
         assert sent.status_code == 200
         finish(client, sent.get_data(as_text=True))
         cid = conversation_id_of(sent)
-        reply = [m for m in messages(app, cid) if m["role"] == "assistant"][-1]
-        assert (reply["model"], reply["model_precision"]) == ("second", "float32")
-        assert reply["model_file"].startswith("model.safetensors@")
+        reply = [m for m in messages(app, cid) if m.role == "assistant"][-1]
+        assert (reply.model, reply.model_precision) == ("second", "float32")
+        assert reply.model_file.startswith("model.safetensors@")
         page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
         assert 'class="model-name">second</span>' in page and "Model: <strong>second</strong>" in page
         client.post(f"/chat/c/{cid}/share", data={"csrf_token": csrf_of(client, f"/chat/c/{cid}")})
         link = re.search(r"/chat/shared/[\w-]+", client.get(f"/chat/c/{cid}").get_data(as_text=True)).group(0)
         assert "Model: <strong>second</strong>" in app.test_client().get(link).get_data(as_text=True)  # shared too
-        inside = client.get(f"/chat/c/{cid}/m/{reply['id']}/inside/0.json")
+        inside = client.get(f"/chat/c/{cid}/m/{reply.id}/inside/0.json")
         assert inside.status_code == 200, inside.get_data(as_text=True)
         # who pushed its token: the second model's numbers, worked out on its own kind of job
-        split = client.get(f"/chat/c/{cid}/m/{reply['id']}/attribution/0.json").get_json()
+        split = client.get(f"/chat/c/{cid}/m/{reply.id}/attribution/0.json").get_json()
         second = glassbox(app).core.models["chat:second"].model
         want = reference(second.state_dict(), inside.json["context_ids"], split["token"]["id"], config=second.config)
         assert split["logit"] == pytest.approx(want["logit"], rel=1e-4, abs=1e-4)
         finished = glassbox(app).core.job_metrics.finished  # counted just after the job's end is announced
         assert wait_for(lambda: finished.get(("attribution:second", "done")) == 1)
         # one head over the reply: the second model's weights, on its own kind of job
-        head = client.get(f"/chat/c/{cid}/m/{reply['id']}/inside/0/head/0.0.json").get_json()
+        head = client.get(f"/chat/c/{cid}/m/{reply.id}/inside/0/head/0.0.json").get_json()
         assert head["weights"][-1] == pytest.approx(inside.json["attention"]["weights"][0][0], abs=1e-6)
         assert wait_for(lambda: finished.get(("head:second", "done")) == 1)
         # the next turn of that conversation is the second model's too
         followed = send(client, "And again", conversation_id=cid, max_new_tokens="4", temperature="0")
         finish(client, followed.get_data(as_text=True))
-        assert [m["model"] for m in messages(app, cid) if m["role"] == "assistant"] == ["second", "second"]
+        assert [m.model for m in messages(app, cid) if m.role == "assistant"] == ["second", "second"]
     finally:
         glassbox(app).core.shutdown()
 
@@ -127,7 +127,7 @@ def test_after_a_restart_without_the_model_its_replies_answer_409_and_never_anot
         sent = send(client, "Hello", model="second", max_new_tokens="6", temperature="0")
         finish(client, sent.get_data(as_text=True))
         cid = conversation_id_of(sent)
-        reply = [m for m in messages(app, cid) if m["role"] == "assistant"][-1]
+        reply = [m for m in messages(app, cid) if m.role == "assistant"][-1]
         cookie = client.get_cookie("glassbox_session")
     finally:
         glassbox(app).core.shutdown()
@@ -137,15 +137,15 @@ def test_after_a_restart_without_the_model_its_replies_answer_409_and_never_anot
     client.set_cookie(cookie.key, cookie.value)
     try:
         said = "This reply was written by second, which this server does not run."
-        inside = client.get(f"/chat/c/{cid}/m/{reply['id']}/inside/0.json")
+        inside = client.get(f"/chat/c/{cid}/m/{reply.id}/inside/0.json")
         assert (inside.status_code, inside.json) == (409, {"error": said})
-        page = client.get(f"/chat/c/{cid}/m/{reply['id']}/inside/0")
+        page = client.get(f"/chat/c/{cid}/m/{reply.id}/inside/0")
         assert page.status_code == 409 and said in page.get_data(as_text=True)
-        split = client.get(f"/chat/c/{cid}/m/{reply['id']}/attribution/0.json")
+        split = client.get(f"/chat/c/{cid}/m/{reply.id}/attribution/0.json")
         assert (split.status_code, split.json) == (409, {"error": said})
-        tokens = client.get(f"/chat/c/{cid}/m/{reply['id']}/tokens")
+        tokens = client.get(f"/chat/c/{cid}/m/{reply.id}/tokens")
         assert tokens.status_code == 409 and said in tokens.get_data(as_text=True)
-        branched = client.post(f"/chat/c/{cid}/m/{reply['id']}/branch",
+        branched = client.post(f"/chat/c/{cid}/m/{reply.id}/branch",
                                data={"csrf_token": csrf_of(client, f"/chat/c/{cid}"), "index": "0", "token": "65"})
         assert branched.status_code == 409
         regenerated = client.post(f"/chat/c/{cid}/regenerate", data={"csrf_token": csrf_of(client, f"/chat/c/{cid}")})
@@ -175,11 +175,11 @@ def test_one_message_asks_two_models_at_once_each_reply_a_version(tmp_path, regi
             cid = re.search(r"/chat/c/([0-9a-f]+)", sent.headers["Location"]).group(1)
             html = client.get(sent.headers["Location"]).get_data(as_text=True)
             assert 'class="pair"' in html and "sse-connect" not in html
-        replies = [m for m in messages(app, cid) if m["role"] == "assistant"]
-        assert [r["model"] for r in replies] == ["first", "second"]
-        assert replies[0]["parent_id"] == replies[1]["parent_id"]  # two versions of one reply
-        assert wait_for(lambda: all(m["status"] == "complete" for m in messages(app, cid)))
-        compare = client.get(f"/chat/c/{cid}/m/{replies[0]['id']}/compare/{replies[1]['id']}")
+        replies = [m for m in messages(app, cid) if m.role == "assistant"]
+        assert [r.model for r in replies] == ["first", "second"]
+        assert replies[0].parent_id == replies[1].parent_id  # two versions of one reply
+        assert wait_for(lambda: all(m.status == "complete" for m in messages(app, cid)))
+        compare = client.get(f"/chat/c/{cid}/m/{replies[0].id}/compare/{replies[1].id}")
         assert compare.status_code == 200
         sides = re.findall(r'<small class="model-name">([^<]+)</small>', compare.get_data(as_text=True))
         assert sides == ["first", "second"]  # each side names the model that wrote it
@@ -188,7 +188,7 @@ def test_one_message_asks_two_models_at_once_each_reply_a_version(tmp_path, regi
                                   data={"csrf_token": csrf_of(client, f"/chat/c/{cid}"), "model": "first",
                                         "max_new_tokens": "4"})
         finish(client, regenerated.get_data(as_text=True))
-        assert [m["model"] for m in messages(app, cid) if m["role"] == "assistant"] == ["first", "second", "first"]
+        assert [m.model for m in messages(app, cid) if m.role == "assistant"] == ["first", "second", "first"]
     finally:
         glassbox(app).core.shutdown()
 
@@ -220,9 +220,9 @@ def test_a_reply_saved_before_replies_kept_their_model_says_so_and_is_read_with_
         from webapp.chat.web.blueprint import service
         with app.app_context(), service().store.db.transaction() as db:  # as a row from before the migration
             db.execute("UPDATE messages SET model = NULL, model_file = NULL, model_precision = NULL WHERE id = ?",
-                       (reply["id"],))
+                       (reply.id,))
         assert 'class="model-name unknown">model not recorded' in client.get(f"/chat/c/{cid}").get_data(as_text=True)
         assert "**Assistant** · model not recorded" in client.get(f"/chat/c/{cid}/export.md").get_data(as_text=True)
-        assert client.get(f"/chat/c/{cid}/m/{reply['id']}/inside/0.json").status_code == 200
+        assert client.get(f"/chat/c/{cid}/m/{reply.id}/inside/0.json").status_code == 200
     finally:
         glassbox(app).core.shutdown()

@@ -34,8 +34,8 @@ def shared_versions(app):
     branched = owner.post(f"/chat/c/{cid}/m/{first}/branch",
                           data={"csrf_token": csrf, "index": "3", "token": str(other)})
     assert branched.status_code == 303  # without JavaScript: once the whole new version is written
-    second = store(app).messages(cid)[-1]["id"]
-    assert second != first and store(app).messages(cid)[-1]["versions"] == [first, second]
+    second = store(app).messages(cid)[-1].id
+    assert second != first and store(app).messages(cid)[-1].versions == (first, second)
     owner.post(f"/chat/c/{cid}/share", data={"csrf_token": csrf})
     link = re.search(r"/chat/shared/[\w-]+", owner.get(f"/chat/c/{cid}").get_data(as_text=True)).group(0)
     return owner, cid, link, first, second
@@ -62,7 +62,7 @@ def test_the_shared_page_links_each_replys_tokens_and_compare_with_its_other_ver
     assert f'href="{link}/m/{second}/tokens">Tokens</a>' in page
     assert f'href="{link}/m/{second}/compare/{first}">Compare with version 1</a>' in page
     assert "version 2 of 2" in page and "branched at token 4" in page
-    assert f"Model: <strong>{store(chat_app).messages(cid)[-1]['model']}</strong>" in page  # the model card
+    assert f"Model: <strong>{store(chat_app).messages(cid)[-1].model}</strong>" in page  # the model card
     assert f"{link}/m/{second}/prompt" in page and f"{link}/m/{second}/inside/0" in page
     read_only(page, link, cid)
     owner.post(f"/chat/c/{cid}/m/{first}/show", data={"csrf_token": csrf_of(owner, f"/chat/c/{cid}")})
@@ -137,7 +137,7 @@ def test_what_is_not_of_the_shared_conversation_and_everything_after_unsharing_i
     url = stream_url(sent.get_data(as_text=True))
     elsewhere = int(re.search(r"/m/(\d+)/stream", url).group(1))
     finish(owner, url.split("/")[3], elsewhere)
-    question = store(chat_app).messages(cid)[0]["id"]
+    question = store(chat_app).messages(cid)[0].id
     for path in (f"/m/{elsewhere}/tokens", f"/m/{elsewhere}/tokens/0", f"/m/{second}/compare/{elsewhere}",
                  f"/m/{elsewhere}/compare/{second}", f"/m/{elsewhere}/inside/0", f"/m/{elsewhere}/prompt"):
         answer = stranger.get(link + path)

@@ -138,7 +138,7 @@ def test_a_steered_run_never_leaves_its_keys_for_a_plain_one(chat_app):
     again = client.post(f"/chat/c/{cid}/regenerate", data={"csrf_token": csrf, "temperature": "0",
                                                            "max_new_tokens": "6"})
     assert again.status_code == 303
-    plain = max(m["id"] for m in store_messages(chat_app, cid))
+    plain = max(m.id for m in store_messages(chat_app, cid))
     finish(client, cid, plain)
     assert plain not in (mid, steered) and tokens_of(chat_app, plain) == before
 

@@ -5,13 +5,13 @@ or running), finished readings kept, a bounded number, under their request."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import dataclass
 
 from webapp.chat.decode import readings
 from webapp.chat.decode.features import FeaturesRequest, FeaturesResult
 from webapp.chat.decode.readings import Reading
 from webapp.chat.inside import InsideService
-from webapp.chat.records import ReplyDetails
+from webapp.chat.records import Message, ReplyDetails
 from webapp.chat.registry import Work
 from webapp.chat.service import ChatError
 from webapp.chat.store import ChatStore
@@ -22,6 +22,17 @@ from webapp.core.kept import KeptResults
 REPLIES_SEARCHED = 500  # an owner's newest replies a feature page looks through for where it fired
 NO_DICTIONARY = ("This model has no sparse dictionary: train one with `python -m webapp.features train` and "
                  "list it in GLASSBOX_CHAT_DICTIONARIES (docs/features.md).")
+
+
+@dataclass(frozen=True)
+class FiredAt:
+    """A reply where a feature fired, at its strongest token there."""
+
+    conversation_id: str
+    message_id: int
+    title: str  # its conversation's
+    token: int  # the token's index in the reply
+    activation: float
 
 
 class FeatureService:
@@ -39,7 +50,7 @@ class FeatureService:
             return NO_DICTIONARY
         return None
 
-    def request_for(self, model: str, message: dict[str, Any], details: ReplyDetails, index: int) -> FeaturesRequest:
+    def request_for(self, model: str, message: Message, details: ReplyDetails, index: int) -> FeaturesRequest:
         """Token `index` of a reply. Raises ChatError: 404 (no such token), 409 (not finished, no dictionary)."""
         inside = self.inside.request_for(message, details, index)
         problem = self.unavailable(model)
@@ -58,23 +69,22 @@ class FeatureService:
         found = self.saved(model, details, request.index) if details is not None else None
         return found if found is not None else self.kept.get(model, request)
 
-    def fired_in(self, owner: str, model: str, dictionary: str, feature: int, shown: int = 10) -> list[dict[str, Any]]:
+    def fired_in(self, owner: str, model: str, dictionary: str, feature: int, shown: int = 10) -> list[FiredAt]:
         """The owner's replies where a feature fired, as their saved features say (the newest REPLIES_SEARCHED
-        by that model): {conversation_id, message_id, title, token, activation}, each reply at its strongest
-        token, the strongest `shown` first. Another owner's replies are never read."""
+        by that model), each reply at its strongest token, the strongest `shown` first. Another owner's replies
+        are never read."""
         found = self.models.get(model).dictionaries[dictionary]
         places = []
         for reply in self.store.saved_features(owner, model, REPLIES_SEARCHED) if self.store is not None else []:
             try:
-                column = json.loads(reply["features"])
+                column = json.loads(reply.features)
             except ValueError:
                 continue
             hits = readings.fired(column, dictionary, found.fingerprint, feature)
             if hits:
                 token, activation = max(hits, key=lambda hit: hit[1])
-                places.append({"conversation_id": reply["conversation_id"], "message_id": reply["id"],
-                               "title": reply["title"], "token": token, "activation": activation})
-        return sorted(places, key=lambda place: -place["activation"])[:shown]
+                places.append(FiredAt(reply.conversation_id, reply.message_id, reply.title, token, activation))
+        return sorted(places, key=lambda place: -place.activation)[:shown]
 
     def saved(self, model: str, details: ReplyDetails, index: int) -> tuple[Reading, ...] | None:
         """Token `index`'s readings as saved with its reply, by every dictionary loaded now; None where not."""

@@ -16,6 +16,7 @@ from webapp.chat import interventions
 from webapp.chat.ablation import AblationService, config_of
 from webapp.chat.decode.ablation import AblationRequest, AblationResult, Odds
 from webapp.chat.model.ablation import describe, intervention
+from webapp.chat.records import Message
 from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, owned_page, service, settings
 from webapp.chat.web.composer import start_reply, start_version_json
@@ -154,12 +155,12 @@ def ablated_position_json(conversation_id: str, message_id: int, index: int):
                     "ablated": odds(found["result"].edited)})
 
 
-def position(message: dict, index: int) -> dict:
+def position(message: Message, index: int) -> dict:
     """Parts from the query string switched off at token `index`'s position. Raises ChatError."""
     ablation = ablation_service()
     name, loaded = ablation.writer(message)
     parts = ablation.parts(loaded, request.args)
-    run = ablation.position_request(message, service().details(message["id"]), index, parts)
+    run = ablation.position_request(message, service().details(message.id), index, parts)
     result = worked_out(name, run)
     record = intervention(parts, config_of(loaded).n_head)
     return {"request": run, "result": result, "intervention": record, "label": describe(record)}

@@ -11,6 +11,7 @@ from flask import Response, abort, jsonify, render_template, request
 
 from webapp.chat.attribution import AttributionService
 from webapp.chat.decode.attribution import AttributionReport
+from webapp.chat.records import Conversation, Message
 from webapp.chat.service import ChatError
 from webapp.chat.web import attribution_view
 from webapp.chat.web.attribution_view import BadAgainst
@@ -49,7 +50,7 @@ def shared_attribution_json(token: str, message_id: int, index: int):
     return attribution_answer(shared_message(token, message_id)[1], index)
 
 
-def attribution_answer(message: dict, index: int) -> Response | tuple:
+def attribution_answer(message: Message, index: int) -> Response | tuple:
     try:
         report = resolve(message, index, attribution_view.parse_against(request.args.get("against")))
     except BadAgainst as error:
@@ -59,8 +60,8 @@ def attribution_answer(message: dict, index: int) -> Response | tuple:
     return jsonify(attribution_view.as_json(service().writer(message).tokenizer, report))
 
 
-def attribution_page(conversation: dict, message: dict, index: int, shared: str | None = None):
-    odds = service().details(message["id"]).odds or []
+def attribution_page(conversation: Conversation, message: Message, index: int, shared: str | None = None):
+    odds = service().details(message.id).odds or []
     common = {"conversation": conversation, "message": message, "index": index, "count": len(odds),
               "shared": shared}
     try:
@@ -85,14 +86,14 @@ def attribution_page(conversation: dict, message: dict, index: int, shared: str 
         **common)
 
 
-def resolve(message: dict, index: int, against: int | None) -> AttributionReport:
+def resolve(message: Message, index: int, against: int | None) -> AttributionReport:
     """The report for token `index` of a reply: kept, or worked out now by a job this request waits for.
     Raises InsideError: 400 (`against` no token), 404 (no such token), 409 (cannot run here, or the reply
     is not finished), 429/503 (refused, or still running), 500 (the job failed)."""
     attributions = attribution_service()
     model = runnable_writer(message)
     try:
-        wanted = attributions.request_for(model, message, service().details(message["id"]), index, against)
+        wanted = attributions.request_for(model, message, service().details(message.id), index, against)
     except ChatError as error:
         raise InsideError(str(error), error.status) from None
     report = attributions.report(model, wanted)

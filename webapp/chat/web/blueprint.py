@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flask import Blueprint, abort, current_app
 
-from webapp.chat.records import ChatPage
+from webapp.chat.records import ChatPage, Conversation, Message
 from webapp.chat.service import ChatService
 from webapp.config import Settings
 from webapp.web.security import owner_id
@@ -29,7 +29,7 @@ def settings() -> Settings:
     return current_app.config["GLASSBOX"]
 
 
-def owned_conversation(conversation_id: str) -> dict:
+def owned_conversation(conversation_id: str) -> Conversation:
     conversation = service().conversation(owner_id(), conversation_id)
     if conversation is None:
         abort(404, "No such conversation.")
@@ -44,7 +44,7 @@ def owned_page(conversation_id: str | None) -> ChatPage:
     return page
 
 
-def owned_message(conversation_id: str, message_id: int) -> dict:
+def owned_message(conversation_id: str, message_id: int) -> Message:
     owned_conversation(conversation_id)
     message = service().message(conversation_id, message_id)
     if message is None:

@@ -3,14 +3,15 @@ arithmetic beside them, bad input given back with its messages, and starting a c
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 
 from flask import Response, current_app, jsonify, redirect, render_template, request, session, url_for
 
 from webapp.chat.decode.publish import chat_result
 from webapp.chat.decode.types import ChatJob, SamplingParams
 from webapp.chat.model.prompt import PromptTooLong
-from webapp.chat.records import ChatPage, Status
+from webapp.chat.records import ChatPage, Conversation, Message, Status
 from webapp.chat.service import ChatError, Turn
 from webapp.chat.web import token_views
 from webapp.chat.web.blueprint import owned_page, service, settings
@@ -27,42 +28,44 @@ def sampling_limit() -> int:
     return service().max_new_tokens_limit()
 
 
-def with_token_views(messages: list[dict]) -> list[dict]:
-    """The replies their owner reads as tokens get their tokens (and odds) to show (read in one statement)."""
-    shown = [m for m in messages if m.get("token_view") and m["role"] == "assistant" and m["status"] != Status.PENDING]
-    details = service().details_of([m["id"] for m in shown])
-    for m in shown:
+def token_views_of(messages: Sequence[Message], *, chosen: bool = True) -> dict[int, list]:
+    """The replies shown as their tokens, shaded by their odds, by id (their details read in one statement):
+    those their owner chose to read so (`chosen`), else every finished reply with tokens (a shared page). A
+    reply whose model is not run here has none: it is shown as text, which needs no tokenizer."""
+    replies = [m for m in messages if m.is_reply and not m.pending and (m.token_view if chosen else m.tokens)]
+    details = service().details_of([m.id for m in replies]) if replies else {}
+    views = {}
+    for m in replies:
         try:
             tokenizer = service().writer(m).tokenizer
-        except ChatError:  # its model is not run here: shown as text, which needs no tokenizer
+        except ChatError:
             continue
-        views, _ = token_views.readable_token_views(tokenizer, details[m["id"]])
-        if views:
-            m["token_views"] = views
-    return messages
+        found, _ = token_views.readable_token_views(tokenizer, details[m.id])
+        if found:
+            views[m.id] = found
+    return views
 
 
 def render_page(page: ChatPage, *, draft: str = "", errors: dict | None = None,
                 sampling: SamplingParams | None = None, status: int = 200, typed: dict | None = None,
                 beside: int | None = None):
     """The chat page; `beside`: the version of the last reply shown beside it (two models asked at once)."""
-    with_token_views(page.messages)
     body = render_template("chat/page.html", **page_context(page, sampling or default_sampling(), draft=draft,
                                                             errors=errors, typed=typed, beside=beside))
     return body, status
 
 
-def beside_reply(page: ChatPage | None, beside: int | None) -> dict | None:
+def beside_reply(page: ChatPage | None, beside: int | None) -> Message | None:
     """The other version of the last reply to show beside it, when `beside` names one (from the page's
     tree, read with it); anything else is no pair."""
     messages = page.messages if page else []
-    if beside is None or not messages or messages[-1]["role"] != "assistant":
+    if beside is None or not messages or messages[-1].role != "assistant":
         return None
     last = messages[-1]
-    if beside == last["id"] or beside not in (last.get("versions") or []):
+    if beside == last.id or beside not in (last.versions or []):
         return None
     assert page is not None
-    return with_token_views([page.tree[beside]])[0]
+    return page.tree[beside]
 
 
 def page_context(page: ChatPage | None, sampling: SamplingParams, *, draft: str = "", errors: dict | None = None,
@@ -72,18 +75,20 @@ def page_context(page: ChatPage | None, sampling: SamplingParams, *, draft: str 
     messages = page.messages if page else []
     conversation = page.conversation if page else None
     model = service().conversation_model(conversation) if conversation else None
+    paired = beside_reply(page, beside)
     return {"conversation": conversation, "messages": messages,
+            "token_views": token_views_of(messages + ([paired] if paired else [])),
             "conversations": page.conversations if page else [], "share_token": page.share_token if page else None,
             "draft": draft, "errors": errors or {}, "sampling": sampling, "typed": typed or {},
             "max_new_tokens_limit": sampling_limit(),
             "budget": token_budget(messages, sampling.max_new_tokens, model),
-            "beside": beside_reply(page, beside),
+            "beside": paired,
             "present_token": present_token(conversation), **more}
 
 
-def present_token(conversation: dict | None) -> str | None:
+def present_token(conversation: Conversation | None) -> str | None:
     """The conversation's follow link while its owner presents it (webapp/chat/web/present.py)."""
-    return PresentLinks(glassbox().db).of(conversation["owner"], "chat", conversation["id"]) if conversation else None
+    return PresentLinks(glassbox().db).of(conversation.owner, "chat", conversation.id) if conversation else None
 
 
 def default_sampling() -> SamplingParams:
@@ -94,13 +99,12 @@ def default_sampling() -> SamplingParams:
             or SamplingParams(max_new_tokens=min(settings().max_new_tokens, limit)))
 
 
-def token_budget(history: list[dict], max_new_tokens, model: str | None = None) -> dict:
+def token_budget(history: list[Message], max_new_tokens, model: str | None = None) -> dict:
     """The window arithmetic the composer explains beside Max new tokens (webapp/chat/model/prompt.py),
     for a conversation whose branch shown is `history` ([]: a new chat), on `model` (None: the default)."""
     prompts = service().models.get(model).prompt
     fixed = prompts.block_size - prompts.budget(0)  # examples and markers, whatever the reply asks
-    used = sum(len(prompts.encode_turn(m["role"], m["content"])) for m in history
-               if m["role"] == "user" or m["status"] in (Status.COMPLETE, Status.STOPPED))
+    used = sum(len(prompts.encode_turn(m.role, m.content)) for m in history if m.said)
     asked = max_new_tokens if isinstance(max_new_tokens, int) else None
     examples = len(prompts.fewshot_ids)
     return {"window": prompts.block_size, "examples": examples, "markers": fixed - examples,
@@ -187,13 +191,11 @@ def start_version_json(make_turn: Callable[[ChatPage], Turn], conversation_id: s
 
 def reply_fragment(page: ChatPage, created: bool, sampling: SamplingParams, beside: int | None = None,
                    notice: str | None = None):
-    # the replies read as tokens stay so (‹ › switching versions once showed them as text until a reload)
-    with_token_views(page.messages)
     response = current_app.make_response(render_template("chat/_conversation_swap.html",
                                                          **page_context(page, sampling, beside=beside, notice=notice)))
     if created or beside is not None:  # the address shows the pair too, so a reload keeps it
         assert page.conversation is not None
-        response.headers["HX-Push-Url"] = url_for("chat.conversation", conversation_id=page.conversation["id"],
+        response.headers["HX-Push-Url"] = url_for("chat.conversation", conversation_id=page.conversation.id,
                                                   beside=beside)
     return response
 
@@ -209,17 +211,17 @@ def wait_for_reply(message_id: int) -> None:
 
 def render_message(conversation_id: str, message_id: int, job: ChatJob | None = None) -> str:
     messages = service().history(conversation_id)
-    message = next((m for m in messages if m["id"] == message_id), None)
+    message = next((m for m in messages if m.id == message_id), None)
     if message is None:  # a version beside the branch shown (two models asked at once), or gone
         message = service().message(conversation_id, message_id)
         if message is None:
             return ""
-    if message["status"] == Status.PENDING and job is not None and job.finished_state:
+    if message.status == Status.PENDING and job is not None and job.finished_state:
         # Its job ended but the reply could not be saved (disk full, read-only database): show the
         # job's own outcome, never a pending reply whose stream the browser would reopen for ever.
-        message = {**message, "status": Status.ERROR, "content": chat_result(job).reply,
-                   "error": job.error or "The reply could not be saved."}
-    return render_template("chat/_message_final.html", message_row=with_token_views([message])[0],
-                           conversation_id=conversation_id, is_last=messages[-1]["id"] == message_id)
+        message = dataclasses.replace(message, status=Status.ERROR, content=chat_result(job).reply,
+                                      error=job.error or "The reply could not be saved.")
+    return render_template("chat/_message_final.html", message_row=message, token_views=token_views_of([message]),
+                           conversation_id=conversation_id, is_last=bool(messages) and messages[-1].id == message_id)
 
 

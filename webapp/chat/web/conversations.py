@@ -86,7 +86,7 @@ def send():
 def stream(conversation_id: str, message_id: int):
     message = owned_message(conversation_id, message_id)
     job = service().job_for(message_id)
-    if message["status"] != Status.PENDING:
+    if message.status != Status.PENDING:
         return finished_stream(render_message(conversation_id, message_id))
 
     def render(event):
@@ -198,9 +198,9 @@ def export(conversation_id: str, fmt: str):
     filename = f"glassbox-chat-{conversation_id}.{fmt}"
     disposition = {"Content-Disposition": f'attachment; filename="{filename}"'}
     if fmt == "json":  # the branch shown; ?branches=all adds every version (each with its parent_id)
-        data = {"conversation": conversation, "messages": messages}
+        data = {"conversation": conversation.as_dict(), "messages": messages}
         if request.args.get("branches") == "all":
-            data["all_messages"] = service().all_messages(conversation_id)
+            data["all_messages"] = [m.as_dict() for m in service().all_messages(conversation_id)]
         body = json.dumps(data, indent=2, ensure_ascii=False)
         return Response(body, mimetype="application/json", headers=disposition)
     if fmt == "md":

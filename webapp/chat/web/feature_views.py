@@ -12,6 +12,7 @@ from flask import abort, jsonify, render_template
 from webapp.chat.decode.readings import Reading
 from webapp.chat.dictionaries import text
 from webapp.chat.features.service import FeatureService
+from webapp.chat.records import Conversation, Message
 from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
 from webapp.chat.web.inside_pages import shared_message
@@ -32,16 +33,16 @@ def features_context() -> dict:
     """has_features(message): whether the model that wrote a reply has a dictionary (the token panel's link),
     asked of the models in memory. saved_features(message, index): the token's strongest features as the decode
     step that sampled it read them, for the token panel (model, [(reading, rows)]); None where not saved."""
-    def has_features(message: dict) -> bool:
+    def has_features(message: Message) -> bool:
         models = service().models
         name = service().writer_name(message)
         return name in models and bool(models.get(name).dictionaries)
 
-    def saved_features(message: dict, index: int) -> tuple[str, list] | None:
+    def saved_features(message: Message, index: int) -> tuple[str, list] | None:
         if not has_features(message):
             return None
         model = service().writer_name(message)
-        details = service().details(message["id"])
+        details = service().details(message.id)
         found = feature_service().saved(model, details, index)
         return None if found is None else (model, labelled(model, found, PANEL_FEATURES))
     return {"has_features": has_features, "saved_features": saved_features}
@@ -65,7 +66,7 @@ def shared_token_features(token: str, message_id: int, index: int):
     return page(conversation, message, index, shared=token)
 
 
-def page(conversation: dict, message: dict, index: int, shared: str | None = None):
+def page(conversation: Conversation, message: Message, index: int, shared: str | None = None):
     common = {"conversation": conversation, "message": message, "index": index, "shared": shared}
     try:
         model, readings = resolved(message, index)
@@ -88,7 +89,7 @@ def shared_token_features_json(token: str, message_id: int, index: int):
     return answer(message, index)
 
 
-def answer(message: dict, index: int):
+def answer(message: Message, index: int):
     """{"dictionaries": [{"name", "hook_name", "features": [{"index", "activation", "label"}]}]}."""
     try:
         model, readings = resolved(message, index)
@@ -100,12 +101,12 @@ def answer(message: dict, index: int):
         for r, rows in labelled(model, readings)]})
 
 
-def resolved(message: dict, index: int) -> tuple[str, tuple[Reading, ...]]:
+def resolved(message: Message, index: int) -> tuple[str, tuple[Reading, ...]]:
     """(the model that wrote the reply, the readings): kept, or read now by a job this request waits for.
     Raises InsideError: 404, 409 (cannot run here, not finished, no dictionary), 429/503, 500."""
     features = feature_service()
     model = runnable_writer(message, "Features cannot be read on")
-    details = service().details(message["id"])
+    details = service().details(message.id)
     try:
         wanted = features.request_for(model, message, details, index)
     except ChatError as error:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flask import abort, redirect, render_template, request, url_for
 
-from webapp.chat.records import ReplyDetails
+from webapp.chat.records import Conversation, Message, ReplyDetails
 from webapp.chat.service import ChatError
 from webapp.chat.web import token_views as glass
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, owned_page, service, settings
@@ -13,7 +13,7 @@ from webapp.chat.web.composer import default_sampling, reply_fragment, start_rep
 from webapp.web import is_htmx
 
 
-def tokenizer_of(message: dict):
+def tokenizer_of(message: Message):
     """The tokenizer of the model that wrote a reply: its ids read as another model's would be wrong
     text. 409 naming that model when this server does not run it (or runs another file under its name)."""
     try:
@@ -22,9 +22,9 @@ def tokenizer_of(message: dict):
         abort(error.status, str(error))
 
 
-def reply_details(conversation_id: str, message_id: int) -> tuple[dict, ReplyDetails]:
+def reply_details(conversation_id: str, message_id: int) -> tuple[Message, ReplyDetails]:
     message = owned_message(conversation_id, message_id)
-    if message["role"] != "assistant":
+    if message.role != "assistant":
         abort(404, "Only replies have tokens and a prompt.")
     return message, service().details(message_id)
 
@@ -42,16 +42,16 @@ def token_panel(conversation_id: str, message_id: int, index: int):
     return panel_fragment(*reply_details(conversation_id, message_id), index)
 
 
-def tokens_page(conversation: dict, message: dict, details: ReplyDetails, shared: str | None = None):
+def tokens_page(conversation: Conversation, message: Message, details: ReplyDetails, shared: str | None = None):
     """The Tokens page, the owner's or (`shared`: the share token) read-only through a share link."""
     views, damaged = glass.readable_token_views(tokenizer_of(message), details)
     selected = request.args.get("t", type=int)
     selected = selected if selected is not None and 0 <= selected < len(views) else None
     return render_template("chat/tokens.html", conversation=conversation, message=message, tokens=views,
-                           selected=selected, settings=message["settings"] or {}, damaged=damaged, shared=shared)
+                           selected=selected, settings=message.settings or {}, damaged=damaged, shared=shared)
 
 
-def panel_fragment(message: dict, details: ReplyDetails, index: int, shared: str | None = None):
+def panel_fragment(message: Message, details: ReplyDetails, index: int, shared: str | None = None):
     views, damaged = glass.readable_token_views(tokenizer_of(message), details)
     if not 0 <= index < len(views):
         abort(404, damaged or "No such token in this reply.")
@@ -88,11 +88,11 @@ def compare(conversation_id: str, message_id: int, other_id: int):
                         reply_details(conversation_id, other_id))
 
 
-def compare_page(conversation: dict, one: tuple[dict, ReplyDetails], two: tuple[dict, ReplyDetails],
+def compare_page(conversation: Conversation, one: tuple[Message, ReplyDetails], two: tuple[Message, ReplyDetails],
                  shared: str | None = None):
     """Two replies of one conversation, (message, details) each: 404 unless they answer the same message."""
     (message, details), (other, other_details) = one, two
-    if message["parent_id"] != other["parent_id"]:
+    if message.parent_id != other.parent_id:
         abort(404, "These replies answer different messages.")
     tokenizers = tokenizer_of(message), tokenizer_of(other)
     a, b = (glass.readable_token_views(t, d)[0] for t, d in zip(tokenizers, (details, other_details)))

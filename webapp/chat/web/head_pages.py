@@ -12,6 +12,7 @@ from flask import Response, abort, jsonify, render_template, request
 
 from webapp.chat.decode.head import HeadReport
 from webapp.chat.heads import MAX_ROWS, HeadService, Region, regions
+from webapp.chat.records import Conversation, Message
 from webapp.chat.service import ChatError
 from webapp.chat.web import head_view
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
@@ -54,7 +55,7 @@ def shared_head_json(token: str, message_id: int, index: int, name: str):
     return head_answer(shared_message(token, message_id)[1], index, name)
 
 
-def head_answer(message: dict, index: int, name: str) -> Response | tuple:
+def head_answer(message: Message, index: int, name: str) -> Response | tuple:
     try:
         report, found = resolve(message, index, name)
     except BadHead as error:
@@ -64,9 +65,9 @@ def head_answer(message: dict, index: int, name: str) -> Response | tuple:
     return heavy.answer(heavy.Encoded.json(head_view.as_json(report, found)))
 
 
-def head_page(conversation: dict, message: dict, index: int, name: str, shared: str | None = None):
+def head_page(conversation: Conversation, message: Message, index: int, name: str, shared: str | None = None):
     heavy.admit()  # as Inside's page: read as often as the JSON, and as costly to render
-    odds = service().details(message["id"]).odds or []
+    odds = service().details(message.id).odds or []
     common = {"conversation": conversation, "message": message, "index": index, "count": len(odds),
               "shared": shared, "name": name}
     try:
@@ -99,7 +100,7 @@ def neighbour(layer: int, head: int, step: int, n_layer: int, n_head: int) -> st
     return f"{n // n_head}.{n % n_head}" if 0 <= n < n_layer * n_head else None
 
 
-def resolve(message: dict, index: int, name: str) -> tuple[HeadReport, list[Region]]:
+def resolve(message: Message, index: int, name: str) -> tuple[HeadReport, list[Region]]:
     """The report for head `name` over token `index`'s context (rows as ?rows= says), kept or worked out now
     by a job this request waits for, and the context's regions. Raises BadHead (400), InsideError: 404 (no
     such token or head), 409 (cannot run here, not finished), 429/503 (refused, still running), 500 (the job
@@ -108,7 +109,7 @@ def resolve(message: dict, index: int, name: str) -> tuple[HeadReport, list[Regi
     rows = head_view.parse_rows(request.args.get("rows"))
     heads = head_service()
     model = runnable_writer(message)
-    details = service().details(message["id"])
+    details = service().details(message.id)
     try:
         wanted = heads.request_for(model, message, details, index, layer, number, rows)
     except ChatError as error:

@@ -10,6 +10,7 @@ from flask import Response, abort, get_template_attribute, jsonify, render_templ
 
 from webapp.chat.decode.inside import InsideReport
 from webapp.chat.decode.odds import TokenOdds
+from webapp.chat.records import Conversation, Message
 from webapp.chat.service import ChatError
 from webapp.chat.web import inside_view
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
@@ -48,22 +49,22 @@ def shared_inside_json(token: str, message_id: int, index: int):
 SHARING_STOPPED = "This shared conversation does not exist, or its owner stopped sharing it."
 
 
-def shared_message(token: str, message_id: int) -> tuple[dict, dict]:
+def shared_message(token: str, message_id: int) -> tuple[Conversation, Message]:
     """A message of the conversation a shared link opens: one of the branch shown, or another version of it
     (Compare shows those side by side). 404 for a message of any other conversation."""
     found = service().shared(token)
     if found is None:
         abort(404, SHARING_STOPPED)
     conversation, messages = found
-    message = next((m for m in messages if m["id"] == message_id), None)
+    message = next((m for m in messages if m.id == message_id), None)
     if message is None:
-        message = service().message(conversation["id"], message_id)
+        message = service().message(conversation.id, message_id)
     if message is None:
         abort(404, "No such message in this shared conversation.")
     return conversation, message
 
 
-def inside_answer(message: dict, index: int) -> Response | tuple:
+def inside_answer(message: Message, index: int) -> Response | tuple:
     """The report's JSON, made once per kept report and kept as bytes (webapp/web/heavy.py)."""
     try:
         model, report = resolved(message, index)
@@ -75,9 +76,9 @@ def inside_answer(message: dict, index: int) -> Response | tuple:
     return heavy.answer(encoded)
 
 
-def inside_page(conversation: dict, message: dict, index: int, shared: str | None = None):
+def inside_page(conversation: Conversation, message: Message, index: int, shared: str | None = None):
     heavy.admit()  # the page is read as often as the JSON, and costs as much to render: counted the same
-    details = service().details(message["id"])
+    details = service().details(message.id)
     odds = details.odds or []
     common = {"conversation": conversation, "message": message, "index": index, "count": len(odds),
               "shared": shared}
@@ -94,7 +95,7 @@ def inside_page(conversation: dict, message: dict, index: int, shared: str | Non
     prompt_length = positions - min(index, positions)
     panel = TokenOdds.from_row(odds[index])
     text = token_text(tokenizer, report.request.token)[0]
-    branched_at = (message.get("settings") or {}).get("branched_at")
+    branched_at = (message.settings or {}).get("branched_at")
     page = render_template(
         "chat/inside.html", problem=None, report=report, token_text=text, token_name=whitespace_name(text),
         lens=lens, settled=report.settled_layer, heads=heads, chosen_head=chosen_head, panel=panel,
@@ -128,19 +129,19 @@ def page_parts(tokenizer, report: InsideReport) -> tuple[list[LensRowView], list
     return inside_view.lens_view(tokenizer, report), heads
 
 
-def resolve(message: dict, index: int) -> InsideReport:
+def resolve(message: Message, index: int) -> InsideReport:
     """The report for token `index` of a reply: kept, or worked out now by a job this request waits for.
     Raises InsideError: 404 (no such token), 409 (cannot run here, or the reply is not finished),
     429/503 (refused: limits, a full queue, no stream slot free), 500 (the job failed)."""
     return resolved(message, index)[1]
 
 
-def resolved(message: dict, index: int) -> tuple[str, InsideReport]:
+def resolved(message: Message, index: int) -> tuple[str, InsideReport]:
     """(the model that wrote the reply, the report), as resolve()."""
     inside = inside_service()
     model = runnable_writer(message)
     try:
-        inside_request = inside.request_for(message, service().details(message["id"]), index)
+        inside_request = inside.request_for(message, service().details(message.id), index)
     except ChatError as error:
         raise InsideError(str(error), error.status) from None
     report = inside.report(model, inside_request)

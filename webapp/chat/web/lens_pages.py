@@ -11,6 +11,7 @@ from flask import Response, abort, get_template_attribute, jsonify, render_templ
 
 from webapp.chat.decode.lens import LensReport
 from webapp.chat.lens import MAX_COLUMNS, LensService
+from webapp.chat.records import Conversation, Message
 from webapp.chat.service import ChatError
 from webapp.chat.web import lens_view
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
@@ -50,15 +51,15 @@ def shared_lens_json(token: str, message_id: int):
     return lens_answer(shared_message(token, message_id)[1])
 
 
-def lens_answer(message: dict) -> Response | tuple:
+def lens_answer(message: Message) -> Response | tuple:
     """The report's JSON, made once per kept report and kept as bytes (webapp/web/heavy.py)."""
     try:
         model, report = resolved(message)
     except InsideError as error:
         return jsonify({"error": str(error)}), error.status, error.headers
     tokenizer = service().writer(message).tokenizer
-    odds = service().details(message["id"]).odds or []
-    at, record = branched_at(message), message.get("intervention")
+    odds = service().details(message.id).odds or []
+    at, record = branched_at(message), message.intervention
     # the request fixes the numbers; the message adds who put each token there and its saved odds
     columns = lens_view.columns(tokenizer, report, odds, at)
     what = repr(("json", len(odds), record, [(c.origin, c.probability, c.rank) for c in columns]))
@@ -67,9 +68,9 @@ def lens_answer(message: dict) -> Response | tuple:
     return heavy.answer(encoded)
 
 
-def lens_page(conversation: dict, message: dict, shared: str | None = None):
+def lens_page(conversation: Conversation, message: Message, shared: str | None = None):
     heavy.admit()  # as the Inside page: read as often as the JSON, and as costly to render
-    odds = service().details(message["id"]).odds or []
+    odds = service().details(message.id).odds or []
     shade_by = request.args.get("shade", "top")
     if shade_by not in lens_view.SHADE_BY:
         abort(400, "shade must be top or written.")
@@ -98,18 +99,18 @@ def table_body(rows: list[lens_view.LensGridRow]) -> str:
     return get_template_attribute("chat/_lens_rows.html", "rows")(rows)
 
 
-def branched_at(message: dict) -> int | None:
-    return (message.get("settings") or {}).get("branched_at")
+def branched_at(message: Message) -> int | None:
+    return (message.settings or {}).get("branched_at")
 
 
-def resolved(message: dict) -> tuple[str, LensReport]:
+def resolved(message: Message) -> tuple[str, LensReport]:
     """(the model that wrote the reply, the report): kept, or worked out now by a job this request waits for.
     Raises InsideError: 404 (no tokens), 409 (cannot run here, or the reply is not finished), 429/503
     (refused, or still running after GLASSBOX_INSIDE_WAIT_SECONDS), 500 (the job failed)."""
     lenses = lens_service()
     model = runnable_writer(message)
     try:
-        wanted = lenses.request_for(model, message, service().details(message["id"]))
+        wanted = lenses.request_for(model, message, service().details(message.id))
     except ChatError as error:
         raise InsideError(str(error), error.status) from None
     report = lenses.report(model, wanted)

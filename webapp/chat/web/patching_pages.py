@@ -13,6 +13,7 @@ from webapp.chat.decode.odds import TokenOdds
 from webapp.chat.decode.patching import PatchingMetrics, PatchingRequest
 from webapp.chat.model.patching import Cells, Patching, first_difference
 from webapp.chat.patching import PatchingService
+from webapp.chat.records import Message
 from webapp.chat.service import ChatError
 from webapp.chat.web import patching_view
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
@@ -30,12 +31,12 @@ def patching_service() -> PatchingService:
     return glassbox().service(PatchingService)
 
 
-def checked(message: dict, index: int, corrupted: object, against: object) -> tuple[str, PatchingRequest]:
+def checked(message: Message, index: int, corrupted: object, against: object) -> tuple[str, PatchingRequest]:
     """(model, request), or InsideError: 404, 409 (as Inside: not here, not finished, cannot look into
     it), 400 (bad input, contexts of different lengths)."""
     model = runnable_writer(message, "Patching cannot run on")
     try:
-        return model, patching_service().request_for(message, service().details(message["id"]), index,
+        return model, patching_service().request_for(message, service().details(message.id), index,
                                                      corrupted, against)
     except ChatError as error:
         raise InsideError(str(error), error.status) from None
@@ -92,7 +93,7 @@ def patching(conversation_id: str, message_id: int, index: int):
     """The form (no ?corrupted), else the maps: kept, being worked out, or started now."""
     conversation = owned_conversation(conversation_id)
     message = owned_message(conversation_id, message_id)
-    details = service().details(message["id"])
+    details = service().details(message.id)
     corrupted, against = form_values()
     common = {"conversation": conversation, "message": message, "index": index}
     try:

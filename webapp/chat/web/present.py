@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from flask import abort, redirect, render_template, request, stream_template, url_for
 
 from webapp.chat.decode.publish import TokenEvent
-from webapp.chat.records import Status
+from webapp.chat.records import Message, Status
 from webapp.chat.service import ChatError
 from webapp.chat.web import token_views
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service, settings
@@ -102,7 +102,7 @@ def replay(conversation_id: str, message_id: int):
     SSE stream of the live stream's events (Stop closes it), without it the reply's page written as it goes.
     It holds a stream slot like any stream, and no worker time."""
     message = owned_message(conversation_id, message_id)
-    if message["role"] != "assistant" or message["status"] == Status.PENDING:
+    if message.role != "assistant" or message.status == Status.PENDING:
         abort(409, "Only a finished reply can be replayed.")
     try:
         pace = parse_pace(request.args.get("pace"))
@@ -131,7 +131,7 @@ def replay(conversation_id: str, message_id: int):
 
 
 # -- the followers --------------------------------------------------------------------------------
-def branch(conversation_id: str) -> list[dict]:
+def branch(conversation_id: str) -> list[Message]:
     return service().history(conversation_id)
 
 
@@ -163,9 +163,9 @@ def snapshot(links, token: str, owner: str, cid: str) -> Snapshot:
     messages = branch(cid)
     if not messages and service().store.conversation(owner, cid) is None:
         return Snapshot(gone=True)
-    live = messages[-1]["id"] if messages and messages[-1]["status"] == Status.PENDING else None
+    live = messages[-1].id if messages and messages[-1].status == Status.PENDING else None
     return Snapshot(False, link.state_version, render_template("follow/_chat_player.html", state=link.state),
-                    tuple((m["id"], m["status"]) for m in messages),
+                    tuple((m.id, m.status) for m in messages),
                     render_template("follow/_chat_messages.html", messages=messages), live)
 
 

@@ -10,6 +10,7 @@ from contextlib import closing
 from typing import Any, cast
 
 from webapp.chat.inside import InsideService
+from webapp.chat.records import Message
 from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import settings
 from webapp.core import Refused
@@ -33,7 +34,7 @@ def inside_service() -> InsideService:
     return glassbox().service(InsideService)
 
 
-def runnable_writer(message: dict[str, Any], experiment: str = "Inside cannot look into") -> str:
+def runnable_writer(message: Message, experiment: str = "Inside cannot look into") -> str:
     """The model that wrote a reply, when it can be looked into here. Raises InsideError (409: another
     model or file, a remote backend, not nanoGPT's layout: "<experiment> this model: why.")."""
     inside = inside_service()

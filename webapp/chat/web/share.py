@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from flask import abort, redirect, render_template, url_for
 
-from webapp.chat.records import ReplyDetails
+from webapp.chat.records import Conversation, Message, ReplyDetails
 from webapp.chat.service import ChatError
 from webapp.chat.web import token_views as glass
 from webapp.chat.web.blueprint import bp, owned_conversation, service
+from webapp.chat.web.composer import token_views_of
 from webapp.chat.web.glass import compare_page, panel_fragment, tokens_page
 from webapp.chat.web.inside_pages import SHARING_STOPPED, shared_message
 from webapp.web.security import owner_id
@@ -39,30 +40,14 @@ def shared(token: str):
         abort(404, SHARING_STOPPED)
     conversation, messages = found
     return render_template("chat/shared.html", conversation=conversation, messages=messages, share_token=token,
-                           token_views=shared_token_views(messages))
-
-
-def shared_token_views(messages: list[dict]) -> dict[int, list]:
-    """Each finished reply's tokens shaded by their odds (issue 31: the shared page had none), where the model
-    that wrote it runs here to read its ids."""
-    replies = [m for m in messages if m["role"] == "assistant" and m["status"] != "pending" and m.get("tokens")]
-    details = service().details_of([m["id"] for m in replies]) if replies else {}
-    views = {}
-    for message in replies:
-        try:
-            tokenizer = service().writer(message).tokenizer
-        except ChatError:
-            continue
-        if message["id"] in details:
-            views[message["id"]] = glass.readable_token_views(tokenizer, details[message["id"]])[0]
-    return views
+                           token_views=token_views_of(messages, chosen=False))
 
 
 @bp.get("/shared/<token>/m/<int:message_id>/prompt")
 def shared_prompt(token: str, message_id: int):
     """The exact prompt of a reply of a shared conversation, read-only."""
     conversation, message = shared_message(token, message_id)
-    if message["role"] != "assistant":
+    if message.role != "assistant":
         abort(404, "Only replies have a prompt.")
     details = service().details(message_id)
     if details.prompt is None or "prompt" in details.damaged:
@@ -78,10 +63,10 @@ def shared_prompt(token: str, message_id: int):
                            parts=parts, shared=token)
 
 
-def shared_reply(token: str, message_id: int) -> tuple[dict, dict, ReplyDetails]:
+def shared_reply(token: str, message_id: int) -> tuple[Conversation, Message, ReplyDetails]:
     """(conversation, reply, its details) of a shared conversation; 404 for a question, or anything else."""
     conversation, message = shared_message(token, message_id)
-    if message["role"] != "assistant":
+    if message.role != "assistant":
         abort(404, "Only replies have tokens and a prompt.")
     return conversation, message, service().details(message_id)
 

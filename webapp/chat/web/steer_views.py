@@ -14,6 +14,7 @@ from flask import Response, abort, jsonify, redirect, render_template, request, 
 from safetensors.torch import load as safetensors_load
 
 from webapp.chat.model.steering import read_control_vector, write_control_vector
+from webapp.chat.records import ChatPage, Conversation, Message
 from webapp.chat.service import ChatError
 from webapp.chat.steering import SteeringService
 from webapp.chat.web.blueprint import bp, owned_message, owned_page, service, settings
@@ -36,7 +37,7 @@ def steering() -> SteeringService:
 def steering_context() -> dict:
     """steerable(message): whether the model that wrote a reply can be steered here (its Steer form); asked of
     the models in memory, never of the database, so a page costs no statement more."""
-    def steerable(message: dict) -> bool:
+    def steerable(message: Message) -> bool:
         try:
             steering().model(service().writer_name(message))
         except ChatError:
@@ -245,7 +246,7 @@ def steer_json(conversation_id: str, message_id: int):
         _shown(page), owned_message(conversation_id, message_id), page.messages, body.get("steer")), conversation_id)
 
 
-def _shown(page) -> dict:
+def _shown(page: ChatPage) -> Conversation:
     assert page.conversation is not None  # an owned page of a conversation
     return page.conversation
 
