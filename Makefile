@@ -16,8 +16,9 @@ run: install
 # tests here instead of skipping them (a bare `pytest` on a developer's machine skips them).
 # Then the behaviour tests again, each app keeping its history in PostgreSQL instead of SQLite (a fresh
 # database of a throwaway cluster each: tests/support/databases.py).
-BEHAVIOUR_TESTS = tests/chat/web tests/loops/web tests/web tests/v1 tests/security tests/test_prefs.py \
-	tests/chat/test_service.py
+# (each experiment's pages are tested beside its package: tests/chat/<name>/test_*pages.py)
+BEHAVIOUR_TESTS = tests/chat/web $(wildcard tests/chat/*/test_*pages.py) tests/loops/web tests/web tests/v1 \
+	tests/security tests/test_prefs.py tests/chat/test_service.py
 test: install-test lint
 	GLASSBOX_REQUIRE_SYSTEM_TESTS=1 $(BIN)/python -m pytest
 	GLASSBOX_REQUIRE_SYSTEM_TESTS=1 GLASSBOX_TEST_DATABASE=postgres $(BIN)/python -m pytest -q $(BEHAVIOUR_TESTS)

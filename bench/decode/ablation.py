@@ -6,7 +6,7 @@
 On a random model of that shape, alone, interleaved reps (medians):
 - a reply's decode rate plain, with two heads zeroed, and with two heads and an MLP mean-ablated (an edited
   row leaves the fused block kernel for the per-layer path, where the edit point is);
-- a mean ablation's means: one clean forward of the prompt (webapp/chat/model/ablation.py, clean_run);
+- a mean ablation's means: one clean forward of the prompt (webapp/chat/ablation/compute.py, clean_run);
 - one position with parts switched off: the clean forward and the edited one (AblationJobs' work).
 """
 
@@ -39,8 +39,8 @@ def decode_rate(loaded, ids, new, edit) -> float:
 
 def main(argv=None):
     args = parse_args(argv)
-    from webapp.chat.decode.ablation import AblationRequest, ablation_result
-    from webapp.chat.model.ablation import clean_run, parse_parts, zero_edit
+    from webapp.chat.ablation.compute import clean_run, parse_parts, zero_edit
+    from webapp.chat.ablation.jobs import AblationRequest, ablation_result
     load_before = common.load_average()
     model = common.random_gpt(args.size)
     loaded = common.loaded(model)

@@ -38,7 +38,7 @@ def parse_args(argv=None):
 
 
 def random_dictionary(model, width: int, k: int):
-    from webapp.chat.dictionaries import LoadedDictionary
+    from webapp.chat.features.dictionaries import LoadedDictionary
     from webapp.chat.features.sae import Dictionary, DictionaryConfig
     layer = model.config.n_layer // 2
     torch.manual_seed(0)
@@ -78,7 +78,7 @@ def main(argv=None):
     load_before = common.load_average()
     torch.set_grad_enabled(False)
     if args.bundled:
-        from webapp.chat.dictionaries import load_dictionaries
+        from webapp.chat.features.dictionaries import load_dictionaries
         from webapp.chat.model.loading import load_chat_model
         loaded = load_chat_model(str(BUNDLED))
         dictionaries = load_dictionaries("", str(BUNDLED), loaded.model, loaded.tokenizer)  # as boot loads them

@@ -47,7 +47,7 @@ def step_seconds(model, rows: int, prompt: int, steps: int, edits) -> float:
 
 def main(argv=None):
     args = parse_args(argv)
-    from webapp.chat.model.steering import Term, steer_edit
+    from webapp.chat.model.steer import Term, steer_edit
     load_before = common.load_average()
     model = common.random_gpt(args.size)
     C, L = model.config.n_embd, model.config.n_layer

@@ -1,4 +1,4 @@
-"""Steering beside llama.cpp: the same direction added by Glassbox (a steered reply: webapp/chat/model/steering.py)
+"""Steering beside llama.cpp: the same direction added by Glassbox (a steered reply: webapp/chat/steering/compute.py)
 and by llama.cpp's control vector (the file Glassbox exports, applied with llama.cpp's own `cvec` call), on the
 bundled chat model exported to GGUF f32 by Glassbox's writer; greedy replies compared token for token, with the
 direction and without it, and each engine's decode rate steered and plain.
@@ -107,7 +107,7 @@ def main(argv=None):
     load_before = common.load_average()
     from webapp.chat.model.gguf import export_gguf
     from webapp.chat.model.loading import load_chat_model
-    from webapp.chat.model.steering import Term, steer_edit
+    from webapp.chat.model.steer import Term, steer_edit
     env.setup(converter=False)
     loaded = load_chat_model(str(BUNDLED))
     model = loaded.model

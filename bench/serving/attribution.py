@@ -95,8 +95,8 @@ def decode_step_seconds(loaded, context: list[int]) -> float:
 
 def measure(name: str, args) -> list:
     from webapp import create_app
-    from webapp.chat.attribution import AttributionService
-    from webapp.chat.decode.attribution import AttributionRequest, attribution_report
+    from webapp.chat.attribution.jobs import AttributionRequest, attribution_report
+    from webapp.chat.attribution.service import AttributionService
     from webapp.config import Settings
     from webapp.web.state import glassbox
     loaded = load(name, args.dtype)

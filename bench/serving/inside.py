@@ -78,7 +78,7 @@ def main(argv=None):
         from bench.serving import inside_flood
         return inside_flood.main(args)
     from webapp import create_app
-    from webapp.chat.inside import InsideService
+    from webapp.chat.inside.service import InsideService
     from webapp.chat.model.gpt import Chunk
     from webapp.chat.model.precision import apply_precision
     from webapp.config import Settings

@@ -62,8 +62,8 @@ def saved_reply(app, loaded, prompt_tokens: int, reply_tokens: int):
 
 def measure(name: str, args) -> list:
     from webapp import create_app
-    from webapp.chat.decode.lens import LensRequest, lens_report
-    from webapp.chat.lens import LensService
+    from webapp.chat.lens.jobs import LensRequest, lens_report
+    from webapp.chat.lens.service import LensService
     from webapp.config import Settings
     from webapp.web.state import glassbox
     loaded = load(name, args.dtype)

@@ -50,7 +50,7 @@ def contexts(T: int, first: int) -> tuple[list[int], list[int]]:
 
 def glassbox(loaded, clean, corrupted, chosen, against) -> dict:
     """The patching job on the core, as the page runs it: seconds to the first cells and to the end."""
-    from webapp.chat.decode.patching import PatchingJobs, PatchingRequest
+    from webapp.chat.patching.jobs import PatchingJobs, PatchingRequest
     from webapp.core import InferenceCore, Job
     core = InferenceCore({"chat": loaded}, {"patching": PatchingJobs(loaded)})
     try:

@@ -15,8 +15,8 @@ import torch
 from tests.chat.web.test_glass import reply
 from tests.conftest import csrf_of, make_app
 from tests.loops.web.test_traces import saved_trace
-from webapp.chat.inside import InsideService
-from webapp.chat.web import inside_view
+from webapp.chat.inside import view as inside_view
+from webapp.chat.inside.service import InsideService
 from webapp.loops.store import TraceStore
 from webapp.web.counts import HeavyReads
 from webapp.web.state import glassbox

@@ -12,7 +12,7 @@ from webapp.chat.decode.generate import generate
 from webapp.chat.decode.prefill import pin_prompt_head
 from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.remote.executor import remote_executor
-from webapp.chat.dictionaries import load_dictionaries
+from webapp.chat.features.dictionaries import load_dictionaries
 from webapp.chat.model import kernels
 from webapp.chat.model.errors import ModelLoadError
 from webapp.chat.model.loading import LoadedChatModel, load_chat_model

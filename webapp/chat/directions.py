@@ -1,6 +1,7 @@
 """Steering directions, saved per chat model (migration 007): a name, the block it is added after, the vector,
 its norm and how it was made. In SQLite or PostgreSQL (webapp/db), shared by everyone on the server as the
-models are; the one who made a direction may delete it."""
+models are; the one who made a direction may delete it. And the terms a steered version ran with, read back
+from its record and these directions, so that every experiment reads the steered model (terms_of)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from webapp.chat.interventions import Steering
+from webapp.chat.model.steer import ClampTerm, Term
+from webapp.chat.service import ChatError
 from webapp.db import AnyDatabase
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a direction's name: it is also a URL path segment
@@ -98,3 +102,16 @@ def new_direction(model: str, name: str, layer: int, vector: list[float], made: 
 def _direction(row: Any) -> Direction:
     return Direction(row["model"], row["name"], int(row["layer"]), tuple(json.loads(row["vector"])), float(row["norm"]),
                      json.loads(row["made"]), row["owner"], float(row["created_at"]))
+
+
+def terms_of(store: DirectionStore, model: str, steering: Steering) -> tuple[Term | ClampTerm, ...]:
+    """The terms a steered version ran with, from its record and the model's saved directions. Raises ChatError
+    (409) when a direction was deleted since, or made again under its name."""
+    terms = []
+    for term in steering.terms:
+        found = store.get(model, term.direction)
+        if found is None or not math.isclose(found.norm, term.norm, rel_tol=1e-6) or found.layer != term.layer:
+            raise ChatError(f"The direction {term.direction!r} this version was steered with was deleted or made "
+                            "again since, so the version cannot be read again with it.", 409)
+        terms.append(Term(found.layer, found.vector, term.alpha))
+    return (*terms, *(ClampTerm(c.layer, c.dictionary, c.feature, c.value) for c in steering.clamps))

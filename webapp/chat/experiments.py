@@ -1,9 +1,9 @@
 """The glass-box experiments on a chat model's replies, each declared once: what its jobs are called on the
-core, which executor runs them, whether they start from a finished reply's kept KV cache, and the service
-its views call. The app factory loops over EXPERIMENTS (webapp/__init__.py): adding an experiment is its own
-modules (request and result types and executor in webapp/chat/decode/, its torch work reading the hooked
-forward in webapp/chat/model/, its service, its views and templates) plus one line here
-(docs/architecture.md, "Adding an experiment").
+core, which executor runs them, whether they start from a finished reply's kept KV cache, the service its
+views call, and its routes. The app factory loops over EXPERIMENTS (webapp/__init__.py): adding an experiment
+is one package, webapp/chat/<name>/ (compute.py: its torch work reading the hooked forward; jobs.py: its
+request and result types and executor; service.py; pages.py: its routes; view.py), its templates, plus one
+line here (docs/architecture.md, "Adding an experiment").
 
 Every experiment's checks (the model that wrote the reply, running here, in nanoGPT's layout) go through
 Inside's service, built first.
@@ -14,32 +14,42 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from webapp.chat.ablation import AblationService
-from webapp.chat.attribution import AttributionService
-from webapp.chat.decode.ablation import AblationJobs
-from webapp.chat.decode.attribution import AttributionJobs
-from webapp.chat.decode.dictionary_training import TrainJobs
-from webapp.chat.decode.features import FeaturesJobs
-from webapp.chat.decode.head import HeadJobs
-from webapp.chat.decode.inside import InsideJobs
-from webapp.chat.decode.lens import LensJobs
-from webapp.chat.decode.patching import PatchingJobs
+from webapp.chat.ablation import pages as ablation_pages
+from webapp.chat.ablation.jobs import AblationJobs
+from webapp.chat.ablation.service import AblationService
+from webapp.chat.attribution import pages as attribution_pages
+from webapp.chat.attribution.jobs import AttributionJobs
+from webapp.chat.attribution.service import AttributionService
 from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.reply_jobs import ReplyJobs
-from webapp.chat.decode.steering import DirectionJobs
 from webapp.chat.directions import DirectionStore
+from webapp.chat.features import dictionary_pages
+from webapp.chat.features import pages as feature_pages
+from webapp.chat.features.jobs import FeaturesJobs
 from webapp.chat.features.service import FeatureService
 from webapp.chat.features.training import TrainingService
-from webapp.chat.heads import HeadService
-from webapp.chat.inside import InsideService
-from webapp.chat.lens import LensService
+from webapp.chat.features.training_jobs import TrainJobs
+from webapp.chat.heads import pages as head_pages
+from webapp.chat.heads.jobs import HeadJobs
+from webapp.chat.heads.service import HeadService
+from webapp.chat.inside import pages as inside_pages
+from webapp.chat.inside.jobs import InsideJobs
+from webapp.chat.inside.service import InsideService
+from webapp.chat.lens import pages as lens_pages
+from webapp.chat.lens.jobs import LensJobs
+from webapp.chat.lens.service import LensService
 from webapp.chat.model.loading import LoadedChatModel
-from webapp.chat.patching import PatchingService
+from webapp.chat.patching import pages as patching_pages
+from webapp.chat.patching.jobs import PatchingJobs
+from webapp.chat.patching.service import PatchingService
 from webapp.chat.registry import Work
 from webapp.chat.service import ChatService
-from webapp.chat.steering import SteeringService
+from webapp.chat.steering import pages as steering_pages
+from webapp.chat.steering.jobs import DirectionJobs
+from webapp.chat.steering.service import SteeringService
 from webapp.config import ROOT
 from webapp.core import InferenceCore
 
@@ -55,6 +65,7 @@ class Experiment:
     work: Work
     executor: Callable[[LoadedChatModel, PrefixCache | None], ReplyJobs[Any, Any]]
     service: ServiceFactory | None  # None: Inside's, built before every other
+    pages: ModuleType  # its routes, on the chat blueprint (webapp/chat/web/blueprint.py)
     reads_kept_cache: bool = True  # it starts from a finished reply's kept keys and values, where there are some
 
     def executor_for(self, loaded: LoadedChatModel, prefix: Callable[[LoadedChatModel], PrefixCache]
@@ -66,34 +77,39 @@ class Experiment:
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     # "Inside this token": the logit lens and every head's attention at one position
-    Experiment(Work.INSIDE, InsideJobs, None),
+    Experiment(Work.INSIDE, InsideJobs, None, pages=inside_pages),
     # switching parts off: a mean ablation's means, one position's odds with parts off
     Experiment(Work.ABLATE, AblationJobs, lambda core, chat, inside, settings: AblationService(core, chat),
-               reads_kept_cache=False),
+               pages=ablation_pages, reads_kept_cache=False),
     # "Who pushed this token": direct logit attribution
     Experiment(Work.ATTRIBUTION, AttributionJobs,
-               lambda core, chat, inside, settings: AttributionService(core, inside, settings.inside_cache_entries)),
+               lambda core, chat, inside, settings: AttributionService(core, inside, settings.inside_cache_entries),
+               pages=attribution_pages),
     # one head over a whole reply, query × key
     Experiment(Work.HEAD, HeadJobs,
-               lambda core, chat, inside, settings: HeadService(core, inside, settings.inside_cache_entries)),
+               lambda core, chat, inside, settings: HeadService(core, inside, settings.inside_cache_entries),
+               pages=head_pages),
     # "Patch from another question": activation patching
     Experiment(Work.PATCHING, PatchingJobs,
                lambda core, chat, inside, settings: PatchingService(core, inside, settings.inside_cache_entries,
                                                                     settings.patching_max_cells),
-               reads_kept_cache=False),
+               pages=patching_pages, reads_kept_cache=False),
     # the logit lens over a whole reply
     Experiment(Work.LENS, LensJobs,
-               lambda core, chat, inside, settings: LensService(core, inside, settings.inside_cache_entries)),
+               lambda core, chat, inside, settings: LensService(core, inside, settings.inside_cache_entries),
+               pages=lens_pages),
     # the features active at a token, by each of the model's sparse dictionaries
     Experiment(Work.FEATURES, FeaturesJobs,
                lambda core, chat, inside, settings: FeatureService(core, inside, settings.inside_cache_entries,
-                                                                              chat.store)),
+                                                                              chat.store),
+               pages=feature_pages),
     # a sparse dictionary trained from the page
     Experiment(Work.TRAIN, TrainJobs, lambda core, chat, inside, settings: TrainingService(
-        core, chat.models, Path(settings.instance_path or ROOT / "instance")), reads_kept_cache=False),
+        core, chat.models, Path(settings.instance_path or ROOT / "instance")),
+               pages=dictionary_pages, reads_kept_cache=False),
     # steering: a contrastive direction from two lists of prompts; steered versions run as replies
     Experiment(Work.DIRECTION, DirectionJobs, lambda core, chat, inside, settings: SteeringService(core, chat),
-               reads_kept_cache=False),
+               pages=steering_pages, reads_kept_cache=False),
 )
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from webapp.chat.model.ablation import describe
-
 
 @dataclass(frozen=True)
 class Ablation:
@@ -96,3 +94,19 @@ def label(record: object) -> str:
         return found.label() if found is not None else ""
     except (TypeError, ValueError, AttributeError):
         return "the model changed"
+
+
+def describe(record: dict[str, Any]) -> str:
+    """A version's label from its record: "heads 1.0, 2.3 zeroed", "attention layer 1 and MLP 0 mean-ablated"."""
+    layers = record.get("layers") or []
+    heads = [h for h in record.get("heads") or [] if int(str(h).partition(".")[0]) not in layers]
+    mlps = record.get("mlps") or []
+    named = []
+    if layers:
+        named.append(("attention layer " if len(layers) == 1 else "attention layers ") + ", ".join(map(str, layers)))
+    if heads:
+        named.append(("head " if len(heads) == 1 else "heads ") + ", ".join(heads))
+    if mlps:
+        named.append(("MLP " if len(mlps) == 1 else "MLPs ") + ", ".join(map(str, mlps)))
+    what = ", ".join(named[:-1]) + " and " + named[-1] if len(named) > 1 else "".join(named)
+    return f"{what} {'mean-ablated' if record.get('mode') == 'mean' else 'zeroed'}"

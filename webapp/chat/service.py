@@ -52,7 +52,7 @@ class Turn:
     branch_from: int | None = None
     forced: Forced | None = None  # the reply's first tokens, given
     model: str = ""  # the registry name of the model that writes the reply
-    edit: Edit | None = None  # parts switched off in every forward of the reply (webapp/chat/ablation.py)
+    edit: Edit | None = None  # parts switched off in every forward of the reply (webapp/chat/ablation/service.py)
     intervention: dict | None = None  # what `edit` switched off, as the reply's record keeps it
 
 

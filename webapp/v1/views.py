@@ -10,7 +10,7 @@ from flask import current_app, jsonify, request
 
 from webapp.chat.registry import ChatModels
 from webapp.chat.service import ChatError
-from webapp.chat.steering import SteeringService
+from webapp.chat.steering.service import SteeringService
 from webapp.v1 import params, replies, shapes
 from webapp.v1.blueprint import bp
 from webapp.v1.errors import ApiError, not_found_url

@@ -13,8 +13,8 @@ from tests.chat.decode.test_generate import tiny
 from webapp.chat.decode import readings
 from webapp.chat.decode.generate import generate
 from webapp.chat.decode.types import ChatRequest
-from webapp.chat.dictionaries import load_dictionaries
 from webapp.chat.features import saelens
+from webapp.chat.features.dictionaries import load_dictionaries
 from webapp.chat.features.sae import Dictionary, DictionaryConfig
 from webapp.chat.model import hooked
 from webapp.core.jobs import DONE

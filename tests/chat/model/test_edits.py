@@ -8,10 +8,10 @@ import contextlib
 import pytest
 import torch
 
+from webapp.chat.inside.compute import look_inside
 from webapp.chat.model import kernels
 from webapp.chat.model.edits import Edit, HeadEdit, MlpEdit, edit_heads, edit_mlp
 from webapp.chat.model.gpt import GPT, Chunk, GPTConfig
-from webapp.chat.model.inside import look_inside
 
 CONFIG = GPTConfig(block_size=64, vocab_size=70, n_layer=2, n_head=4, n_embd=64)
 ZERO = Edit(heads=(HeadEdit(layer=1, head=2),))

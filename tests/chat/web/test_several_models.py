@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.chat.model.test_attribution import reference
+from tests.chat.attribution.test_compute import reference
 from tests.chat.web.test_conversations import conversation_id_of, send
 from tests.conftest import csrf_of, make_app, sse_events, wait_for
 from tests.support.chat_models import tiny_checkpoint

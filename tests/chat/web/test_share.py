@@ -9,8 +9,8 @@ import re
 
 import torch
 
-from tests.chat.model.test_ablation import SPECIALS, reference
-from tests.chat.web.test_ablation import chat_app, finish, prompt_of, state_of, store
+from tests.chat.ablation.test_compute import SPECIALS, reference
+from tests.chat.ablation.test_pages import chat_app, finish, prompt_of, state_of, store
 from tests.chat.web.test_conversations import send, stream_url
 from tests.conftest import csrf_of
 

@@ -3,7 +3,7 @@ its top contexts (the tokens where it is strongest, a few tokens either side), a
 (Neuronpedia's "top activations"). The corpus runs through the hooked forward a batch of sequences at a time;
 only each feature's best few places are kept, never every activation.
 
-Saved beside the dictionary as `glassbox_features.json` (webapp/chat/dictionaries.py reads it):
+Saved beside the dictionary as `glassbox_features.json` (webapp/chat/features/dictionaries.py reads it):
     {"tokens": N, "density": [d_sae floats], "top": [[{"activation", "tokens": [ids], "at": i}, ...] per feature]}
 where `tokens` is the context around the place (its own token at index `at`).
 """

@@ -8,9 +8,9 @@ import json
 from dataclasses import dataclass
 
 from webapp.chat.decode import readings
-from webapp.chat.decode.features import FeaturesRequest, FeaturesResult
 from webapp.chat.decode.readings import Reading
-from webapp.chat.inside import InsideService
+from webapp.chat.features.jobs import FeaturesRequest, FeaturesResult
+from webapp.chat.inside.service import InsideService
 from webapp.chat.records import Message, ReplyDetails
 from webapp.chat.registry import Work
 from webapp.chat.service import ChatError

@@ -1,5 +1,5 @@
 """Training a dictionary from the page, on the shared core: the request checked here, the corpus an uploaded file
-kept in the instance folder, the job a whole job on the core's worker (webapp/chat/decode/dictionary_training.py)
+kept in the instance folder, the job a whole job on the core's worker (webapp/chat/features/training_jobs.py)
 that lets replies step after every training step and stops there when asked; its progress is published as
 events. The finished dictionary is written into the instance folder (dictionaries/<model>/<name>) and loaded
 beside the model at once, and again at every start."""
@@ -12,10 +12,10 @@ import shutil
 import uuid
 from pathlib import Path
 
-from webapp.chat.decode.dictionary_training import TrainRequest, TrainResult
-from webapp.chat.dictionaries import load_dictionaries
+from webapp.chat.features.dictionaries import load_dictionaries
 from webapp.chat.features.saelens import CFG
 from webapp.chat.features.train import STATE
+from webapp.chat.features.training_jobs import TrainRequest, TrainResult
 from webapp.chat.model.errors import ModelLoadError
 from webapp.chat.registry import ChatModels, Work
 from webapp.chat.service import ChatError

@@ -50,7 +50,7 @@ class LoadedChatModel:
     torch_threads: int = 0  # intra-op threads for its replies; 0 = the core worker's setting
     remote: bool = False  # replies come from a remote backend (GLASSBOX_CHAT_BACKEND): this model gives the prompts
     prefix_cache: Any = None  # its replies' kept KV caches: a PrefixCache built at boot (webapp/chat/boot.py)
-    dictionaries: Any = None  # its sparse dictionaries by name, loaded at boot (webapp/chat/dictionaries.py)
+    dictionaries: Any = None  # its sparse dictionaries by name, loaded at boot (webapp/chat/features/dictionaries.py)
 
 
 def _file_id(path: Path) -> str:

@@ -15,8 +15,24 @@ from webapp.chat.web import token_views as glass
 from webapp.chat.web.blueprint import bp, owned_conversation, service
 from webapp.chat.web.composer import token_views_of
 from webapp.chat.web.glass import compare_page, panel_fragment, tokens_page
-from webapp.chat.web.inside_pages import SHARING_STOPPED, shared_message
 from webapp.web.security import owner_id
+
+SHARING_STOPPED = "This shared conversation does not exist, or its owner stopped sharing it."
+
+
+def shared_message(token: str, message_id: int) -> tuple[Conversation, Message]:
+    """A message of the conversation a shared link opens: one of the branch shown, or another version of it
+    (Compare shows those side by side). 404 for a message of any other conversation."""
+    found = service().shared(token)
+    if found is None:
+        abort(404, SHARING_STOPPED)
+    conversation, messages = found
+    message = next((m for m in messages if m.id == message_id), None)
+    if message is None:
+        message = service().message(conversation.id, message_id)
+    if message is None:
+        abort(404, "No such message in this shared conversation.")
+    return conversation, message
 
 
 @bp.post("/c/<conversation_id>/share")

@@ -1,0 +1,156 @@
+"""The features of a reply's token (webapp/chat/features.py), as a page (no JavaScript needed: the request waits
+for its job) and as JSON: for each of the model's dictionaries, the features active at the position that
+produced the token, strongest first, with their activations and labels. The owner's, and read-only through a
+share link."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from flask import abort, jsonify, render_template
+from flask.typing import ResponseReturnValue
+
+from webapp.chat.decode.readings import Reading
+from webapp.chat.features.dictionaries import text
+from webapp.chat.features.service import FeatureService
+from webapp.chat.inside.waiting import InsideError, runnable_writer, wait_for_job
+from webapp.chat.records import Conversation, Message
+from webapp.chat.service import ChatError
+from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
+from webapp.chat.web.share import shared_message
+from webapp.web.security import owner_id
+from webapp.web.state import glassbox
+
+
+def feature_service() -> FeatureService:
+    return glassbox().service(FeatureService)
+
+
+PANEL_FEATURES = 5  # features the token panel lists per dictionary; the Features page lists every active one
+
+
+@bp.app_context_processor
+def features_context() -> dict[str, Any]:
+    """has_features(message): whether the model that wrote a reply has a dictionary (the token panel's link),
+    asked of the models in memory. saved_features(message, index): the token's strongest features as the decode
+    step that sampled it read them, for the token panel (model, [(reading, rows)]); None where not saved."""
+    def has_features(message: Message) -> bool:
+        models = service().models
+        name = service().writer_name(message)
+        return name in models and bool(models.get(name).dictionaries)
+
+    def saved_features(message: Message, index: int) -> tuple[str, list[Any]] | None:
+        if not has_features(message):
+            return None
+        model = service().writer_name(message)
+        details = service().details(message.id)
+        found = feature_service().saved(model, details, index)
+        return None if found is None else (model, labelled(model, found, PANEL_FEATURES))
+    return {"has_features": has_features, "saved_features": saved_features}
+
+
+def labelled(model: str, readings: tuple[Reading, ...], top: int | None = None
+             ) -> list[tuple[Reading, list[tuple[int, float, str]]]]:
+    """Each reading with its (feature, activation, label) rows, the `top` strongest (None: all)."""
+    labels = feature_service().labels
+    return [(r, [(i, a, labels(model, r.dictionary)[i]) for i, a in r.features[:top]]) for r in readings]
+
+
+@bp.get("/c/<conversation_id>/m/<int:message_id>/features/<int:index>")
+def token_features(conversation_id: str, message_id: int, index: int) -> ResponseReturnValue:
+    conversation = owned_conversation(conversation_id)
+    return page(conversation, owned_message(conversation_id, message_id), index)
+
+
+@bp.get("/shared/<token>/m/<int:message_id>/features/<int:index>")
+def shared_token_features(token: str, message_id: int, index: int) -> ResponseReturnValue:
+    conversation, message = shared_message(token, message_id)
+    return page(conversation, message, index, shared=token)
+
+
+def page(conversation: Conversation, message: Message, index: int, shared: str | None = None) -> ResponseReturnValue:
+    common = {"conversation": conversation, "message": message, "index": index, "shared": shared}
+    try:
+        model, readings = resolved(message, index)
+    except InsideError as error:
+        if error.status != 409:
+            abort(error.status, str(error))
+        return render_template("chat/features.html", problem=str(error), **common), 409
+    return render_template("chat/features.html", problem=None, tables=labelled(model, readings), model=model,
+                           **common)
+
+
+@bp.get("/c/<conversation_id>/m/<int:message_id>/features/<int:index>.json")
+def token_features_json(conversation_id: str, message_id: int, index: int) -> ResponseReturnValue:
+    return answer(owned_message(conversation_id, message_id), index)
+
+
+@bp.get("/shared/<token>/m/<int:message_id>/features/<int:index>.json")
+def shared_token_features_json(token: str, message_id: int, index: int) -> ResponseReturnValue:
+    _, message = shared_message(token, message_id)
+    return answer(message, index)
+
+
+def answer(message: Message, index: int) -> ResponseReturnValue:
+    """{"dictionaries": [{"name", "hook_name", "features": [{"index", "activation", "label"}]}]}."""
+    try:
+        model, readings = resolved(message, index)
+    except InsideError as error:
+        return jsonify({"error": str(error)}), error.status, error.headers
+    return jsonify({"dictionaries": [
+        {"name": r.dictionary, "hook_name": r.hook_name,
+         "features": [{"index": i, "activation": a, "label": label} for i, a, label in rows]}
+        for r, rows in labelled(model, readings)]})
+
+
+def resolved(message: Message, index: int) -> tuple[str, tuple[Reading, ...]]:
+    """(the model that wrote the reply, the readings): kept, or read now by a job this request waits for.
+    Raises InsideError: 404, 409 (cannot run here, not finished, no dictionary), 429/503, 500."""
+    features = feature_service()
+    model = runnable_writer(message, "Features cannot be read on")
+    details = service().details(message.id)
+    try:
+        wanted = features.request_for(model, message, details, index)
+    except ChatError as error:
+        raise InsideError(str(error), error.status) from None
+    found = features.report(model, wanted, details)
+    if found is not None:
+        return model, found
+    job = wait_for_job(lambda: features.start(owner_id(), model, wanted), "read this token's features")
+    return model, cast(tuple[Reading, ...], job.result.report)
+
+
+# -- one feature's page -------------------------------------------------------------------------------
+@bp.get("/features/<model>/<dictionary>/<int:index>.json")
+def feature_json(model: str, dictionary: str, index: int) -> ResponseReturnValue:
+    """{"index", "label", "density", "pushes": [{"token", "logit"}], "top_contexts": [{"activation", "at",
+    "tokens": [texts]}], "fired_in": [{"conversation_id", "message_id", "title", "token", "activation"}]}; density
+    and top_contexts null where the dictionary has no statistics; fired_in: the asker's own replies only."""
+    return jsonify(feature_view(model, dictionary, index))
+
+
+@bp.get("/features/<model>/<dictionary>/<int:index>")
+def feature_page(model: str, dictionary: str, index: int) -> ResponseReturnValue:
+    return render_template("chat/feature.html", model=model, dictionary=dictionary, **feature_view(model, dictionary,
+                                                                                                    index))
+
+
+def feature_view(model: str, dictionary: str, index: int) -> dict[str, Any]:
+    """What a feature's page and JSON show, from the dictionary as loaded (nothing runs). 404 for no such one."""
+    models = service().models
+    loaded = models.get(model) if model in models else None
+    found = (loaded.dictionaries or {}).get(dictionary) if loaded is not None else None
+    if loaded is None or found is None:
+        abort(404, f"No dictionary {dictionary[:64]!r} on a model {model[:64]!r} here.")
+    if not 0 <= index < found.sae.config.d_sae:
+        abort(404, f"The dictionary {dictionary!r} has features 0 to {found.sae.config.d_sae - 1}.")
+    stats = found.stats
+    contexts = None
+    if stats is not None:
+        contexts = [{"activation": place["activation"], "at": place["at"],
+                     "tokens": [text(loaded.tokenizer, t) for t in place["tokens"]]} for place in stats["top"][index]]
+    fired_in = feature_service().fired_in(owner_id(), model, dictionary, index)
+    return {"index": index, "label": found.labels[index], "hook_name": found.hook_name, "fired_in": fired_in,
+            "density": stats["density"][index] if stats is not None else None,
+            "pushes": [{"token": text(loaded.tokenizer, t), "logit": v} for t, v in found.pushes[index]],
+            "top_contexts": contexts}

@@ -1,0 +1,72 @@
+"""What every glass-box experiment's views on a reply share, written once: the model that wrote the reply,
+when the experiment can run on it here, and a request that waits for its job (holding a bulk stream slot)
+with the refusals and failures made HTTP errors."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator
+from contextlib import closing
+from typing import Any, cast
+
+from webapp.chat.inside.service import InsideService
+from webapp.chat.records import Message
+from webapp.chat.service import ChatError
+from webapp.chat.web.blueprint import settings
+from webapp.core import Refused
+from webapp.core.jobs import CANCELLED, DONE, Job
+from webapp.web import refusal_headers, refusal_status
+from webapp.web.state import glassbox
+from webapp.web.streams import held_slot
+
+STILL_WORKING = "Still working this token out; reload the page in a moment."
+
+
+class InsideError(Exception):
+    """An experiment's request refused or failed: its message, HTTP status and headers (Retry-After)."""
+
+    def __init__(self, message: str, status: int, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.headers = status, headers or {}
+
+
+def inside_service() -> InsideService:
+    return glassbox().service(InsideService)
+
+
+def runnable_writer(message: Message, experiment: str = "Inside cannot look into") -> str:
+    """The model that wrote a reply, when it can be looked into here. Raises InsideError (409: another
+    model or file, a remote backend, not nanoGPT's layout: "<experiment> this model: why.")."""
+    inside = inside_service()
+    try:
+        model = inside.writer(message)
+    except ChatError as error:
+        raise InsideError(str(error), error.status) from None
+    problem = inside.unavailable(model)
+    if problem is not None:
+        raise InsideError(problem.replace("Inside cannot look into", experiment), 409)
+    return model
+
+
+def wait_for_job(start: Callable[[], Job[Any, Any]], what: str, result: str = "report") -> Job[Any, Any]:
+    """Start a job (or join the one running) and wait for it in this request, holding a stream slot ->
+    the job, done, its result's `result` attribute filled in. Raises InsideError: 429/503 (refused, or
+    still running after GLASSBOX_INSIDE_WAIT_SECONDS), 500 (the job failed; `what` it could not do)."""
+    try:
+        # before the job: a refusal leaves nothing queued. A wait of many seconds that nobody watches token
+        # by token: the bulk share, so a flood of cold reports leaves the other slots to live replies
+        with held_slot(bulk=True) as slot:
+            job = start()
+    except Refused as error:
+        raise InsideError(str(error), refusal_status(error), refusal_headers(error)) from None
+    assert slot is not None
+    deadline = time.monotonic() + settings().inside_wait_seconds
+    with slot, closing(cast(Generator[Any, None, None], job.subscribe(settings().heartbeat_seconds))) as events:
+        for _ in events:
+            if time.monotonic() > deadline:  # leaving cancels the job unless another page waits for it
+                raise InsideError(STILL_WORKING, 503)
+    if job.state == DONE and getattr(job.result, result, None) is not None:
+        return job
+    if job.state == CANCELLED:
+        raise InsideError("Stopped before it was worked out (the server is shutting down?); try again.", 503)
+    raise InsideError(f"Could not {what}: {job.error or 'the job failed'}.", 500)

@@ -1,0 +1,192 @@
+"""Patch from another question: activation patching between a reply's own context and the same with its
+last user message edited (webapp/chat/patching/service.py), as a page whose two heat maps fill in live (htmx SSE,
+one fragment per batch of cells) and work without JavaScript (the page reloads itself while the job
+runs), and as JSON (docs/api.md). The owner's only."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from flask import abort, jsonify, redirect, render_template, request, url_for
+
+from webapp.chat.decode.odds import TokenOdds
+from webapp.chat.inside.waiting import InsideError, runnable_writer, wait_for_job
+from webapp.chat.patching import view as patching_view
+from webapp.chat.patching.compute import Cells, Patching, first_difference
+from webapp.chat.patching.jobs import PatchingMetrics, PatchingRequest
+from webapp.chat.patching.service import PatchingService
+from webapp.chat.records import Message
+from webapp.chat.service import ChatError
+from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
+from webapp.chat.web.token_views import token_text
+from webapp.core import Refused
+from webapp.core.jobs import FINISHED, AnyJob
+from webapp.web import refusal_headers, refusal_status
+from webapp.web.security import csrf_exempt, owner_id
+from webapp.web.sse import finished_stream, stream_job
+from webapp.web.state import glassbox
+
+
+def patching_service() -> PatchingService:
+    return glassbox().service(PatchingService)
+
+
+def checked(message: Message, index: int, corrupted: object, against: object) -> tuple[str, PatchingRequest]:
+    """(model, request), or InsideError: 404, 409 (as Inside: not here, not finished, cannot look into
+    it), 400 (bad input, contexts of different lengths)."""
+    model = runnable_writer(message, "Patching cannot run on")
+    try:
+        return model, patching_service().request_for(message, service().details(message.id), index,
+                                                     corrupted, against)
+    except ChatError as error:
+        raise InsideError(str(error), error.status) from None
+
+
+def start(model: str, patching_request: PatchingRequest, watched: bool = False) -> AnyJob:
+    try:
+        job = patching_service().start(owner_id(), model, patching_request)
+    except Refused as error:
+        raise InsideError(str(error), refusal_status(error), refusal_headers(error)) from None
+    if watched:  # a page without JavaScript follows it by reloading, never subscribing
+        job.watched_elsewhere()
+    return job
+
+
+@bp.post("/c/<conversation_id>/m/<int:message_id>/patching/<int:index>.json")
+@csrf_exempt
+def patching_json(conversation_id: str, message_id: int, index: int):
+    """Body {"corrupted": text, "against": token id} -> the whole map once worked out (the request waits,
+    holding a bulk stream slot, at most GLASSBOX_INSIDE_WAIT_SECONDS)."""
+    message = owned_message(conversation_id, message_id)  # its errors as JSON too (pages.http_error)
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        return jsonify({"error": 'Send a JSON object: {"corrupted": "<the message>", "against": <token id>}.'}), 400
+    try:
+        model, patching_request = checked(message, index, body.get("corrupted"), body.get("against"))
+        found = patching_service().result(model, patching_request) or wait(model, patching_request)
+    except InsideError as error:
+        return jsonify({"error": str(error)}), error.status, error.headers
+    tokenizer = service().writer(message).tokenizer
+    return jsonify(patching_view.as_json(tokenizer, patching_request, found))
+
+
+def wait(model: str, patching_request: PatchingRequest) -> Patching:
+    """Start (or join) the job and wait for it, as Inside's JSON does."""
+    job = wait_for_job(lambda: patching_service().start(owner_id(), model, patching_request), "patch", "patching")
+    return cast(Patching, job.result.patching)
+
+
+def form_values() -> tuple[str | None, object]:
+    """?corrupted=...&against=<id> (or &against_text=<one token's text>) of the form."""
+    corrupted = request.args.get("corrupted")
+    against: object = request.args.get("against", "")
+    typed = request.args.get("against_text", "")
+    if typed:
+        against = ("text", typed)
+    elif isinstance(against, str) and against.lstrip("-").isdigit():
+        against = int(against)
+    return corrupted, against
+
+
+@bp.get("/c/<conversation_id>/m/<int:message_id>/patching/<int:index>")
+def patching(conversation_id: str, message_id: int, index: int):
+    """The form (no ?corrupted), else the maps: kept, being worked out, or started now."""
+    conversation = owned_conversation(conversation_id)
+    message = owned_message(conversation_id, message_id)
+    details = service().details(message.id)
+    corrupted, against = form_values()
+    common = {"conversation": conversation, "message": message, "index": index}
+    try:
+        loaded = service().writer(message)
+    except ChatError as error:
+        return render_template("chat/patching.html", problem=str(error), **common), error.status
+    tokenizer = loaded.tokenizer
+    odds = details.odds or []
+    if not 0 <= index < len(odds):
+        abort(404, "No such token in this reply.")
+    panel = TokenOdds.from_row(odds[index])
+    if isinstance(against, tuple):  # a typed token: it must be exactly one
+        ids = tokenizer.encode_ordinary(against[1])
+        against = ids[0] if len(ids) == 1 else "typed"
+    form = patching_view.form_view(tokenizer, panel, patching_service().last_user_message(details),
+                                   corrupted, against)
+    common.update(form=form, token_text=token_text(tokenizer, panel.token)[0])
+    if corrupted is None:
+        return render_template("chat/patching.html", problem=None, **common)
+    if against == "typed":
+        return render_template("chat/patching.html", problem="Type exactly one token as the alternative "
+                               "(that text is several tokens, or none).", **common), 400
+    try:
+        model, patching_request = checked(message, index, corrupted, against)
+        kept = patching_service().result(model, patching_request)
+        job = None
+        if kept is None:
+            job = patching_service().job(model, patching_request)
+            stopped = job is not None and job.state in FINISHED and request.args.get("stopped")
+            if not stopped:
+                job = start(model, patching_request, watched=True)
+    except InsideError as error:
+        if error.status == 404:
+            abort(404, str(error))
+        return render_template("chat/patching.html", problem=str(error), **common), error.status, error.headers
+    view = patching_view.maps_view(tokenizer, patching_request, kept or current(job), job, loaded.model.config)
+    return render_template("chat/patching.html", problem=None, view=view, job=job,
+                           stream_url=url_for("chat.patching_stream", conversation_id=conversation_id,
+                                              message_id=message_id, index=index, corrupted=corrupted,
+                                              against=patching_request.against),
+                           stop_url=url_for("chat.patching_stop", conversation_id=conversation_id,
+                                            message_id=message_id, index=index, job_id=job.id) if job else None,
+                           **common)
+
+
+def current(job: AnyJob | None) -> Patching | None:
+    return None if job is None else cast(Patching | None, job.result.patching)
+
+
+@bp.get("/c/<conversation_id>/m/<int:message_id>/patching/<int:index>/stream")
+def patching_stream(conversation_id: str, message_id: int, index: int):
+    """The cells of the running job as they arrive, each batch one fragment of out-of-band cells, then the
+    whole finished section (`done`)."""
+    message = owned_message(conversation_id, message_id)
+    corrupted, against = form_values()
+    try:
+        model, patching_request = checked(message, index, corrupted, against)
+    except InsideError as error:  # an ending stream, never an error: EventSource retries those for ever
+        return finished_stream(render_template("chat/_patching_gone.html", message=str(error)))
+    job = patching_service().job(model, patching_request)
+    tokenizer = service().writer(message).tokenizer
+    config = service().writer(message).model.config
+    if job is None:
+        kept = patching_service().result(model, patching_request)
+        return finished_stream(render_template(
+            "chat/_patching_maps.html", view=patching_view.maps_view(tokenizer, patching_request, kept, None, config),
+            job=None, stream_url=None, stop_url=None))
+
+    def render(event) -> str | None:
+        if event.name == "cells" and isinstance(event.data, Cells):
+            cells = patching_view.cell_views(event.data, first_difference(patching_request.clean_ids,
+                                                                          patching_request.corrupted_ids) or 0)
+            return render_template("chat/_patching_cells.html", cells=cells) if cells else None
+        if event.name == "metrics" and isinstance(event.data, PatchingMetrics):
+            return render_template("chat/_patching_values.html", values=event.data, oob=True)
+        return None
+
+    def final(job: AnyJob) -> str:
+        view = patching_view.maps_view(tokenizer, patching_request, current(job), job, config)
+        return render_template("chat/_patching_maps.html", view=view, job=job, stream_url=None, stop_url=None)
+
+    return stream_job(job, render, final)
+
+
+@bp.post("/c/<conversation_id>/m/<int:message_id>/patching/<int:index>/stop/<job_id>")
+def patching_stop(conversation_id: str, message_id: int, index: int, job_id: str):
+    """Stop: cancel the job (the cells it worked out stay on the page), then back to the page."""
+    owned_message(conversation_id, message_id)
+    job = glassbox().core.get(job_id)
+    back: dict[str, Any] = {"conversation_id": conversation_id, "message_id": message_id, "index": index}
+    if job is not None and job.owner == owner_id() and isinstance(job.request, PatchingRequest):
+        job.cancel()
+        back.update(corrupted=request.form.get("corrupted", ""), against=job.request.against, stopped=1)
+    if request.headers.get("HX-Request"):
+        return "", 204  # the stream ends with the stopped map
+    return redirect(url_for("chat.patching", **back), 303)
