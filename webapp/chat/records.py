@@ -142,9 +142,9 @@ class ReplyDetails:
     shape written here: a disk or a hand that changed the row), and then named in `damaged`, which the
     views say instead of failing."""
 
-    prompt: dict | None = None
-    odds: list | None = None
-    features: dict | None = None  # what the dictionaries read at each token (webapp/chat/decode/readings.py saved)
+    prompt: dict[str, Any] | None = None
+    odds: list[list[Any]] | None = None
+    features: dict[str, Any] | None = None  # what the dictionaries read at each token (decode/readings.py saved)
     damaged: tuple[str, ...] = ()  # "prompt", "odds", "features"
 
 
@@ -222,8 +222,8 @@ def branch(everything: dict[int, Message], leaf: int | None) -> list[Message]:
     return shown
 
 
-def details_from_row(row) -> ReplyDetails:
-    read: dict = {}
+def details_from_row(row: Mapping[str, Any] | None) -> ReplyDetails:
+    read: dict[str, Any] = {}
     damaged = []
     for field, kind in (("prompt", dict), ("odds", list), ("features", dict)):
         if row is None or field not in row.keys() or not row[field]:
@@ -239,7 +239,7 @@ def details_from_row(row) -> ReplyDetails:
     return ReplyDetails(**read, damaged=tuple(damaged))
 
 
-def _json_or_none(text: str | None) -> dict | None:
+def _json_or_none(text: str | None) -> dict[str, Any] | None:
     """A JSON object column; None when empty or damaged (the page then shows the version unlabelled)."""
     try:
         found = json.loads(text) if text else None

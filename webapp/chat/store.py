@@ -6,6 +6,7 @@ import json
 import secrets
 import time
 import uuid
+from typing import Any
 
 from webapp.chat.decode.types import ReplyStats
 from webapp.chat.records import (
@@ -106,7 +107,7 @@ class ChatStore:
         """Every version of every message (each with its parent_id), oldest first."""
         return list(self._tree(conversation_id)[0].values())
 
-    def _tree(self, conversation_id: str, db=None) -> tuple[dict[int, Message], int | None]:
+    def _tree(self, conversation_id: str, db: Any = None) -> tuple[dict[int, Message], int | None]:
         """Every message of a conversation by id, and the leaf shown: one statement, so the leaf is one of
         the rows read, whatever commits meanwhile (no conversation, or no message: no leaf)."""
         if db is None:
@@ -183,7 +184,8 @@ class ChatStore:
                        (int(on), message_id, conversation_id))
 
     def finish_reply(self, message_id: int, content: str, status: Status, error: str | None,
-                     stats: ReplyStats, odds: list | None = None, features: dict | None = None) -> None:
+                     stats: ReplyStats, odds: list[list[Any]] | None = None,
+                     features: dict[str, Any] | None = None) -> None:
         """The reply's text, outcome and figures; `odds`: one compact row per token (TokenOdds.as_row);
         `features`: what the dictionaries read at each token (webapp/chat/decode/readings.py saved)."""
         with self.db.transaction() as db:
@@ -199,8 +201,8 @@ class ChatStore:
                            (json.dumps(features, separators=(",", ":")), message_id))
 
     def begin_turn(self, owner: str, conversation_id: str | None, *, user_text: str | None,
-                   branch_from: int | None, settings: dict, prompt: dict, max_messages: int = 0,
-                   model: ModelRecord | None = None, intervention: dict | None = None) -> TurnIds:
+                   branch_from: int | None, settings: dict[str, Any], prompt: dict[str, Any], max_messages: int = 0,
+                   model: ModelRecord | None = None, intervention: dict[str, Any] | None = None) -> TurnIds:
         """Save what a new reply needs, in one transaction: its conversation (when new), the question
         (when there is one), the pending reply and its prompt. The reply follows the branch shown, or
         is a new version after `branch_from` (ROOT: a new first message). Both are shown from now on.
