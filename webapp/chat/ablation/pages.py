@@ -87,7 +87,7 @@ def worked_out(model: str, run: AblationRequest) -> AblationResult:
     """The result of an ablation job: kept, or worked out now by a job this request waits for (holding a
     bulk stream slot, as Inside). Raises ChatError: 429/503 (refused, too slow), 500 (failed)."""
     ablation = ablation_service()
-    found = ablation.result(model, run)
+    found = ablation.report(model, run)
     if found is not None:
         return found
     try:

@@ -22,10 +22,9 @@ from webapp.chat.model.hooked import layout_problem
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.records import Conversation, Message, Status
 from webapp.chat.registry import Work
+from webapp.chat.reports import ReportJobs
 from webapp.chat.service import ChatError, ChatService, Turn
 from webapp.core import InferenceCore
-from webapp.core.jobs import Job
-from webapp.core.kept import KeptResults
 
 REMOTE_MODEL = ("Replies here come from a remote server (GLASSBOX_CHAT_BACKEND), not from a model running in "
                 "Glassbox, so no part of it can be switched off.")
@@ -39,13 +38,13 @@ def config_of(loaded: LoadedChatModel) -> Any:
     return model.config
 
 
-class AblationService:
+class AblationService(ReportJobs[AblationRequest, AblationResult, AblationResult]):
     """What the ablation views call; knows the core and the chat service, never the device."""
 
     def __init__(self, core: InferenceCore, chat: ChatService, keep: int = 32) -> None:
-        self.core, self.chat = core, chat
-        self.kept: KeptResults[AblationRequest, AblationResult, AblationResult] = KeptResults(
-            core, keep, lambda result: result if result.edit is not None else None)
+        super().__init__(core, chat.models, Work.ABLATE, keep,
+                         lambda result: result if result.edit is not None else None, AblationResult)
+        self.chat = chat
 
     # -- checks ------------------------------------------------------------------------------
     def writer(self, message: Message) -> tuple[str, LoadedChatModel]:
@@ -113,11 +112,3 @@ class AblationService:
         return AblationRequest(tuple(context), parts, position=True, token=reply[index])
 
     # -- jobs ----------------------------------------------------------------------------------
-    def result(self, model: str, request: AblationRequest) -> AblationResult | None:
-        """The kept result of this request on that model, if it was worked out before."""
-        return self.kept.get(model, request)
-
-    def start(self, owner: str, model: str, request: AblationRequest) -> Job[AblationRequest, AblationResult]:
-        """The job working this request out: the one already queued or running, else a new one. Raises
-        Refused (queue full, too many jobs for this browser or address)."""
-        return self.kept.start(self.chat.models.job_kind(Work.ABLATE, model), owner, model, request, AblationResult())

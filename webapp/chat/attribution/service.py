@@ -11,20 +11,18 @@ from webapp.chat.attribution.jobs import AttributionReport, AttributionRequest, 
 from webapp.chat.inside.service import InsideService
 from webapp.chat.records import Message, ReplyDetails
 from webapp.chat.registry import Work
+from webapp.chat.reports import ReportJobs
 from webapp.chat.service import ChatError
 from webapp.core import InferenceCore
-from webapp.core.jobs import Job
-from webapp.core.kept import KeptResults
 
 
-class AttributionService:
+class AttributionService(ReportJobs[AttributionRequest, AttributionResult, AttributionReport]):
     """What the attribution views call; knows the core and the Inside service, never the device."""
 
     def __init__(self, core: InferenceCore, inside: InsideService, keep: int = 32) -> None:
-        self.core, self.inside, self.models = core, inside, inside.models
-        # GLASSBOX_INSIDE_CACHE_ENTRIES reports kept, as Inside's
-        self.kept: KeptResults[AttributionRequest, AttributionResult, AttributionReport] = KeptResults(
-            core, keep, lambda result: result.report)
+        super().__init__(core, inside.models, Work.ATTRIBUTION, keep, lambda result: result.report,
+                         AttributionResult)
+        self.inside = inside
 
     def request_for(self, model: str, message: Message, details: ReplyDetails, index: int,
                     against: int | None) -> AttributionRequest:
@@ -42,13 +40,3 @@ class AttributionService:
         loaded = self.models.get(model)
         gpt: Any = loaded.model  # nanoGPT's layout (checked before any request: InsideService.unavailable)
         return min(int(loaded.tokenizer.n_vocab), int(gpt.lm_head.weight.size(0)))
-
-    def report(self, model: str, request: AttributionRequest) -> AttributionReport | None:
-        return self.kept.get(model, request)
-
-    def start(self, owner: str, model: str,
-              request: AttributionRequest) -> Job[AttributionRequest, AttributionResult]:
-        """The job working this request out on that model: the one already queued or running, else a new
-        one. Raises Refused (queue full, too many jobs for this browser or address)."""
-        kind = self.models.job_kind(Work.ATTRIBUTION, model)
-        return self.kept.start(kind, owner, model, request, AttributionResult())

@@ -13,11 +13,10 @@ from webapp.chat.features.jobs import FeaturesRequest, FeaturesResult
 from webapp.chat.inside.service import InsideService
 from webapp.chat.records import Message, ReplyDetails
 from webapp.chat.registry import Work
+from webapp.chat.reports import ReportJobs
 from webapp.chat.service import ChatError
 from webapp.chat.store import ChatStore
 from webapp.core import InferenceCore
-from webapp.core.jobs import Job
-from webapp.core.kept import KeptResults
 
 REPLIES_SEARCHED = 500  # an owner's newest replies a feature page looks through for where it fired
 NO_DICTIONARY = ("This model has no sparse dictionary: train one with `python -m webapp.features train` and "
@@ -35,14 +34,13 @@ class FiredAt:
     activation: float
 
 
-class FeatureService:
+class FeatureService(ReportJobs[FeaturesRequest, FeaturesResult, tuple[Reading, ...]]):
     """What the feature views call; knows the core and the Inside service, never the device."""
 
     def __init__(self, core: InferenceCore, inside: InsideService, keep: int = 32, store: ChatStore | None = None
                  ) -> None:
-        self.core, self.inside, self.models, self.store = core, inside, inside.models, store
-        self.kept: KeptResults[FeaturesRequest, FeaturesResult, tuple[Reading, ...]] = KeptResults(
-            core, keep, lambda result: result.report)
+        super().__init__(core, inside.models, Work.FEATURES, keep, lambda result: result.report, FeaturesResult)
+        self.inside, self.store = inside, store
 
     def unavailable(self, model: str) -> str | None:
         """Why a token's features cannot be read on that model (None: they can)."""
@@ -89,7 +87,3 @@ class FeatureService:
     def saved(self, model: str, details: ReplyDetails, index: int) -> tuple[Reading, ...] | None:
         """Token `index`'s readings as saved with its reply, by every dictionary loaded now; None where not."""
         return readings.saved_reading(details.features, index, self.models.get(model).dictionaries)
-
-    def start(self, owner: str, model: str, request: FeaturesRequest) -> Job[FeaturesRequest, FeaturesResult]:
-        """The job reading this request's features. Raises Refused (queue full, too many jobs)."""
-        return self.kept.start(self.models.job_kind(Work.FEATURES, model), owner, model, request, FeaturesResult())

@@ -15,10 +15,9 @@ from webapp.chat.inside.service import InsideService
 from webapp.chat.model.prompt import PromptReport
 from webapp.chat.records import Message, ReplyDetails
 from webapp.chat.registry import Work
+from webapp.chat.reports import ReportJobs
 from webapp.chat.service import ChatError
 from webapp.core import InferenceCore
-from webapp.core.jobs import Job
-from webapp.core.kept import KeptResults
 
 MAX_ROWS = 64  # query rows worked out and shown: the cost and the page grow with them
 ROWS = ("reply", "user")  # where the query rows may start: the reply's start marker, the user's message
@@ -35,14 +34,12 @@ class Region:
     end: int
 
 
-class HeadService:
+class HeadService(ReportJobs[HeadRequest, HeadResult, HeadReport]):
     """What the head views call; knows the core and the Inside service, never the device."""
 
     def __init__(self, core: InferenceCore, inside: InsideService, keep: int = 32) -> None:
-        self.core, self.inside, self.models = core, inside, inside.models
-        # GLASSBOX_INSIDE_CACHE_ENTRIES reports kept, as Inside's
-        self.kept: KeptResults[HeadRequest, HeadResult, HeadReport] = KeptResults(
-            core, keep, lambda result: result.report)
+        super().__init__(core, inside.models, Work.HEAD, keep, lambda result: result.report, HeadResult)
+        self.inside = inside
 
     def heads(self, model: str) -> tuple[int, int]:
         """(n_layer, n_head) of a model Inside can look into."""
@@ -67,13 +64,6 @@ class HeadService:
         first = max(first, p - MAX_ROWS + 1, 0)
         return HeadRequest(inside.context_ids, index, layer, head, first, inside.steer)
 
-    def report(self, model: str, request: HeadRequest) -> HeadReport | None:
-        return self.kept.get(model, request)
-
-    def start(self, owner: str, model: str, request: HeadRequest) -> Job[HeadRequest, HeadResult]:
-        """The job working this request out on that model: the one already queued or running, else a new
-        one. Raises Refused (queue full, too many jobs for this browser or address)."""
-        return self.kept.start(self.models.job_kind(Work.HEAD, model), owner, model, request, HeadResult())
 
 
 def regions(prompt: dict | None, index: int, positions: int) -> list[Region]:

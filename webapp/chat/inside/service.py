@@ -4,7 +4,6 @@ and keep finished reports, a bounded number, least recently used forgotten first
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TypeVar
 
 from webapp.chat import interventions
@@ -14,28 +13,23 @@ from webapp.chat.model.hooked import layout_problem
 from webapp.chat.model.steer import ClampTerm, Term
 from webapp.chat.records import Message, ReplyDetails, Status
 from webapp.chat.registry import ChatModels, ModelRecord, Work, model_record
+from webapp.chat.reports import ReportJobs
 from webapp.chat.service import ChatError
 from webapp.core import InferenceCore
-from webapp.core.jobs import Job
-from webapp.core.kept import KeptResults
 
 Built = TypeVar("Built")
 REMOTE = ("Replies here come from a remote server (GLASSBOX_CHAT_BACKEND), not from a model running in "
           "Glassbox, so there is nothing inside to show.")
 
 
-class InsideService:
+class InsideService(ReportJobs[InsideRequest, InsideResult, InsideReport]):
     """What the Inside views call; knows the core and the chat service's store, never the device."""
 
     def __init__(self, core: InferenceCore, models: ChatModels, keep: int = 32,
                  directions: DirectionStore | None = None) -> None:
-        self.core = core
-        self.models = models
+        # kept under (the model that works it out, the request): two models' reports on one text are two
+        super().__init__(core, models, Work.INSIDE, keep, lambda result: result.report, InsideResult)
         self.directions = directions  # a steered version's directions (None: steered versions are read unsteered)
-        # under (the model that works it out, the request): two models' reports on one text are two
-        # reports; GLASSBOX_INSIDE_CACHE_ENTRIES of them
-        self.kept: KeptResults[InsideRequest, InsideResult, InsideReport] = KeptResults(
-            core, keep, lambda result: result.report)
         self._layout: dict[int, str | None] = {}  # id(model) -> why it cannot be looked into
 
     def writer(self, message: Message) -> str:
@@ -95,16 +89,3 @@ class InsideService:
             raise ChatError(f"This version clamped a feature of the dictionary {missing[0]!r}, which the model no "
                             "longer loads, so it cannot be read again.", 409)
         return terms_of(self.directions, model, found)
-
-    def report(self, model: str, request: InsideRequest) -> InsideReport | None:
-        """The kept report for this request on that model, if it was worked out before."""
-        return self.kept.get(model, request)
-
-    def made_of(self, model: str, request: InsideRequest, what: str, make: Callable[[], Built]) -> Built:
-        """What a view makes of a kept report, made once and kept with it (KeptResults.made_of)."""
-        return self.kept.made_of(model, request, what, make)
-
-    def start(self, owner: str, model: str, request: InsideRequest) -> Job[InsideRequest, InsideResult]:
-        """The job working this request out on that model: the one already queued or running, else a new
-        one. Raises Refused (queue full, too many jobs for this browser or address)."""
-        return self.kept.start(self.models.job_kind(Work.INSIDE, model), owner, model, request, InsideResult())

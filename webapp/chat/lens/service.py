@@ -5,7 +5,6 @@ queued or running), and finished reports kept, a bounded number, under their req
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 from webapp.chat.ablation.compute import Parts, parse_parts
@@ -13,23 +12,20 @@ from webapp.chat.inside.service import InsideService
 from webapp.chat.lens.jobs import LensReport, LensRequest, LensResult
 from webapp.chat.records import Message, ReplyDetails, Status
 from webapp.chat.registry import Work
+from webapp.chat.reports import ReportJobs
 from webapp.chat.service import ChatError
 from webapp.core import InferenceCore
-from webapp.core.jobs import Job
-from webapp.core.kept import KeptResults
 
 Built = TypeVar("Built")
 MAX_COLUMNS = 256  # reply tokens shown: (n_layer + 1) × 256 cells is already a large page
 
 
-class LensService:
+class LensService(ReportJobs[LensRequest, LensResult, LensReport]):
     """What the lens views call; knows the core and the Inside service, never the device."""
 
     def __init__(self, core: InferenceCore, inside: InsideService, keep: int = 32) -> None:
-        self.core, self.inside, self.models = core, inside, inside.models
-        # GLASSBOX_INSIDE_CACHE_ENTRIES reports kept, as Inside's
-        self.kept: KeptResults[LensRequest, LensResult, LensReport] = KeptResults(
-            core, keep, lambda result: result.report)
+        super().__init__(core, inside.models, Work.LENS, keep, lambda result: result.report, LensResult)
+        self.inside = inside
 
     def request_for(self, model: str, message: Message, details: ReplyDetails) -> LensRequest:
         """The reply's exact prompt, its first tokens (at most MAX_COLUMNS, and only those whose context fit
@@ -63,15 +59,3 @@ class LensService:
                                record.get("mode"), config.n_layer, config.n_head)
         except (ValueError, AttributeError):
             raise ChatError("This version's record of what was switched off cannot be read.", 409) from None
-
-    def report(self, model: str, request: LensRequest) -> LensReport | None:
-        return self.kept.get(model, request)
-
-    def made_of(self, model: str, request: LensRequest, what: str, make: Callable[[], Built]) -> Built:
-        """What a view makes of a kept report, made once and kept with it (KeptResults.made_of)."""
-        return self.kept.made_of(model, request, what, make)
-
-    def start(self, owner: str, model: str, request: LensRequest) -> Job[LensRequest, LensResult]:
-        """The job working this request out on that model: the one already queued or running, else a new
-        one. Raises Refused (queue full, too many jobs for this browser or address)."""
-        return self.kept.start(self.models.job_kind(Work.LENS, model), owner, model, request, LensResult())

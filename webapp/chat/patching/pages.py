@@ -63,7 +63,7 @@ def patching_json(conversation_id: str, message_id: int, index: int):
         return jsonify({"error": 'Send a JSON object: {"corrupted": "<the message>", "against": <token id>}.'}), 400
     try:
         model, patching_request = checked(message, index, body.get("corrupted"), body.get("against"))
-        found = patching_service().result(model, patching_request) or wait(model, patching_request)
+        found = patching_service().report(model, patching_request) or wait(model, patching_request)
     except InsideError as error:
         return jsonify({"error": str(error)}), error.status, error.headers
     tokenizer = service().writer(message).tokenizer
@@ -118,7 +118,7 @@ def patching(conversation_id: str, message_id: int, index: int):
                                "(that text is several tokens, or none).", **common), 400
     try:
         model, patching_request = checked(message, index, corrupted, against)
-        kept = patching_service().result(model, patching_request)
+        kept = patching_service().report(model, patching_request)
         job = None
         if kept is None:
             job = patching_service().job(model, patching_request)
@@ -157,7 +157,7 @@ def patching_stream(conversation_id: str, message_id: int, index: int):
     tokenizer = service().writer(message).tokenizer
     config = service().writer(message).model.config
     if job is None:
-        kept = patching_service().result(model, patching_request)
+        kept = patching_service().report(model, patching_request)
         return finished_stream(render_template(
             "chat/_patching_maps.html", view=patching_view.maps_view(tokenizer, patching_request, kept, None, config),
             job=None, stream_url=None, stop_url=None))

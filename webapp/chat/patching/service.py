@@ -12,21 +12,18 @@ from webapp.chat.patching.compute import Patching, first_difference
 from webapp.chat.patching.jobs import PatchingRequest, PatchingResult
 from webapp.chat.records import Message, ReplyDetails
 from webapp.chat.registry import Work
+from webapp.chat.reports import ReportJobs
 from webapp.chat.service import ChatError
 from webapp.core import InferenceCore
-from webapp.core.jobs import Job
-from webapp.core.kept import KeptResults
 
 
-class PatchingService:
+class PatchingService(ReportJobs[PatchingRequest, PatchingResult, Patching]):
     """What the patching views call; knows the core and Inside's checks (who wrote a reply, whether its
     model can be looked into, the token's context), never the device."""
 
     def __init__(self, core: InferenceCore, inside: InsideService, keep: int = 32, max_cells: int = 4096) -> None:
-        self.core, self.inside = core, inside
-        # GLASSBOX_INSIDE_CACHE_ENTRIES maps kept
-        self.kept: KeptResults[PatchingRequest, PatchingResult, Patching] = KeptResults(
-            core, keep, lambda result: result.patching)
+        super().__init__(core, inside.models, Work.PATCHING, keep, lambda result: result.patching, PatchingResult)
+        self.inside = inside
         self.max_cells = max_cells  # GLASSBOX_PATCHING_MAX_CELLS
 
     def last_user_message(self, details: ReplyDetails) -> str | None:
@@ -76,21 +73,6 @@ class PatchingService:
                             "start of the reply.", 400)
         return PatchingRequest(clean.context_ids, corrupted_ids, clean.token, against, index)
 
-    def kind(self, model: str) -> str:
-        return self.inside.models.job_kind(Work.PATCHING, model)
-
-    def result(self, model: str, request: PatchingRequest) -> Patching | None:
-        """The kept map for this request on that model, if it was worked out before."""
-        return self.kept.get(model, request)
-
-    def job(self, model: str, request: PatchingRequest) -> Job[PatchingRequest, PatchingResult] | None:
-        """The newest job for this request on that model, running or finished (None: none)."""
-        return self.core.find(self.kind(model), request)
-
-    def start(self, owner: str, model: str, request: PatchingRequest) -> Job[PatchingRequest, PatchingResult]:
-        """The job working this request out: the one already queued or running, else a new one. Raises
-        Refused (queue full, too many jobs for this browser or address)."""
-        return self.kept.start(self.kind(model), owner, model, request, PatchingResult())
 
 
 def _last_user_part(prompt: dict) -> dict | None:
