@@ -1,10 +1,15 @@
 """python -m webapp.features train --model <name> --layer L --width W --k K --tokens N --corpus PATH --out DIR
+python -m webapp.features contexts --model <name> --dictionary DIR --corpus PATH [--sequences 512]
 
 Trains a TopK sparse dictionary of a chat model's residual stream after block L (several blocks: `--layer 1,2`,
 one dictionary each, in DIR/blocks.L.hook_resid_post), writes it in SAELens's format and prints its quality on
 held-out text. The model is the registry's (GLASSBOX_CHAT_MODELS) of that name, else the one the GLASSBOX_CHAT_*
 settings load (the bundled model by default), on GLASSBOX_DEVICE. A progress line shows tokens/s and the
 explained variance; Ctrl-C keeps the last step, and --resume goes on from it.
+
+`contexts` works out, for a dictionary already made (here or by SAELens), each feature's density, top contexts
+and activation histogram over the first --sequences sequences of a corpus, as `train` does after training, and
+writes them beside it (glassbox_features.json): what its feature pages show.
 """
 
 from __future__ import annotations
@@ -15,13 +20,15 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from webapp.chat.features import contexts
+from webapp.chat.features import contexts, saelens
 from webapp.chat.features.activations import CorpusError, corpus_files, documents, sequences
 from webapp.chat.features.contexts import feature_contexts
 from webapp.chat.features.quality import quality
+from webapp.chat.features.saelens import DictionaryFileError
 from webapp.chat.features.train import STATE, Plan, Progress, folder_of, train
 from webapp.chat.model.errors import ModelLoadError
 from webapp.chat.model.loading import LoadedChatModel, load_chat_model
@@ -49,7 +56,15 @@ def main(argv: list[str] | None = None) -> int:
                      help="sequences of the corpus read for each feature's top contexts and density (512; 0: none)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--resume", action="store_true", help="go on from the checkpoint in --out")
+    read = commands.add_parser("contexts", help="work out a dictionary's top contexts, density and histograms")
+    read.add_argument("--model", default=None, help="the registry's name (default: the first model)")
+    read.add_argument("--dictionary", type=Path, required=True, help="the dictionary's folder (SAELens's files)")
+    read.add_argument("--corpus", type=Path, required=True, help="a .txt or .jsonl file, or a folder of them")
+    read.add_argument("--sequences", type=int, default=512, help="sequences of the corpus read (512)")
+    read.add_argument("--context", type=int, default=128, help="tokens per sequence (128)")
     args = parser.parse_args(argv)
+    if args.command == "contexts":
+        return contexts_command(args)
     try:
         name, loaded = load(args.model)
         layers = tuple(int(part) for part in str(args.layer).split(","))
@@ -96,6 +111,38 @@ def main(argv: list[str] | None = None) -> int:
             seqs = itertools.islice(sequences(documents(corpus_files(args.corpus), loaded.prompt), plan.context),
                                     args.context_sequences)
             contexts.save(feature_contexts(model, sae, seqs), folder)
+    return 0
+
+
+def contexts_command(args: argparse.Namespace) -> int:
+    """`contexts`: the statistics of a dictionary already made, written beside it."""
+    try:
+        if args.sequences < 1 or args.context < 2:
+            raise ValueError("--sequences must be at least 1 and --context at least 2")
+        _, loaded = load(args.model)
+        model: Any = loaded.model  # nanoGPT's layout
+        sae = saelens.load(args.dictionary)
+        width, n_layer = model.config.n_embd, model.config.n_layer
+        if sae.config.d_in != width:
+            raise ValueError(f"{args.dictionary}: d_in is {sae.config.d_in}, the model's width is {width}")
+        if not 0 <= sae.config.layer < int(n_layer):
+            raise ValueError(f"{args.dictionary}: {sae.config.hook_name} reads a block the model does not have")
+        corpus_files(args.corpus)
+    except (ConfigError, ModelLoadError, CorpusError, DictionaryFileError, ValueError) as error:
+        print(f"cannot read contexts: {error}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    seqs = itertools.islice(sequences(documents(corpus_files(args.corpus), loaded.prompt), args.context),
+                            args.sequences)
+    try:
+        stats = feature_contexts(model, sae.to(model.transformer.wte.weight.device), seqs)
+    except CorpusError as error:
+        print(f"cannot read contexts: {error}", file=sys.stderr)
+        return 2
+    contexts.save(stats, args.dictionary)
+    silent = sum(1 for d in stats["density"] if d == 0)
+    print(f"read {stats['tokens']:,} tokens in {time.monotonic() - started:.1f} s; {silent} of {len(stats['density'])}"
+          f" features silent; wrote {args.dictionary / contexts.FILE}")
     return 0
 
 

@@ -6,6 +6,7 @@ not fit the model, says so."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -224,8 +225,24 @@ def test_a_features_page_has_its_label_pushes_density_and_top_contexts(chat_app,
     assert data["density"] == pytest.approx(float((rows[:, feature] > 0).float().mean()))
     assert len(data["pushes"]) == 10 and data["pushes"][0]["logit"] >= data["pushes"][-1]["logit"]
     assert [c["activation"] for c in data["top_contexts"]] == pytest.approx(strongest.tolist(), rel=1e-4)
+    # its histogram: every activation where it is active, binned on the log scale by hand
+    active = rows[:, feature][rows[:, feature] > 0]
+    edges = torch.tensor(data["histogram"]["edges"])
+    assert len(edges) == contexts.HISTOGRAM_BINS + 1 and float(edges[0]) == pytest.approx(1e-3)
+    bins = contexts.HISTOGRAM_BINS
+    binned = [0] * bins
+    for value in active.tolist():  # 0.001 to 100: five decades, bins of equal width in log10
+        binned[min(max(int((math.log10(value) + 3) / 5 * bins), 0), bins - 1)] += 1
+    assert data["histogram"]["counts"] == binned and sum(binned) == int((rows[:, feature] > 0).sum())
+    # the tokens it pushes down: its decoder row through ln_f's scale and lm_head, the most negative first
+    model = gpt(chat_app)
+    effects = (sae.W_dec[feature].detach() * model.transformer.ln_f.weight.detach()) @ model.lm_head.weight.detach().T
+    assert [p["logit"] for p in data["pulls"]] == pytest.approx(effects.topk(10, largest=False).values.tolist(),
+                                                                rel=1e-4, abs=1e-5)
     page = client.get(f"/chat/features/glassbox/early/{feature}").get_data(as_text=True)
     assert "<mark>" in page and data["label"].replace("'", "&#39;") in page
+    assert 'aria-label="Activation histogram"' in page and page.count('class="hbar"') == contexts.HISTOGRAM_BINS
+    assert "<caption>Down</caption>" in page
     assert client.get("/chat/features/glassbox/early/48.json").status_code == 404
     assert client.get("/chat/features/glassbox/nope/1.json").status_code == 404
 

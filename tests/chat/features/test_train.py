@@ -59,6 +59,26 @@ def test_the_command_line_trains_a_saelens_dictionary_of_the_bundled_model_and_r
     assert not torch.equal(saelens.load(out).W_dec, first.W_dec)
 
 
+def test_contexts_works_out_a_made_dictionarys_statistics_as_training_does(tmp_path):
+    out = tmp_path / "d"
+    text = corpus(tmp_path, 2000)
+    trained = features("train", "--layer", "1", "--width", "64", "--k", "4", "--tokens", "2048", "--corpus", text,
+                       "--out", str(out), "--batch", "512", "--context", "64", "--eval-sequences", "2",
+                       "--context-sequences", "8")
+    assert trained.returncode == 0, trained.stderr
+    made = json.loads((out / "glassbox_features.json").read_text())
+    (out / "glassbox_features.json").unlink()
+    run = features("contexts", "--dictionary", str(out), "--corpus", text, "--sequences", "8", "--context", "64")
+    assert run.returncode == 0, run.stderr
+    assert "features silent" in run.stdout
+    again = json.loads((out / "glassbox_features.json").read_text())
+    assert again == made  # the same sequences read: the same density, contexts and histograms
+    counts = again["histogram"]["counts"]
+    assert len(counts) == 64 and sum(map(sum, counts)) == 4 * again["tokens"]  # k = 4 active at every token
+    wrong = features("contexts", "--dictionary", str(tmp_path / "nowhere"), "--corpus", text)
+    assert wrong.returncode == 2 and "cannot read contexts" in wrong.stderr
+
+
 @pytest.mark.parametrize("change, words", [
     ({"--layer": "4"}, "--layer 4: the model has blocks 0 to 3"),
     ({"--corpus": "/nowhere/at/all"}, "no such file or folder"),

@@ -4,8 +4,11 @@ its top contexts (the tokens where it is strongest, a few tokens either side), a
 only each feature's best few places are kept, never every activation.
 
 Saved beside the dictionary as `glassbox_features.json` (webapp/chat/features/dictionaries.py reads it):
-    {"tokens": N, "density": [d_sae floats], "top": [[{"activation", "tokens": [ids], "at": i}, ...] per feature]}
-where `tokens` is the context around the place (its own token at index `at`).
+    {"tokens": N, "density": [d_sae floats], "top": [[{"activation", "tokens": [ids], "at": i}, ...] per feature],
+     "histogram": {"edges": [HISTOGRAM_BINS + 1 floats], "counts": [[HISTOGRAM_BINS ints] per feature]}}
+where `tokens` is the context around the place (its own token at index `at`), and the histogram counts each
+feature's activations where it is active, in bins of equal width on a log scale (an activation below the first
+edge counts in the first bin, one above the last in the last). Files written before histograms have none.
 """
 
 from __future__ import annotations
@@ -21,6 +24,20 @@ from webapp.chat.features.sae import Dictionary
 from webapp.chat.model import hooked
 
 FILE = "glassbox_features.json"
+HISTOGRAM_BINS = 25
+HISTOGRAM_DECADES = (-3.0, 2.0)  # log10 of the first and last edges: activations from 0.001 to 100, 5 bins a decade
+
+
+def histogram_edges() -> list[float]:
+    low, high = HISTOGRAM_DECADES
+    return [10 ** (low + (high - low) * i / HISTOGRAM_BINS) for i in range(HISTOGRAM_BINS + 1)]
+
+
+def histogram_bins(values: torch.Tensor) -> torch.Tensor:
+    """Each positive activation's bin (0 to HISTOGRAM_BINS - 1), out-of-range ones in the first or last."""
+    low, high = HISTOGRAM_DECADES
+    at = ((values.double().log10() - low) / (high - low) * HISTOGRAM_BINS).floor()
+    return at.clamp(0, HISTOGRAM_BINS - 1).long()
 
 
 @torch.inference_mode()
@@ -33,6 +50,7 @@ def feature_contexts(model: Any, sae: Dictionary, sequences: Iterable[Sequence[i
     best = torch.full((d_sae, top), -1.0)  # activations; -1: none yet
     where = torch.zeros((d_sae, top, 2), dtype=torch.long)  # (sequence, position)
     active = torch.zeros(d_sae)
+    counts = torch.zeros(d_sae * HISTOGRAM_BINS, dtype=torch.long)  # (feature, bin), flattened
     kept: list[list[int]] = []
     tokens = 0
     rows: list[list[int]] = []
@@ -50,6 +68,9 @@ def feature_contexts(model: Any, sae: Dictionary, sequences: Iterable[Sequence[i
         T1 = x.size(1)
         z = sae.to(x.device).encode(x.reshape(-1, x.size(-1))).cpu()  # (B (T-1), d_sae)
         active += (z > 0).sum(0)
+        rows_at, features_at = (z > 0).nonzero(as_tuple=True)
+        counts += torch.bincount(features_at * HISTOGRAM_BINS + histogram_bins(z[rows_at, features_at]),
+                                 minlength=d_sae * HISTOGRAM_BINS)
         tokens += z.size(0)
         values, flat = z.T.topk(min(top, z.size(0)), dim=1)  # (d_sae, top) each: rows of z
         first = len(kept)
@@ -70,7 +91,9 @@ def feature_contexts(model: Any, sae: Dictionary, sequences: Iterable[Sequence[i
             places.append({"activation": float(f"{value:.6g}"), "tokens": kept[s][lo:p + window + 1], "at": p - lo})
         found.append(places)
     density = [float(f"{d:.6g}") for d in (active / max(tokens, 1)).tolist()]  # (a smaller file)
-    return {"tokens": tokens, "density": density, "top": found}
+    histogram = {"edges": [float(f"{e:.6g}") for e in histogram_edges()],
+                 "counts": counts.view(d_sae, HISTOGRAM_BINS).tolist()}
+    return {"tokens": tokens, "density": density, "top": found, "histogram": histogram}
 
 
 def save(stats: dict[str, Any], folder: Path) -> None:

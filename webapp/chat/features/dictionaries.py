@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ class LoadedDictionary:
     pushes: list[list[tuple[int, float]]]  # per feature: (token, logit effect), strongest first
     stats: dict[str, Any] | None  # density and top contexts on a corpus (webapp/chat/features/contexts.py), if made
     fingerprint: str = ""  # of its files: features saved with a reply were read by this very dictionary
+    pulls: list[list[tuple[int, float]]] = field(default_factory=list)  # per feature: the tokens it pushes down
 
     @property
     def hook_name(self) -> str:
@@ -86,10 +87,9 @@ def load_dictionaries(spec: str, checkpoint: str, model: Any, tokenizer: Any) ->
             raise ModelLoadError(f"dictionary {path}: two dictionaries named {path.name!r}")
         device = model.transformer.wte.weight.device
         sae = sae.to(device)
-        values, ids = pushes(model, sae, PUSHES)
-        pushed = [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+        pushed, pulled = (_rows(*pushes(model, sae, PUSHES, down)) for down in (False, True))
         found[path.name] = LoadedDictionary(path.name, path, sae, labels(pushed, tokenizer), pushed,
-                                            contexts.load(path), fingerprint(path))
+                                            contexts.load(path), fingerprint(path), pulled)
     return found
 
 
@@ -105,19 +105,23 @@ def fingerprint(folder: Path) -> str:
 
 
 @torch.inference_mode()
-def pushes(model: Any, sae: Dictionary, top: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each feature's strongest pushes: its decoder row scaled by ln_f's γ, through lm_head -> (values,
-    token ids), each (d_sae, top)."""
+def pushes(model: Any, sae: Dictionary, top: int, down: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each feature's strongest pushes up (down: down): its decoder row scaled by ln_f's γ, through lm_head ->
+    (values, token ids), each (d_sae, top), strongest first (down: the most negative first)."""
     gamma = model.transformer.ln_f.weight.float()
     weight = model.lm_head.weight.float()
     rows = max(1, 2**24 // weight.size(0))  # features at a time: never a (d_sae, V) matrix for a large vocabulary
     values, indices = [], []
     for start in range(0, sae.W_dec.size(0), rows):
         effects: torch.Tensor = (sae.W_dec[start:start + rows].float() * gamma) @ weight.T  # (rows, V)
-        found = effects.topk(min(top, effects.size(-1)), dim=-1)
+        found = effects.topk(min(top, effects.size(-1)), dim=-1, largest=not down)
         values.append(found.values.cpu())
         indices.append(found.indices.cpu())
     return torch.cat(values), torch.cat(indices)
+
+
+def _rows(values: torch.Tensor, ids: torch.Tensor) -> list[list[tuple[int, float]]]:
+    return [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
 
 
 def labels(pushed: list[list[tuple[int, float]]], tokenizer: Any) -> list[str]:

@@ -123,9 +123,11 @@ def resolved(message: Message, index: int) -> tuple[str, tuple[Reading, ...]]:
 # -- one feature's page -------------------------------------------------------------------------------
 @bp.get("/features/<model>/<dictionary>/<int:index>.json")
 def feature_json(model: str, dictionary: str, index: int) -> ResponseReturnValue:
-    """{"index", "label", "density", "pushes": [{"token", "logit"}], "top_contexts": [{"activation", "at",
-    "tokens": [texts]}], "fired_in": [{"conversation_id", "message_id", "title", "token", "activation"}]}; density
-    and top_contexts null where the dictionary has no statistics; fired_in: the asker's own replies only."""
+    """{"index", "label", "density", "pushes": [{"token", "logit"}], "pulls": [{"token", "logit"}] (pushed down,
+    the most first), "top_contexts": [{"activation", "at", "tokens": [texts]}], "histogram": {"edges": [...],
+    "counts": [...]}, "fired_in": [{"conversation_id", "message_id", "title", "token", "activation"}]}; density,
+    top_contexts and histogram null where the dictionary has no statistics (histogram: no histogram in them);
+    fired_in: the asker's own replies only."""
     return jsonify(feature_view(model, dictionary, index))
 
 
@@ -149,8 +151,13 @@ def feature_view(model: str, dictionary: str, index: int) -> dict[str, Any]:
     if stats is not None:
         contexts = [{"activation": place["activation"], "at": place["at"],
                      "tokens": [text(loaded.tokenizer, t) for t in place["tokens"]]} for place in stats["top"][index]]
+    histogram = (stats or {}).get("histogram")
     fired_in = feature_service().fired_in(owner_id(), model, dictionary, index)
     return {"index": index, "label": found.labels[index], "hook_name": found.hook_name, "fired_in": fired_in,
             "density": stats["density"][index] if stats is not None else None,
             "pushes": [{"token": text(loaded.tokenizer, t), "logit": v} for t, v in found.pushes[index]],
-            "top_contexts": contexts}
+            "pulls": [{"token": text(loaded.tokenizer, t), "logit": v} for t, v in found.pulls[index]]
+            if found.pulls else [],
+            "top_contexts": contexts,
+            "histogram": {"edges": histogram["edges"], "counts": histogram["counts"][index]}
+            if isinstance(histogram, dict) else None}
