@@ -17,7 +17,8 @@ run: install
 # Then the behaviour tests again, each app keeping its history in PostgreSQL instead of SQLite (a fresh
 # database of a throwaway cluster each: tests/support/databases.py).
 # (each experiment's pages are tested beside its package: tests/chat/<name>/test_*pages.py)
-BEHAVIOUR_TESTS = tests/chat/web $(wildcard tests/chat/*/test_*pages.py) tests/loops/web tests/web tests/v1 \
+BEHAVIOUR_TESTS = tests/chat/web $(wildcard tests/chat/*/test_*pages.py) tests/chat/features/test_labels.py \
+	tests/loops/web tests/web tests/v1 \
 	tests/security tests/test_prefs.py tests/chat/test_service.py
 test: install-test lint
 	GLASSBOX_REQUIRE_SYSTEM_TESTS=1 $(BIN)/python -m pytest

@@ -13,6 +13,8 @@ import ipaddress
 import logging
 import secrets
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from flask import abort, current_app, request, session
 from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
@@ -23,6 +25,7 @@ from webapp.config import ConfigError
 from webapp.web import retention
 from webapp.web.state import glassbox
 
+View = TypeVar("View", bound=Callable[..., Any])
 log = logging.getLogger("glassbox")
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -121,15 +124,15 @@ def csrf_token() -> str:
     return session["csrf"]
 
 
-def csrf_exempt(view):
+def csrf_exempt(view: View) -> View:
     """For JSON endpoints only: a cross-site page cannot send application/json without CORS."""
-    view.csrf_exempt = True
+    setattr(view, "csrf_exempt", True)  # noqa: B010  (an attribute a function does not declare)
     return view
 
 
-def csrf_json_or_form(view):
+def csrf_json_or_form(view: View) -> View:
     """For endpoints that take a JSON body (no token needed: see csrf_exempt) or a form (with its token)."""
-    view.csrf_json_or_form = True
+    setattr(view, "csrf_json_or_form", True)  # noqa: B010
     return view
 
 

@@ -7,18 +7,20 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from flask import abort, jsonify, render_template
+from flask import abort, jsonify, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
 from webapp.chat.decode.readings import Reading
-from webapp.chat.features.dictionaries import text
-from webapp.chat.features.service import FeatureService
+from webapp.chat.features.dictionaries import LoadedDictionary, text
+from webapp.chat.features.labels import LABEL_CHARS
+from webapp.chat.features.service import SEARCH_RESULTS, FeatureService, FoundFeature
 from webapp.chat.inside.waiting import InsideError, runnable_writer, wait_for_job
+from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.records import Conversation, Message
 from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
 from webapp.chat.web.share import shared_message
-from webapp.web.security import owner_id
+from webapp.web.security import csrf_json_or_form, owner_id
 from webapp.web.state import glassbox
 
 
@@ -52,8 +54,8 @@ def features_context() -> dict[str, Any]:
 def labelled(model: str, readings: tuple[Reading, ...], top: int | None = None
              ) -> list[tuple[Reading, list[tuple[int, float, str]]]]:
     """Each reading with its (feature, activation, label) rows, the `top` strongest (None: all)."""
-    labels = feature_service().labels
-    return [(r, [(i, a, labels(model, r.dictionary)[i]) for i, a in r.features[:top]]) for r in readings]
+    labels = {r.dictionary: feature_service().labels(model, r.dictionary) for r in readings}  # one read each
+    return [(r, [(i, a, labels[r.dictionary][i]) for i, a in r.features[:top]]) for r in readings]
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/features/<int:index>")
@@ -133,19 +135,66 @@ def feature_json(model: str, dictionary: str, index: int) -> ResponseReturnValue
 
 @bp.get("/features/<model>/<dictionary>/<int:index>")
 def feature_page(model: str, dictionary: str, index: int) -> ResponseReturnValue:
-    return render_template("chat/feature.html", model=model, dictionary=dictionary, **feature_view(model, dictionary,
-                                                                                                    index))
+    return render_template("chat/feature.html", model=model, dictionary=dictionary, error=request.args.get("error"),
+                           label_chars=LABEL_CHARS, **feature_view(model, dictionary, index))
+
+
+@bp.post("/features/<model>/<dictionary>/<int:index>/label")
+def write_label(model: str, dictionary: str, index: int) -> ResponseReturnValue:
+    """label=<text>: the feature's written label, shared with everyone here (blank: back to the automatic one)."""
+    loaded_feature(model, dictionary, index)
+    try:
+        feature_service().write_label(model, dictionary, index, request.form.get("label", ""), owner_id())
+    except ChatError as error:
+        return redirect(url_for("chat.feature_page", model=model, dictionary=dictionary, index=index,
+                                error=str(error)), 303)
+    return redirect(url_for("chat.feature_page", model=model, dictionary=dictionary, index=index), 303)
+
+
+@bp.post("/features/<model>/<dictionary>/<int:index>/label.json")
+@csrf_json_or_form
+def write_label_json(model: str, dictionary: str, index: int) -> ResponseReturnValue:
+    """{"label": <text>} (blank: none) -> the feature as its JSON shows it."""
+    loaded_feature(model, dictionary, index)
+    body = request.get_json(silent=True) if request.is_json else None
+    if not isinstance(body, dict) or "label" not in body:
+        return jsonify({"error": 'Send a JSON object: {"label": "<text>"} (blank: back to the automatic one).'}), 400
+    try:
+        feature_service().write_label(model, dictionary, index, body["label"], owner_id())
+    except ChatError as error:
+        return jsonify({"error": str(error)}), error.status
+    return jsonify(feature_view(model, dictionary, index))
+
+
+@bp.get("/features/<model>/search")
+def search_page(model: str) -> ResponseReturnValue:
+    """?q=<text>: the model's features whose label holds it (no JavaScript needed)."""
+    query, found = searched(model)
+    return render_template("chat/feature_search.html", model=model, query=query, found=found,
+                           most=SEARCH_RESULTS)
+
+
+@bp.get("/features/<model>/search.json")
+def search_json(model: str) -> ResponseReturnValue:
+    """?q=<text> -> {"query", "features": [{"dictionary", "index", "label", "written"}]}."""
+    query, found = searched(model)
+    return jsonify({"query": query, "features": found})
+
+
+def searched(model: str) -> tuple[str, list[FoundFeature]]:
+    models = service().models
+    if model not in models or not models.get(model).dictionaries:
+        abort(404, f"No model {model[:64]!r} with a sparse dictionary here.")
+    query = request.args.get("q", "").strip()
+    if len(query) > LABEL_CHARS:
+        abort(400, f"Search for at most {LABEL_CHARS} characters.")
+    return query, feature_service().search(model, query) if query else []
 
 
 def feature_view(model: str, dictionary: str, index: int) -> dict[str, Any]:
     """What a feature's page and JSON show, from the dictionary as loaded (nothing runs). 404 for no such one."""
-    models = service().models
-    loaded = models.get(model) if model in models else None
-    found = (loaded.dictionaries or {}).get(dictionary) if loaded is not None else None
-    if loaded is None or found is None:
-        abort(404, f"No dictionary {dictionary[:64]!r} on a model {model[:64]!r} here.")
-    if not 0 <= index < found.sae.config.d_sae:
-        abort(404, f"The dictionary {dictionary!r} has features 0 to {found.sae.config.d_sae - 1}.")
+    loaded, found = loaded_feature(model, dictionary, index)
+    written = feature_service().written_labels(model, dictionary).get(index)
     stats = found.stats
     contexts = None
     if stats is not None:
@@ -153,7 +202,10 @@ def feature_view(model: str, dictionary: str, index: int) -> dict[str, Any]:
                      "tokens": [text(loaded.tokenizer, t) for t in place["tokens"]]} for place in stats["top"][index]]
     histogram = (stats or {}).get("histogram")
     fired_in = feature_service().fired_in(owner_id(), model, dictionary, index)
-    return {"index": index, "label": found.labels[index], "hook_name": found.hook_name, "fired_in": fired_in,
+    return {"index": index, "label": written.text if written else found.labels[index],
+            "automatic_label": found.labels[index],
+            "written_label": {"text": written.text, "by_you": written.owner == owner_id()} if written else None,
+            "hook_name": found.hook_name, "fired_in": fired_in,
             "density": stats["density"][index] if stats is not None else None,
             "pushes": [{"token": text(loaded.tokenizer, t), "logit": v} for t, v in found.pushes[index]],
             "pulls": [{"token": text(loaded.tokenizer, t), "logit": v} for t, v in found.pulls[index]]
@@ -161,3 +213,15 @@ def feature_view(model: str, dictionary: str, index: int) -> dict[str, Any]:
             "top_contexts": contexts,
             "histogram": {"edges": histogram["edges"], "counts": histogram["counts"][index]}
             if isinstance(histogram, dict) else None}
+
+
+def loaded_feature(model: str, dictionary: str, index: int) -> tuple[LoadedChatModel, LoadedDictionary]:
+    """The model and dictionary of a feature. 404 for no such model, dictionary or feature."""
+    models = service().models
+    loaded = models.get(model) if model in models else None
+    found = (loaded.dictionaries or {}).get(dictionary) if loaded is not None else None
+    if loaded is None or found is None:
+        abort(404, f"No dictionary {dictionary[:64]!r} on a model {model[:64]!r} here.")
+    if not 0 <= index < found.sae.config.d_sae:
+        abort(404, f"The dictionary {dictionary!r} has features 0 to {found.sae.config.d_sae - 1}.")
+    return loaded, found

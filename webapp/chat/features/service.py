@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from webapp.chat.decode import readings
 from webapp.chat.decode.readings import Reading
 from webapp.chat.features.jobs import FeaturesRequest, FeaturesResult
+from webapp.chat.features.labels import FeatureLabels, WrittenLabel, label_problem
 from webapp.chat.inside.service import InsideService
 from webapp.chat.records import Message, ReplyDetails
 from webapp.chat.registry import Work
@@ -18,9 +19,20 @@ from webapp.chat.service import ChatError
 from webapp.chat.store import ChatStore
 from webapp.core import InferenceCore
 
+SEARCH_RESULTS = 50  # features a label search lists
 REPLIES_SEARCHED = 500  # an owner's newest replies a feature page looks through for where it fired
 NO_DICTIONARY = ("This model has no sparse dictionary: train one with `python -m webapp.features train` and "
                  "list it in GLASSBOX_CHAT_DICTIONARIES (docs/features.md).")
+
+
+@dataclass(frozen=True)
+class FoundFeature:
+    """A feature a search found."""
+
+    dictionary: str
+    index: int
+    label: str  # as shown: the written one, else the automatic one
+    written: bool
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,7 @@ class FeatureService(ReportJobs[FeaturesRequest, FeaturesResult, tuple[Reading, 
                  ) -> None:
         super().__init__(core, inside.models, Work.FEATURES, keep, lambda result: result.report, FeaturesResult)
         self.inside, self.store = inside, store
+        self.written = FeatureLabels(store.db) if store is not None else None  # labels people wrote
 
     def unavailable(self, model: str) -> str | None:
         """Why a token's features cannot be read on that model (None: they can)."""
@@ -57,8 +70,39 @@ class FeatureService(ReportJobs[FeaturesRequest, FeaturesResult, tuple[Reading, 
         return FeaturesRequest(inside.context_ids, inside.index, inside.steer)
 
     def labels(self, model: str, dictionary: str) -> list[str]:
-        found: list[str] = self.models.get(model).dictionaries[dictionary].labels
+        """Each feature's label: the one written for it, else its automatic one."""
+        found: list[str] = list(self.models.get(model).dictionaries[dictionary].labels)
+        for feature, written in self.written_labels(model, dictionary).items():
+            if 0 <= feature < len(found):
+                found[feature] = written.text
         return found
+
+    def written_labels(self, model: str, dictionary: str) -> dict[int, WrittenLabel]:
+        if self.written is None:
+            return {}
+        fingerprint = self.models.get(model).dictionaries[dictionary].fingerprint
+        return self.written.of_dictionary(model, dictionary, fingerprint)
+
+    def write_label(self, model: str, dictionary: str, feature: int, text: object, owner: str) -> None:
+        """A feature's written label (blank: none). Raises ChatError (400) for a label that cannot be saved."""
+        problem = label_problem(text)
+        if problem is not None or self.written is None:
+            raise ChatError(problem or "Labels are not kept on this server.", 400)
+        found = self.models.get(model).dictionaries[dictionary]
+        self.written.write(model, dictionary, found.fingerprint, feature, str(text), owner)
+
+    def search(self, model: str, query: str, most: int = SEARCH_RESULTS) -> list[FoundFeature]:
+        """The model's features whose label (written or automatic) holds `query`, ignoring case: written labels
+        first, then by dictionary and index, at most `most`."""
+        wanted = query.casefold().strip()
+        found = []
+        for name, loaded in self.models.get(model).dictionaries.items():
+            written = self.written_labels(model, name)
+            for feature, automatic in enumerate(loaded.labels):
+                label = written[feature].text if feature in written else automatic
+                if wanted in label.casefold() or wanted in automatic.casefold():
+                    found.append(FoundFeature(name, feature, label, feature in written))
+        return sorted(found, key=lambda f: (not f.written, f.dictionary, f.index))[:most]
 
     def report(self, model: str, request: FeaturesRequest, details: ReplyDetails | None = None
                ) -> tuple[Reading, ...] | None:
