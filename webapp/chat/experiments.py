@@ -28,7 +28,7 @@ from webapp.chat.decode.reply_jobs import ReplyJobs
 from webapp.chat.directions import DirectionStore
 from webapp.chat.features import dictionary_pages
 from webapp.chat.features import pages as feature_pages
-from webapp.chat.features.jobs import FeaturesJobs
+from webapp.chat.features.jobs import FeaturesJobs, TextFeaturesJobs
 from webapp.chat.features.service import FeatureService
 from webapp.chat.features.training import TrainingService
 from webapp.chat.features.training_jobs import TrainJobs
@@ -64,7 +64,7 @@ class Experiment:
 
     work: Work
     executor: Callable[[LoadedChatModel, PrefixCache | None], ReplyJobs[Any, Any]]
-    service: ServiceFactory | None  # None: Inside's, built before every other
+    service: ServiceFactory | None  # None: another's (Inside's, built before every other; or FEATURES' for texts)
     pages: ModuleType  # its routes, on the chat blueprint (webapp/chat/web/blueprint.py)
     reads_kept_cache: bool = True  # it starts from a finished reply's kept keys and values, where there are some
 
@@ -103,6 +103,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
                lambda core, chat, inside, settings: FeatureService(core, inside, settings.inside_cache_entries,
                                                                               chat.store),
                pages=feature_pages),
+    # the features of every token of a typed text (a search), on the features service
+    Experiment(Work.FEATURE_TEXT, TextFeaturesJobs, None, pages=feature_pages, reads_kept_cache=False),
     # a sparse dictionary trained from the page
     Experiment(Work.TRAIN, TrainJobs, lambda core, chat, inside, settings: TrainingService(
         core, chat.models, Path(settings.instance_path or ROOT / "instance")),

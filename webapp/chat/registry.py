@@ -64,6 +64,7 @@ class Work(StrEnum):
     LENS = "lens"
     DIRECTION = "direction"  # a steering direction from two lists of prompts
     FEATURES = "features"  # the sparse dictionaries' features at a token
+    FEATURE_TEXT = "feature-text"  # the features of every token of a typed text
     TRAIN = "train"  # a sparse dictionary trained from the page
 
 

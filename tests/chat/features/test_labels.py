@@ -1,15 +1,18 @@
-"""Labels people write for features (webapp/chat/features/labels.py) and the search by label: a written label is
-shown everywhere the automatic one was, to everyone on the server, kept per dictionary fingerprint; a search
-finds written and automatic labels; every bad input is a 4xx that saves nothing."""
+"""Labels people write for features (webapp/chat/features/labels.py) and the searches: a written label is shown
+everywhere the automatic one was, to everyone on the server, kept per dictionary fingerprint; a search by label
+finds written and automatic labels; a typed text's features are each token's encode; every bad input is a 4xx
+that saves nothing."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from markupsafe import escape
 
 from tests.chat.ablation import test_pages as test_ablation
 from tests.chat.ablation.test_pages import greedy_reply
 from tests.chat.features.test_pages import with_early_dictionary
+from tests.chat.steering.test_pages import by_hand, gpt
 from tests.conftest import csrf_of
 from webapp.chat.features.labels import LABEL_CHARS
 from webapp.chat.features.service import FeatureService
@@ -99,3 +102,30 @@ def test_the_search_finds_written_labels_first_then_automatic_ones(chat_app, tmp
     assert "No feature" in client.get("/chat/features/glassbox/search?q=zzqqzz").get_data(as_text=True)
     assert client.get("/chat/features/glassbox/search.json?q=" + "x" * (LABEL_CHARS + 1)).status_code == 400
     assert client.get("/chat/features/nope/search.json?q=x").status_code == 404
+
+
+def test_a_typed_texts_features_are_each_tokens_encode_of_the_stream_at_its_place(chat_app, tmp_path):
+    loaded = with_early_dictionary(chat_app, tmp_path)
+    sae = loaded.dictionaries["early"].sae
+    client = chat_app.test_client()
+    text = "Hi, Paris"
+    data = client.get("/chat/features/glassbox/text.json", query_string={"text": text}).get_json()
+    ids = list(loaded.tokenizer.encode_ordinary(text))
+    assert data["text"] == text and len(data["tokens"]) == len(ids)
+    streams = by_hand(gpt(chat_app), [loaded.prompt.bos, *ids])  # the start token first, as a corpus is read
+    weights = {k: v.detach() for k, v in sae.state_dict().items()}
+    for place, token in enumerate(data["tokens"], start=1):
+        (reading,) = token["dictionaries"]
+        pre = torch.relu((streams[0][place] - weights["b_dec"]) @ weights["W_enc"] + weights["b_enc"])
+        kth = pre.topk(sae.config.k).values[-1]
+        want = {int(i): float(pre[i]) for i in torch.nonzero((pre >= kth) & (pre > 0))[:, 0]}
+        assert {f["index"]: f["activation"] for f in reading["features"]} == pytest.approx(want, abs=1e-4)
+    assert data["tokens"][-1]["token"] == "s"  # byte tokens: the text's last letter
+    page = client.get("/chat/features/glassbox/search", query_string={"text": text}).get_data(as_text=True)
+    first = data["tokens"][0]["dictionaries"][0]["features"][0]["index"]
+    assert f'href="{PAGE}/{first}"' in page and "<code>H</code>" in page
+    too_long = client.get("/chat/features/glassbox/text.json", query_string={"text": "x" * 65})
+    assert too_long.status_code == 400 and "at most 64" in too_long.get_json()["error"]
+    assert client.get("/chat/features/glassbox/text.json?text=").status_code == 400
+    assert client.get("/chat/features/glassbox/search?text=" + "x" * 65).status_code == 400
+    assert client.get("/chat/features/nope/text.json?text=x").status_code == 404

@@ -12,8 +12,9 @@ from flask.typing import ResponseReturnValue
 
 from webapp.chat.decode.readings import Reading
 from webapp.chat.features.dictionaries import LoadedDictionary, text
+from webapp.chat.features.dictionaries import text as token_text
 from webapp.chat.features.labels import LABEL_CHARS
-from webapp.chat.features.service import SEARCH_RESULTS, FeatureService, FoundFeature
+from webapp.chat.features.service import SEARCH_RESULTS, TEXT_TOKENS, FeatureService, FoundFeature
 from webapp.chat.inside.waiting import InsideError, runnable_writer, wait_for_job
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.records import Conversation, Message
@@ -168,10 +169,53 @@ def write_label_json(model: str, dictionary: str, index: int) -> ResponseReturnV
 
 @bp.get("/features/<model>/search")
 def search_page(model: str) -> ResponseReturnValue:
-    """?q=<text>: the model's features whose label holds it (no JavaScript needed)."""
+    """?q=<words>: the model's features whose label holds them; ?text=<text>: the features of each of its tokens
+    (the request waits for its job: no JavaScript needed)."""
     query, found = searched(model)
-    return render_template("chat/feature_search.html", model=model, query=query, found=found,
-                           most=SEARCH_RESULTS)
+    text = request.args.get("text", "")
+    tokens, error, status = None, None, 200
+    if text.strip():
+        try:
+            tokens = text_rows(model, text, PANEL_FEATURES)
+        except InsideError as refused:
+            error, status = str(refused), refused.status
+    return render_template("chat/feature_search.html", model=model, query=query, found=found, most=SEARCH_RESULTS,
+                           text=text, tokens=tokens, error=error, text_tokens=TEXT_TOKENS), status
+
+
+@bp.get("/features/<model>/text.json")
+def text_json(model: str) -> ResponseReturnValue:
+    """?text=<text> -> {"text", "tokens": [{"token", "dictionaries": [{"name", "hook_name", "features": [{"index",
+    "activation", "label"}]}]}]}: each token's features, strongest first, read at its own place after the start
+    token."""
+    searched(model)
+    text = request.args.get("text", "")
+    try:
+        rows = text_rows(model, text)
+    except InsideError as error:
+        return jsonify({"error": str(error)}), error.status, error.headers
+    return jsonify({"text": text, "tokens": [
+        {"token": token, "dictionaries": [
+            {"name": r.dictionary, "hook_name": r.hook_name,
+             "features": [{"index": i, "activation": a, "label": label} for i, a, label in found]}
+            for r, found in labelled_rows]} for token, labelled_rows in rows]})
+
+
+def text_rows(model: str, text: str, top: int | None = None
+              ) -> list[tuple[str, list[tuple[Reading, list[tuple[int, float, str]]]]]]:
+    """Each token of a typed text with its readings, labelled (the `top` strongest). Raises InsideError: 400 (no
+    text, too long), 429/503 (refused, still running), 500."""
+    features = feature_service()
+    try:
+        wanted = features.text_request(model, text)
+    except ChatError as error:
+        raise InsideError(str(error), error.status) from None
+    found = features.texts.report(model, wanted)
+    if found is None:
+        job = wait_for_job(lambda: features.texts.start(owner_id(), model, wanted), "read this text's features")
+        found = cast(tuple[tuple[Reading, ...], ...], job.result.report)
+    tokenizer = service().models.get(model).tokenizer
+    return [(token_text(tokenizer, t), labelled(model, readings, top)) for t, readings in zip(wanted.ids[1:], found)]
 
 
 @bp.get("/features/<model>/search.json")

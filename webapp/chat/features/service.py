@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from webapp.chat.decode import readings
 from webapp.chat.decode.readings import Reading
-from webapp.chat.features.jobs import FeaturesRequest, FeaturesResult
+from webapp.chat.features.jobs import FeaturesRequest, FeaturesResult, TextFeaturesRequest, TextFeaturesResult
 from webapp.chat.features.labels import FeatureLabels, WrittenLabel, label_problem
 from webapp.chat.inside.service import InsideService
 from webapp.chat.records import Message, ReplyDetails
@@ -20,6 +20,7 @@ from webapp.chat.store import ChatStore
 from webapp.core import InferenceCore
 
 SEARCH_RESULTS = 50  # features a label search lists
+TEXT_TOKENS = 64  # tokens of a typed text whose features are read
 REPLIES_SEARCHED = 500  # an owner's newest replies a feature page looks through for where it fired
 NO_DICTIONARY = ("This model has no sparse dictionary: train one with `python -m webapp.features train` and "
                  "list it in GLASSBOX_CHAT_DICTIONARIES (docs/features.md).")
@@ -54,6 +55,9 @@ class FeatureService(ReportJobs[FeaturesRequest, FeaturesResult, tuple[Reading, 
         super().__init__(core, inside.models, Work.FEATURES, keep, lambda result: result.report, FeaturesResult)
         self.inside, self.store = inside, store
         self.written = FeatureLabels(store.db) if store is not None else None  # labels people wrote
+        # a typed text's features (a search), kept as a token's are
+        self.texts: ReportJobs[TextFeaturesRequest, TextFeaturesResult, tuple[tuple[Reading, ...], ...]] = ReportJobs(
+            core, inside.models, Work.FEATURE_TEXT, keep, lambda result: result.report, TextFeaturesResult)
 
     def unavailable(self, model: str) -> str | None:
         """Why a token's features cannot be read on that model (None: they can)."""
@@ -90,6 +94,18 @@ class FeatureService(ReportJobs[FeaturesRequest, FeaturesResult, tuple[Reading, 
             raise ChatError(problem or "Labels are not kept on this server.", 400)
         found = self.models.get(model).dictionaries[dictionary]
         self.written.write(model, dictionary, found.fingerprint, feature, str(text), owner)
+
+    def text_request(self, model: str, text: str) -> TextFeaturesRequest:
+        """A typed text, as a corpus's sequence is read: the start token, then its tokens. Raises ChatError (400)
+        for a text that is empty or longer than TEXT_TOKENS tokens (or the model's window)."""
+        loaded = self.models.get(model)
+        ids = list(loaded.tokenizer.encode_ordinary(text))
+        most = min(TEXT_TOKENS, loaded.block_size - 1)
+        if not ids:
+            raise ChatError("Type some text to read its features.", 400)
+        if len(ids) > most:
+            raise ChatError(f"That text is {len(ids)} tokens; its features are read for at most {most}.", 400)
+        return TextFeaturesRequest((loaded.prompt.bos, *ids))
 
     def search(self, model: str, query: str, most: int = SEARCH_RESULTS) -> list[FoundFeature]:
         """The model's features whose label (written or automatic) holds `query`, ignoring case: written labels
