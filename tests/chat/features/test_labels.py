@@ -124,6 +124,7 @@ def test_a_typed_texts_features_are_each_tokens_encode_of_the_stream_at_its_plac
     page = client.get("/chat/features/glassbox/search", query_string={"text": text}).get_data(as_text=True)
     first = data["tokens"][0]["dictionaries"][0]["features"][0]["index"]
     assert f'href="{PAGE}/{first}"' in page and "<code>H</code>" in page
+    assert '<span class="muted">space</span>' in page  # a blank token is named, not drawn empty
     too_long = client.get("/chat/features/glassbox/text.json", query_string={"text": "x" * 65})
     assert too_long.status_code == 400 and "at most 64" in too_long.get_json()["error"]
     assert client.get("/chat/features/glassbox/text.json?text=").status_code == 400

@@ -21,6 +21,7 @@ from webapp.chat.records import Conversation, Message
 from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
 from webapp.chat.web.share import shared_message
+from webapp.chat.web.token_views import whitespace_name
 from webapp.web.security import csrf_json_or_form, owner_id
 from webapp.web.state import glassbox
 
@@ -176,7 +177,7 @@ def search_page(model: str) -> ResponseReturnValue:
     tokens, error, status = None, None, 200
     if text.strip():
         try:
-            tokens = text_rows(model, text, PANEL_FEATURES)
+            tokens = [(token, whitespace_name(token), rows) for token, rows in text_rows(model, text, PANEL_FEATURES)]
         except InsideError as refused:
             error, status = str(refused), refused.status
     return render_template("chat/feature_search.html", model=model, query=query, found=found, most=SEARCH_RESULTS,
