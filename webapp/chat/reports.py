@@ -26,7 +26,7 @@ class ReportJobs(Generic[RequestT, ResultT, Kept]):
                  found: Callable[[ResultT], Kept | None], new_result: Callable[[], ResultT]) -> None:
         self.core, self.models, self.work = core, models, work
         self.kept: KeptResults[RequestT, ResultT, Kept] = KeptResults(core, keep, found)
-        self._new_result = new_result
+        self.found, self._new_result = found, new_result
 
     def kind(self, model: str) -> str:
         """This experiment's job kind on that model (ChatModels.job_kind)."""

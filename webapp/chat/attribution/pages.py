@@ -5,21 +5,18 @@ owner's, and read-only through a share link; the same 404s and 409s as Inside fo
 
 from __future__ import annotations
 
-from typing import cast
-
 from flask import Response, abort, jsonify, render_template, request
 
 from webapp.chat.attribution import view as attribution_view
 from webapp.chat.attribution.jobs import AttributionReport
 from webapp.chat.attribution.service import AttributionService
 from webapp.chat.attribution.view import BadAgainst
-from webapp.chat.inside.waiting import InsideError, runnable_writer, wait_for_job
+from webapp.chat.inside.waiting import InsideError, report_or_wait, runnable_writer
 from webapp.chat.records import Conversation, Message
 from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
 from webapp.chat.web.share import shared_message
 from webapp.chat.web.token_views import token_text, token_views, whitespace_name
-from webapp.web.security import owner_id
 from webapp.web.state import glassbox
 
 
@@ -96,8 +93,4 @@ def resolve(message: Message, index: int, against: int | None) -> AttributionRep
         wanted = attributions.request_for(model, message, service().details(message.id), index, against)
     except ChatError as error:
         raise InsideError(str(error), error.status) from None
-    report = attributions.report(model, wanted)
-    if report is not None:
-        return report
-    job = wait_for_job(lambda: attributions.start(owner_id(), model, wanted), "split this token's logit")
-    return cast(AttributionReport, job.result.report)
+    return report_or_wait(attributions, model, wanted, "split this token's logit")

@@ -15,7 +15,7 @@ from webapp.chat.features.dictionaries import LoadedDictionary, text
 from webapp.chat.features.dictionaries import text as token_text
 from webapp.chat.features.labels import LABEL_CHARS
 from webapp.chat.features.service import SEARCH_RESULTS, TEXT_TOKENS, FeatureService, FoundFeature
-from webapp.chat.inside.waiting import InsideError, runnable_writer, wait_for_job
+from webapp.chat.inside.waiting import InsideError, report_or_wait, runnable_writer, wait_for_job
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.records import Conversation, Message
 from webapp.chat.service import ChatError
@@ -211,10 +211,7 @@ def text_rows(model: str, text: str, top: int | None = None
         wanted = features.text_request(model, text)
     except ChatError as error:
         raise InsideError(str(error), error.status) from None
-    found = features.texts.report(model, wanted)
-    if found is None:
-        job = wait_for_job(lambda: features.texts.start(owner_id(), model, wanted), "read this text's features")
-        found = cast(tuple[tuple[Reading, ...], ...], job.result.report)
+    found = report_or_wait(features.texts, model, wanted, "read this text's features")
     tokenizer = service().models.get(model).tokenizer
     return [(token_text(tokenizer, t), labelled(model, readings, top)) for t, readings in zip(wanted.ids[1:], found)]
 

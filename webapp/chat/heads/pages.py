@@ -6,22 +6,19 @@ read-only through a share link; Inside's 404s and 409s for the same message, 400
 
 from __future__ import annotations
 
-from typing import cast
-
 from flask import Response, abort, jsonify, render_template, request
 
 from webapp.chat.heads import view as head_view
 from webapp.chat.heads.jobs import HeadReport
 from webapp.chat.heads.service import MAX_ROWS, HeadService, Region, regions
 from webapp.chat.heads.view import BadHead
-from webapp.chat.inside.waiting import InsideError, runnable_writer, wait_for_job
+from webapp.chat.inside.waiting import InsideError, report_or_wait, runnable_writer
 from webapp.chat.records import Conversation, Message
 from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
 from webapp.chat.web.share import shared_message
 from webapp.chat.web.token_views import token_text, whitespace_name
 from webapp.web import heavy
-from webapp.web.security import owner_id
 from webapp.web.state import glassbox
 
 
@@ -115,8 +112,4 @@ def resolve(message: Message, index: int, name: str) -> tuple[HeadReport, list[R
     except ChatError as error:
         raise InsideError(str(error), error.status) from None
     found = regions(details.prompt, index, len(wanted.context_ids))
-    report = heads.report(model, wanted)
-    if report is None:
-        job = wait_for_job(lambda: heads.start(owner_id(), model, wanted), "work this head's attention out")
-        report = cast(HeadReport, job.result.report)
-    return report, found
+    return report_or_wait(heads, model, wanted, "work this head's attention out"), found

@@ -4,22 +4,19 @@ reply, as a page (no JavaScript needed: the request waits for its job, holding a
 
 from __future__ import annotations
 
-from typing import cast
-
 from flask import Response, abort, get_template_attribute, jsonify, render_template, request
 
 from webapp.chat.decode.odds import TokenOdds
 from webapp.chat.inside import view as inside_view
 from webapp.chat.inside.jobs import InsideReport
 from webapp.chat.inside.view import HeadView, LensRowView
-from webapp.chat.inside.waiting import InsideError, inside_service, runnable_writer, wait_for_job
+from webapp.chat.inside.waiting import InsideError, inside_service, report_or_wait, runnable_writer
 from webapp.chat.records import Conversation, Message
 from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
 from webapp.chat.web.share import shared_message
 from webapp.chat.web.token_views import token_text, whitespace_name
 from webapp.web import heavy
-from webapp.web.security import owner_id
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/inside/<int:index>")
@@ -127,8 +124,4 @@ def resolved(message: Message, index: int) -> tuple[str, InsideReport]:
         inside_request = inside.request_for(message, service().details(message.id), index)
     except ChatError as error:
         raise InsideError(str(error), error.status) from None
-    report = inside.report(model, inside_request)
-    if report is not None:
-        return model, report
-    job = wait_for_job(lambda: inside.start(owner_id(), model, inside_request), "look inside this token")
-    return model, cast(InsideReport, job.result.report)
+    return model, report_or_wait(inside, model, inside_request, "look inside this token")

@@ -11,11 +11,13 @@ from typing import Any, cast
 
 from webapp.chat.inside.service import InsideService
 from webapp.chat.records import Message
+from webapp.chat.reports import Kept, ReportJobs, RequestT, ResultT
 from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import settings
 from webapp.core import Refused
 from webapp.core.jobs import CANCELLED, DONE, Job
 from webapp.web import refusal_headers, refusal_status
+from webapp.web.security import owner_id
 from webapp.web.state import glassbox
 from webapp.web.streams import held_slot
 
@@ -46,6 +48,18 @@ def runnable_writer(message: Message, experiment: str = "Inside cannot look into
     if problem is not None:
         raise InsideError(problem.replace("Inside cannot look into", experiment), 409)
     return model
+
+
+def report_or_wait(jobs: ReportJobs[RequestT, ResultT, Kept], model: str, request: RequestT, what: str,
+                   result: str = "report") -> Kept:
+    """A request's kept report, or the one its job works out while this request waits for it (started now, or
+    the one already queued or running): wait_for_job's refusals and failures as InsideError."""
+    found = jobs.report(model, request)
+    if found is None:
+        job = wait_for_job(lambda: jobs.start(owner_id(), model, request), what, result)
+        found = jobs.found(job.result)
+    assert found is not None  # wait_for_job saw the job's result hold it
+    return found
 
 
 def wait_for_job(start: Callable[[], Job[Any, Any]], what: str, result: str = "report") -> Job[Any, Any]:

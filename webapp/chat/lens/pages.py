@@ -5,11 +5,9 @@ page does) and as JSON (docs/api.md). The owner's, and read-only through a share
 
 from __future__ import annotations
 
-from typing import cast
-
 from flask import Response, abort, get_template_attribute, jsonify, render_template, request
 
-from webapp.chat.inside.waiting import InsideError, runnable_writer, wait_for_job
+from webapp.chat.inside.waiting import InsideError, report_or_wait, runnable_writer
 from webapp.chat.lens import view as lens_view
 from webapp.chat.lens.jobs import LensReport
 from webapp.chat.lens.service import MAX_COLUMNS, LensService
@@ -18,7 +16,6 @@ from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
 from webapp.chat.web.share import shared_message
 from webapp.web import heavy
-from webapp.web.security import owner_id
 from webapp.web.state import glassbox
 
 
@@ -113,8 +110,4 @@ def resolved(message: Message) -> tuple[str, LensReport]:
         wanted = lenses.request_for(model, message, service().details(message.id))
     except ChatError as error:
         raise InsideError(str(error), error.status) from None
-    report = lenses.report(model, wanted)
-    if report is not None:
-        return model, report
-    job = wait_for_job(lambda: lenses.start(owner_id(), model, wanted), "read this reply through the lens")
-    return model, cast(LensReport, job.result.report)
+    return model, report_or_wait(lenses, model, wanted, "read this reply through the lens")

@@ -10,7 +10,7 @@ from typing import Any, cast
 from flask import abort, jsonify, redirect, render_template, request, url_for
 
 from webapp.chat.decode.odds import TokenOdds
-from webapp.chat.inside.waiting import InsideError, runnable_writer, wait_for_job
+from webapp.chat.inside.waiting import InsideError, report_or_wait, runnable_writer
 from webapp.chat.patching import view as patching_view
 from webapp.chat.patching.compute import Cells, Patching, first_difference
 from webapp.chat.patching.jobs import PatchingMetrics, PatchingRequest
@@ -63,17 +63,11 @@ def patching_json(conversation_id: str, message_id: int, index: int):
         return jsonify({"error": 'Send a JSON object: {"corrupted": "<the message>", "against": <token id>}.'}), 400
     try:
         model, patching_request = checked(message, index, body.get("corrupted"), body.get("against"))
-        found = patching_service().report(model, patching_request) or wait(model, patching_request)
+        found = report_or_wait(patching_service(), model, patching_request, "patch", "patching")
     except InsideError as error:
         return jsonify({"error": str(error)}), error.status, error.headers
     tokenizer = service().writer(message).tokenizer
     return jsonify(patching_view.as_json(tokenizer, patching_request, found))
-
-
-def wait(model: str, patching_request: PatchingRequest) -> Patching:
-    """Start (or join) the job and wait for it, as Inside's JSON does."""
-    job = wait_for_job(lambda: patching_service().start(owner_id(), model, patching_request), "patch", "patching")
-    return cast(Patching, job.result.patching)
 
 
 def form_values() -> tuple[str | None, object]:
