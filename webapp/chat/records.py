@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from webapp.chat import interventions
+
 
 class Status(StrEnum):
     """A message's status (messages.status). A StrEnum equals the string saved, so rows read back as
@@ -80,6 +82,12 @@ class Message:
         found["settings"] = json.loads(found["settings"]) if found["settings"] else None
         found["intervention"] = _json_or_none(found["intervention"])
         return cls(**found)
+
+    @property
+    def change(self) -> interventions.Intervention | None:
+        """What this version changed in the model, read as a tagged union (webapp/chat/interventions.py); None:
+        the model's own run. Raises ValueError for a record this code did not write."""
+        return interventions.from_record(self.intervention)
 
     @property
     def is_reply(self) -> bool:

@@ -78,7 +78,7 @@ class InsideService(ReportJobs[InsideRequest, InsideResult, InsideReport]):
         of a steered version reads the steered model. Raises ChatError (409) for a record that cannot be read,
         or a direction deleted since."""
         try:
-            found = interventions.from_record(message.intervention)
+            found = message.change
         except ValueError:
             raise ChatError("This version's record of how the model was changed cannot be read.", 409) from None
         if not isinstance(found, interventions.Steering) or self.directions is None:

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from webapp.chat.ablation.compute import Parts, parse_parts
 from webapp.chat.inside.service import InsideService
+from webapp.chat.interventions import Ablation
 from webapp.chat.lens.jobs import LensReport, LensRequest, LensResult
 from webapp.chat.records import Message, ReplyDetails, Status
 from webapp.chat.registry import Work
@@ -50,9 +51,13 @@ class LensService(ReportJobs[LensRequest, LensResult, LensReport]):
 
     def parts_of(self, model: str, message: Message) -> Parts | None:
         """What the reply's run switched off (its record, `messages.intervention`), None for nothing."""
-        record = message.intervention
-        if not record or isinstance(record, dict) and record.get("kind") == "steer":
+        try:
+            change = message.change
+        except ValueError:
+            raise ChatError("This version's record of what was switched off cannot be read.", 409) from None
+        if not isinstance(change, Ablation):  # the model's own run, or a steered one (Inside's steer_of)
             return None
+        record = change.record
         config: Any = self.models.get(model).model.config  # nanoGPT's layout: checked before (unavailable)
         try:
             return parse_parts(record.get("heads") or [], record.get("layers") or [], record.get("mlps") or [],
