@@ -9,7 +9,7 @@ Per model, each a GET of `attribution/<i>.json?against=<id>` through a share lin
 - kept KV cache: as right after the reply finished (its KV cache kept for the next turn): the first
   positions' keys and values are read from it and only the last position runs;
 - report kept: the same request again (the report is kept in memory).
-and, beside them, the job's own work with the kept cache (webapp/chat/decode/attribution.attribution_report
+and, beside them, the job's own work with the kept cache (webapp/chat/attribution/jobs.attribution_report
 on the calling thread), so what the app adds shows, and one decode step of one reply with the same cache
 for scale (a busy machine slows both). The reply is saved straight into the store (random
 ordinary ids as its tokens), not generated.

@@ -11,7 +11,7 @@ Per model, through a share link (no cookie needed):
   read from it, only the reply's positions run;
 - the JSON again: the report and its bytes kept;
 - the page: the report kept, the grid's rows rendered (once per report), then again with them kept;
-and the job's own work on the calling thread (webapp/chat/decode/lens.lens_report), so what the app adds
+and the job's own work on the calling thread (webapp/chat/lens/jobs.lens_report), so what the app adds
 shows. The reply is saved straight into the store (random ordinary ids as its tokens), not generated.
 """
 

@@ -65,7 +65,7 @@ class Experiment:
     work: Work
     executor: Callable[[LoadedChatModel, PrefixCache | None], ReplyJobs[Any, Any]]
     service: ServiceFactory | None  # None: another's (Inside's, built before every other; or FEATURES' for texts)
-    pages: ModuleType  # its routes, on the chat blueprint (webapp/chat/web/blueprint.py)
+    pages: ModuleType  # its routes: imported here, they are on the chat blueprint before create_app registers it
     reads_kept_cache: bool = True  # it starts from a finished reply's kept keys and values, where there are some
 
     def executor_for(self, loaded: LoadedChatModel, prefix: Callable[[LoadedChatModel], PrefixCache]

@@ -15,7 +15,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Ablation:
-    record: dict[str, Any]  # as saved: webapp/chat/model/ablation.intervention
+    record: dict[str, Any]  # as saved: webapp/chat/ablation/compute.intervention
 
     def label(self) -> str:
         """"heads 1.0, 2.3 zeroed", "attention layer 1 and MLP 0 mean-ablated"."""

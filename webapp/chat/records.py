@@ -78,8 +78,9 @@ class Message:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Message:
         found = {f.name: row[f.name] for f in COLUMNS}
-        found["status"] = Status(found["status"])
-        found["settings"] = json.loads(found["settings"]) if found["settings"] else None
+        # a status this code does not know (a hand, or a newer front end on a shared database) reads as an error
+        found["status"] = Status(found["status"]) if found["status"] in STATUSES else Status.ERROR
+        found["settings"] = _json_or_none(found["settings"])
         found["intervention"] = _json_or_none(found["intervention"])
         return cls(**found)
 
@@ -116,6 +117,7 @@ class Message:
 
 
 COLUMNS = tuple(f for f in dataclasses.fields(Message) if f.name not in ("versions", "version"))
+STATUSES = frozenset(s.value for s in Status)
 
 
 class ConversationFull(Exception):

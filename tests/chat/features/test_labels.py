@@ -79,6 +79,10 @@ def test_a_label_that_cannot_be_saved_says_why_and_saves_nothing(chat_app, tmp_p
     assert client.get(f"{PAGE}/3.json").get_json()["written_label"] is None
     assert client.post(f"{PAGE}/3/label.json", json={"name": "x"}).status_code == 400
     assert client.post(f"{PAGE}/3/label.json", json={"label": 5}).status_code == 400
+    lone = client.post(f"{PAGE}/3/label.json", data='{"label": "a\\ud800b"}', content_type="application/json")
+    assert lone.status_code == 400  # a lone surrogate: no text a database can keep
+    assert client.post(f"{PAGE}/3/label", data={"csrf_token": csrf_of(client, f"{PAGE}/3")}).status_code == 400
+    assert client.post(f"{PAGE}/3/label.json", data={"label": "x"}).status_code == 415  # JSON only
     assert client.post(f"{PAGE}/48/label.json", json={"label": "x"}).status_code == 404  # no such feature
     assert client.post("/chat/features/glassbox/nope/3/label.json", json={"label": "x"}).status_code == 404
     assert client.post(f"{PAGE}/3/label", data={"label": "no token"}).status_code == 403  # no CSRF token

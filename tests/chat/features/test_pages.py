@@ -315,3 +315,20 @@ def test_a_features_page_lists_the_readers_own_replies_where_it_fired_and_no_one
     assert f"/chat/c/{cid}/m/{mid}/tokens?t={want[0]}#token-panel" in html
     stranger = chat_app.test_client()  # another browser: another owner
     assert stranger.get(f"/chat/features/glassbox/early/{feature}.json").get_json()["fired_in"] == []
+
+
+def test_statistics_that_are_not_of_the_dictionary_are_left_out_not_a_500(chat_app, tmp_path):
+    from webapp.chat.features import contexts
+    loaded = glassbox(chat_app).core.models["chat"]
+    dictionary(tmp_path / "early", 0)
+    (tmp_path / "early" / contexts.FILE).write_text(json.dumps({"tokens": 5, "density": [0.5] * 3, "top": [[]] * 3}))
+    loaded.dictionaries = load_dictionaries(str(tmp_path / "early"), "", loaded.model, loaded.tokenizer)
+    client = chat_app.test_client()
+    data = client.get("/chat/features/glassbox/early/40.json").get_json()  # 48 features, statistics of 3
+    assert (data["density"], data["top_contexts"], data["histogram"]) == (None, None, None)
+    (tmp_path / "early" / contexts.FILE).write_text(json.dumps(
+        {"tokens": 5, "density": [0.5] * 48, "top": [[]] * 48, "histogram": {"edges": [1, 2], "counts": [[1]] * 48}}))
+    loaded.dictionaries = load_dictionaries(str(tmp_path / "early"), "", loaded.model, loaded.tokenizer)
+    data = client.get("/chat/features/glassbox/early/40.json").get_json()
+    assert data["density"] == 0.5 and data["histogram"] is None  # the damaged histogram alone is left out
+    assert client.get("/chat/features/glassbox/early/40").status_code == 200

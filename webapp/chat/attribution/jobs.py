@@ -2,7 +2,7 @@
 token of a reply (webapp/chat/attribution/compute.py does the arithmetic).
 
 An attribution job is a whole job (`AttributionJobs`), run between two batched steps as an Inside job is,
-and it runs the same forward (webapp/chat/model/inside.look_inside) the same way: running replies step
+and it runs the same forward (webapp/chat/inside/compute.look_inside) the same way: running replies step
 between its blocks, and where a finished reply's kept KV cache already holds the context's first
 positions their keys and values are read from it (copied when more than a few positions are left to run),
 never written. The run is the model's own, unedited, so nothing it could leave in a cache is edited.

@@ -1,7 +1,7 @@
 """What a model's sparse dictionaries read in the residual stream: each dictionary's active features at one
 position, strongest first. Written once for a reply as it is written (every token's, from the stream its decode
 step computed anyway: webapp/chat/model/gpt.py `taps`; ReplyReader) and for a token read again later
-(decode/features.py)."""
+(webapp/chat/features/jobs.py)."""
 
 from __future__ import annotations
 

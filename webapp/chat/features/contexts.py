@@ -67,8 +67,9 @@ def feature_contexts(model: Any, sae: Dictionary, sequences: Iterable[Sequence[i
         x = out.resid[layer + 1][:, 1:].float()  # (B, T - 1, C): the start token left out
         T1 = x.size(1)
         z = sae.to(x.device).encode(x.reshape(-1, x.size(-1))).cpu()  # (B (T-1), d_sae)
-        active += (z > 0).sum(0)
-        rows_at, features_at = (z > 0).nonzero(as_tuple=True)
+        on = z > 0
+        active += on.sum(0)
+        rows_at, features_at = on.nonzero(as_tuple=True)
         counts += torch.bincount(features_at * HISTOGRAM_BINS + histogram_bins(z[rows_at, features_at]),
                                  minlength=d_sae * HISTOGRAM_BINS)
         tokens += z.size(0)
@@ -100,10 +101,23 @@ def save(stats: dict[str, Any], folder: Path) -> None:
     (folder / FILE).write_text(json.dumps(stats, separators=(",", ":")))
 
 
-def load(folder: Path) -> dict[str, Any] | None:
-    """The saved statistics, or None when there are none (or they cannot be read: the page says so)."""
+def load(folder: Path, d_sae: int | None = None) -> dict[str, Any] | None:
+    """The saved statistics, or None when there are none, they cannot be read, or they are not of a dictionary of
+    `d_sae` features (the page then says so); a histogram not of that shape is left out."""
     try:
         found = json.loads((folder / FILE).read_text())
     except (OSError, ValueError):
         return None
-    return found if isinstance(found, dict) and isinstance(found.get("top"), list) else None
+    if not isinstance(found, dict) or not isinstance(found.get("top"), list) or \
+            not isinstance(found.get("density"), list):
+        return None
+    if d_sae is not None and (len(found["top"]) != d_sae or len(found["density"]) != d_sae):
+        return None
+    histogram = found.get("histogram")
+    counts = histogram.get("counts") if isinstance(histogram, dict) else None
+    edges = histogram.get("edges") if isinstance(histogram, dict) else None
+    if not isinstance(counts, list) or len(counts) != len(found["top"]) or not isinstance(edges, list) or \
+            len(edges) != HISTOGRAM_BINS + 1 or \
+            any(not isinstance(row, list) or len(row) != HISTOGRAM_BINS for row in counts):
+        found.pop("histogram", None)
+    return found

@@ -24,7 +24,8 @@ from webapp.chat.model.errors import ModelLoadError
 from webapp.chat.model.tokenizer import special_name, token_bytes
 
 LABEL_TOKENS = 3
-PUSHES = 10  # tokens a feature page lists as pushed up
+PUSHES = 10  # tokens a feature page lists as pushed up, and as pushed down
+Pushes = tuple[torch.Tensor, torch.Tensor]  # (values, token ids), each (d_sae, top)
 
 
 @dataclass
@@ -87,9 +88,10 @@ def load_dictionaries(spec: str, checkpoint: str, model: Any, tokenizer: Any) ->
             raise ModelLoadError(f"dictionary {path}: two dictionaries named {path.name!r}")
         device = model.transformer.wte.weight.device
         sae = sae.to(device)
-        pushed, pulled = (_rows(*pushes(model, sae, PUSHES, down)) for down in (False, True))
+        pushed, pulled = (_rows(*side) for side in pushes(model, sae, PUSHES))
         found[path.name] = LoadedDictionary(path.name, path, sae, labels(pushed, tokenizer), pushed,
-                                            contexts.load(path), fingerprint(path), pulled)
+                                            contexts.load(path, sae.config.d_sae), fingerprint(path),
+                                            pulled)
     return found
 
 
@@ -105,19 +107,22 @@ def fingerprint(folder: Path) -> str:
 
 
 @torch.inference_mode()
-def pushes(model: Any, sae: Dictionary, top: int, down: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each feature's strongest pushes up (down: down): its decoder row scaled by ln_f's γ, through lm_head ->
-    (values, token ids), each (d_sae, top), strongest first (down: the most negative first)."""
+def pushes(model: Any, sae: Dictionary, top: int) -> tuple[Pushes, Pushes]:
+    """Each feature's strongest pushes up and down: its decoder row scaled by ln_f's γ, through lm_head, in one
+    product -> ((values, token ids) up, the same down), each (d_sae, top), strongest first (down: the most
+    negative first)."""
     gamma = model.transformer.ln_f.weight.float()
     weight = model.lm_head.weight.float()
     rows = max(1, 2**24 // weight.size(0))  # features at a time: never a (d_sae, V) matrix for a large vocabulary
-    values, indices = [], []
+    found: dict[bool, tuple[list[torch.Tensor], list[torch.Tensor]]] = {True: ([], []), False: ([], [])}
     for start in range(0, sae.W_dec.size(0), rows):
         effects: torch.Tensor = (sae.W_dec[start:start + rows].float() * gamma) @ weight.T  # (rows, V)
-        found = effects.topk(min(top, effects.size(-1)), dim=-1, largest=not down)
-        values.append(found.values.cpu())
-        indices.append(found.indices.cpu())
-    return torch.cat(values), torch.cat(indices)
+        for up, (values, indices) in found.items():
+            best = effects.topk(min(top, effects.size(-1)), dim=-1, largest=up)
+            values.append(best.values.cpu())
+            indices.append(best.indices.cpu())
+    return ((torch.cat(found[True][0]), torch.cat(found[True][1])),
+            (torch.cat(found[False][0]), torch.cat(found[False][1])))
 
 
 def _rows(values: torch.Tensor, ids: torch.Tensor) -> list[list[tuple[int, float]]]:

@@ -27,7 +27,7 @@ def label_problem(text: object) -> str | None:
         return "label must be a string."
     if len(text.strip()) > LABEL_CHARS:
         return f"A label is at most {LABEL_CHARS} characters (this one has {len(text.strip())})."
-    if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in text.strip()):
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp") for c in text.strip()):
         return "A label is one line of text, without control characters."
     return None
 

@@ -1,4 +1,4 @@
-"""The features of a reply's token (webapp/chat/features.py), as a page (no JavaScript needed: the request waits
+"""The features of a reply's token (webapp/chat/features/service.py), as a page (no JavaScript needed: the request waits
 for its job) and as JSON: for each of the model's dictionaries, the features active at the position that
 produced the token, strongest first, with their activations and labels. The owner's, and read-only through a
 share link."""
@@ -22,7 +22,7 @@ from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
 from webapp.chat.web.share import shared_message
 from webapp.chat.web.token_views import whitespace_name
-from webapp.web.security import csrf_json_or_form, owner_id
+from webapp.web.security import csrf_exempt, owner_id
 from webapp.web.state import glassbox
 
 
@@ -53,10 +53,12 @@ def features_context() -> dict[str, Any]:
     return {"has_features": has_features, "saved_features": saved_features}
 
 
-def labelled(model: str, readings: tuple[Reading, ...], top: int | None = None
-             ) -> list[tuple[Reading, list[tuple[int, float, str]]]]:
-    """Each reading with its (feature, activation, label) rows, the `top` strongest (None: all)."""
-    labels = {r.dictionary: feature_service().labels(model, r.dictionary) for r in readings}  # one read each
+def labelled(model: str, readings: tuple[Reading, ...], top: int | None = None,
+             labels: dict[str, list[str]] | None = None) -> list[tuple[Reading, list[tuple[int, float, str]]]]:
+    """Each reading with its (feature, activation, label) rows, the `top` strongest (None: all); `labels`: each
+    dictionary's labels, when the caller read them already."""
+    if labels is None:
+        labels = {r.dictionary: feature_service().labels(model, r.dictionary) for r in readings}  # one read each
     return [(r, [(i, a, labels[r.dictionary][i]) for i, a in r.features[:top]]) for r in readings]
 
 
@@ -145,8 +147,10 @@ def feature_page(model: str, dictionary: str, index: int) -> ResponseReturnValue
 def write_label(model: str, dictionary: str, index: int) -> ResponseReturnValue:
     """label=<text>: the feature's written label, shared with everyone here (blank: back to the automatic one)."""
     loaded_feature(model, dictionary, index)
+    if "label" not in request.form:
+        abort(400, "Send the label (blank: back to the automatic one).")
     try:
-        feature_service().write_label(model, dictionary, index, request.form.get("label", ""), owner_id())
+        feature_service().write_label(model, dictionary, index, request.form["label"], owner_id())
     except ChatError as error:
         return redirect(url_for("chat.feature_page", model=model, dictionary=dictionary, index=index,
                                 error=str(error)), 303)
@@ -154,7 +158,7 @@ def write_label(model: str, dictionary: str, index: int) -> ResponseReturnValue:
 
 
 @bp.post("/features/<model>/<dictionary>/<int:index>/label.json")
-@csrf_json_or_form
+@csrf_exempt
 def write_label_json(model: str, dictionary: str, index: int) -> ResponseReturnValue:
     """{"label": <text>} (blank: none) -> the feature as its JSON shows it."""
     loaded_feature(model, dictionary, index)
@@ -174,14 +178,14 @@ def search_page(model: str) -> ResponseReturnValue:
     (the request waits for its job: no JavaScript needed)."""
     query, found = searched(model)
     text = request.args.get("text", "")
-    tokens, error, status = None, None, 200
+    tokens, error, status, headers = None, None, 200, {}
     if text.strip():
         try:
             tokens = [(token, whitespace_name(token), rows) for token, rows in text_rows(model, text, PANEL_FEATURES)]
         except InsideError as refused:
-            error, status = str(refused), refused.status
+            error, status, headers = str(refused), refused.status, refused.headers
     return render_template("chat/feature_search.html", model=model, query=query, found=found, most=SEARCH_RESULTS,
-                           text=text, tokens=tokens, error=error, text_tokens=TEXT_TOKENS), status
+                           text=text, tokens=tokens, error=error, text_tokens=TEXT_TOKENS), status, headers
 
 
 @bp.get("/features/<model>/text.json")
@@ -213,7 +217,9 @@ def text_rows(model: str, text: str, top: int | None = None
         raise InsideError(str(error), error.status) from None
     found = report_or_wait(features.texts, model, wanted, "read this text's features")
     tokenizer = service().models.get(model).tokenizer
-    return [(token_text(tokenizer, t), labelled(model, readings, top)) for t, readings in zip(wanted.ids[1:], found)]
+    labels = {name: features.labels(model, name) for name in service().models.get(model).dictionaries}  # read once
+    return [(token_text(tokenizer, t), labelled(model, readings, top, labels))
+            for t, readings in zip(wanted.ids[1:], found)]
 
 
 @bp.get("/features/<model>/search.json")

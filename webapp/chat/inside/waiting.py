@@ -58,7 +58,8 @@ def report_or_wait(jobs: ReportJobs[RequestT, ResultT, Kept], model: str, reques
     if found is None:
         job = wait_for_job(lambda: jobs.start(owner_id(), model, request), what, result)
         found = jobs.found(job.result)
-    assert found is not None  # wait_for_job saw the job's result hold it
+    if found is None:  # wait_for_job saw the job's result hold it: never, unless `result` names another field
+        raise InsideError(f"Could not {what}: the job gave nothing.", 500)
     return found
 
 

@@ -20,7 +20,7 @@ class LensColumn(Named):
     position: int  # the position that produced it
     token: int
     text: str
-    origin: str  # inside_pages.token_origin: "sampled", "kept", "picked" or "typed"
+    origin: str  # webapp/chat/inside/pages.py token_origin: "sampled", "kept", "picked" or "typed"
     probability: float | None  # the token panel's (None: typed)
     rank: int | None
 
