@@ -163,3 +163,17 @@ def test_the_presenters_page_reports_a_replay_to_the_followers(chat_app):
     other = chat_app.test_client()  # only the owner reports
     assert other.post(f"/chat/c/{cid}/present/state", data=state,
                       headers={"X-CSRF-Token": csrf_of(other, "/chat/")}).status_code == 404
+
+
+def test_a_kept_snapshot_whose_live_reply_finished_is_read_again(monkeypatch):
+    # a follower who joins just after a reply ended sees it finished, not the snapshot read while it ran
+    from webapp.chat.web import present
+    monkeypatch.setattr(present, "FOLLOW_POLL_SECONDS", 3600.0)  # kept for as long as the test takes
+    reads, made = present.SharedReads(), []
+
+    def fresh():
+        made.append(1)
+        return present.Snapshot(False, live=5 if len(made) == 1 else None)
+    assert reads.read("t", 1, fresh).live == 5
+    assert reads.read("t", 1, fresh, finished=lambda message_id: False).live == 5 and len(made) == 1  # kept
+    assert reads.read("t", 1, fresh, finished=lambda message_id: message_id == 5).live is None and len(made) == 2

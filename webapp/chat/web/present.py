@@ -178,13 +178,16 @@ class SharedReads:
         self._lock = threading.Lock()
         self._kept: dict[str, tuple[float, int, Snapshot]] = {}
 
-    def read(self, token: str, version: int, fresh: Callable[[], Snapshot], ended: int | None = None) -> Snapshot:
+    def read(self, token: str, version: int, fresh: Callable[[], Snapshot], ended: int | None = None,
+             finished: Callable[[int], bool] = lambda message_id: False) -> Snapshot:
         """The snapshot of this version, kept or read now; `ended`: a reply the caller saw end, so a kept
-        snapshot that shows it still live is read again."""
+        snapshot that shows it still live is read again; as is one whose live reply has `finished` (its job here
+        ended: a follower who joins then sees it finished, not a snapshot read while it ran)."""
         with self._lock:
             kept = self._kept.get(token)
             if (kept and kept[1] == version and time.monotonic() - kept[0] < FOLLOW_POLL_SECONDS
-                    and (ended is None or kept[2].live != ended)):
+                    and (ended is None or kept[2].live != ended)
+                    and (kept[2].live is None or not finished(kept[2].live))):
                 return kept[2]
             value = fresh()
             if len(self._kept) > 1000:  # links not followed any more
@@ -194,6 +197,12 @@ class SharedReads:
 
 
 SHARED = SharedReads()
+
+
+def finished_here(message_id: int) -> bool:
+    """Whether a reply's job on this front end has ended (one on another front end: not known here, so no)."""
+    job = service().job_for(message_id)
+    return job is not None and job.finished_state
 
 
 def follow_events(link: PresentLink) -> Iterator[str]:
@@ -210,7 +219,8 @@ def follow_events(link: PresentLink) -> Iterator[str]:
     ended: int | None = None
 
     def check() -> Snapshot:
-        return SHARED.read(token, CHANGES.version(key), lambda: snapshot(links, token, link.owner, cid), ended)
+        return SHARED.read(token, CHANGES.version(key), lambda: snapshot(links, token, link.owner, cid), ended,
+                           finished_here)
 
     while True:
         now = check()
