@@ -5,13 +5,14 @@ share link."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 from flask import abort, jsonify, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
 from webapp.chat.decode.readings import Reading
-from webapp.chat.features.dictionaries import LoadedDictionary, text
+from webapp.chat.features.dictionaries import LoadedDictionary
 from webapp.chat.features.dictionaries import text as token_text
 from webapp.chat.features.labels import LABEL_CHARS
 from webapp.chat.features.service import SEARCH_RESULTS, TEXT_TOKENS, FeatureService, FoundFeature
@@ -54,12 +55,13 @@ def features_context() -> dict[str, Any]:
 
 
 def labelled(model: str, readings: tuple[Reading, ...], top: int | None = None,
-             labels: dict[str, list[str]] | None = None) -> list[tuple[Reading, list[tuple[int, float, str]]]]:
+             labels: dict[str, Callable[[int], str]] | None = None
+             ) -> list[tuple[Reading, list[tuple[int, float, str]]]]:
     """Each reading with its (feature, activation, label) rows, the `top` strongest (None: all); `labels`: each
-    dictionary's labels, when the caller read them already."""
+    dictionary's labels (FeatureService.label_of), when the caller read them already."""
     if labels is None:
-        labels = {r.dictionary: feature_service().labels(model, r.dictionary) for r in readings}  # one read each
-    return [(r, [(i, a, labels[r.dictionary][i]) for i, a in r.features[:top]]) for r in readings]
+        labels = {r.dictionary: feature_service().label_of(model, r.dictionary) for r in readings}  # one read each
+    return [(r, [(i, a, labels[r.dictionary](i)) for i, a in r.features[:top]]) for r in readings]
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/features/<int:index>")
@@ -217,7 +219,7 @@ def text_rows(model: str, text: str, top: int | None = None
         raise InsideError(str(error), error.status) from None
     found = report_or_wait(features.texts, model, wanted, "read this text's features")
     tokenizer = service().models.get(model).tokenizer
-    labels = {name: features.labels(model, name) for name in service().models.get(model).dictionaries}  # read once
+    labels = {name: features.label_of(model, name) for name in service().models.get(model).dictionaries}  # read once
     return [(token_text(tokenizer, t), labelled(model, readings, top, labels))
             for t, readings in zip(wanted.ids[1:], found)]
 
@@ -247,7 +249,8 @@ def feature_view(model: str, dictionary: str, index: int) -> dict[str, Any]:
     contexts = None
     if stats is not None:
         contexts = [{"activation": place["activation"], "at": place["at"],
-                     "tokens": [text(loaded.tokenizer, t) for t in place["tokens"]]} for place in stats["top"][index]]
+                     "tokens": [token_text(loaded.tokenizer, t) for t in place["tokens"]]}
+                    for place in stats["top"][index]]
     histogram = (stats or {}).get("histogram")
     fired_in = feature_service().fired_in(owner_id(), model, dictionary, index)
     return {"index": index, "label": written.text if written else found.labels[index],
@@ -255,8 +258,8 @@ def feature_view(model: str, dictionary: str, index: int) -> dict[str, Any]:
             "written_label": {"text": written.text, "by_you": written.owner == owner_id()} if written else None,
             "hook_name": found.hook_name, "fired_in": fired_in,
             "density": stats["density"][index] if stats is not None else None,
-            "pushes": [{"token": text(loaded.tokenizer, t), "logit": v} for t, v in found.pushes[index]],
-            "pulls": [{"token": text(loaded.tokenizer, t), "logit": v} for t, v in found.pulls[index]]
+            "pushes": [{"token": token_text(loaded.tokenizer, t), "logit": v} for t, v in found.pushes[index]],
+            "pulls": [{"token": token_text(loaded.tokenizer, t), "logit": v} for t, v in found.pulls[index]]
             if found.pulls else [],
             "top_contexts": contexts,
             "histogram": {"edges": histogram["edges"], "counts": histogram["counts"][index]}

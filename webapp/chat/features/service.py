@@ -5,6 +5,7 @@ or running), finished readings kept, a bounded number, under their request."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from webapp.chat.decode import readings
@@ -73,13 +74,12 @@ class FeatureService(ReportJobs[FeaturesRequest, FeaturesResult, tuple[Reading, 
             raise ChatError(problem, 409)
         return FeaturesRequest(inside.context_ids, inside.index, inside.steer)
 
-    def labels(self, model: str, dictionary: str) -> list[str]:
-        """Each feature's label: the one written for it, else its automatic one."""
-        found: list[str] = list(self.models.get(model).dictionaries[dictionary].labels)
-        for feature, written in self.written_labels(model, dictionary).items():
-            if 0 <= feature < len(found):
-                found[feature] = written.text
-        return found
+    def label_of(self, model: str, dictionary: str) -> Callable[[int], str]:
+        """Each feature's label as shown: the one written for it, else its automatic one (the written ones read
+        once, here; no copy of the automatic ones)."""
+        automatic = self.models.get(model).dictionaries[dictionary].labels
+        written = self.written_labels(model, dictionary)
+        return lambda feature: written[feature].text if feature in written else automatic[feature]
 
     def written_labels(self, model: str, dictionary: str) -> dict[int, WrittenLabel]:
         if self.written is None:
