@@ -48,6 +48,7 @@ from webapp.chat.patching.service import PatchingService
 from webapp.chat.registry import Work
 from webapp.chat.service import ChatService
 from webapp.chat.steering import pages as steering_pages
+from webapp.chat.steering import sweep_pages
 from webapp.chat.steering.jobs import DirectionJobs
 from webapp.chat.steering.service import SteeringService
 from webapp.config import ROOT
@@ -65,7 +66,8 @@ class Experiment:
     work: Work
     executor: Callable[[LoadedChatModel, PrefixCache | None], ReplyJobs[Any, Any]]
     service: ServiceFactory | None  # None: another's (Inside's, built before every other; or FEATURES' for texts)
-    pages: ModuleType  # its routes: imported here, they are on the chat blueprint before create_app registers it
+    pages: tuple[ModuleType, ...]  # its routes: imported here, they are on the chat blueprint before create_app
+    # registers it
     reads_kept_cache: bool = True  # it starts from a finished reply's kept keys and values, where there are some
 
     def executor_for(self, loaded: LoadedChatModel, prefix: Callable[[LoadedChatModel], PrefixCache]
@@ -77,41 +79,41 @@ class Experiment:
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     # "Inside this token": the logit lens and every head's attention at one position
-    Experiment(Work.INSIDE, InsideJobs, None, pages=inside_pages),
+    Experiment(Work.INSIDE, InsideJobs, None, pages=(inside_pages,)),
     # switching parts off: a mean ablation's means, one position's odds with parts off
     Experiment(Work.ABLATE, AblationJobs, lambda core, chat, inside, settings: AblationService(core, chat),
-               pages=ablation_pages, reads_kept_cache=False),
+               pages=(ablation_pages,), reads_kept_cache=False),
     # "Who pushed this token": direct logit attribution
     Experiment(Work.ATTRIBUTION, AttributionJobs,
                lambda core, chat, inside, settings: AttributionService(core, inside, settings.inside_cache_entries),
-               pages=attribution_pages),
+               pages=(attribution_pages,)),
     # one head over a whole reply, query × key
     Experiment(Work.HEAD, HeadJobs,
                lambda core, chat, inside, settings: HeadService(core, inside, settings.inside_cache_entries),
-               pages=head_pages),
+               pages=(head_pages,)),
     # "Patch from another question": activation patching
     Experiment(Work.PATCHING, PatchingJobs,
                lambda core, chat, inside, settings: PatchingService(core, inside, settings.inside_cache_entries,
                                                                     settings.patching_max_cells),
-               pages=patching_pages, reads_kept_cache=False),
+               pages=(patching_pages,), reads_kept_cache=False),
     # the logit lens over a whole reply
     Experiment(Work.LENS, LensJobs,
                lambda core, chat, inside, settings: LensService(core, inside, settings.inside_cache_entries),
-               pages=lens_pages),
+               pages=(lens_pages,)),
     # the features active at a token, by each of the model's sparse dictionaries
     Experiment(Work.FEATURES, FeaturesJobs,
                lambda core, chat, inside, settings: FeatureService(core, inside, settings.inside_cache_entries,
                                                                               chat.store),
-               pages=feature_pages),
+               pages=(feature_pages,)),
     # the features of every token of a typed text (a search), on the features service
-    Experiment(Work.FEATURE_TEXT, TextFeaturesJobs, None, pages=feature_pages, reads_kept_cache=False),
+    Experiment(Work.FEATURE_TEXT, TextFeaturesJobs, None, pages=(feature_pages,), reads_kept_cache=False),
     # a sparse dictionary trained from the page
     Experiment(Work.TRAIN, TrainJobs, lambda core, chat, inside, settings: TrainingService(
         core, chat.models, Path(settings.instance_path or ROOT / "instance")),
-               pages=dictionary_pages, reads_kept_cache=False),
+               pages=(dictionary_pages,), reads_kept_cache=False),
     # steering: a contrastive direction from two lists of prompts; steered versions run as replies
     Experiment(Work.DIRECTION, DirectionJobs, lambda core, chat, inside, settings: SteeringService(core, chat),
-               pages=steering_pages, reads_kept_cache=False),
+               pages=(steering_pages, sweep_pages), reads_kept_cache=False),
 )
 
 

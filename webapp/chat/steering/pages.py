@@ -18,15 +18,12 @@ from webapp.chat.records import ChatPage, Conversation, Message
 from webapp.chat.service import ChatError
 from webapp.chat.steering.compute import read_control_vector, write_control_vector
 from webapp.chat.steering.service import SteeringService
-from webapp.chat.web.blueprint import bp, owned_message, owned_page, service, settings
+from webapp.chat.web.blueprint import bp, owned_message, owned_page, service
 from webapp.chat.web.composer import start_reply, start_version_json
-from webapp.core import Refused
-from webapp.web import quotas, refusal_headers, refusal_status
 from webapp.web.security import csrf_json_or_form, owner_id
 from webapp.web.state import glassbox
 
 MAX_IMPORT_BYTES = 16 * 2**20  # a control vector file: a few blocks of the model's width in float32
-MAX_SWEEP = 9  # strengths one sweep writes
 
 
 def steering() -> SteeringService:
@@ -249,37 +246,3 @@ def steer_json(conversation_id: str, message_id: int):
 def _shown(page: ChatPage) -> Conversation:
     assert page.conversation is not None  # an owned page of a conversation
     return page.conversation
-
-
-@bp.post("/c/<conversation_id>/m/<int:message_id>/steer_sweep.json")
-@csrf_json_or_form
-def steer_sweep_json(conversation_id: str, message_id: int):
-    """{"direction": <name>, "alphas": [-8, -4, 0, 4, 8]} -> {"message_ids": [one new version per strength]}: the
-    reply written again at each strength, each a version of its own that streams as every reply does."""
-    body = request.get_json(silent=True) if request.is_json else None
-    alphas = body.get("alphas") if isinstance(body, dict) else None
-    if not isinstance(alphas, list) or not 2 <= len(alphas) <= MAX_SWEEP:
-        return jsonify({"error": f'Send {{"direction": <name>, "alphas": [2 to {MAX_SWEEP} numbers]}}.'}), 400
-    assert isinstance(body, dict)
-    try:
-        page = owned_page(conversation_id)
-        assert page.conversation is not None
-        message = owned_message(conversation_id, message_id)
-        turns = [steering().reply_turn(page.conversation, message, page.messages,
-                                       [{"direction": body.get("direction"), "alpha": alpha}]) for alpha in alphas]
-        most = settings().max_jobs_per_owner
-        if most and len(turns) > most:
-            raise ChatError(f"This server runs at most {most} replies of one browser at once: sweep at most {most} "
-                            "strengths.", 400)
-    except ChatError as error:
-        return jsonify({"error": str(error)}), error.status
-    owner, ids = owner_id(), []
-    try:
-        for turn in turns:  # every strength checked before the first is started
-            quotas.check_chat(service().store, owner, new_conversation=False)
-            ids.append(service().start_turn(owner, turn).reply_id)
-    except ChatError as error:  # the versions already started go on: they are said too
-        return jsonify({"error": str(error), "message_ids": ids}), error.status
-    except Refused as error:
-        return jsonify({"error": str(error), "message_ids": ids}), refusal_status(error), refusal_headers(error)
-    return jsonify({"message_ids": ids})
