@@ -178,6 +178,7 @@ def _before() -> None:
     CLIENT.set(request.remote_addr or "")  # jobs created by this request count against this address
     bodies.apply_body_limit()  # before the CSRF check reads the form
     check_csrf()
+    bodies.refuse_lone_surrogates()
 
 
 def _after(response):

@@ -58,6 +58,30 @@ def test_a_lone_surrogate_in_v1_text_is_a_400_naming_the_field(api, path, body, 
     assert error["param"] == param and "lone surrogate" in error["message"]
 
 
+@pytest.mark.parametrize("path, body, where", [
+    ("/chat/directions.json", '{"model": "glassbox", "name": "d", "layer": 0, "positive": ["Hi \\ud800"], '
+                              '"negative": ["Bye"]}', "'positive[0]'"),
+    ("/chat/directions.json", '{"model": "glassbox", "name": "Jorda\\ud800", "layer": 0, "vector": [1]}', "'name'"),
+    ("/chat/c/nope/m/1/patching/0.json", '{"corrupted": "What is the capital of Jorda\\ud800?"}', "'corrupted'"),
+    ("/chat/c/nope/m/1/steer.json", '{"steer": [{"direction": "\\udfff", "alpha": 1}]}', "'steer[0].direction'"),
+    ("/chat/c/nope/m/1/steer.json", '{"\\ud800": 1}', "A key"),
+    ("/api/loops/trace", '{"graph": {"edges": ["A\\ud800"]}}', "'graph.edges[0]'"),
+    ("/chat/directions.json", '"\\ud800"', "The body"),
+])
+def test_a_lone_surrogate_in_any_json_body_is_a_400_naming_where(api, path, body, where):
+    """A tokenizer (and UTF-8, and so the database) cannot take one: a 500 before (issue 52, item 3)."""
+    response = post_raw(api, path, body)
+    assert response.status_code == 400, response.get_data(as_text=True)[:300]
+    error = response.get_json()["error"]
+    assert error.startswith(where) and "lone surrogate" in error, error
+
+
+@pytest.mark.parametrize("path", ["/chat/directions.json", "/chat/c/nope/m/1/steer.json", "/api/loops/trace"])
+def test_a_json_body_nested_too_deep_to_parse_is_a_400(api, path):
+    response = post_raw(api, path, "[" * 100_000 + "]" * 100_000)
+    assert response.status_code == 400 and "nested too deeply" in response.get_json()["error"]
+
+
 @pytest.mark.parametrize("path, extra", [("/v1/completions", {"prompt": "a"}),
                                          ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}]})])
 @pytest.mark.parametrize("value", [HUGE, -HUGE])

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from webapp.digits import plain_digits
 from webapp.loops.request import MAX_STEPS, DemoRequest, RequestError
 from webapp.loops.task import SYMBOLS, preset
 
@@ -109,11 +110,11 @@ def parse_k_text(text: str) -> Any:
     low, dash, rest = text.partition("-")
     if dash:
         high, colon, step = rest.partition(":")
-        if low.isdigit() and high.isdigit() and (not colon or step.isdigit()):
+        if plain_digits(low) and plain_digits(high) and (not colon or plain_digits(step)):
             return {"from": int(low), "to": int(high), **({"step": int(step)} if colon else {})}
         return text
     parts = text.split(",")
-    return [int(p) for p in parts] if all(p.isdigit() for p in parts) else text
+    return [int(p) for p in parts] if all(plain_digits(p) for p in parts) else text
 
 
 def table(family: str, seed: int, k: int, index: int) -> DemoRequest:

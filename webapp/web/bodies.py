@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from flask import current_app, request
+from flask import abort, current_app, request
 from werkzeug.exceptions import BadRequest, HTTPException
 
 DRAIN_BYTES = 4 * 1024 * 1024  # over nginx's client_max_body_size (deploy/nginx.conf)
@@ -36,6 +36,50 @@ def apply_body_limit() -> None:
     limit = getattr(view, "max_body_bytes", None)
     if limit is not None:
         request.max_content_length = min(limit, request.max_content_length or limit)
+
+
+def refuse_lone_surrogates() -> None:
+    """JSON's "\\ud800" escape decodes to a lone surrogate, which is not text: no tokenizer (and no UTF-8, so no
+    database) takes it. A JSON body holding one anywhere is a 400 naming where, before a view sees it (/v1 says so
+    in its own shape, field by field: webapp/v1/params.py); so is one nested too deep to parse. The parsed body
+    is cached for the view."""
+    if not request.is_json or request.blueprint == "v1":
+        return
+    try:
+        body = request.get_json(silent=True)
+    except RecursionError:  # silent=True catches ValueError only
+        abort(400, "The JSON body is nested too deeply to read.")
+    where = lone_surrogate(body)
+    if where is not None:
+        abort(400, f"{where} holds a lone surrogate (a \\ud800–\\udfff escape without its pair), which is not "
+                   "text: send the text as UTF-8.")
+
+
+def lone_surrogate(body: object) -> str | None:
+    """Where the first string (or key) of a parsed JSON value that is not valid Unicode is ("'corrupted'",
+    "'steer[0].direction'", "A key of 'steer[0]'", "The body") -> None when there is none. A loop, not
+    recursion: a body nested as deep as the parser allows is walked too."""
+    stack: list[tuple[object, str]] = [(body, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str):
+            if not _is_text(value):
+                return repr(where) if where else "The body"
+            continue
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in reversed(list(items)):
+            if isinstance(key, str) and not _is_text(key):
+                return f"A key of {where!r}" if where else "A key"
+            stack.append((item, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else key))
+    return None
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def drain_unread() -> None:

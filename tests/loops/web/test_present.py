@@ -32,7 +32,9 @@ def test_a_follower_sees_the_run_the_trace_and_the_player_then_revoke_ends_it(lo
                            headers={"X-CSRF-Token": csrf})
     assert reported.status_code == 204
     assert wait_for(lambda: "The presenter is at loop 3" in "".join(got))
-    assert client.post("/loops/present/state", data={"loop": "x"}, headers={"X-CSRF-Token": csrf}).status_code == 400
+    for odd in ("x", "\u00b2", "\u2460", "\u0663", "9" * 4301, "-1"):  # isdigit() said yes to ², ① and ٣ (a 500)
+        refused = client.post("/loops/present/state", data={"loop": odd}, headers={"X-CSRF-Token": csrf})
+        assert refused.status_code == 400 and "whole number" in refused.get_data(as_text=True), odd
     # a late joiner's page has the trace the presenter shows
     assert follower.get(link).get_data(as_text=True).count("<tr") == 7
 

@@ -11,6 +11,7 @@ from webapp.chat.heads.jobs import HeadReport
 from webapp.chat.heads.service import MAX_ROWS, ROWS, Region
 from webapp.chat.inside.view import attention_shade
 from webapp.chat.web.token_views import Named, token_text
+from webapp.digits import plain_digits
 
 LABELS = {"start": "start", "fewshot": "few-shot examples", "earlier": "earlier turns",
           "user": "the user's message", "reply": "the reply", "prompt": "the prompt"}
@@ -34,7 +35,7 @@ def parse_rows(value: str | None) -> str:
 def parse_head(value: str) -> tuple[int, int]:
     """"L.H" (block L, head H, both from 0) -> (L, H). Raises BadHead (not two numbers)."""
     layer, dot, head = value.partition(".")
-    if not dot or not layer.isdigit() or not head.isdigit():
+    if not dot or not plain_digits(layer) or not plain_digits(head):
         raise BadHead(f"A head is named block.head, e.g. 1.0 (block 1, head 0, both from 0), not {value!r}.")
     return int(layer), int(head)
 

@@ -21,6 +21,7 @@ from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, ser
 from webapp.chat.web.token_views import token_text
 from webapp.core import Refused
 from webapp.core.jobs import FINISHED, AnyJob
+from webapp.digits import plain_digits
 from webapp.web import refusal_headers, refusal_status
 from webapp.web.security import csrf_exempt, owner_id
 from webapp.web.sse import finished_stream, stream_job
@@ -77,7 +78,7 @@ def form_values() -> tuple[str | None, object]:
     typed = request.args.get("against_text", "")
     if typed:
         against = ("text", typed)
-    elif isinstance(against, str) and against.lstrip("-").isdigit():
+    elif isinstance(against, str) and plain_digits(against.removeprefix("-")):
         against = int(against)
     return corrupted, against
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from webapp.chat.model import hooked
+from webapp.digits import plain_digits
 
 MAX_ALPHA = 1000.0  # |α| beyond this is a typo, not an experiment
 MAX_TERMS = 8  # directions one steered run adds at once
@@ -95,7 +96,7 @@ def read_control_vector(path: Path) -> dict[int, np.ndarray]:
     for tensor in reader.tensors:
         name = tensor.name
         head, dot, number = name.partition(".")
-        if head != "direction" or not dot or not number.isdigit():
+        if head != "direction" or not dot or not plain_digits(number):
             continue
         found[int(number)] = np.array(tensor.data, dtype=np.float32).reshape(-1)
     if not found:

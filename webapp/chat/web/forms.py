@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from webapp.chat.decode.types import SamplingParams
+from webapp.digits import plain_digits
 
 SEED_MAX = 2**32 - 1
 TOP_K_MAX = 200
@@ -104,7 +105,7 @@ def remembered_sampling(value, *, default_max_new_tokens: int, max_new_tokens_li
     if not isinstance(value, dict):
         return None
     form = {k: "" if value.get(k) is None else str(value[k]) for k in SAMPLING_FIELDS}
-    if form["max_new_tokens"].isdigit():
+    if plain_digits(form["max_new_tokens"]):
         form["max_new_tokens"] = str(min(int(form["max_new_tokens"]), max_new_tokens_limit))
     try:
         return parse_sampling(form, default_max_new_tokens=default_max_new_tokens,

@@ -12,6 +12,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
+from webapp.digits import plain_digits
 from webapp.loops.request import DemoRequest, RequestError
 from webapp.loops.task import PRESETS, SYMBOLS, preset, shuffle_rules
 
@@ -58,7 +59,7 @@ class EditorState:
     def apply(self, action: str, rng: random.Random) -> None:
         """One editor action: `up:N`, `down:N`, `shuffle`, or `preset:NAME`."""
         verb, _, arg = action.partition(":")
-        if verb in ("up", "down") and arg.isdigit():
+        if verb in ("up", "down") and plain_digits(arg):
             i = int(arg)
             j = i - 1 if verb == "up" else i + 1
             if 0 <= i < len(self.pairs) and 0 <= j < len(self.pairs):

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from flask import abort, redirect, render_template, request, url_for
 
 from webapp.core.jobs import Event
+from webapp.digits import plain_digits
 from webapp.loops.trace import RowsEvent
 from webapp.loops.web.blueprint import bp, service, settings
 from webapp.present import CHANGES, FOLLOW_POLL_SECONDS, PresentLink
@@ -49,7 +50,7 @@ def present_state():
     """What the presenter's page shows now (static/present.js): the trace and the player's loop."""
     trace = request.form.get("trace", "")[:64]
     loop = request.form.get("loop", "")
-    if loop and not loop.isdigit():
+    if loop and not plain_digits(loop):
         abort(400, "loop must be a whole number.")
     if not follow.links().report(owner_id(), KIND, "", {"trace": trace, "loop": int(loop) if loop else None}):
         abort(404, "The Loop lab is not being presented.")
