@@ -177,6 +177,7 @@ def _before() -> None:
     g.cpu_started = time.thread_time()  # a bulk request's CPU counts against the bulk share (web/heavy.py)
     CLIENT.set(request.remote_addr or "")  # jobs created by this request count against this address
     bodies.apply_body_limit()  # before the CSRF check reads the form
+    bodies.refuse_chunked_over_limit()
     check_csrf()
     bodies.refuse_lone_surrogates()
 

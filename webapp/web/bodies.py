@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from flask import abort, current_app, request
-from werkzeug.exceptions import BadRequest, HTTPException
+from werkzeug.exceptions import BadRequest, HTTPException, RequestEntityTooLarge
 
 DRAIN_BYTES = 4 * 1024 * 1024  # over nginx's client_max_body_size (deploy/nginx.conf)
 READ_BLOCK = 64 * 1024
@@ -36,6 +36,18 @@ def apply_body_limit() -> None:
     limit = getattr(view, "max_body_bytes", None)
     if limit is not None:
         request.max_content_length = min(limit, request.max_content_length or limit)
+
+
+def refuse_chunked_over_limit() -> None:
+    """A chunked body has no Content-Length to refuse it by before it is read, and werkzeug stops reading one at
+    the limit and hands on what it read, cut short: a JSON or form parser then called it malformed (400). So a
+    chunked body is read here, whole, and one that reaches the limit is a 413 (its rest drained after: drain_unread).
+    The views read the cached copy."""
+    limit = request.max_content_length
+    if limit is None or request.content_length is not None or not request.environ.get("wsgi.input_terminated"):
+        return
+    if len(request.get_data(cache=True)) >= limit:
+        raise RequestEntityTooLarge()
 
 
 def refuse_lone_surrogates() -> None:
