@@ -118,6 +118,22 @@ def _is_loopback(network: str) -> bool:
         return False
 
 
+def on_starting(server):
+    """Every GLASSBOX_* setting checked before the worker is forked: a nonsense one (GLASSBOX_MAX_BATCH=0) is one
+    line and exit status 2, where the worker's start used to print it under a traceback and gunicorn's own lines.
+    webapp/config.py is read alone, not as part of the webapp package: importing that would load torch into this
+    master process, which never runs a model."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("glassbox_settings", os.path.join(os.path.dirname(
+        os.path.abspath(__file__)), "webapp", "config.py"))
+    config = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+    spec.loader.exec_module(config)
+    try:
+        config.Settings.from_env()
+    except config.ConfigError as error:
+        refuse(str(error))
+
+
 def when_ready(server):
     # what gunicorn really bound: `-b` on the command line, or several -b, win over `bind` above
     for sock in server.LISTENERS:

@@ -57,6 +57,12 @@ backend_timeout = 5
     ("[models]\n", ["no models"]),
     ("[model.a]\ncheckpoint = 'x'\n", ["unknown table [model]"]),
     ("[models.a\ncheckpoint = 'x'\n", ["not valid TOML"]),
+    # every number is checked as its GLASSBOX_* twin is (100,000,000 threads made the worker crash in a loop)
+    ("[models.a]\ncheckpoint = 'x'\ntorch_threads = 100000000\n", ["'torch_threads'", "out of range", "1 to 256"]),
+    ("[models.a]\ncheckpoint = 'x'\ntorch_threads = -1\n", ["'torch_threads'", "-1 is out of range"]),
+    ("[models.a]\ncheckpoint = 'x'\nbackend_timeout = 0\n", ["'backend_timeout'", "0.1 to 3600"]),
+    ("[models.a]\ncheckpoint = 'x'\nbackend_max_replies = 0\n", ["'backend_max_replies'", "out of range"]),
+    ("[models.a]\ncheckpoint = 'x'\nbackend_wait_seconds = nan\n", ["'backend_wait_seconds'", "out of range"]),
 ])
 def test_a_file_that_cannot_be_used_is_refused_naming_the_file_the_table_and_the_key(tmp_path, text, names):
     settings = registry(tmp_path, text)

@@ -141,3 +141,17 @@ def test_the_start_up_line_names_the_address_gunicorn_binds(tmp_path):
         proc.wait(30)
     line = next(x for x in log.read_text().splitlines() if "Glassbox is listening on" in x)
     assert f"Glassbox is listening on http://127.0.0.1:{port} on loopback only" in line
+
+
+@pytest.mark.parametrize("name, value, says", [
+    ("GLASSBOX_MAX_BATCH", "0", "GLASSBOX_MAX_BATCH='0' is out of range"),
+    ("GLASSBOX_TORCH_THREADS", "100000000", "GLASSBOX_TORCH_THREADS='100000000' is out of range")])
+def test_a_nonsense_setting_stops_start_up_with_one_line_before_any_worker(tmp_path, name, value, says):
+    """Checked in gunicorn's on_starting hook: it was the right line, under a worker's 20-line traceback."""
+    env = {**os.environ, **model_env(tmp_path), "GLASSBOX_INSTANCE_PATH": str(tmp_path / "instance"), name: value,
+           "GLASSBOX_BIND": f"127.0.0.1:{free_port()}", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "wsgi:app"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    said = done.stdout + done.stderr
+    assert done.returncode == 2, said[-2000:]
+    assert f"Glassbox cannot start: {says}" in said and "Traceback" not in said and "Booting worker" not in said

@@ -26,7 +26,7 @@ from typing import Any
 
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.records import Message
-from webapp.config import ConfigError, Settings
+from webapp.config import LIMITS, ConfigError, Settings
 
 DEFAULT_NAME = "glassbox"  # the one model's name when no registry is given (what /v1 always called it)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # safe in a URL, a form value and a label
@@ -126,6 +126,9 @@ def _entry_settings(table: dict[str, Any], base: Settings, folder: Path, here: s
             value = float(value)
         if type(value) is not kind:
             raise ConfigError(f"{here}, key {key!r}: expected {_kind_name(kind)}, got {value!r}")
+        limit = LIMITS.get(field)  # checked as its GLASSBOX_* twin is
+        if limit is not None and isinstance(value, (int, float)) and not limit.allows(value):
+            raise ConfigError(f"{here}, key {key!r}: {value!r} is out of range: use {limit.says()}")
         if key in PATH_KEYS and value:
             value = str(folder / Path(str(value)).expanduser())  # an absolute path stays as it is
         values[field] = value

@@ -100,6 +100,12 @@ class ChatService:
                             f"{', '.join(self.models.names())}.", 400)
         return name
 
+    def model_gone(self, conversation: Conversation | None) -> str | None:
+        """The model a conversation was started with, when this server no longer runs it (its new replies then
+        come from the default, and its page says so); None otherwise."""
+        name = conversation.model if conversation else None
+        return name if name and name not in self.models else None
+
     def conversation_model(self, conversation: Conversation | None) -> str:
         """The model a conversation's new replies use: the one it was started with, while this server
         runs it; else the default (each reply is labelled with the model that wrote it)."""
@@ -182,7 +188,8 @@ class ChatService:
         already). Raises PromptTooLong, ChatError for an unknown model."""
         if history is None:
             history = self.history(conversation.id) if conversation else []
-        name = self.conversation_model(conversation) if conversation else self.chosen_model(model)
+        named = self.chosen_model(model)  # a model named is checked in a new chat and an old one alike (400)
+        name = self.conversation_model(conversation) if conversation else named
         prompt = self.check_prompt(history, sampling, name, question=content)
         return Turn(conversation, prompt, sampling, user_text=content, model=name)
 

@@ -152,6 +152,9 @@ def test_after_a_restart_without_the_model_its_replies_answer_409_and_never_anot
         assert regenerated.status_code == 409 and said in regenerated.get_data(as_text=True)
         conversation = client.get(f"/chat/c/{cid}").get_data(as_text=True)
         assert "second (not run here now)" in conversation  # the page is still read, its reply labelled
+        assert ("This conversation was started with <strong>second</strong>, which this\n    server no longer runs: "
+                "new replies come from <strong>first</strong>.") in conversation  # said, not silently switched
+        assert "Model: <strong>second</strong>" not in conversation
     finally:
         glassbox(app).core.shutdown()
 
@@ -204,6 +207,15 @@ def test_asking_an_unknown_or_the_same_model_twice_is_refused_beside_the_picker_
         assert same.status_code == 400 and "Choose another model than first" in same.get_data(as_text=True)
         assert 'id="model-error"' in same.get_data(as_text=True)
         assert "/chat/c/" not in client.get("/chat/").get_data(as_text=True)  # no conversation was saved
+        # in a conversation already started, an unknown model is refused alike (it was ignored: a 303)
+        sent = send(client, "Hello", model="second", max_new_tokens="2", temperature="0")
+        finish(client, sent.get_data(as_text=True))
+        cid = conversation_id_of(sent)
+        before = len(messages(app, cid))
+        again = send(client, "Again", htmx=False, conversation_id=cid, model="gpt-9")
+        assert again.status_code == 400 and "There is no model named &#39;gpt-9&#39; here" in again.get_data(
+            as_text=True)
+        assert len(messages(app, cid)) == before
     finally:
         glassbox(app).core.shutdown()
 

@@ -82,6 +82,7 @@ def page_context(page: ChatPage | None, sampling: SamplingParams, *, draft: str 
             "draft": draft, "errors": errors or {}, "sampling": sampling, "typed": typed or {},
             "max_new_tokens_limit": sampling_limit(),
             "budget": token_budget(messages, sampling.max_new_tokens, model),
+            "model": model, "model_gone": service().model_gone(conversation),
             "beside": paired,
             "present_token": present_token(conversation), **more}
 
