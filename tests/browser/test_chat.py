@@ -72,7 +72,9 @@ def test_send_stream_stop_regenerate_edit_and_reload(page):
     assistants = page.locator("li.message.assistant").count()
     set_reply_length(page, "20")
     last_reply(page).get_by_role("button", name="Regenerate").click()
-    page.wait_for_selector(PENDING)
+    # the new version may be written before a look could find it streaming: wait for it to exist, then to end
+    page.wait_for_function("() => document.querySelector('li.message.assistant .versions span')?.textContent"
+                           " === '2/2'")
     page.wait_for_selector(f"{PENDING}", state="detached")
     assert page.locator("li.message.assistant").count() == assistants
     assert "complete" in last_reply(page).get_attribute("class")
@@ -82,7 +84,8 @@ def test_send_stream_stop_regenerate_edit_and_reload(page):
     first.locator("details.edit summary").click()
     first.locator("textarea").fill("An edited question")
     first.get_by_role("button", name="Save and resend").click()
-    page.wait_for_selector(PENDING)
+    page.wait_for_function("() => document.querySelector('li.message.user .text')?.textContent"
+                           " === 'An edited question' && document.querySelector('li.message.assistant')")
     page.wait_for_selector(PENDING, state="detached")
     assert page.locator("li.message.user").count() == 1
     assert page.locator("li.message.user .text").first.text_content() == "An edited question"

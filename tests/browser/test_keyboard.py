@@ -46,7 +46,9 @@ def test_chat_by_keyboard_send_stop_regenerate_and_edit(page):
     tab_to(page, "li.message.assistant button", backwards=True)  # Regenerate
     assert page.evaluate("() => document.activeElement.textContent") == "Regenerate"
     page.keyboard.press("Enter")
-    page.wait_for_selector(PENDING)
+    # the new version may be written before a look could find it streaming: wait for it to exist, then to end
+    page.wait_for_function("() => document.querySelector('li.message.assistant .versions span')?.textContent"
+                           " === '2/2'")
     page.wait_for_selector(PENDING, state="detached", timeout=20_000)
 
     tab_to(page, "li.message.user details.edit summary", backwards=True)
