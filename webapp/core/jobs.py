@@ -101,6 +101,8 @@ class Job(Generic[RequestT, ResultT]):
         self._changed = 0
         self._subscribers = 0
         self._ever_subscribed = False
+        self._askers = {self.owner}  # the browsers that asked for it (KeptResults.start joins them to one job)
+        self._keep_running = False  # its last subscriber leaving does not cancel it (keep_running)
         self._cancel = threading.Event()
         self._unsaved, self._saved_at = 0, time.monotonic()
         self.save_error: str | None = None  # set when saving its result failed: the job then fails
@@ -178,6 +180,28 @@ class Job(Generic[RequestT, ResultT]):
         with self._cond:
             self._cond.notify_all()
 
+    def ask(self, owner: str) -> None:
+        """Another browser asked for what this job works out, and shares it."""
+        with self._cond:
+            self._askers.add(owner)
+
+    def asked_by(self, owner: str) -> bool:
+        with self._cond:
+            return owner in self._askers
+
+    def withdraw(self, owner: str) -> bool:
+        """A browser no longer wants it (its Stop) -> whether nobody else does either: then the caller cancels
+        it. One browser's Stop never takes the result from another that asked for the same."""
+        with self._cond:
+            self._askers.discard(owner)
+            return not self._askers
+
+    def keep_running(self) -> None:
+        """Its last subscriber leaving no longer cancels it: a request that stopped waiting for it (too long)
+        leaves it to finish, so that asking again finds it running, or its kept result."""
+        with self._cond:
+            self._keep_running = True
+
     def watched_elsewhere(self) -> None:
         """Someone follows it from outside this process (another front end reading its saved result), so
         it is not an orphan, though nobody here ever subscribed."""
@@ -252,7 +276,7 @@ class Job(Generic[RequestT, ResultT]):
             if not watch:
                 with self._cond:
                     self._subscribers -= 1
-                    abandoned = self._subscribers == 0 and not self.finished_state
+                    abandoned = self._subscribers == 0 and not self.finished_state and not self._keep_running
                 if abandoned:
                     self.cancel()
 

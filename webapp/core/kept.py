@@ -71,6 +71,7 @@ class KeptResults(Generic[RequestT, ResultT, Kept]):
         browser or address)."""
         running = self.core.find(kind, request)
         if running is not None and running.state not in FINISHED:
+            running.ask(owner)  # shared: its Stop is each asker's own (Job.withdraw)
             return running
 
         def keep(job: Job[RequestT, ResultT], outcome: JobState, error: str | None) -> None:

@@ -8,6 +8,7 @@ import re
 import threading
 
 import pytest
+import torch
 
 from tests.chat.patching.test_compute import reference_map
 from tests.chat.web import test_glass
@@ -173,3 +174,91 @@ def test_stop_cancels_the_job_and_the_page_keeps_what_it_worked_out(chat_app):
     assert re.search(r'<td id="pc-r-2-\d+" class="pcell d', page)  # the cells it worked out, shown
     kinds = [j.kind for j in core._jobs.values()]
     assert kinds.count("patching") == 1  # the stopped page did not start it again
+
+
+class Held:
+    """Holds the patching job on the worker once its first cells are out, until released (a forward hook)."""
+
+    def __init__(self, core) -> None:
+        self.core, self.released = core, threading.Event()
+        self.hook = core.models["chat"].model.transformer.h[0].attn.c_attn.register_forward_hook(self._hold)
+
+    def _hold(self, *_) -> None:
+        job = next((j for j in self.core.running_jobs() if j.kind == "patching"), None)
+        if job is not None and any(e.name == "cells" for e in job.events):
+            self.released.wait(30)
+
+    def release(self) -> None:
+        self.released.set()
+        self.hook.remove()
+
+
+def test_one_browsers_stop_never_stops_the_map_another_browser_asked_for(chat_app):
+    """Identical requests from two browsers share one job (issue 52): B's Stop stops B's page only, and A's map
+    is worked out whole; the last asker's Stop cancels it."""
+    core = glassbox(chat_app).core
+    core.executors["patching"].batch_tokens = 1
+    a, b = chat_app.test_client(), chat_app.test_client()
+    (cid_a, mid_a, _), (cid_b, mid_b, _) = (reply(c, "Where is France?", max_new_tokens="3", temperature="0")
+                                            for c in (a, b))
+    query = {"corrupted": "Where is Jordan?", "against": "65"}
+    held = Held(core)
+    try:
+        a.get(f"/chat/c/{cid_a}/m/{mid_a}/patching/1", query_string=query)
+        url_b = f"/chat/c/{cid_b}/m/{mid_b}/patching/1"
+        html = b.get(url_b, query_string=query).get_data(as_text=True)
+        job = next(j for j in core._jobs.values() if j.kind == "patching")
+        assert [j.kind for j in core._jobs.values()].count("patching") == 1  # one job for both
+        assert wait_for(lambda: any(e.name == "cells" for e in job.events), timeout=60)
+        stop = re.search(r'<form method="post" action="([^"]+/stop/[^"]+)"', html).group(1)
+        fragment = b.post(stop, data={"corrupted": query["corrupted"]},
+                          headers={"HX-Request": "true", "X-CSRF-Token": csrf_of(b, url_b)})
+        assert fragment.status_code == 200 and fragment.headers["HX-Retarget"] == "#patching-maps"
+        assert "Stopped" in fragment.get_data(as_text=True) and "sse-connect" not in fragment.get_data(as_text=True)
+        page_b = b.get(url_b, query_string={**query, "stopped": "1"}).get_data(as_text=True)  # no JavaScript
+        assert "Stopped" in page_b and "sse-connect" not in page_b  # B's page stops there, and does not rejoin
+        assert not job.finished_state
+    finally:
+        held.release()
+    for _ in job.subscribe():
+        pass
+    assert job.state == DONE  # A's map, worked out whole
+    page_a = a.get(f"/chat/c/{cid_a}/m/{mid_a}/patching/1", query_string=query).get_data(as_text=True)
+    assert "Done." in page_a and 'class="pcell pending"' not in page_a
+
+
+@pytest.fixture
+def impatient_app(tmp_path):
+    """The tiny model on a server whose experiment requests wait 1 s at most."""
+    from tests.conftest import make_app
+    from tests.support.chat_models import tiny_chat_model
+    loaded = tiny_chat_model(tmp_path / "chat")
+    first_special = min(loaded.tokenizer.special_ids.values())  # never stopping early, as test_glass's model
+    loaded.model.lm_head.register_forward_hook(lambda m, a, logits: logits.index_fill_(
+        -1, torch.arange(first_special, logits.size(-1)), float("-inf")))
+    app = make_app(tmp_path, {"chat": loaded}, inside_wait_seconds=1)
+    yield app
+    glassbox(app).core.shutdown()
+
+
+def test_a_json_request_that_stops_waiting_leaves_its_job_running_for_the_retry(impatient_app):
+    """It answered 503 at the limit and cancelled the job: minutes of work thrown away (issue 52)."""
+    client = impatient_app.test_client()
+    core = glassbox(impatient_app).core
+    core.executors["patching"].batch_tokens = 1
+    cid, mid, _ = reply(client, "Where is France?", max_new_tokens="2", temperature="0")
+    held = Held(core)
+    try:
+        waited = post(client, cid, mid, 1, {"corrupted": "Where is Jordan?", "against": 65})
+        assert waited.status_code == 503 and "the work goes on" in waited.get_json()["error"]
+        assert int(waited.headers["Retry-After"]) > 0
+        job = next(j for j in core._jobs.values() if j.kind == "patching")
+        assert not job.finished_state  # left running, not cancelled
+    finally:
+        held.release()
+    for _ in job.subscribe():
+        pass
+    assert job.state == DONE
+    again = post(client, cid, mid, 1, {"corrupted": "Where is Jordan?", "against": 65})
+    assert again.status_code == 200 and again.get_json()["residual"], again.get_json()
+    assert [j.kind for j in core._jobs.values()].count("patching") == 1  # the retry found its kept map

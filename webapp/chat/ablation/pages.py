@@ -5,9 +5,6 @@ The owner's only: it runs the model."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Generator
-from contextlib import closing
 from typing import cast
 
 from flask import abort, jsonify, render_template, request
@@ -16,20 +13,16 @@ from webapp.chat import interventions
 from webapp.chat.ablation.compute import intervention
 from webapp.chat.ablation.jobs import AblationRequest, AblationResult, Odds
 from webapp.chat.ablation.service import AblationService, config_of
+from webapp.chat.inside.waiting import InsideError, wait_for_job
 from webapp.chat.interventions import describe
 from webapp.chat.records import Message
 from webapp.chat.service import ChatError
-from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, owned_page, service, settings
+from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, owned_page, service
 from webapp.chat.web.composer import start_reply, start_version_json
 from webapp.chat.web.token_views import token_text
-from webapp.core import Refused
-from webapp.core.jobs import CANCELLED, DONE
-from webapp.web import is_htmx, refusal_headers, refusal_status
+from webapp.web import is_htmx
 from webapp.web.security import csrf_json_or_form, owner_id
 from webapp.web.state import glassbox
-from webapp.web.streams import held_slot
-
-STILL_WORKING = "Still working this out; try again in a moment."
 
 
 def ablation_service() -> AblationService:
@@ -84,36 +77,25 @@ def ablated_turn(conversation_id: str, message_id: int, fields, page):
 
 
 def worked_out(model: str, run: AblationRequest) -> AblationResult:
-    """The result of an ablation job: kept, or worked out now by a job this request waits for (holding a
-    bulk stream slot, as Inside). Raises ChatError: 429/503 (refused, too slow), 500 (failed)."""
+    """The result of an ablation job: kept, or worked out now by a job this request waits for (wait_for_job: a
+    bulk stream slot, as Inside). Raises ChatError: 429/503 (refused, too slow: the job goes on), 500 (failed)."""
     ablation = ablation_service()
     found = ablation.report(model, run)
     if found is not None:
         return found
     try:
-        with held_slot(bulk=True) as slot:
-            job = ablation.start(owner_id(), model, run)
-    except Refused as error:
-        raise AblationRefused(error) from None
-    assert slot is not None
-    deadline = time.monotonic() + settings().inside_wait_seconds
-    with slot, closing(cast(Generator, job.subscribe(settings().heartbeat_seconds))) as events:
-        for _ in events:
-            if time.monotonic() > deadline:  # leaving cancels the job unless another request waits for it
-                raise ChatError(STILL_WORKING, 503)
-    if job.state == DONE and job.result.edit is not None:
-        return job.result
-    if job.state == CANCELLED:
-        raise ChatError("Stopped before it was worked out (the server is shutting down?); try again.", 503)
-    raise ChatError(f"Could not switch those parts off: {job.error or 'the job failed'}.", 500)
+        job = wait_for_job(lambda: ablation.start(owner_id(), model, run), "switch those parts off", "edit")
+    except InsideError as error:
+        raise AblationRefused(str(error), error.status, error.headers) from None
+    return cast(AblationResult, job.result)
 
 
 class AblationRefused(ChatError):
-    """A job the core refused: its status and headers (Retry-After) as the core's refusals give them."""
+    """A job refused, too slow or failed: its status and headers (Retry-After)."""
 
-    def __init__(self, refused: Refused) -> None:
-        super().__init__(str(refused), refusal_status(refused))
-        self.headers = refusal_headers(refused)
+    def __init__(self, message: str, status: int, headers: dict[str, str]) -> None:
+        super().__init__(message, status)
+        self.headers = headers
 
 
 # -- one position, parts switched off ---------------------------------------------------------------

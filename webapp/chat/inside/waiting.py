@@ -21,7 +21,9 @@ from webapp.web.security import owner_id
 from webapp.web.state import glassbox
 from webapp.web.streams import held_slot
 
-STILL_WORKING = "Still working this token out; reload the page in a moment."
+STILL_WORKING = ("Still working this out: the work goes on, and the same request asked again in a moment gets "
+                 "it (or waits for the rest).")
+RETRY_SECONDS = 10  # the Retry-After of a request that stopped waiting for a job still running
 
 
 class InsideError(Exception):
@@ -78,8 +80,9 @@ def wait_for_job(start: Callable[[], Job[Any, Any]], what: str, result: str = "r
     deadline = time.monotonic() + settings().inside_wait_seconds
     with slot, closing(cast(Generator[Any, None, None], job.subscribe(settings().heartbeat_seconds))) as events:
         for _ in events:
-            if time.monotonic() > deadline:  # leaving cancels the job unless another page waits for it
-                raise InsideError(STILL_WORKING, 503)
+            if time.monotonic() > deadline:  # the job goes on: asking again joins it, or finds its kept result
+                job.keep_running()
+                raise InsideError(STILL_WORKING, 503, {"Retry-After": str(RETRY_SECONDS)})
     if job.state == DONE and getattr(job.result, result, None) is not None:
         return job
     if job.state == CANCELLED:

@@ -115,16 +115,20 @@ def patching(conversation_id: str, message_id: int, index: int):
         model, patching_request = checked(message, index, corrupted, against)
         kept = patching_service().report(model, patching_request)
         job = None
+        left = False  # this browser pressed Stop while another still wants the map: its page stops there
         if kept is None:
             job = patching_service().job(model, patching_request)
-            stopped = job is not None and job.state in FINISHED and request.args.get("stopped")
+            stopped = job is not None and request.args.get("stopped") and (
+                job.state in FINISHED or not job.asked_by(owner_id()))
+            left = bool(stopped) and job is not None and job.state not in FINISHED
             if not stopped:
                 job = start(model, patching_request, watched=True)
     except InsideError as error:
         if error.status == 404:
             abort(404, str(error))
         return render_template("chat/patching.html", problem=str(error), **common), error.status, error.headers
-    view = patching_view.maps_view(tokenizer, patching_request, kept or current(job), job, loaded.model.config)
+    view = patching_view.maps_view(tokenizer, patching_request, kept or current(job), job, loaded.model.config,
+                                   left=left)
     return render_template("chat/patching.html", problem=None, view=view, job=job,
                            stream_url=url_for("chat.patching_stream", conversation_id=conversation_id,
                                               message_id=message_id, index=index, corrupted=corrupted,
@@ -175,13 +179,25 @@ def patching_stream(conversation_id: str, message_id: int, index: int):
 
 @bp.post("/c/<conversation_id>/m/<int:message_id>/patching/<int:index>/stop/<job_id>")
 def patching_stop(conversation_id: str, message_id: int, index: int, job_id: str):
-    """Stop: cancel the job (the cells it worked out stay on the page), then back to the page."""
-    owned_message(conversation_id, message_id)
+    """Stop: this browser no longer follows the job (the cells it worked out stay on its page), which is cancelled
+    unless another browser asked for the same map; then back to the page."""
+    message = owned_message(conversation_id, message_id)
     job = glassbox().core.get(job_id)
     back: dict[str, Any] = {"conversation_id": conversation_id, "message_id": message_id, "index": index}
-    if job is not None and job.owner == owner_id() and isinstance(job.request, PatchingRequest):
-        job.cancel()
+    left = False  # another browser still wants the map: it goes on, and only this page stops following it
+    if job is not None and job.asked_by(owner_id()) and isinstance(job.request, PatchingRequest):
+        if job.withdraw(owner_id()):
+            job.cancel()
+        else:
+            left = True
+            job.keep_running()  # this page's stream leaving must not cancel the other browser's map
         back.update(corrupted=request.form.get("corrupted", ""), against=job.request.against, stopped=1)
-    if request.headers.get("HX-Request"):
+    if not request.headers.get("HX-Request"):
+        return redirect(url_for("chat.patching", **back), 303)
+    if not left:
         return "", 204  # the stream ends with the stopped map
-    return redirect(url_for("chat.patching", **back), 303)
+    assert job is not None
+    loaded = service().writer(message)
+    view = patching_view.maps_view(loaded.tokenizer, job.request, current(job), job, loaded.model.config, left=True)
+    return (render_template("chat/_patching_maps.html", view=view, job=job, stream_url=None, stop_url=None),
+            {"HX-Retarget": "#patching-maps", "HX-Reswap": "outerHTML"})

@@ -93,9 +93,10 @@ def form_view(tokenizer, odds: TokenOdds, last_message: str | None, corrupted: s
 
 
 def maps_view(tokenizer, request: PatchingRequest, patching: Patching | None, job: AnyJob | None,
-              config) -> MapsView:
+              config, left: bool = False) -> MapsView:
     """Both maps, every cell (pending ones blank), labelled with the tokens and layers; the residual map
-    from the first edited position on (before it, every cell is 0: both runs read the same tokens)."""
+    from the first edited position on (before it, every cell is 0: both runs read the same tokens). `left`:
+    this browser stopped following a job another still runs: stopped here, whatever the job does."""
     T, L, nh = len(request.clean_ids), config.n_layer, config.n_head
     first = first_difference(request.clean_ids, request.corrupted_ids) or 0
     done = patching is not None
@@ -112,6 +113,8 @@ def maps_view(tokenizer, request: PatchingRequest, patching: Patching | None, jo
     status = "done"
     if state is not None:
         status = {DONE: "done", CANCELLED: "stopped", FAILED: "failed", QUEUED: "queued"}.get(state, "running")
+    if left and status in ("queued", "running"):
+        status = "stopped"
     return MapsView(
         chosen=token_text(tokenizer, request.chosen)[0], against=token_text(tokenizer, request.against)[0],
         clean=patching.clean if patching else None, corrupted=patching.corrupted if patching else None,
