@@ -133,7 +133,8 @@ def test_presentation_pace_spreads_a_live_reply_to_the_screen(tmp_path):
     from tests.conftest import make_app
     from tests.support.chat_models import tiny_chat_model
     from webapp.web.state import glassbox
-    app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat")}, presentation_pace=5.0)
+    # a model slow enough that the reply is still being written when the stream opens, on a loaded machine too
+    app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat", seconds_per_step=0.1)}, presentation_pace=5.0)
     try:
         client = app.test_client()
         response = send(client, "Slowly", seed="3", max_new_tokens="10")
