@@ -218,3 +218,64 @@ def test_warm_up_sets_ready():
     assert core.ready.wait(5)
     assert len(warmed) == 1
     core.shutdown()
+
+
+# -- a long whole job and another address's short one (issue 52) ------------------------------------------
+def test_another_addresss_short_job_runs_between_a_long_jobs_units():
+    """A's job of 200 units of 10 ms calls interleave between them; B's short job, of another kind, submitted
+    while A runs, ends long before A's, and A is not charged for B's time."""
+    core = InferenceCore({}, {"long": FunctionJobs(), "short": FunctionJobs()})
+    units, seen_by_b = [], []
+
+    def long_run(job, core):
+        for i in range(200):
+            time.sleep(0.01)
+            units.append(i)
+            core.interleave()
+            job.raise_if_cancelled()
+
+    def short_run(job, core):
+        seen_by_b.append(len(units))
+        job.emit("token", text="b")
+    try:
+        a = core.submit(Job("long", "alice", long_run, client="10.0.0.1"))
+        assert wait_for(lambda: len(units) >= 10, timeout=10)
+        b = core.submit(Job("short", "bob", short_run, client="10.0.0.2"))
+        drain(b)
+        assert b.state == DONE and seen_by_b and seen_by_b[0] < 60, seen_by_b  # within a few of A's units
+        assert not a.finished_state  # A goes on after it
+        drain(a)
+        assert a.state == DONE and units == list(range(200))
+    finally:
+        core.shutdown(timeout=5)
+
+
+def test_the_same_address_or_the_same_kind_waits_for_the_running_job():
+    """Beside a job runs only another client's job of another kind: an executor runs one job at a time,
+    and one address's jobs take their turns."""
+    core = InferenceCore({}, {"long": FunctionJobs(), "short": FunctionJobs()})
+    done = threading.Event()
+    order = []
+
+    def long_run(job, core):
+        while not done.is_set():
+            time.sleep(0.01)
+            core.interleave()
+        order.append("long")
+
+    def tag(name):
+        def run(job, core):
+            order.append(name)
+        return run
+    try:
+        a = core.submit(Job("long", "alice", long_run, client="10.0.0.1"))
+        assert wait_for(lambda: a.state == "running", timeout=10)
+        same_address = core.submit(Job("short", "alice", tag("same address"), client="10.0.0.1"))
+        same_kind = core.submit(Job("long", "bob", tag("same kind"), client="10.0.0.2"))
+        time.sleep(0.3)  # time for the interleaves to (wrongly) run either
+        assert order == []
+        done.set()
+        drain(same_address), drain(same_kind)
+        assert order[0] == "long" and set(order[1:]) == {"same address", "same kind"}
+    finally:
+        core.shutdown(timeout=5)

@@ -40,6 +40,8 @@ log = logging.getLogger("glassbox.core")
 # How long a whole job (a Loop-lab run, an Inside report) may hold the worker before running replies step
 # again: a few decoding steps of a large model, a blink on screen.
 BATCH_SLICE_SECONDS = 0.05
+# How long the bulk batches (Loop-lab runs stepped together) may step within one of a whole job's pauses.
+BULK_SLICE_SECONDS = 0.2
 
 
 class InferenceCore:
@@ -77,6 +79,7 @@ class InferenceCore:
         self.bulk = BulkShare(bulk_share)  # the worker's time whole jobs may take from running replies
         self._whole: AnyJob | None = None  # the whole job running now, on the worker
         self._whole_since = 0.0  # when it last took the worker back (see interleave)
+        self._beside_depth = 0  # 1 while a whole job runs beside another, within its interleave
         self._worker_threads = 0
         self._worker = threading.Thread(target=self._work, name="glassbox-core", daemon=True)
         self._worker.start()
@@ -233,12 +236,58 @@ class InferenceCore:
         """Called by a whole job between its units of work (a Loop-lab run after each loop, Inside after
         each layer), on the worker: once it has held the worker for BATCH_SLICE_SECONDS, admit waiting
         replies and let the batches step for their share of the time (_pay_back), so running replies
-        stall for a slice, not for a whole job. Steps run on the worker's own thread count, as they do
-        outside a job, so a reply's numbers do not depend on where it stepped."""
-        if time.perf_counter() - self._whole_since < BATCH_SLICE_SECONDS or not self._batched():
+        stall for a slice, not for a whole job; the bulk batches (Loop-lab runs stepped together) take one
+        step; and another client's whole job that has had less of the worker runs here, in between
+        (_run_beside), so a long job never holds up another address's short one for more than a unit.
+        Steps run on the worker's own thread count, as they do outside a job, so a reply's numbers do not
+        depend on where it stepped."""
+        if time.perf_counter() - self._whole_since < BATCH_SLICE_SECONDS:
             return
-        with torch_threads(self._worker_threads):
-            self._pay_back()
+        if self._batched():
+            with torch_threads(self._worker_threads):
+                self._pay_back()
+                self._step_bulk()
+        else:
+            self._charge_whole()
+        self._run_beside()
+
+    def _step_bulk(self) -> None:
+        """The bulk batches (Loop-lab runs stepped together) step until their rows end or BULK_SLICE_SECONDS
+        pass, each step charged to the bulk share: a short run ends within one of the whole job's pauses."""
+        bulk = {kind: ex for kind, ex in self._batched().items() if ex.bulk}
+        until = time.perf_counter() + BULK_SLICE_SECONDS
+        while bulk and time.perf_counter() < until:
+            self._admit_waiting()
+            stepping = self.scheduler.to_step({k: ex.rows for k, ex in bulk.items()})
+            if not stepping:
+                break
+            for kind in stepping:
+                started = time.perf_counter()
+                self._step(bulk[kind])
+                self._charge_bulk(time.perf_counter() - started)
+        self._whole_since = time.perf_counter()  # their steps are not the whole job's time
+
+    def _run_beside(self) -> None:
+        """Within a running whole job, between its units: run another client's waiting whole job of another
+        kind to its end, when that client has had less whole-job time (Scheduler.take_beside); one level
+        deep (the job run beside it runs nothing beside itself). Another kind: an executor runs one job at a
+        time. The running job is charged up to here and not for the time the other takes."""
+        outer = self._whole
+        if outer is None or self._beside_depth:
+            return
+        self._charge_whole()  # the running job's time so far, before the ranks are compared
+        with self._lock:
+            beside = self.scheduler.take_beside(outer, self._batched())
+            if beside is None:
+                return
+            self._running[beside.id] = beside
+            self._renumber()
+        self._beside_depth += 1
+        try:
+            self._run_whole(beside)
+        finally:
+            self._beside_depth -= 1
+            self._whole, self._whole_since = outer, time.perf_counter()
 
     def _charge_whole(self) -> None:
         """Count the running whole job's time since it last took the worker back: against its client (whose

@@ -5,7 +5,8 @@ by calling the executors; it runs nothing itself, touches no model and starts no
 
 - `take`: which waiting jobs join their batch (in fair order across clients, while each batched
   executor has room) and which one whole job runs next (the client that has had the least of the
-  worker's time for whole jobs goes first: `charge`);
+  worker's time for whole jobs goes first: `charge`); `take_beside`: which one runs within a long one,
+  between its units, for a client that has had less;
 - `BulkShare`: how much of the worker's time whole jobs may take while replies are running;
 - `positions`: each waiting job's place in its lane (the jobs waiting for a row of its batch, or the
   whole jobs): exactly the jobs it waits behind;
@@ -169,6 +170,19 @@ class Scheduler:
             self._queue.remove(job)
             self._took(job)
         return admitted, whole
+
+    def take_beside(self, running: AnyJob, batched: Collection[str]) -> AnyJob | None:
+        """Within the whole job `running`, between its units: the waiting whole job to run beside it, if any
+        -> the one of another client and another kind (its executor is busy) whose client has had less
+        whole-job time than `running`'s (least first; ties: fair order), taken out of the queue."""
+        ahead = self._bulk_rank(_client(running))
+        wholes = [job for job in self.fair_order() if job.kind not in batched and job.kind != running.kind
+                  and _client(job) != _client(running) and self._bulk_rank(_client(job)) < ahead]
+        beside = min(wholes, key=lambda job: self._bulk_rank(_client(job)), default=None)
+        if beside is not None:
+            self._queue.remove(beside)
+            self._took(beside)
+        return beside
 
     def charge(self, job: AnyJob, seconds: float) -> None:
         """A whole job held the worker this long (its own work, not the replies' steps within it)."""
