@@ -263,3 +263,21 @@ def test_counts_agree_with_their_nouns_and_the_composer_and_prompt_page_tell_the
 def test_a_token_of_whitespace_is_given_a_name_to_read_aloud(text, name):
     from webapp.chat.web.token_views import whitespace_name
     assert whitespace_name(text) == name
+
+
+def test_a_branch_leaves_the_composer_with_the_browsers_own_settings_not_the_replys_seed(chat_app):
+    """A rerun writes a reply with its own settings and seed; the composer kept that seed for every later
+    message, across restarts (issue 51)."""
+    client = chat_app.test_client()
+    cid, mid, _ = reply(client, "Hello there", max_new_tokens="6", temperature="0.9")  # no seed: one is drawn
+    with chat_app.app_context():
+        from webapp.chat.web.conversations import service
+        drawn = service().store.message(cid, mid).settings["seed"]
+    assert drawn is not None
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    branched = client.post(f"/chat/c/{cid}/m/{mid}/branch", data={"csrf_token": csrf, "index": "2", "text": "ok"},
+                           headers={"HX-Request": "true"})
+    assert branched.status_code == 200
+    for html in (branched.get_data(as_text=True), client.get(f"/chat/c/{cid}").get_data(as_text=True)):
+        assert f"seed {drawn}" not in html and f'value="{drawn}"' not in html
+        assert "temperature 0.9" in html  # the browser's own settings, kept

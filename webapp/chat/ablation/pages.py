@@ -47,7 +47,7 @@ def ablate(conversation_id: str, message_id: int):
         turn = ablated_turn(conversation_id, message_id, request.form, page)
     except ChatError as error:
         abort(error.status, str(error))
-    return start_reply(turn, page)
+    return start_reply(turn, page, rerun=True)
 
 
 @bp.post("/c/<conversation_id>/m/<int:message_id>/ablate.json")

@@ -137,11 +137,13 @@ def too_long(error: PromptTooLong) -> FormErrors:
     return FormErrors({"content": str(error), "max_new_tokens": tokens})
 
 
-def start_reply(turn: Turn, page: ChatPage, draft: str = "", second: Turn | None = None):
+def start_reply(turn: Turn, page: ChatPage, draft: str = "", second: Turn | None = None, rerun: bool = False):
     """Save and queue a checked turn (ChatService.start_turn; with `second`, another model's reply to the same
     question beside it) asked from `page` (what the browser was shown, read before the turn); answer htmx
     with the conversation, a form (no JavaScript: it waits for the whole reply, holding a stream slot) with
-    the page."""
+    the page. `rerun`: a reply written again with its own settings and seed (a branch, parts switched off,
+    steered): the composer keeps the browser's own settings, never that reply's."""
+    composer = default_sampling() if rerun else turn.sampling
     owner = owner_id()
     quotas.check_chat(service().store, owner, new_conversation=turn.conversation is None)  # the browser's quotas (403)
     beside, notice = None, None
@@ -157,16 +159,17 @@ def start_reply(turn: Turn, page: ChatPage, draft: str = "", second: Turn | None
                 else:  # the second model was refused: the first answers alone, and the page says why
                     notice, replies = other, [ids.reply_id]
     except Refused as error:  # the service took back what it saved for it
-        return composer_error(page, draft, str(error), turn.sampling, refusal_status(error),
+        return composer_error(page, draft, str(error), composer, refusal_status(error),
                               headers=refusal_headers(error))
     except ChatError as error:  # the conversation is at its limit of messages: nothing was saved
-        return composer_error(page, draft, str(error), turn.sampling, error.status)
-    session["sampling"] = turn.sampling.as_dict()  # this browser's settings, until it resets them
+        return composer_error(page, draft, str(error), composer, error.status)
+    if not rerun:
+        session["sampling"] = turn.sampling.as_dict()  # this browser's settings, until it resets them
     if slot is None:
         # two replies were saved: the page is read again rather than put together from the first turn
         after = service().page_after(owner, page, ids) if second is None else service().page(owner, ids.conversation_id)
         assert after is not None  # saved by this owner
-        return reply_fragment(after, ids.created, turn.sampling, beside=beside, notice=notice)
+        return reply_fragment(after, ids.created, composer, beside=beside, notice=notice)
     with slot:
         for reply in replies:
             wait_for_reply(reply)
