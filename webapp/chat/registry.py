@@ -211,10 +211,26 @@ class ChatModels:
         """`unavailable` for a saved message (what a reply's label says)."""
         return self.unavailable(model_record(message))
 
-    def unavailable(self, record: ModelRecord | None) -> str | None:
-        """Why the model that wrote a reply cannot run here now (None: it can). A reply saved before
-        replies kept their model (None) is taken as the default model's, as it was before."""
+    def running(self, record: ModelRecord | None) -> str | None:
+        """The name this server runs the model that wrote a reply under (None: it does not run it). A model is
+        its file and precision: the same file under a new name (a registry written since) is the same
+        model; another file under the same name is not. A reply saved before replies kept their model
+        (None) is the default model's, as it was before."""
         if record is None:
+            return self.default
+        same = [name for name in self._loaded if (self.record(name).file_id, self.record(name).precision)
+                == (record.file_id, record.precision)]
+        return record.name if record.name in same else next(iter(same), None)
+
+    def now_named(self, message: Message) -> str | None:
+        """The name a reply's model runs under now, where it is not the name the reply was saved with."""
+        record = model_record(message)
+        name = self.running(record) if record else None
+        return name if record and name and name != record.name else None
+
+    def unavailable(self, record: ModelRecord | None) -> str | None:
+        """Why the model that wrote a reply cannot run here now (None: it can, under `running`'s name)."""
+        if record is None or self.running(record) is not None:
             return None
         if record.name not in self._loaded:
             return f"This reply was written by {record.name}, which this server does not run."

@@ -120,11 +120,13 @@ class ChatService:
         problem = self.models.unavailable(record)
         if problem is not None:
             raise ChatError(problem, 409)
-        return self.models.get(record.name if record else None)
+        return self.models.get(self.models.running(record))
 
     def writer_name(self, message: Message) -> str:
+        """The name the model that wrote a reply runs under here (ChatModels.running), else the name it was
+        saved with (a model not run here: `writer` says why)."""
         record = model_record(message)
-        return record.name if record else self.models.default
+        return self.models.running(record) or (record.name if record else self.models.default)
 
     # -- reading (views never touch the store) -------------------------------------------------
     def conversations(self, owner: str) -> list[Conversation]:

@@ -159,6 +159,37 @@ def test_after_a_restart_without_the_model_its_replies_answer_409_and_never_anot
         glassbox(app).core.shutdown()
 
 
+def test_the_same_file_under_a_new_name_is_the_same_model_and_its_replies_say_so(tmp_path, registry):
+    """A model is its file: a registry that renames it keeps every older reply readable (issue 51: renaming the
+    bundled model `tiny` in examples/models.toml made every older conversation dead)."""
+    from tests.support.databases import app_database_url
+    database = {"database_url": app_database_url()}
+    app = app_on(tmp_path, None, registry, **database)
+    client = app.test_client()
+    try:
+        sent = send(client, "Hello", model="second", max_new_tokens="4", temperature="0")
+        finish(client, sent.get_data(as_text=True))
+        cid = conversation_id_of(sent)
+        reply = [m for m in messages(app, cid) if m.role == "assistant"][-1]
+        before = client.get(f"/chat/c/{cid}/m/{reply.id}/inside/0.json").json
+        cookie = client.get_cookie("glassbox_session")
+    finally:
+        glassbox(app).core.shutdown()
+    app = app_on(tmp_path, "[models.first]\ncheckpoint = 'first/model.safetensors'\n"
+                           "[models.renamed]\ncheckpoint = 'second/model.safetensors'\n", registry, **database)
+    client = app.test_client()
+    client.set_cookie(cookie.key, cookie.value)
+    try:
+        inside = client.get(f"/chat/c/{cid}/m/{reply.id}/inside/0.json")
+        flat = lambda report: [w for layer in report["attention"]["weights"] for row in layer for w in row]  # noqa: E731
+        assert inside.status_code == 200 and flat(inside.json) == pytest.approx(flat(before), abs=1e-6)  # its own
+        page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
+        assert 'class="model-name">second (now renamed: the same file)</span>' in page
+        assert client.get(f"/chat/c/{cid}/m/{reply.id}/tokens").status_code == 200
+    finally:
+        glassbox(app).core.shutdown()
+
+
 @pytest.mark.parametrize("htmx", [True, False])
 def test_one_message_asks_two_models_at_once_each_reply_a_version(tmp_path, registry, htmx):
     app = app_on(tmp_path, None, registry)

@@ -37,9 +37,10 @@ class InsideService(ReportJobs[InsideRequest, InsideResult, InsideReport]):
         their model). Raises ChatError (409) when it is not run here now, or from another file."""
         record: ModelRecord | None = model_record(message)
         problem = self.models.unavailable(record)
-        if problem is not None:
-            raise ChatError(problem, 409)
-        return record.name if record else self.models.default
+        name = self.models.running(record)
+        if problem is not None or name is None:
+            raise ChatError(problem or "This reply's model is not run here.", 409)
+        return name
 
     def unavailable(self, name: str | None = None) -> str | None:
         """Why Inside cannot run on a model here (None: it can): a remote backend, or a model without
