@@ -47,3 +47,21 @@ def test_one_position_with_a_head_off_from_the_token_panel(page):
     assert "Token 3 with head 1.0 zeroed" in panel.locator(".ablated-odds h3").text_content()
     assert panel.locator(".ablated-odds table.alternatives").count() == 2
     screenshot(page, "chat-ablated-position")
+
+
+def test_a_part_the_model_does_not_have_is_said_beside_the_fields_which_keep_it(page, problems):
+    problems.allow(400)  # the refusal is the answer
+    page.goto("/chat/")
+    send(page, "Switch a head off that is not there", max_new_tokens="6")
+    reply = page.locator("li.message.assistant.complete")
+    reply.wait_for()
+    reply.get_by_text("Switch parts off").click()
+    reply.get_by_label("Heads").fill("9.9")
+    reply.get_by_role("button", name="Run again with them off").click()
+    error = reply.locator("details.ablate[open] p.error[role=alert]")
+    error.wait_for()
+    assert "There is no head 9.9" in error.text_content()
+    assert reply.get_by_label("Heads").input_value() == "9.9"  # what was typed, kept
+    in_view = "(e) => { const r = e.getBoundingClientRect(); return r.top >= 0 && r.bottom <= innerHeight; }"
+    assert error.evaluate(in_view)  # beside the fields, in view: not a banner scrolled away
+    assert page.locator("li.message.assistant").count() == 1  # nothing was started

@@ -167,6 +167,16 @@ def test_bad_parts_get_400_naming_them_and_nothing_is_saved(chat_app, fields, na
     assert as_json.status_code == 400 and named in as_json.get_json()["error"]
     as_form = client.post(f"/chat/c/{cid}/m/{mid}/ablate.json", data={"csrf_token": csrf, **fields})
     assert as_form.status_code == 400 and named in as_form.get_json()["error"]
+    # with JavaScript: the form again, in place, what was typed kept and why beside it (it was a banner out of view)
+    htmx = client.post(f"/chat/c/{cid}/m/{mid}/ablate", data={"csrf_token": csrf, **fields},
+                       headers={"HX-Request": "true"})
+    text = htmx.get_data(as_text=True)
+    assert htmx.status_code == 400 and htmx.headers["HX-Retarget"] == f"#ablate-{mid}"
+    assert text.lstrip().startswith(f'<details class="ablate" id="ablate-{mid}" open>')
+    assert f'<p class="error" id="ablate-{mid}-error" role="alert">' in text and named in html.unescape(text)
+    for name, value in fields.items():
+        if name != "mode" and value:
+            assert f'name="{name}" value="{html.escape(value)}"' in text and 'aria-invalid="true"' in text
     assert len(store(chat_app).all_messages(cid)) == kept
 
 
@@ -198,7 +208,9 @@ def test_a_reply_whose_model_is_not_run_here_or_a_remote_backend_gets_409(chat_a
     finally:
         loaded.remote = False
     with glassbox(chat_app).db.transaction() as db:
-        db.execute("UPDATE messages SET model = 'gpt2-254m' WHERE id = ?", (mid,))
+        # another model: another name and another file (the same file under another name is the same model)
+        db.execute("UPDATE messages SET model = 'gpt2-254m', model_file = 'model.pt@0123456789ab' WHERE id = ?",
+                   (mid,))
     answer = client.post(f"/chat/c/{cid}/m/{mid}/ablate.json", json={"heads": "1.0"})
     assert answer.status_code == 409 and "gpt2-254m, which this server does not run" in answer.get_json()["error"]
     csrf = csrf_of(client, f"/chat/c/{cid}")

@@ -46,6 +46,11 @@ def ablate(conversation_id: str, message_id: int):
     try:
         turn = ablated_turn(conversation_id, message_id, request.form, page)
     except ChatError as error:
+        if error.status == 400 and is_htmx():  # the parts typed: said beside the fields, which keep them
+            values = {name: request.form.get(name, "")[:400] for name in ("heads", "layers", "mlps", "mode")}
+            return (render_template("chat/_ablate_refused.html", message=owned_message(conversation_id, message_id),
+                                    conversation_id=conversation_id, values=values, error=str(error)), 400,
+                    {"HX-Retarget": f"#ablate-{message_id}", "HX-Reswap": "outerHTML"})
         abort(error.status, str(error))
     return start_reply(turn, page, rerun=True)
 
