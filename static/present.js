@@ -26,8 +26,12 @@
     r.source.close();
     tell({view: "", message: ""});
     if (restore && r.item.isConnected) {
+      // putting the reply back replaces the focused Stop button: the focus goes to Replay, not to <body>
+      var hadFocus = r.item.contains(document.activeElement);
       r.item.innerHTML = r.saved;
       if (window.htmx) window.htmx.process(r.item);
+      var again = hadFocus && r.item.querySelector("form[data-replay] button[type=submit]");
+      if (again) again.focus({preventScroll: true});
     }
   }
 

@@ -57,9 +57,11 @@ def test_replay_writes_the_reply_again_and_stop_puts_it_back(page):
     page.wait_for_selector("li.message.assistant.replaying .replaying .tok")
     stop = reply.locator(".replay-stop")
     assert stop.is_visible()
-    stop.click()
+    stop.focus()
+    page.keyboard.press("Enter")  # by keyboard: the focus must not fall to <body> (issue 51)
     page.wait_for_function("() => !document.querySelector('li.replaying')")
     assert reply.locator(".text").inner_text() == before
+    assert page.evaluate("() => document.activeElement.textContent") == "Replay"
 
 
 def test_the_live_loop_table_follows_its_newest_row(page):
