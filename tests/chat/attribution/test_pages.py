@@ -89,6 +89,12 @@ def test_the_page_works_without_javascript_from_the_token_panel_and_the_inside_p
     cells = re.findall(r'<td class="push (flat|up[1-5]|down[1-5])" title="([^"]+)">([+-]\d+\.\d\d)</td>', grid)
     assert len(cells) == config.n_layer * (config.n_head + 1)
     assert any(c[0] != "flat" for c in cells)  # the largest push takes the scale's end
+    # heads and the MLPs each on their own scale (one scale ran to an MLP's push and left every head pale)
+    heads = [c for c in cells if "head" in c[1]]
+    top = max(heads, key=lambda c: abs(float(c[2])))
+    assert top[0] in ("up5", "down5"), top  # the hardest-pushing head is at its scale's end
+    data0 = client.get(f"{url}.json").get_json()
+    assert f"heads {max(abs(v) for row in data0['heads'] for v in row):+.2f}" in page
     assert 'class="push-legend"' in page and "pushes up" in page and "pushes down" in page
     largest = page[page.index('<ol class="largest">'):]
     assert largest[:largest.index("</ol>")].count("<li>") == min(10, config.n_layer * (config.n_head + 1) + 2)

@@ -78,7 +78,7 @@ def attribution_page(conversation: Conversation, message: Message, index: int, s
         token_text=text, token_name=whitespace_name(text),
         against_text=None if against is None else token_text(tokenizer, against)[0],
         embed=embed, rows=rows, biases=biases, largest=attribution_view.largest(embed, rows, biases),
-        scale=attribution_view.scale_of(report), steps=attribution_view.STEPS,
+        scales=attribution_view.scale_of(report), steps=attribution_view.STEPS,
         alternatives=[alt for alt in token_views(tokenizer, [odds[index]])[0].alternatives if not alt.chosen],
         **common)
 

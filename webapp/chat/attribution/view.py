@@ -50,23 +50,32 @@ def shade(value: float, scale: float) -> str:
     return f"up{step}" if value > 0 else f"down{step}"
 
 
-def scale_of(report: AttributionReport) -> float:
-    """The end of the scale: the largest push of any part (heads, MLPs, embeddings, biases)."""
+@dataclass(frozen=True)
+class Scales:
+    """The ends of the two scales: heads on their own, and the rest (MLPs, embeddings, biases) on theirs. One
+    scale ran to the largest part, often an MLP many times any head's push, and left every head pale."""
+
+    heads: float  # the largest push of any head
+    others: float  # the largest push of an MLP, the embeddings or the biases
+
+
+def scale_of(report: AttributionReport) -> Scales:
     a = report.attribution
-    values = [abs(a.embed), abs(a.biases), *(abs(v) for v in a.heads.flatten().tolist()),
-              *(abs(v) for v in a.mlps.tolist())]
-    return max(values)
+    heads = [abs(v) for v in a.heads.flatten().tolist()]
+    others = [abs(a.embed), abs(a.biases), *(abs(v) for v in a.mlps.tolist())]
+    return Scales(max(heads, default=0.0), max(others))
 
 
 def parts(report: AttributionReport) -> tuple[Part, list[GridRow], Part]:
-    """-> (the embeddings, one grid row per layer (its heads, its MLP), the biases), each shaded."""
-    a, scale = report.attribution, scale_of(report)
-    embed = Part("embeddings", "the token and position embeddings", a.embed, shade(a.embed, scale))
-    rows = [GridRow(layer, [Part(f"L{layer}.H{head}", f"layer {layer}, head {head}", v, shade(v, scale))
+    """-> (the embeddings, one grid row per layer (its heads, its MLP), the biases), each shaded on its scale."""
+    a, scales = report.attribution, scale_of(report)
+    embed = Part("embeddings", "the token and position embeddings", a.embed, shade(a.embed, scales.others))
+    rows = [GridRow(layer, [Part(f"L{layer}.H{head}", f"layer {layer}, head {head}", v, shade(v, scales.heads))
                             for head, v in enumerate(heads)],
-                    Part(f"MLP {layer}", f"layer {layer}'s MLP", mlp, shade(mlp, scale)))
+                    Part(f"MLP {layer}", f"layer {layer}'s MLP", mlp, shade(mlp, scales.others)))
             for layer, (heads, mlp) in enumerate(zip(a.heads.tolist(), a.mlps.tolist()))]
-    biases = Part("biases", "the biases (c_proj's and the final layer norm's β)", a.biases, shade(a.biases, scale))
+    biases = Part("biases", "the biases (c_proj's and the final layer norm's β)", a.biases,
+                  shade(a.biases, scales.others))
     return embed, rows, biases
 
 
