@@ -113,6 +113,9 @@ def test_the_page_works_without_javascript_and_its_stream_fills_every_cell(chat_
     config = glassbox(chat_app).core.models["chat"].model.config
     job = next(j for j in glassbox(chat_app).core._jobs.values() if j.kind == "patching")
     T, first = len(job.request.clean_ids), len(job.request.clean_ids) - len("Jordan?") - 2 - 1  # + user_end, reply
+    # each column says its token, then its position, apart: "3" at 398 read as "3398" (issue 51)
+    assert re.search(r'<th scope="col" class="pos"><code class="tokname">[^<]*</code><small class="at"> · '
+                     r'<span class="visually-hidden">position </span>\d+</small></th>', html)
     # the residual map starts at the first edited position: before it every cell is 0
     assert f"the map starts at position {first}." in html
     assert len(re.findall(r'<th scope="col" class="pos">', html)) == T - first
