@@ -242,6 +242,19 @@ def test_every_version_offers_a_comparison_and_a_difference_at_the_first_token_i
     assert f'href="/chat/c/{cid}/m/{mid}/compare/{new}">Compare with 2</a>' in earlier  # the first version too
     html = client.get(f"/chat/c/{cid}/m/{mid}/compare/{new}").get_data(as_text=True)
     assert "They differ from their first token on." in html and "first 0 tokens" not in html
+    # a third version: any two can be compared (one pair only was offered), the one before chosen first
+    sent = client.post(f"/chat/c/{cid}/m/{mid}/branch", data={"csrf_token": csrf, "index": "1", "text": "zz"})
+    assert sent.status_code == 303
+    with chat_app.app_context():
+        third = service().store.messages(cid)[-1].id
+    page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
+    form = page[page.index(f'action="/chat/c/{cid}/m/{third}/compare"'):]
+    form = form[:form.index("</form>")]
+    assert re.findall(r'<option value="(\d+)"( selected)?>(\d)</option>', form) == [
+        (str(mid), "", "1"), (str(new), " selected", "2")]
+    chosen = client.get(f"/chat/c/{cid}/m/{third}/compare", query_string={"other": mid})
+    assert chosen.status_code == 303 and chosen.headers["Location"].endswith(f"/m/{third}/compare/{mid}")
+    assert client.get(f"/chat/c/{cid}/m/{third}/compare?other=x").status_code == 400
 
 
 def test_counts_agree_with_their_nouns_and_the_composer_and_prompt_page_tell_the_same_arithmetic(chat_app):

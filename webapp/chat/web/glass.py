@@ -88,6 +88,16 @@ def compare(conversation_id: str, message_id: int, other_id: int):
                         reply_details(conversation_id, other_id))
 
 
+@bp.get("/c/<conversation_id>/m/<int:message_id>/compare")
+def compare_with(conversation_id: str, message_id: int):
+    """?other=<id>: the Compare form of a reply with three versions or more -> that pair's page (303)."""
+    other = request.args.get("other", type=int)
+    if other is None:
+        abort(400, "Choose the version to compare with.")
+    return redirect(url_for("chat.compare", conversation_id=conversation_id, message_id=message_id, other_id=other),
+                    303)
+
+
 def compare_page(conversation: Conversation, one: tuple[Message, ReplyDetails], two: tuple[Message, ReplyDetails],
                  shared: str | None = None):
     """Two replies of one conversation, (message, details) each: 404 unless they answer the same message."""
