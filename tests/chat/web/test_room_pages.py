@@ -17,18 +17,23 @@ def test_the_examples_are_forms_that_send_and_the_sampled_one_is_hot(chat_app):
     page = client.get("/chat/").get_data(as_text=True)
     examples = re.findall(r'name="content" value="([^"]+)">\s*<input type="hidden" name="temperature" value="([^"]+)">',
                           page)
-    assert [t for _, t in examples] == ["0", "0", "1.2"], examples
+    assert [t for _, t in examples] == ["0", "0", "1.0"], examples
     assert page.count('class="example"') == 3 and "Regenerate, and the versions differ" in page
     csrf = csrf_of(client, "/chat/")
     content, temperature = examples[2]
     sent = client.post("/chat/send", data={"csrf_token": csrf, "conversation_id": "", "content": html.unescape(content),
-                                           "temperature": temperature})
+                                           "temperature": temperature, "example": "1"})
     assert sent.status_code == 303  # without JavaScript: the conversation's page, once the reply is written
     cid = sent.headers["Location"].rstrip("/").split("/")[-1].split("#")[0]
     with chat_app.app_context():
         question, answer = service().store.messages(cid)[:2]
-    assert question.content == "Write a short poem about the sea."
-    assert answer.settings["temperature"] == 1.2
+    assert question.content == "Tell me about a country."
+    assert answer.settings["temperature"] == 1.0
+    # the example's temperature is its own: the browser's settings stay as they were (it kept 1.2 for ever after)
+    greedy = client.post("/chat/send", data={"csrf_token": csrf, "conversation_id": "", "content": "Hi",
+                                             "temperature": "0", "example": "1"})
+    assert greedy.status_code == 303
+    assert "temperature 0.0" not in client.get(greedy.headers["Location"]).get_data(as_text=True)
 
 
 def test_exports_carry_each_tokens_odds_and_the_seed_it_was_really_sampled_with(chat_app):

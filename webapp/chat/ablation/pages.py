@@ -52,7 +52,7 @@ def ablate(conversation_id: str, message_id: int):
                                     conversation_id=conversation_id, values=values, error=str(error)), 400,
                     {"HX-Retarget": f"#ablate-{message_id}", "HX-Reswap": "outerHTML"})
         abort(error.status, str(error))
-    return start_reply(turn, page, rerun=True)
+    return start_reply(turn, page, borrowed=True)
 
 
 @bp.post("/c/<conversation_id>/m/<int:message_id>/ablate.json")

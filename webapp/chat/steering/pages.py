@@ -228,7 +228,7 @@ def steer_form(conversation_id: str, message_id: int):
                                      [{"direction": request.form.get("direction", ""), "alpha": alpha}])
     except ChatError as error:
         abort(error.status, str(error))
-    return start_reply(turn, page, rerun=True)
+    return start_reply(turn, page, borrowed=True)
 
 
 @bp.post("/c/<conversation_id>/m/<int:message_id>/steer.json")

@@ -137,13 +137,15 @@ def too_long(error: PromptTooLong) -> FormErrors:
     return FormErrors({"content": str(error), "max_new_tokens": tokens})
 
 
-def start_reply(turn: Turn, page: ChatPage, draft: str = "", second: Turn | None = None, rerun: bool = False):
+def start_reply(turn: Turn, page: ChatPage, draft: str = "", second: Turn | None = None,
+                borrowed: bool = False):
     """Save and queue a checked turn (ChatService.start_turn; with `second`, another model's reply to the same
     question beside it) asked from `page` (what the browser was shown, read before the turn); answer htmx
     with the conversation, a form (no JavaScript: it waits for the whole reply, holding a stream slot) with
-    the page. `rerun`: a reply written again with its own settings and seed (a branch, parts switched off,
-    steered): the composer keeps the browser's own settings, never that reply's."""
-    composer = default_sampling() if rerun else turn.sampling
+    the page. `borrowed`: the turn's settings are not the browser's own (a reply written again with its own
+    settings and seed: a branch, parts switched off, steered; or an example sent at its own temperature): the
+    composer keeps the browser's own settings, never those."""
+    composer = default_sampling() if borrowed else turn.sampling
     owner = owner_id()
     quotas.check_chat(service().store, owner, new_conversation=turn.conversation is None)  # the browser's quotas (403)
     beside, notice = None, None
@@ -163,7 +165,7 @@ def start_reply(turn: Turn, page: ChatPage, draft: str = "", second: Turn | None
                               headers=refusal_headers(error))
     except ChatError as error:  # the conversation is at its limit of messages: nothing was saved
         return composer_error(page, draft, str(error), composer, error.status)
-    if not rerun:
+    if not borrowed:
         session["sampling"] = turn.sampling.as_dict()  # this browser's settings, until it resets them
     if slot is None:
         # two replies were saved: the page is read again rather than put together from the first turn

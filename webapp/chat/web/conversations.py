@@ -79,7 +79,8 @@ def send():
     except ChatError as error:
         field = "model" if error.status == 400 else "content"
         return composer_error(page, draft, str(error), sampling, error.status, field=field)
-    return start_reply(turn, page, draft=draft, second=second)
+    # an example (the empty chat's buttons) is sent at its own temperature, which the browser does not keep
+    return start_reply(turn, page, draft=draft, second=second, borrowed=form.get("example") == "1")
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/stream")

@@ -78,7 +78,7 @@ def branch(conversation_id: str, message_id: int):
         abort(400, str(error))
     except ChatError as error:
         abort(error.status, str(error))
-    return start_reply(turn, page, rerun=True)
+    return start_reply(turn, page, borrowed=True)
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/compare/<int:other_id>")
