@@ -24,12 +24,23 @@ def interval(line: dict, measure: str) -> tuple[int, float, float]:
     return hits, low, high
 
 
-def accuracy_chart(lines: list[dict], max_k: int) -> dict:
-    """One polyline per measure over the finished k (in k order), with an interval bar at each point."""
+def log_axis(ks: list[int]) -> bool:
+    """Whether the sweep's k grow by factors (1, 2, 4, 8, ... 256): then k goes on a log₂ axis, where on a linear
+    one the small k crowd into the first few pixels."""
+    ks = sorted(set(ks))
+    return len(ks) >= 3 and ks[-1] >= 8 * ks[0] and all(b >= 1.5 * a for a, b in zip(ks, ks[1:]))
+
+
+def accuracy_chart(lines: list[dict], max_k: int, ks: list[int] | None = None) -> dict:
+    """One polyline per measure over the finished k (in k order), with an interval bar at each point; `ks`: every
+    k the sweep asks for (its axis is log₂ when they grow by factors, so it does not change as lines finish)."""
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     lines = sorted(lines, key=lambda line: line["k"])
+    logarithmic = log_axis(ks or [line["k"] for line in lines])
 
     def x(k: float) -> float:
+        if logarithmic:
+            return round(LEFT + plot_w * math.log2(k) / max(math.log2(max_k), 1), 1)
         return round(LEFT + plot_w * (k - 1) / max(max_k - 1, 1), 1)
 
     def y(p: float) -> float:
@@ -46,11 +57,16 @@ def accuracy_chart(lines: list[dict], max_k: int) -> dict:
                            "value": line[measure]})
         series.append({"measure": measure, "label": MEASURE_LABELS[measure], "index": number, "points": points,
                        "path": " ".join(f"{p['x']},{p['y']}" for p in points)})
-    ticks = sorted({1, max_k, *_nice(max_k)})
+    ticks = sorted({1, max_k, *(_powers(max_k) if logarithmic else _nice(max_k))})
     return {"width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT, "top": TOP,
-            "bottom": HEIGHT - BOTTOM, "series": series,
+            "bottom": HEIGHT - BOTTOM, "series": series, "log": logarithmic,
             "x_ticks": [{"x": x(t), "label": t} for t in ticks],
             "y_ticks": [{"y": y(p), "label": p} for p in (0, 0.25, 0.5, 0.75, 1)]}
+
+
+def _powers(max_k: int) -> list[int]:
+    """The powers of two up to max_k, for a log₂ axis."""
+    return [2 ** n for n in range(int(math.log2(max_k)) + 1)]
 
 
 def _nice(max_k: int) -> list[int]:
@@ -110,12 +126,12 @@ def histogram(bars: list[dict], x_label: str, kinds: tuple[str, ...]) -> dict:
             "bottom": HEIGHT - BOTTOM, "bars": drawn, "x_label": x_label, "max": top, "kinds": kinds}
 
 
-def model_view(lines: list[dict], max_k: int) -> dict:
-    """Everything one model's column shows."""
+def model_view(lines: list[dict], max_k: int, ks: list[int] | None = None) -> dict:
+    """Everything one model's column shows (`ks`: every k the sweep asks for)."""
     ordered = sorted(lines, key=lambda line: line["k"])
     table = [{"k": line["k"], "n": line["n"],
               "cells": [(line[m], *interval(line, m)[1:]) for m in MEASURES]} for line in ordered]
-    return {"accuracy": accuracy_chart(ordered, max_k),
+    return {"accuracy": accuracy_chart(ordered, max_k, ks),
             "stops": histogram(stop_bars(ordered), "stop loop − k", ("early", "exact", "late", "never")),
             "errors": histogram(error_bars(ordered), "first wrong loop", ("error",)),
             "table": table}

@@ -29,7 +29,8 @@ def render_sweep(snapshot: dict, *, job=None, sweep_id: str | None = None, share
     max_k = max(spec["k"])
     lines = snapshot["lines"]
     models = [{"name": m, "label": label_of(m),
-               **model_view([line for line in lines if line["model"] == m], max_k)} for m in spec["model"]]
+               **model_view([line for line in lines if line["model"] == m], max_k, list(spec["k"]))}
+              for m in spec["model"]]
     summary = snapshot.get("summary")
     done = sum(line["n"] for line in lines)
     total = len(spec["k"]) * spec["tables"] * len(spec["model"])
