@@ -20,5 +20,5 @@ def test_what_isdigit_or_int_reads_otherwise_is_not(text):
 
 @pytest.mark.parametrize("value", ["1.²", "①.0", "٣.1", "1." + "9" * 4301])
 def test_a_head_named_with_other_digits_is_refused_with_its_message(value):
-    with pytest.raises(BadHead, match="block.head"):
+    with pytest.raises(BadHead, match="layer.head"):
         parse_head(value)

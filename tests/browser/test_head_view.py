@@ -23,7 +23,7 @@ def test_one_head_over_the_reply_fits_a_phone_and_passes_axe_in_both_themes(open
     page.goto(tokens.split("?")[0].replace("/tokens", "/inside/6") + "?head=1.1#head")
     page.get_by_role("link", name="This head over the whole reply").click()
     page.wait_for_selector("table.qk")
-    assert "Block 1, head 1" in page.locator("h1").text_content()
+    assert "Layer 1, head 1" in page.locator("h1").text_content()
     assert page.locator("table.qk tbody th[scope=row]").count() == 7  # the start marker, tokens 1..6
     assert "few-shot examples" in page.locator("table.qk thead").text_content()
     head_url = page.url.split("#")[0]
@@ -33,7 +33,7 @@ def test_one_head_over_the_reply_fits_a_phone_and_passes_axe_in_both_themes(open
     plain = open_page("phone", js=False, cookies=cookies)  # no JavaScript: links all the way
     plain.goto(head_url.replace("/head/1.1", "?head=0.0"))
     plain.get_by_role("link", name="This head over the whole reply").click()
-    assert "Block 0, head 0" in plain.locator("h1").text_content()
+    assert "Layer 0, head 0" in plain.locator("h1").text_content()
     plain.get_by_role("link", name="Show every position").click()
     assert plain.locator("table.qk th.summed").count() == 0
     columns = plain.locator("table.qk thead th[scope=col]").count()

@@ -22,7 +22,7 @@ def test_inside_a_token_from_a_reply_with_and_without_javascript_passes_axe(open
     assert page.locator("table.lens tbody tr").count() == 3  # the tiny model: embeddings + 2 blocks
     page.locator("a.strip").nth(3).click()  # block 1, head 1 (both from 0)
     page.wait_for_selector(".head-detail")
-    assert "Block 1, head 1" in page.locator(".head-detail h3").text_content()
+    assert "Layer 1, head 1" in page.locator(".head-detail h3").text_content()
     inside_url = page.url
     screenshot(page, "inside-desktop")
     cookies = page.context.cookies()

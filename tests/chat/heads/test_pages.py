@@ -81,7 +81,7 @@ def test_the_page_labels_real_tokens_marks_regions_and_each_row_sums_to_one_with
     details = details_of(chat_app, mid)
     prompt = details.prompt["ids"]
     fewshot = sum(1 for p in details.prompt["parts"] for _ in range(p["tokens"]) if p["kind"] == "fewshot")
-    assert "Block 0, head 0" in page and f"few-shot examples ({fewshot} tokens, summed)" in page
+    assert "Layer 0, head 0" in page and f"few-shot examples ({fewshot} tokens, summed)" in page
     heads = re.findall(r'<th scope="col" class="(\w+)[^"]*"[^>]*>(.*?)</th>', page, re.S)
     texts = [html_lib.unescape(re.sub(r"<small>.*?</small>|<[^>]+>", "", body)) for _, body in heads]
     assert [k for k, _ in heads] == ["start", "fewshot"] + ["user"] * 9 + ["reply"] * 4
@@ -181,11 +181,11 @@ def test_bad_heads_get_400_or_404_with_a_message_and_share_links_are_read_only(c
     cid, mid, _ = reply(mine, "private", max_new_tokens="3", temperature="0")
     base = f"/chat/c/{cid}/m/{mid}/inside"
     malformed = mine.get(f"{base}/0/head/two.json")
-    assert malformed.status_code == 400 and "block.head" in malformed.get_json()["error"]
+    assert malformed.status_code == 400 and "layer.head" in malformed.get_json()["error"]
     missing = mine.get(f"{base}/0/head/2.0.json")
     assert missing.status_code == 404 and "blocks 0 to 1 and heads 0 to 1" in missing.get_json()["error"]
     assert mine.get(f"{base}/0/head/0.2").status_code == 404 and mine.get(f"{base}/0/head/1-2").status_code == 400
-    assert "block.head" in mine.get(f"{base}/0/head/x.y").get_data(as_text=True)
+    assert "layer.head" in mine.get(f"{base}/0/head/x.y").get_data(as_text=True)
     assert mine.get(f"{base}/3/head/0.0.json").status_code == 404  # no token 3
     assert theirs.get(f"{base}/0/head/0.0").status_code == 404  # another browser's conversation
     mine.post(f"/chat/c/{cid}/share", data={"csrf_token": csrf_of(mine, f"/chat/c/{cid}")})
@@ -193,7 +193,7 @@ def test_bad_heads_get_400_or_404_with_a_message_and_share_links_are_read_only(c
     shared = f"/chat/shared/{token}/m/{mid}/inside/1/head/1.1"
     assert shared in theirs.get(f"/chat/shared/{token}/m/{mid}/inside/1?head=1.1").get_data(as_text=True)
     page = theirs.get(shared).get_data(as_text=True)
-    assert "Block 1, head 1" in page and "<form" not in page.split("<main", 1)[1].replace('class="theme-form"', "")
+    assert "Layer 1, head 1" in page and "<form" not in page.split("<main", 1)[1].replace('class="theme-form"', "")
     assert theirs.get(f"{shared}.json").get_json() == mine.get(f"{base}/1/head/1.1.json").get_json()
     mine.post(f"/chat/c/{cid}/unshare", data={"csrf_token": csrf_of(mine, f"/chat/c/{cid}")})
     assert theirs.get(f"{shared}.json").status_code == 404

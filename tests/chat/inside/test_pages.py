@@ -65,7 +65,7 @@ def test_the_page_works_without_javascript_and_lists_a_chosen_heads_positions(ch
     assert 'class="head-detail"' not in page
     chosen = client.get(f"{url}?head=1.1").get_data(as_text=True)
     detail = chosen[chosen.index('class="head-detail"'):]
-    assert "Block 1, head 1" in detail and detail[:detail.index("</table>")].count("<meter") == 5
+    assert "Layer 1, head 1" in detail and detail[:detail.index("</table>")].count("<meter") == 5
     assert "head-detail" not in client.get(f"{url}?head=9.9").get_data(as_text=True)  # no such head: none
     assert f'href="/chat/c/{cid}/m/{mid}/inside/0"' in page and f'href="/chat/c/{cid}/m/{mid}/inside/2"' in page
 

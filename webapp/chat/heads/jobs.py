@@ -25,7 +25,7 @@ from webapp.core.jobs import Job
 
 @dataclass(frozen=True)
 class HeadRequest:
-    """Block `layer`, head `head` (both from 0, as every page counts them): the weights of the query
+    """Layer `layer`, head `head` (both from 0, as every page counts them): the weights of the query
     positions first..p over positions 0..p, where the ids at 0..p are Inside's context for token `index`."""
 
     context_ids: tuple[int, ...]

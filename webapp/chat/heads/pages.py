@@ -2,7 +2,7 @@
 tokens and the prompt's regions, as a page reached from the Inside page's chosen head (no JavaScript
 needed: the request waits for its job, as Inside's does) and as JSON (docs/api.md). The owner's, and
 read-only through a share link; Inside's 404s and 409s for the same message, 400 for a head that is not
-"block.head" (or rows that are not "reply" or "user"), 404 for a head the model does not have."""
+"layer.head" (or rows that are not "reply" or "user"), 404 for a head the model does not have."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def head_service() -> HeadService:
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/inside/<int:index>/head/<name>")
 def head(conversation_id: str, message_id: int, index: int, name: str):
-    """Block L, head H (`name` "L.H") over the reply up to token `index`; ?keys=all: every key position;
+    """Layer L, head H (`name` "L.H") over the reply up to token `index`; ?keys=all: every key position;
     ?rows=user: query rows from the user's message on (the reply's start marker by default)."""
     conversation = owned_conversation(conversation_id)
     return head_page(conversation, owned_message(conversation_id, message_id), index, name)

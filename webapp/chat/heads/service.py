@@ -48,7 +48,7 @@ class HeadService(ReportJobs[HeadRequest, HeadResult, HeadReport]):
 
     def request_for(self, model: str, message: Message, details: ReplyDetails, index: int, layer: int,
                     head: int, rows: str = "reply") -> HeadRequest:
-        """Block `layer`, head `head` (both from 0) over token `index`'s context, its query rows from the reply's
+        """Layer `layer`, head `head` (both from 0) over token `index`'s context, its query rows from the reply's
         start (`rows` "reply") or from the user's message ("user"), the last MAX_ROWS. Raises ChatError:
         404 (no such token or head), 409 (not finished)."""
         n_layer, n_head = self.heads(model)

@@ -20,7 +20,7 @@ SPOKEN = 0.01  # a cell with at least this weight carries its percentage as text
 
 
 class BadHead(ValueError):
-    """/head/<L.H> that is not "block.head" in numbers, or ?rows= that is not one of ROWS."""
+    """/head/<L.H> that is not "layer.head" in numbers, or ?rows= that is not one of ROWS."""
 
 
 def parse_rows(value: str | None) -> str:
@@ -33,10 +33,10 @@ def parse_rows(value: str | None) -> str:
 
 
 def parse_head(value: str) -> tuple[int, int]:
-    """"L.H" (block L, head H, both from 0) -> (L, H). Raises BadHead (not two numbers)."""
+    """"L.H" (layer L, head H, both from 0) -> (L, H). Raises BadHead (not two numbers)."""
     layer, dot, head = value.partition(".")
     if not dot or not plain_digits(layer) or not plain_digits(head):
-        raise BadHead(f"A head is named block.head, e.g. 1.0 (block 1, head 0, both from 0), not {value!r}.")
+        raise BadHead(f"A head is named layer.head, e.g. 1.0 (layer 1, head 0, both from 0), not {value!r}.")
     return int(layer), int(head)
 
 
