@@ -55,8 +55,10 @@ worker_class = "gthread"          # the sync worker would kill streams at `timeo
 # Every open stream holds a thread. The app refuses streams over GLASSBOX_MAX_STREAMS, so threads
 # beyond that are kept for page loads, which would otherwise queue behind streams.
 PAGE_THREADS = 8
-threads = whole_number("GLASSBOX_THREADS", str(whole_number("GLASSBOX_MAX_STREAMS", "24", 1, 10_000) + PAGE_THREADS),
-                       1, 20_000)
+# A room's followers have their own slots (GLASSBOX_MAX_FOLLOWER_STREAMS), each a thread too.
+STREAM_THREADS = (whole_number("GLASSBOX_MAX_STREAMS", "24", 1, 10_000)
+                  + whole_number("GLASSBOX_MAX_FOLLOWER_STREAMS", "100", 0, 10_000))
+threads = whole_number("GLASSBOX_THREADS", str(STREAM_THREADS + PAGE_THREADS), 1, 30_000)
 timeout = 120                     # the worker's heartbeat; streams are not bound by it under gthread
 graceful_timeout = whole_number("GLASSBOX_GRACEFUL_TIMEOUT", "20", 1, 3600)
 keepalive = 5                     # nginx keeps upstream connections open (deploy/nginx.conf); idle ones close

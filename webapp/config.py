@@ -55,6 +55,7 @@ LIMITS: dict[str, Limit] = {
     "max_streams": Limit(1, 10_000),
     "max_streams_per_client": Limit(1, 10_000, zero="no limit of its own"),
     "max_bulk_streams": Limit(0, 10_000),  # 0: no share of their own
+    "max_follower_streams": Limit(1, 10_000, zero="followers take GLASSBOX_MAX_STREAMS slots"),
     "presentation_pace": Limit(0.5, 200, zero="as fast as the model writes"),
     "max_new_tokens": Limit(1, 1_000_000),
     "max_message_chars": Limit(1, 10_000_000),
@@ -120,6 +121,8 @@ class Settings:
     # of max_streams, what replays of saved traces and non-streamed /v1 calls may hold together: the rest
     # stay for live replies (webapp/web/streams.py)
     max_bulk_streams: int = 8
+    # follow links' streams, a pool of their own beside max_streams (a thread each: gunicorn.conf.py counts them)
+    max_follower_streams: int = 100
     # tokens a second a live reply is shown at, at most, to its page and its followers (0: as written)
     presentation_pace: float = 0.0
     max_new_tokens: int = 200    # default for a reply; the form may ask for more, up to the window

@@ -148,4 +148,4 @@ def test_bad_uploads_are_a_400_with_a_message(app, body, message):
 def test_deeply_nested_json_to_the_api_is_a_400(app):
     response = app.test_client().post("/api/loops/trace", data="[" * 100_000 + "]" * 100_000,
                                       content_type="application/json")
-    assert response.status_code == 400 and "Send the request as JSON" in response.get_json()["error"]
+    assert response.status_code == 400 and "nested too deeply" in response.get_json()["error"]

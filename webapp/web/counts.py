@@ -101,6 +101,11 @@ class ClientStreams:
             self._open[client] = self._open.get(client, 0) + 1
             return True
 
+    def held(self, client: str) -> int:
+        """How many streams this address holds now."""
+        with self._lock:
+            return self._open.get(client, 0)
+
     def give_back(self, client: str) -> None:
         with self._lock:
             left = self._open.get(client, 1) - 1
@@ -148,10 +153,12 @@ class OpenStreams:
         self._lock = threading.Lock()
         self.count = 0
 
-    def take(self, limit: int) -> bool:
-        """Count one more open stream if fewer than `limit` are open (atomically)."""
+    def take(self, limit: int, newcomer: bool = True) -> bool:
+        """Count one more open stream if fewer than `limit` are open (atomically). The last quarter of the slots
+        are kept for newcomers (an address holding none): a few addresses holding sockets open without reading
+        cannot take every slot from a fifth person."""
         with self._lock:
-            if self.count >= limit:
+            if self.count >= limit or (not newcomer and self.count >= limit - limit // 4):
                 return False
             self.count += 1
             return True

@@ -47,4 +47,4 @@ def page(token: str):
 @bp.get("/<token>/events")
 def events(token: str):
     link, follower = followed(token)
-    return event_stream(follower.events(link))
+    return event_stream(follower.events(link), follower=True)

@@ -38,10 +38,12 @@ def sse_response(body: Iterator[str]) -> Response:
     return Response(stream_with_context(body), mimetype="text/event-stream", headers=headers)
 
 
-def event_stream(body: Iterator[str], slot: StreamSlot | None = None, *, bulk: bool = False) -> Response:
+def event_stream(body: Iterator[str], slot: StreamSlot | None = None, *, bulk: bool = False,
+                 follower: bool = False) -> Response:
     """A long-lived SSE response, counted against GLASSBOX_MAX_STREAMS (webapp/web/streams.py); `bulk`
-    (a replay) also against GLASSBOX_MAX_BULK_STREAMS."""
-    return long_response(body, "text/event-stream", slot, bulk=bulk)
+    (a replay) also against GLASSBOX_MAX_BULK_STREAMS; `follower` (a follow link's) against
+    GLASSBOX_MAX_FOLLOWER_STREAMS instead."""
+    return long_response(body, "text/event-stream", slot, bulk=bulk, follower=follower)
 
 
 def stream_job(job: AnyJob, render: Callable[[Event], str | None],

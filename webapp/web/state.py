@@ -41,6 +41,10 @@ class Glassbox:
     client_streams: ClientStreams = field(default_factory=ClientStreams)  # webapp/web/streams.py
     bulk_streams: BulkShare = field(default_factory=BulkShare)
     open_streams: OpenStreams = field(default_factory=OpenStreams)  # of GLASSBOX_MAX_STREAMS
+    # a room's followers: a pool of their own (GLASSBOX_MAX_FOLLOWER_STREAMS), so a room never takes the
+    # presenter's and other users' streams
+    follower_streams: OpenStreams = field(default_factory=OpenStreams)
+    follower_clients: ClientStreams = field(default_factory=ClientStreams)
     kept_answers: KeptAnswers = field(default_factory=KeptAnswers)  # heavy answers as bytes (webapp/web/heavy.py)
 
     def service(self, kind: type[Service]) -> Service:

@@ -1,7 +1,9 @@
 """The one place a long-lived response is counted: every stream, replay, NDJSON run and no-JavaScript
 wait holds one of GLASSBOX_MAX_STREAMS slots, because each holds a gunicorn thread for its whole life.
 
-One client address holds at most GLASSBOX_MAX_STREAMS_PER_CLIENT of them (429 past that). Replays of
+One client address holds at most GLASSBOX_MAX_STREAMS_PER_CLIENT of them (429 past that), and the last quarter
+of the slots is kept for addresses that hold none. A follow link's streams have a pool of their own,
+GLASSBOX_MAX_FOLLOWER_STREAMS, so a room of followers never takes the presenter's or anyone else's. Replays of
 saved traces, non-streamed /v1 calls and Inside reports being worked out ("bulk": nobody watches them
 token by token, and each may hold its slot for many seconds) share at most GLASSBOX_MAX_BULK_STREAMS of
 them, so a flood of those always leaves the rest to live replies. When they are all held, a few bulk requests
@@ -61,22 +63,29 @@ class StreamSlot:
         self.release()
 
 
-def take_slot(bulk: bool = False) -> StreamSlot:
+def take_slot(bulk: bool = False, follower: bool = False) -> StreamSlot:
     """A slot, or a 503 with Retry-After (pages.http_error adds it to every 503) when none is free.
     Take it before queueing anything, so a refusal leaves nothing behind. `bulk`: a replay or a
-    non-streamed API call, which also needs one of GLASSBOX_MAX_BULK_STREAMS."""
+    non-streamed API call, which also needs one of GLASSBOX_MAX_BULK_STREAMS. `follower`: a follow link's
+    stream, from the followers' own pool (GLASSBOX_MAX_FOLLOWER_STREAMS), where one address (a room behind
+    one NAT) may hold a quarter of it."""
     if bulk:
         heavy.bulk_request()
-    streams, settings = open_streams(), current_app.config["GLASSBOX"]
-    clients = glassbox().client_streams
-    share = glassbox().bulk_streams if bulk else None
+    state, settings = glassbox(), current_app.config["GLASSBOX"]
+    pooled = follower and settings.max_follower_streams > 0
+    streams = state.follower_streams if pooled else open_streams()
+    clients = state.follower_clients if pooled else state.client_streams
+    limit = settings.max_follower_streams if pooled else settings.max_streams
+    per_client = max(settings.max_streams_per_client, limit // 4) if pooled else settings.max_streams_per_client
+    share = state.bulk_streams if bulk else None
     client = request.remote_addr or ""
-    if not clients.take(client, settings.max_streams_per_client):
-        abort(429, STREAMS_PER_CLIENT.format(n=settings.max_streams_per_client))
+    newcomer = not per_client or clients.held(client) == 0  # no per-address limit: no slots kept for newcomers
+    if not clients.take(client, per_client):
+        abort(429, STREAMS_PER_CLIENT.format(n=per_client))
     if share is not None and not share.take(settings.max_bulk_streams, BULK_WAIT_SECONDS):
         clients.give_back(client)
         abort(503, BULK_FULL)
-    if not streams.take(settings.max_streams):
+    if not streams.take(limit, newcomer):
         clients.give_back(client)
         if share is not None:
             share.give_back()
@@ -99,9 +108,9 @@ def held_slot(wanted: bool = True, *, bulk: bool = False) -> Iterator[StreamSlot
 
 
 def long_response(body: Iterator[str], mimetype: str, slot: StreamSlot | None = None, *,
-                  bulk: bool = False) -> Response:
+                  bulk: bool = False, follower: bool = False) -> Response:
     """A streamed response that holds a slot (taken here unless given) until the server closes it."""
-    slot = slot or take_slot(bulk)
+    slot = slot or take_slot(bulk, follower)
 
     def held() -> Iterator[str]:
         try:

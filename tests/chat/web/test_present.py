@@ -178,3 +178,42 @@ def test_a_kept_snapshot_whose_live_reply_finished_is_read_again(monkeypatch):
     assert reads.read("t", 1, fresh).live == 5
     assert reads.read("t", 1, fresh, finished=lambda message_id: False).live == 5 and len(made) == 1  # kept
     assert reads.read("t", 1, fresh, finished=lambda message_id: message_id == 5).live is None and len(made) == 2
+
+
+def test_a_room_of_followers_never_takes_the_presenters_streams(tmp_path):
+    """Followers have a pool of their own (issue 51: 50 followers took every slot, and the presenter's own reply
+    stream answered 503 'Too many open streams'). Here 2 shared slots and 12 followers from 12 addresses."""
+    from tests.conftest import make_app
+    from tests.support.chat_models import tiny_chat_model
+    from webapp.web.state import glassbox
+    app = make_app(tmp_path, {"chat": tiny_chat_model(tmp_path / "chat")}, max_streams=2, max_follower_streams=20)
+    try:
+        client = app.test_client()
+        cid, _ = a_reply(client, app, tokens=3)
+        link = present(client, cid)
+        followers = []
+        for n in range(12):
+            room = app.test_client()
+            room.environ_base["REMOTE_ADDR"] = f"10.0.0.{n + 1}"
+            followers.append(Follower(room, link + "/events"))
+        assert wait_for(lambda: glassbox(app).follower_streams.count == 12)
+        assert open_streams(app).count == 0  # none of the shared slots
+        sent = send(client, "Still mine", conversation_id=cid, max_new_tokens="4")
+        own = client.get(stream_url(sent.get_data(as_text=True)))
+        assert own.status_code == 200 and sse_events(own.get_data(as_text=True))[-1][0] == "done"
+        client.post(f"/chat/c/{cid}/unpresent", data={"csrf_token": csrf_of(client, f"/chat/c/{cid}")})
+        for follower in followers:
+            follower.reader.join(5)
+        assert wait_for(lambda: glassbox(app).follower_streams.count == 0)
+    finally:
+        glassbox(app).core.shutdown()
+
+
+def test_the_last_quarter_of_the_slots_is_kept_for_addresses_that_hold_none():
+    """A few addresses holding sockets open cannot lock a fifth person out (issue 51)."""
+    from webapp.web.counts import OpenStreams
+    streams = OpenStreams()
+    held = [streams.take(8, newcomer=False) for _ in range(8)]  # addresses that hold some already
+    assert streams.count == 6 and held == [True] * 6 + [False, False]  # 6 of 8: the last 2 kept
+    assert streams.take(8, newcomer=True) and streams.take(8, newcomer=True)  # two newcomers still get one
+    assert not streams.take(8, newcomer=True)  # and then it is full
