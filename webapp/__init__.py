@@ -39,6 +39,7 @@ from webapp.web import bodies, heavy, pages, prefs, retention, storage_errors, w
 from webapp.web.api_keys import load as load_api_keys
 from webapp.web.counts import HeavyReads, NewSessions
 from webapp.web.follow import bp as follow_bp
+from webapp.web.follow import short as follow_short_bp
 from webapp.web.ops import bp as ops_bp
 from webapp.web.security import GlassboxSessions, TrustedProxies, check_csrf, csrf_token
 from webapp.web.state import Glassbox, glassbox
@@ -105,7 +106,7 @@ def create_app(settings: Settings | None = None, *, models: dict[str, Any] | Non
                                                      loops_present.KIND: loops_present.FOLLOWER})
 
     # the API blueprints (/v1, /api/loops) put the API-key check in front of their own routes
-    for blueprint in (ops_bp, pages.bp, chat_bp, loops_bp, loops_api_bp, v1_bp, follow_bp):
+    for blueprint in (ops_bp, pages.bp, chat_bp, loops_bp, loops_api_bp, v1_bp, follow_bp, follow_short_bp):
         app.register_blueprint(blueprint)
     prefs.init_app(app)  # the colour theme each browser chose
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -13,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 MIN_SECRET_CHARS = 16  # a key that signs cookies must not be guessable
+PUBLIC_URL = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+/?")  # GLASSBOX_PUBLIC_URL: an origin, no path
 
 
 class ConfigError(Exception):
@@ -123,6 +125,9 @@ class Settings:
     max_bulk_streams: int = 8
     # follow links' streams, a pool of their own beside max_streams (a thread each: gunicorn.conf.py counts them)
     max_follower_streams: int = 100
+    # where people reach this app (scheme://host[:port], no path): follow links and the QR code name it; empty:
+    # the address the request came to (the proxy's Host, where it is trusted)
+    public_url: str = ""
     # tokens a second a live reply is shown at, at most, to its page and its followers (0: as written)
     presentation_pace: float = 0.0
     max_new_tokens: int = 200    # default for a reply; the form may ask for more, up to the window
@@ -171,6 +176,9 @@ class Settings:
                 raise ConfigError(f"{name}={raw!r} is not a valid {kind.__name__}{allowed}")
             if limit is not None and not limit.allows(values[f.name]):
                 raise ConfigError(f"{name}={raw!r} is out of range: use {limit.says()}")
+        if values.get("public_url") and not PUBLIC_URL.fullmatch(values["public_url"].strip()):
+            raise ConfigError(f"GLASSBOX_PUBLIC_URL={values['public_url']!r} is not an address people reach the app at:"
+                              " use scheme://host[:port], e.g. http://192.168.1.20:8080 (no path)")
         if "secret_key" in values and len(values["secret_key"].strip()) < MIN_SECRET_CHARS:
             raise ConfigError(f"GLASSBOX_SECRET_KEY is too short: use at least {MIN_SECRET_CHARS} random characters "
                               "(or leave it unset to keep a generated key in the instance folder)")

@@ -9,6 +9,8 @@ another front end's presenter notice it at their next read of the database (FOLL
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import secrets
 import threading
@@ -22,6 +24,16 @@ from webapp.db import AnyDatabase
 FOLLOW_POLL_SECONDS = 0.2
 # The largest state a presenter's page may report (a few numbers and names).
 MAX_STATE_BYTES = 2000
+
+
+SHORT_CODE_LETTERS = 6  # a follow link's short code: 30 bits, typed from a projector (/f/ABC123)
+
+
+def short_code(token: str) -> str:
+    """A follow link's short code, "K7QX2M": the first letters of its token's hash in base 32 (letters and 2-7;
+    a 0 or 1 typed for O or I reads as that letter). It says nothing of the token; guessing one is 1 in a billion,
+    for a link that lives as long as a talk."""
+    return base64.b32encode(hashlib.sha256(token.encode()).digest()).decode()[:SHORT_CODE_LETTERS]
 
 
 @dataclass(frozen=True)
@@ -56,6 +68,15 @@ class PresentLinks:
     def revoke(self, owner: str, kind: str, target: str) -> None:
         with self.db.transaction() as db:
             db.execute("DELETE FROM present_links WHERE owner = ? AND kind = ? AND target = ?", (owner, kind, target))
+
+    def token_of_code(self, code: str) -> str | None:
+        """The live link whose short code this is (short_code), typed in any case; None when there is none."""
+        code = code.strip().upper().replace("0", "O").replace("1", "I")
+        if len(code) != SHORT_CODE_LETTERS:
+            return None
+        with self.db.connect() as db:
+            tokens = [row[0] for row in db.execute("SELECT token FROM present_links").fetchall()]
+        return next((token for token in tokens if short_code(token) == code), None)
 
     def get(self, token: str) -> PresentLink | None:
         with self.db.connect() as db:

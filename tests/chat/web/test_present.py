@@ -217,3 +217,52 @@ def test_the_last_quarter_of_the_slots_is_kept_for_addresses_that_hold_none():
     assert streams.count == 6 and held == [True] * 6 + [False, False]  # 6 of 8: the last 2 kept
     assert streams.take(8, newcomer=True) and streams.take(8, newcomer=True)  # two newcomers still get one
     assert not streams.take(8, newcomer=True)  # and then it is full
+
+
+def test_the_follow_link_is_given_as_the_room_opens_it_a_qr_code_and_a_short_code(chat_app, tmp_path):
+    """The panel names the address people reach the app at (GLASSBOX_PUBLIC_URL), draws it as a QR code and gives a
+    short code to type (issue 51: the link read http://127.0.0.1:8000/follow/..., which no colleague could open)."""
+    from webapp.present import short_code
+    client = chat_app.test_client()
+    cid, _ = a_reply(client, chat_app, tokens=3)
+    link = present(client, cid)
+    page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
+    code = short_code(link.rsplit("/", 1)[1])
+    assert f"Or type <strong>http://localhost/f/{code}</strong>" in page
+    assert '<div class="follow-qr" role="img" aria-label="The follow link as a QR code"><svg' in page
+    assert "This address opens on this machine only" in page  # localhost: the room cannot open it
+    for typed in (code, code.lower(), code.replace("O", "0").replace("I", "1")):
+        found = client.get(f"/f/{typed}")
+        assert found.status_code == 303 and found.headers["Location"].endswith(link), typed
+    assert client.get("/f/AAAAAA").status_code == 404 and client.get("/f/x").status_code == 404
+    client.post(f"/chat/c/{cid}/unpresent", data={"csrf_token": csrf_of(client, f"/chat/c/{cid}")})
+    assert client.get(f"/f/{code}").status_code == 404  # revoked with its link
+
+    from tests.conftest import make_app
+    from tests.support.chat_models import tiny_chat_model
+    from webapp.web.state import glassbox
+    room = make_app(tmp_path / "room", {"chat": tiny_chat_model(tmp_path / "chat")},
+                    public_url="http://192.168.1.20:8080")
+    try:
+        presenter = room.test_client()
+        cid, _ = a_reply(presenter, room, tokens=3)
+        link = present_at(presenter, cid, "http://192.168.1.20:8080")
+        page = presenter.get(f"/chat/c/{cid}").get_data(as_text=True)
+        assert f'value="http://192.168.1.20:8080{link}"' in page and "opens on this machine only" not in page
+    finally:
+        glassbox(room).core.shutdown()
+
+
+def present_at(client, cid: str, origin: str) -> str:
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    assert client.post(f"/chat/c/{cid}/present", data={"csrf_token": csrf}).status_code == 303
+    page = client.get(f"/chat/c/{cid}").get_data(as_text=True)
+    return re.search(r'value="' + re.escape(origin) + r'(/follow/[A-Za-z0-9_-]+)"', page).group(1)
+
+
+@pytest.mark.parametrize("value", ["192.168.1.20", "http://host/glassbox", "ftp://host", "http://", "http://a b"])
+def test_a_public_url_that_is_not_an_origin_stops_start_up_naming_it(value):
+    from webapp.config import ConfigError, Settings
+    with pytest.raises(ConfigError, match="GLASSBOX_PUBLIC_URL"):
+        Settings.from_env({"GLASSBOX_PUBLIC_URL": value})
+    assert Settings.from_env({"GLASSBOX_PUBLIC_URL": "https://glassbox.lab.example:8443/"}).public_url
