@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--eval-sequences", type=int, default=64, help="held-out sequences for the figures (64)")
     run.add_argument("--context-sequences", type=int, default=512,
                      help="sequences of the corpus read for each feature's top contexts and density (512; 0: none)")
+    run.add_argument("--resample-below", type=float, default=0.0,
+                     help="start again, at 20%%, 40%% and 60%% of training, the features that fired on fewer than this "
+                          "fraction of the tokens since the last look (e.g. 1e-4; 0: never)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--resume", action="store_true", help="go on from the checkpoint in --out")
     read = commands.add_parser("contexts", help="work out a dictionary's top contexts, density and histograms")
@@ -74,12 +77,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--layer {bad[0]}: the model has blocks 0 to {n_layer - 1}")
         if not 0 < args.k <= args.width:
             raise ValueError(f"--k must be from 1 to --width ({args.width})")
+        if not 0 <= args.resample_below < 1:
+            raise ValueError(f"--resample-below is a fraction of tokens, from 0 to below 1; got {args.resample_below}")
         corpus_files(args.corpus)  # a missing or empty corpus, said before anything runs
     except (ConfigError, ModelLoadError, CorpusError, ValueError) as error:
         print(f"cannot train: {error}", file=sys.stderr)
         return 2
     plan = Plan(layers, args.width, args.k, args.tokens, context=args.context, batch=args.batch, lr=args.lr,
-                eval_sequences=args.eval_sequences, seed=args.seed)
+                eval_sequences=args.eval_sequences, seed=args.seed, resample_below=args.resample_below)
     model = loaded.model
     started = time.monotonic()
     try:

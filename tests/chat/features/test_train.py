@@ -173,3 +173,47 @@ def test_the_learning_rate_is_gaos_times_the_first_rows_mean_norm_over_root_d_in
     for group, norm in zip(groups, norms):  # one rate per dictionary, from its own block's stream
         want = given if given is not None else 2e-4 / (32 / 2**14) ** 0.5 * norm / 4
         assert group["lr"] == pytest.approx(want, rel=1e-5)
+
+
+def test_resampling_starts_the_rare_features_again_on_the_worst_reconstructed_rows_and_leaves_the_rest():
+    from webapp.chat.features.train import new_optimiser, resample, train_step
+    torch.manual_seed(0)
+    sae = Dictionary(DictionaryConfig(16, 32, "topk", 4))
+    optimiser = new_optimiser({0: sae}, 1e-3)
+    x = torch.randn(64, 16)
+    train_step({0: sae}, {0: x}, optimiser, {0: torch.zeros(32, dtype=torch.long)})  # Adam has moments now
+    before = {name: p.detach().clone() for name, p in sae.named_parameters()}
+    rare = torch.zeros(32, dtype=torch.bool)
+    rare[[3, 7, 20]] = True
+    x[5] *= 50  # the worst reconstructed row by far: a rare feature starts on it
+    assert resample(sae, x, rare, optimiser, optimiser.param_groups[0]) == 3
+    directions = (x - sae.b_dec) / (x - sae.b_dec).norm(dim=-1, keepdim=True)
+    rows = []
+    for f in (3, 7, 20):
+        matches = [i for i in range(64) if torch.allclose(sae.W_dec[f], directions[i], atol=1e-5)]
+        assert len(matches) == 1  # a row of the batch, its direction from b_dec
+        rows.append(matches[0])
+        assert torch.allclose(sae.W_enc[:, f] / sae.W_enc[:, f].norm(), directions[matches[0]], atol=1e-5)
+        assert sae.b_enc[f] == 0
+        assert (optimiser.state[sae.W_dec]["exp_avg"][f] == 0).all()
+        assert (optimiser.state[sae.W_enc]["exp_avg_sq"][:, f] == 0).all()
+    assert 5 in rows and len(set(rows)) == 3  # the worst row first, each feature on a row of its own
+    live = ~rare
+    torch.testing.assert_close(sae.W_dec[live], before["W_dec"][live])  # the others untouched
+    torch.testing.assert_close(sae.W_enc[:, live], before["W_enc"][:, live])
+    expected_norm = before["W_enc"][:, live].norm(dim=0).mean()
+    torch.testing.assert_close(sae.W_enc[:, 3].norm(), expected_norm)
+    assert resample(sae, x, torch.zeros(32, dtype=torch.bool), optimiser, optimiser.param_groups[0]) == 0
+
+
+def test_the_command_line_resamples_when_asked(tmp_path):
+    text = corpus(tmp_path)
+    trained = features("train", "--layer", "1", "--width", "64", "--k", "4", "--tokens", "4096", "--batch", "512",
+                       "--corpus", text, "--out", str(tmp_path / "d"), "--resample-below", "0.05",
+                       "--eval-sequences", "4", "--context-sequences", "0")
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    plan = json.loads((tmp_path / "d" / "cfg.json").read_text())["metadata"]["glassbox"]["plan"]
+    assert plan["resample_below"] == 0.05
+    refused = features("train", "--layer", "1", "--width", "64", "--k", "4", "--tokens", "4096", "--corpus", text,
+                       "--out", str(tmp_path / "e"), "--resample-below", "2")
+    assert refused.returncode == 2 and "--resample-below" in refused.stderr

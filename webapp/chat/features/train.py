@@ -3,6 +3,10 @@ same activations: Adam at lr 2e-4 / √(d_sae / 2¹⁴) (Gao et al.'s) times the
 (unscaled, a stream of large norm learned far slower: docs/features.md), the decoder's rows kept at unit norm (the
 gradient's part along each row removed, then the rows renormalised), b_dec started at the first buffer's mean, and the
 AuxK loss (k_aux = d_in / 2, weight 1/32) on the features that fired on none of the last DEAD_TOKENS tokens.
+AuxK revives the features that never fire; the rare ones (a few times in a million tokens) it leaves, and a held-out
+text of thousands of tokens finds them silent. So at RESAMPLE_AT of training, the features that fired on fewer than
+`resample_below` of the tokens since the last look are started again on the inputs reconstructed worst (Bricken et
+al. 2023's resampling, for TopK: resample()).
 
 The first `eval_sequences` sequences of the corpus are held out for the quality figures
 (webapp/chat/features/quality.py); training reads the ones after them. A checkpoint (the dictionaries in
@@ -29,6 +33,7 @@ from webapp.chat.features.sae import Dictionary, DictionaryConfig, aux_loss, rem
 STATE = "glassbox_training.pt"
 DEAD_TOKENS = 1_000_000  # a feature silent this long is dead (for AuxK and the figures)
 AUX_WEIGHT = 1 / 32  # AuxK's weight in the loss (Gao et al.'s)
+RESAMPLE_AT = (0.2, 0.4, 0.6)  # the fractions of training where the rare features start again
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class Plan:
     seed: int = 0
     lr: float | None = None  # None: 2e-4 / sqrt(width / 2**14), times the activations' scale (learning_rate)
     checkpoint_seconds: float = 300.0
+    resample_below: float = 0.0  # a feature's density (firings per token) under which it starts again; 0: never
 
     def learning_rate(self, mean_norm: float, d_in: int) -> float:
         """lr, else Gao et al.'s rate times the activations' mean norm over √d_in."""
@@ -80,6 +86,7 @@ def train(model: Any, prompt: Any, corpus: Path, plan: Plan, out: Path, model_na
     saes = {layer: sae.to(device) for layer, sae in saes.items()}
     optimiser = new_optimiser(saes, plan.lr or 0.0)  # the rate is set from the first buffer (learning_rate)
     quiet = {layer: torch.zeros(plan.width, dtype=torch.long) for layer in plan.layers}  # tokens since it fired
+    fired = {layer: torch.zeros(plan.width, dtype=torch.long) for layer in plan.layers}  # firings since the last look
     step, read, started = 0, 0, False
     state_path = out / STATE
     if resume and state_path.exists():
@@ -88,6 +95,7 @@ def train(model: Any, prompt: Any, corpus: Path, plan: Plan, out: Path, model_na
             sae.load_state_dict(saelens.load(folder_of(out, plan, layer)).to(device).state_dict())
         optimiser.load_state_dict(state["optimiser"])
         step, read, quiet, started = state["step"], state["sequences_read"], state["quiet"], True
+        fired = state.get("fired", fired)
     seqs = sequences(documents(corpus_files(corpus), prompt), plan.context)
     counted = _Counted(itertools.islice(seqs, plan.eval_sequences + read, None), read)
     stream = activations(model, counted, plan.layers, plan.sequences_per_forward)
@@ -100,7 +108,7 @@ def train(model: Any, prompt: Any, corpus: Path, plan: Plan, out: Path, model_na
             saelens.save(sae, folder_of(out, plan, layer), {"plan": asdict(plan), "step": step,
                                                             "tokens": step * plan.batch})
         torch.save({"optimiser": optimiser.state_dict(), "step": step, "sequences_read": counted.read,
-                    "quiet": quiet, "plan": asdict(plan)}, state_path)
+                    "quiet": quiet, "fired": fired, "plan": asdict(plan)}, state_path)
 
     try:
         while step * plan.batch < plan.tokens:
@@ -114,9 +122,16 @@ def train(model: Any, prompt: Any, corpus: Path, plan: Plan, out: Path, model_na
                 for group, layer in zip(optimiser.param_groups, saes):  # each block's stream its own scale
                     group["lr"] = plan.learning_rate(float(first[layer].norm(dim=-1).mean()), d_in)
                 started = True
-            figures = train_step(saes, {layer: buffers[layer].take(plan.batch).to(device) for layer in saes},
-                                 optimiser, quiet)
+            rows = {layer: buffers[layer].take(plan.batch).to(device) for layer in saes}
+            figures = train_step(saes, rows, optimiser, quiet, fired)
             step += 1
+            looks = {round(f * plan.tokens / plan.batch) for f in RESAMPLE_AT}
+            if plan.resample_below > 0 and step in looks:
+                since = step - max([s for s in looks if s < step], default=0)
+                for index, (layer, sae) in enumerate(saes.items()):
+                    rare = fired[layer] < plan.resample_below * since * plan.batch
+                    resample(sae, rows[layer], rare.to(device), optimiser, optimiser.param_groups[index])
+                    fired[layer].zero_()
             if between is not None:
                 between()
             now = time.monotonic()
@@ -157,10 +172,12 @@ def new_optimiser(saes: dict[int, Dictionary], lr: float) -> torch.optim.Adam:
 
 
 def train_step(saes: dict[int, Dictionary], rows: dict[int, torch.Tensor], optimiser: torch.optim.Optimizer,
-               quiet: dict[int, torch.Tensor]) -> dict[int, tuple[float, float]]:
+               quiet: dict[int, torch.Tensor], fired: dict[int, torch.Tensor] | None = None
+               ) -> dict[int, tuple[float, float]]:
     """One step of every dictionary on its batch of activation rows (N, d_in), `quiet` (tokens since each feature
-    fired) updated -> each one's (explained variance, L0) on the batch."""
-    figures = {layer: _step(sae, rows[layer], quiet[layer], sae.config.d_in) for layer, sae in saes.items()}
+    fired) and `fired` (how often each fired) updated -> each one's (explained variance, L0) on the batch."""
+    figures = {layer: _step(sae, rows[layer], quiet[layer], sae.config.d_in, None if fired is None else fired[layer])
+               for layer, sae in saes.items()}
     for sae in saes.values():
         remove_parallel_gradient(sae)
     optimiser.step()
@@ -170,7 +187,8 @@ def train_step(saes: dict[int, Dictionary], rows: dict[int, torch.Tensor], optim
     return figures
 
 
-def _step(sae: Dictionary, x: torch.Tensor, quiet: torch.Tensor, d_in: int) -> tuple[float, float]:
+def _step(sae: Dictionary, x: torch.Tensor, quiet: torch.Tensor, d_in: int, counts: torch.Tensor | None
+          ) -> tuple[float, float]:
     """One batch's losses backward (the optimiser steps for every dictionary at once) -> (explained variance, L0)."""
     pre = sae.pre_activations(x)
     z = sae.activate(pre)
@@ -178,14 +196,47 @@ def _step(sae: Dictionary, x: torch.Tensor, quiet: torch.Tensor, d_in: int) -> t
     error = ((x_hat - x) ** 2).sum(-1)
     total = ((x - x.mean(0)) ** 2).sum(-1)
     loss = error.mean() / total.mean().clamp_min(1e-8)  # normalised MSE
-    fired = (z > 0).any(0).cpu()
+    active = z > 0
+    fired = active.any(0).cpu()
     quiet += x.size(0)
     quiet[fired] = 0
+    if counts is not None:
+        counts += active.sum(0).cpu()
     dead = (quiet > DEAD_TOKENS).to(z.device)
     loss = loss + aux_loss(sae, x, x_hat, pre, dead, d_in // 2) * AUX_WEIGHT
     loss.backward()  # type: ignore[no-untyped-call]
     with torch.no_grad():
         return 1.0 - float(error.sum() / total.sum().clamp_min(1e-8)), float((z > 0).sum(-1).float().mean())
+
+
+@torch.no_grad()
+def resample(sae: Dictionary, x: torch.Tensor, rare: torch.Tensor, optimiser: torch.optim.Optimizer,
+             group: dict[str, Any]) -> int:
+    """Start the `rare` features (d_sae,) again, each on a row of the batch x (N, d_in) drawn with probability
+    ∝ its squared reconstruction error: its decoder row that row's direction from b_dec, its encoder column the
+    same at the live features' mean encoder norm (so it wins its TopK on inputs like it), b_enc 0, and its Adam
+    moments cleared -> how many started again."""
+    features = rare.nonzero().squeeze(-1)
+    n = int(features.numel())
+    if n == 0 or n == rare.numel():
+        return 0
+    error = ((sae.decode(sae.encode(x)) - x) ** 2).sum(-1)
+    picked = torch.multinomial(error.pow(2) + 1e-12, n, replacement=n > x.size(0))
+    directions = x[picked] - sae.b_dec
+    directions /= directions.norm(dim=-1, keepdim=True).clamp_min(1e-8)
+    scale = sae.W_enc[:, ~rare].norm(dim=0).mean()
+    sae.W_dec[features] = directions
+    sae.W_enc[:, features] = directions.T * scale
+    sae.b_enc[features] = 0.0
+    for parameter in group["params"]:
+        state = optimiser.state.get(parameter, {})
+        for moment in ("exp_avg", "exp_avg_sq"):
+            if moment in state:
+                if parameter is sae.W_enc:
+                    state[moment][:, features] = 0.0
+                elif parameter is sae.W_dec or parameter is sae.b_enc:
+                    state[moment][features] = 0.0
+    return n
 
 
 class _Counted:
