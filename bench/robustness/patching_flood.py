@@ -41,10 +41,13 @@ LONG = ("Tell me about the rivers of Europe, their sources, the seas they reach,
         "it short, and name a book for each river where you can, with its year and its author's name.")[:690]
 
 
-def conversation(base: str, address: str, content: str, tokens: int) -> tuple[Raw, str, str, int]:
-    """A browser at `address` with one finished reply -> (its client, conversation, message, tokens)."""
-    raw = Raw(base, address)
-    raw.request("GET", "/chat/")
+def conversation(base: str, address: str, content: str, tokens: int, raw: Raw | None = None
+                 ) -> tuple[Raw, str, str, int]:
+    """A browser at `address` (`raw`, or a new one) with a new conversation and its finished reply -> (its client,
+    conversation, message, tokens)."""
+    if raw is None:
+        raw = Raw(base, address)
+        raw.request("GET", "/chat/")
     status, _, body = raw.form("/chat/send", {"content": content, "max_new_tokens": str(tokens), "temperature": "0"},
                                headers={"HX-Request": "true"})
     assert status == 200, body[:300]
@@ -58,11 +61,14 @@ def conversation(base: str, address: str, content: str, tokens: int) -> tuple[Ra
 
 
 class B:
-    """The other address: each request fresh (another token, another table), timed."""
+    """The other address: each request fresh (another token, another reply's lens, another table), timed."""
 
-    def __init__(self, base: str, tokens: int) -> None:
+    def __init__(self, base: str, tokens: int, replies: int) -> None:
         self.raw, self.cid, self.mid, self.tokens = conversation(base, "127.0.0.1", "What is the capital of France?",
                                                                  tokens)
+        # a whole-reply lens is kept per reply: one reply per ask
+        self.others = [conversation(base, "127.0.0.1", f"What is the capital of country number {n}?", tokens,
+                                    self.raw) for n in range(replies)]
         self.next = {"inside": 0, "attribution": 0, "lens": 0, "loops": 0}
 
     def ask(self, what: str) -> float:
@@ -77,7 +83,7 @@ class B:
         else:
             path = {"inside": f"{base}/inside/{n % self.tokens}.json",
                     "attribution": f"{base}/attribution/{n % self.tokens}.json",
-                    "lens": f"{base}/lens.json"}[what]
+                    "lens": f"/chat/c/{self.others[n][1]}/m/{self.others[n][2]}/lens.json"}[what]
             status, _, _ = self.raw.request("GET", path, timeout=900)
         assert status == 200, (what, status)
         return time.monotonic() - started
@@ -87,7 +93,7 @@ def flood(base: str, tokens: int) -> tuple[threading.Event, list[threading.Threa
     """A's four patching jobs, each asked for in a thread of its own (a 503 at the wait limit: asked again)."""
     raw, cid, mid, count = conversation(base, "127.0.0.2", LONG, tokens)
     stop = threading.Event()
-    got: dict[str, Any] = {"done": 0, "other": 0, "refused": ""}
+    got: dict[str, Any] = {"done": 0, "other": 0, "refused": "", "statuses": []}
 
     def ask(n: int) -> None:
         corrupted = LONG[:40 + n] + ("x" if LONG[40 + n] != "x" else "y") + LONG[41 + n:]
@@ -96,6 +102,7 @@ def flood(base: str, tokens: int) -> tuple[threading.Event, list[threading.Threa
             status, _, answer = raw.request("POST", f"/chat/c/{cid}/m/{mid}/patching/{count - 1}.json", body,
                                             {"Content-Type": "application/json"}, timeout=900)
             got["done" if status == 200 else "other"] += 1
+            got["statuses"].append(status)
             if status == 200:
                 return
             if status == 400:  # the alternative is the reply's own token, or too many cells: no flood to measure
@@ -120,7 +127,7 @@ def main(argv=None) -> int:
         server = Gunicorn(Path(tmp) / "instance", {"GLASSBOX_THREADS": "32", "GLASSBOX_MAX_STREAMS": "24",
                                                    "GLASSBOX_INSIDE_WAIT_SECONDS": "600"}).start(ready_timeout=300)
         try:
-            b = B(server.url, args.tokens)
+            b = B(server.url, args.tokens, 2 * args.repeats + 1)
             for what in kinds:
                 b.ask(what)  # warm: each route's first answer
             alone = {what: [b.ask(what) for _ in range(args.repeats)] for what in kinds}
@@ -143,7 +150,9 @@ def main(argv=None) -> int:
     body = (common.table(["B's request", "alone ms (median)", "under A's flood ms (median)", "worst ms",
                           "bound ms", "within"], rows)
             + f"\n\n- real gunicorn, the bundled models; A: 4 patching jobs of its reply's last token after a "
-              f"690-character message ({got['done']} finished during the run); B: each request {args.repeats} "
+              f"690-character message ({got['done']} finished during the run; their answers, when the server stopped: "
+              f"{got['statuses']}); B: each "
+              f"request {args.repeats} "
               "times alone, then as many under the flood, each a fresh one; bound = 2 x alone + 100 ms")
     common.report("Another address's short jobs beside four patching jobs", body, load_before=load_before,
                   write_doc=not args.no_doc)
