@@ -87,6 +87,25 @@ def test_a_model_that_does_not_load_stops_start_up_naming_its_table(tmp_path):
         boot.load_models(settings)
 
 
+def test_a_registry_that_would_not_fit_in_free_memory_is_refused_before_loading(tmp_path, monkeypatch):
+    """Each model is held whole in this one process: 100 of them took 2 GB before anything said why (issue 52).
+    The machine's free memory is made small here; the checkpoints are real files."""
+    tiny_checkpoint(tmp_path / "a")
+    tiny_checkpoint(tmp_path / "b", seed=2)
+    settings = registry(tmp_path, "[models.a]\ncheckpoint = 'a/model.safetensors'\n"
+                                  "[models.b]\ncheckpoint = 'b/model.safetensors'\n")
+    size = sum((tmp_path / name / "model.safetensors").stat().st_size for name in "ab")
+    loads = []
+    monkeypatch.setattr(boot, "load_model", lambda s: loads.append(s))  # never reached: refused first
+    monkeypatch.setattr(boot, "available_memory", lambda: size - 1)
+    with pytest.raises(ModelLoadError, match=r"models.toml: its 2 checkpoints take 0\.0 GiB.*free: run fewer models"):
+        boot.load_models(settings)
+    assert loads == []
+    monkeypatch.undo()
+    monkeypatch.setattr(boot, "available_memory", lambda: size)  # fits exactly: loaded
+    assert boot.load_models(settings).names() == ["a", "b"]
+
+
 def test_loaded_models_keep_their_order_kinds_and_records(tmp_path):
     tiny_checkpoint(tmp_path / "a", seed=1)
     tiny_checkpoint(tmp_path / "b", seed=2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 
 from webapp.chat.decode.alone import ChatAlone
 from webapp.chat.decode.batched import ChatBatch
@@ -58,9 +59,13 @@ def load_model(settings):
 
 def load_models(settings) -> ChatModels:
     """Every model of the registry (GLASSBOX_CHAT_MODELS, else the one model's settings), loaded at start:
-    a broken one stops start-up, its name in the message."""
+    a broken one stops start-up, its name in the message; so does a registry whose checkpoints would not fit in
+    the memory this machine has free (each model is held whole, in this one process)."""
     loaded, per_model = {}, {}
-    for entry in model_entries(settings):
+    entries = model_entries(settings)
+    if settings.chat_models:
+        check_memory(entries, f"GLASSBOX_CHAT_MODELS={settings.chat_models}")
+    for entry in entries:
         try:
             loaded[entry.name] = load_model(entry.settings)
         except ModelLoadError as error:
@@ -71,6 +76,31 @@ def load_models(settings) -> ChatModels:
         per_model[entry.name] = entry.settings
     give_back_freed_memory()
     return ChatModels(loaded, per_model)
+
+
+def check_memory(entries, where: str) -> None:
+    """Refuse a registry whose local checkpoints take more on disk than this machine has free (MemAvailable):
+    about what they take loaded, and loading a hundred of them took gigabytes before any said why. Raises
+    ModelLoadError naming both sizes. Files that do not exist are left to the load, which names them."""
+    sizes = [os.path.getsize(e.settings.chat_checkpoint) for e in entries
+             if not e.settings.chat_backend and os.path.isfile(e.settings.chat_checkpoint)]
+    free = available_memory()
+    if free is not None and sum(sizes) > free:
+        raise ModelLoadError(f"{where}: its {len(sizes)} checkpoints take {sum(sizes) / 2**30:.1f} GiB, about what "
+                             f"they take in memory, and this machine has {free / 2**30:.1f} GiB free: run fewer "
+                             "models, or smaller ones")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory free for a new load (Linux's MemAvailable); None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def give_back_freed_memory() -> None:
