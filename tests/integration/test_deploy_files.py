@@ -12,7 +12,8 @@ UNIT = ROOT / "deploy" / "glassbox@.service"  # a template: one front end per in
 
 
 def gunicorn_settings(monkeypatch, **env) -> dict:
-    for name in ("GLASSBOX_THREADS", "GLASSBOX_MAX_STREAMS", "GLASSBOX_GRACEFUL_TIMEOUT"):
+    for name in ("GLASSBOX_THREADS", "GLASSBOX_MAX_STREAMS", "GLASSBOX_MAX_FOLLOWER_STREAMS",
+                 "GLASSBOX_GRACEFUL_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -22,8 +23,10 @@ def gunicorn_settings(monkeypatch, **env) -> dict:
 def test_gunicorn_runs_one_threaded_worker_with_threads_for_streams_and_pages(monkeypatch):
     conf = gunicorn_settings(monkeypatch)
     assert conf["workers"] == 1 and conf["worker_class"] == "gthread"
-    assert conf["threads"] == 24 + conf["PAGE_THREADS"]  # GLASSBOX_MAX_STREAMS' default is 24
-    assert gunicorn_settings(monkeypatch, GLASSBOX_MAX_STREAMS="4")["threads"] == 4 + conf["PAGE_THREADS"]
+    # a thread for each of GLASSBOX_MAX_STREAMS (24) and of GLASSBOX_MAX_FOLLOWER_STREAMS (100), and the pages'
+    assert conf["threads"] == 24 + 100 + conf["PAGE_THREADS"]
+    assert gunicorn_settings(monkeypatch, GLASSBOX_MAX_STREAMS="4")["threads"] == 4 + 100 + conf["PAGE_THREADS"]
+    assert gunicorn_settings(monkeypatch, GLASSBOX_MAX_FOLLOWER_STREAMS="0")["threads"] == 24 + conf["PAGE_THREADS"]
     assert gunicorn_settings(monkeypatch, GLASSBOX_THREADS="9")["threads"] == 9
     assert "%(U)s" in conf["access_log_format"] and "%(q)s" not in conf["access_log_format"]  # no query strings
 
