@@ -4,7 +4,9 @@
 
   // -- The Loop lab's state survives reload, the theme button and a visit elsewhere (item 4) ------------
   // This tab's last table (start, steps, model, the rules in order) and the lab page it was on, kept in
-  // sessionStorage. Without JavaScript the form posts carry the table, and a run redirects to its trace.
+  // sessionStorage; and in localStorage too, so a new tab (the Loop lab opened beside Chat) starts from the
+  // last table edited in any tab, while each tab then keeps its own. Without JavaScript the form posts carry
+  // the table, and a run redirects to its trace.
   var KEY = "glassbox.loops.editor";
 
   function editorValues(form) {
@@ -21,11 +23,15 @@
     return params.toString();
   }
   function stored() {
-    try { return JSON.parse(sessionStorage.getItem(KEY) || "null"); } catch (e) { return null; }
+    try {
+      return JSON.parse(sessionStorage.getItem(KEY) || localStorage.getItem(KEY) || "null");
+    } catch (e) { return null; }
   }
   function store(form) {
     try {
-      sessionStorage.setItem(KEY, JSON.stringify({ path: location.pathname, form: editorValues(form) }));
+      var state = JSON.stringify({ path: location.pathname, form: editorValues(form) });
+      sessionStorage.setItem(KEY, state);
+      localStorage.setItem(KEY, state);
     } catch (e) { /* storage off: the page still works, it only forgets */ }
     pointNav();
   }

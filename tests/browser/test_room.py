@@ -51,6 +51,11 @@ def test_the_edited_table_and_the_run_survive_reload_theme_and_a_visit_elsewhere
     page.wait_for_selector("#content")
     page.get_by_role("link", name="Loop lab").click()
     wait_for_table(page, "B", "5")
+    beside = page.context.new_page()  # the Loop lab opened in a new tab starts from the table edited (issue 51)
+    beside.goto("/loops/")
+    wait_for_table(beside, "B", "5")
+    assert beside.evaluate("() => document.querySelector('#dst-1').value") == "C"
+    beside.close()
 
     page.click("#run")
     page.wait_for_selector("#summary", timeout=30_000)
