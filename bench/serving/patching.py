@@ -8,9 +8,19 @@ TransformerLens' TransformerBridge on the HF export of the same weights (bench/s
     .venv/bin/python -m bench.serving.patching --first 0             # every cell needs a forward
     .venv/bin/python -m bench.serving.patching --size gpt2 --no-doc  # quicker
     .venv/bin/python -m bench.serving.patching --tl .bench-tl/bin/python   # + TransformerLens 4.3
+    .venv/bin/python -m bench.serving.patching --bundled             # the bundled model, a 690-character message
+    .venv/bin/python -m bench.serving.patching --bundled --question "What is the capital of France?" \
+        --edited "What is the capital of Greece?" --reply 25            # the token that names the capital
+    .venv/bin/python -m bench.serving.patching --context 930 --first 0 --estimate-only   # the estimate alone
 
 The clean context is random GPT-2 ids; the corrupted one changes the tokens at positions first..first+2.
-Every tool's cells are checked against Glassbox's (largest difference of the normalised values).
+With --bundled: the bundled chat model's prompt for a 690-character message (bench/robustness/patching_flood.py's)
+and its greedy reply, the corrupted one with one letter of the message changed; the metric at the context's
+last position: the clean run's choice there against the corrupted run's. Every tool's cells are checked
+against Glassbox's (largest difference of the normalised values). The
+job's first-order estimate (attribution patching) is timed to its event, against one plain forward of the
+context, and compared with the exact map (Pearson's r and the mean |error| over the cells a patched run
+works out).
 """
 
 from __future__ import annotations
@@ -36,6 +46,12 @@ def parse_args(argv=None):
     p.add_argument("--skip-hooks", action="store_true", help="skip the one-forward-per-cell baseline")
     p.add_argument("--sample", type=int, default=0,
                    help="time only this many of the baselines' cells (spread over the map) and scale to all")
+    p.add_argument("--estimate-only", action="store_true",
+                   help="time the estimated map alone (a JSON request's \"estimate\": true) against one forward")
+    p.add_argument("--bundled", action="store_true", help="the bundled chat model after a 690-character message")
+    p.add_argument("--reply", type=int, default=40, help="with --bundled: the greedy reply's tokens in the context")
+    p.add_argument("--question", default="", help="with --bundled: the message (default: the 690-character one)")
+    p.add_argument("--edited", default="", help="with --bundled: the corrupted message (default: one letter changed)")
     p.add_argument("--no-doc", action="store_true")
     return p.parse_args(argv)
 
@@ -48,16 +64,20 @@ def contexts(T: int, first: int) -> tuple[list[int], list[int]]:
     return clean, corrupted
 
 
-def glassbox(loaded, clean, corrupted, chosen, against) -> dict:
-    """The patching job on the core, as the page runs it: seconds to the first cells and to the end."""
+def glassbox(loaded, clean, corrupted, chosen, against, estimate_only: bool = False) -> dict:
+    """The patching job on the core, as the page runs it: seconds to the estimate, the first exact cells and
+    the end (with `estimate_only`, a job for the estimate alone: its end)."""
     from webapp.chat.patching.jobs import PatchingJobs, PatchingRequest
     from webapp.core import InferenceCore, Job
     core = InferenceCore({"chat": loaded}, {"patching": PatchingJobs(loaded)})
     try:
         started = time.perf_counter()
-        job = core.submit(Job("patching", "bench", PatchingRequest(tuple(clean), tuple(corrupted), chosen, against, 0)))
-        first_cells = None
+        request = PatchingRequest(tuple(clean), tuple(corrupted), chosen, against, 0, estimate=estimate_only)
+        job = core.submit(Job("patching", "bench", request))
+        first_cells = estimated = None
         for event in job.subscribe():
+            if event is not None and event.name == "estimate":
+                estimated = time.perf_counter() - started
             if event is not None and event.name == "cells" and first_cells is None:
                 first_cells = time.perf_counter() - started
         total = time.perf_counter() - started
@@ -66,7 +86,54 @@ def glassbox(loaded, clean, corrupted, chosen, against) -> dict:
     assert job.state == "done", job.error
     p = job.result.patching
     return {"first": first_cells, "total": total, "residual": p.residual, "heads": p.heads,
-            "clean": p.clean, "corrupted": p.corrupted}
+            "clean": p.clean, "corrupted": p.corrupted, "estimated": estimated, "estimate": p.estimate}
+
+
+@torch.inference_mode()
+def plain_forward(model, ids: list[int], repeats: int = 3) -> float:
+    """Seconds for one plain PyTorch forward of the context (nanoGPT's model(idx)), the median of a few."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model(torch.tensor([ids]))
+        times.append(time.perf_counter() - t0)
+    return common.median(times)
+
+
+def agreement(exact: dict, first: int) -> tuple[float, float, int]:
+    """(Pearson's r, mean |exact - estimate|, cells) over the cells a patched run works out."""
+    guess = exact["estimate"]
+    pairs = [(row[p], guess.residual[layer][p]) for layer, row in enumerate(exact["residual"][:-1])
+             for p in range(first, len(row))]
+    pairs += [(v, guess.heads[layer][h]) for layer, row in enumerate(exact["heads"]) for h, v in enumerate(row)]
+    pairs = [(x, y) for x, y in pairs if x is not None and y is not None]
+    xs, ys = torch.tensor([x for x, _ in pairs]), torch.tensor([y for _, y in pairs])
+    r = float(torch.corrcoef(torch.stack([xs, ys]))[0, 1])
+    return r, float((xs - ys).abs().mean()), len(pairs)
+
+
+def bundled_contexts(reply_tokens: int, question: str = "", edited: str = ""):
+    """The bundled chat model, and the clean and corrupted contexts: the prompt for `question` (the flood's
+    690-character message) and the first `reply_tokens` of its greedy reply; the same with the message
+    `edited` (one letter changed, keeping its length in tokens)."""
+    from bench.robustness.patching_flood import LONG
+    from webapp.chat.model.loading import load_chat_model
+    from webapp.config import Settings
+    loaded = load_chat_model(Settings().chat_checkpoint)
+    question = question or LONG
+    prompt = loaded.prompt.build([{"role": "user", "content": question}], reply_tokens + 1)
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(reply_tokens):
+            logits, _ = loaded.model(torch.tensor([ids]))
+            ids.append(int(logits[0, -1].argmax()))
+    edits = [edited] if edited else [question[:at] + ("e" if question[at] != "e" else "a") + question[at + 1:]
+                                     for at in range(len(question) // 2, len(question)) if question[at].isalpha()]
+    for other_message in edits:
+        other = loaded.prompt.build([{"role": "user", "content": other_message}], reply_tokens + 1)
+        if len(other) == len(prompt) and other != prompt:
+            return loaded, ids, other + ids[len(prompt):]
+    raise RuntimeError("the edited message must keep the message's length in tokens, and change it")
 
 
 @torch.inference_mode()
@@ -152,15 +219,25 @@ def largest_difference(a: dict, b: dict) -> float:
 def main(argv=None):
     args = parse_args(argv)
     load_before = common.load_average()
-    model = common.random_gpt(args.size)
-    loaded = common.loaded(model)
-    clean, corrupted = contexts(args.context, args.first)
+    if args.bundled:
+        loaded, clean, corrupted = bundled_contexts(args.reply, args.question, args.edited)
+        model, args.size, args.context, args.skip_hooks = loaded.model, "the bundled chat model", len(clean), True
+        args.first = next(p for p, (a, b) in enumerate(zip(clean, corrupted)) if a != b)
+    else:
+        model = common.random_gpt(args.size)
+        loaded = common.loaded(model)
+        clean, corrupted = contexts(args.context, args.first)
     with torch.inference_mode():
-        logits, _ = model(torch.tensor([clean]))
-    top = logits[0, -1].topk(2).indices.tolist()  # the metric: the clean run's first choice against its second
-    chosen, against = top[0], top[1]
+        logits, _ = model(torch.tensor([clean, corrupted]))
+    # the metric: the clean run's first choice against the corrupted run's (its own second where they agree)
+    top = logits[0, -1].topk(2).indices.tolist()
+    chosen, against = top[0], int(logits[1, -1].argmax())
+    if against == chosen:
+        against = top[1]
     c = model.config
     cells = (c.n_layer + 1) * args.context + c.n_layer * c.n_head
+    if args.estimate_only:
+        return estimate_only(args, model, loaded, clean, corrupted, chosen, against, load_before)
     results = {"Glassbox (patching job on the core)": glassbox(loaded, clean, corrupted, chosen, against)}
     if not args.skip_hooks:
         results["plain PyTorch hooks, one forward per cell"] = hooks(model, clean, corrupted, chosen, against,
@@ -172,14 +249,33 @@ def main(argv=None):
         except RuntimeError as error:
             print(f"TransformerLens could not run: {error}")
     ours = results["Glassbox (patching job on the core)"]
+    forward = plain_forward(model, clean)
+    r, error, compared = agreement(ours, args.first)
     rows = [[name + (f" ({r['ran']} cells run, time scaled)" if r.get("ran", cells) < cells else ""),
+             f"{r['estimated']:.2f}" if r.get("estimated") else "–",
              f"{r['first']:.2f}", f"{r['total']:.2f}", f"{r['total'] / ours['total']:.2f}",
              f"{largest_difference(r, ours):.1e}"] for name, r in results.items()]
     body = (f"{args.size}, T = {args.context}, contexts differ from position {args.first}: {cells} cells "
             f"({c.n_layer + 1} x {args.context} residual, {c.n_layer} x {c.n_head} heads); "
             f"clean {ours['clean']:.3f}, corrupted {ours['corrupted']:.3f}\n\n"
-            + common.table(["", "first cells s", "all cells s", "x Glassbox's time", "max |Δ| vs Glassbox"], rows))
+            + common.table(["", "estimate s", "first exact cells s", "all cells s", "x Glassbox's time",
+                            "max |Δ| vs Glassbox"], rows)
+            + f"\n\nOne plain PyTorch forward of the context: {forward:.3f} s; the estimated map arrived after "
+            f"{ours['estimated'] / forward:.2f} of them. Estimate against the exact map, over the {compared} cells "
+            f"a patched run works out: Pearson's r = {r:.3f}, mean |error| = {error:.3f}.")
     common.report("Activation patching, full map", body, load_before=load_before, write_doc=not args.no_doc)
+
+
+def estimate_only(args, model, loaded, clean, corrupted, chosen, against, load_before: str) -> None:
+    """The estimated map alone, three times (the first warms up), against one plain forward of the context."""
+    forward = plain_forward(model, clean)
+    times = [glassbox(loaded, clean, corrupted, chosen, against, estimate_only=True)["total"] for _ in range(3)]
+    spent = common.median(times[1:])
+    body = (f"{args.size}, T = {args.context}, contexts differ from position {args.first}: the estimated map "
+            f"(a job for the estimate alone) {spent:.3f} s (runs: {', '.join(f'{t:.3f}' for t in times)}); one plain "
+            f"PyTorch forward of the context {forward:.3f} s: the estimate took {spent / forward:.2f} of them.")
+    common.report("Attribution patching, the estimated map alone", body, load_before=load_before,
+                  write_doc=not args.no_doc)
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment(Work.PATCHING, PatchingJobs,
                lambda core, chat, inside, settings: PatchingService(core, inside, settings.inside_cache_entries,
                                                                     settings.patching_max_cells),
-               pages=(patching_pages,), reads_kept_cache=False),
+               pages=(patching_pages,)),
     # the logit lens over a whole reply
     Experiment(Work.LENS, LensJobs,
                lambda core, chat, inside, settings: LensService(core, inside, settings.inside_cache_entries),

@@ -20,6 +20,13 @@ def reference(model, ids: list[int], chosen: int, against: int, residual=None, h
     """-> (metric, residuals (L+1, T, C) entering each block then the final one, heads (L, nh, T, hs)).
     residual: (layer, position, vector) put in place of the residual entering block `layer` (layer L:
     the final one); head: (layer, head, (T, hs) outputs) put in place of that head's output."""
+    metric, residuals, heads = forward_by_hand(model, ids, chosen, against, residual, head)
+    return float(metric), torch.stack(residuals).detach(), torch.stack(heads).detach()
+
+
+def forward_by_hand(model, ids: list[int], chosen: int, against: int, residual=None, head=None, grads=False):
+    """reference()'s forward -> (metric as a tensor, residuals [(T, C)] * (L+1), heads [(nh, T, hs)] * L);
+    with `grads`, each residual and head output keeps its gradient once metric.backward() has run."""
     sd = {k: v.float() for k, v in model.state_dict().items()}
     c = model.config
     hs = c.n_embd // c.n_head
@@ -38,11 +45,18 @@ def reference(model, ids: list[int], chosen: int, against: int, residual=None, h
         return x
 
     x = sd["transformer.wte.weight"][ids] + sd["transformer.wpe.weight"][:T]  # (T, C)
+    if grads:
+        x.requires_grad_()
+
+    def kept(t):
+        if grads:
+            t.retain_grad()
+        return t
     residuals, heads = [], []
     causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
     for layer in range(c.n_layer):
         x = patched(x, layer)
-        residuals.append(x)
+        residuals.append(kept(x))
         p = f"transformer.h.{layer}"
         q, k, v = linear(ln(x, f"{p}.ln_1"), f"{p}.attn.c_attn").split(c.n_embd, dim=1)
         q, k, v = (t.view(T, c.n_head, hs).transpose(0, 1) for t in (q, k, v))  # (nh, T, hs)
@@ -52,13 +66,13 @@ def reference(model, ids: list[int], chosen: int, against: int, residual=None, h
         if head is not None and head[0] == layer:
             y = y.clone()
             y[head[1]] = head[2]
-        heads.append(y)
+        heads.append(kept(y))
         x = x + linear(y.transpose(0, 1).reshape(T, c.n_embd), f"{p}.attn.c_proj")
         x = x + linear(F.gelu(linear(ln(x, f"{p}.ln_2"), f"{p}.mlp.c_fc")), f"{p}.mlp.c_proj")
     x = patched(x, c.n_layer)
-    residuals.append(x)
+    residuals.append(kept(x))
     logits = ln(x[-1], "transformer.ln_f") @ sd["transformer.wte.weight"].T
-    return float(logits[chosen] - logits[against]), torch.stack(residuals), torch.stack(heads)
+    return logits[chosen] - logits[against], residuals, heads
 
 
 def reference_map(model, clean_ids, corrupted_ids, chosen, against):

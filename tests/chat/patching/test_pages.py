@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.chat.patching.test_compute import reference_map
+from tests.chat.patching.test_estimate import estimate_by_hand
 from tests.chat.web import test_glass
 from tests.chat.web.test_glass import reply
 from tests.conftest import csrf_of, wait_for
@@ -43,7 +44,8 @@ def test_the_json_answers_the_contract_and_equals_the_hand_patched_reference(cha
     answer = post(client, cid, mid, 2, {"corrupted": "Where is Jordan?", "against": against})
     assert answer.status_code == 200, answer.get_json()
     data = answer.get_json()
-    assert set(data) == {"clean", "corrupted", "positions", "residual", "heads"}
+    assert set(data) == {"estimate", "clean", "corrupted", "positions", "residual", "heads"}
+    assert data["estimate"] is False
     model = glassbox(chat_app).core.models["chat"].model
     config = model.config
     assert len(data["positions"]) == len(clean) and data["positions"][:3] == ["<|bos|>", "<|user_start|>", "W"]
@@ -57,8 +59,11 @@ def test_the_json_answers_the_contract_and_equals_the_hand_patched_reference(cha
         assert got == pytest.approx(want, abs=tolerance)
     again = post(client, cid, mid, 2, {"corrupted": "Where is Jordan?", "against": against})
     assert again.get_json() == data  # kept: no second job
-    kinds = [j.kind for j in glassbox(chat_app).core._jobs.values()]
-    assert kinds.count("patching") == 1
+    jobs = [j for j in glassbox(chat_app).core._jobs.values() if j.kind == "patching"]
+    assert len(jobs) == 1
+    # the clean run took the positions before the edit from the reply's kept KV cache, as Inside does
+    first = next(p for p, (a, b) in enumerate(zip(clean, corrupted)) if a != b)
+    assert jobs[0].result.reused_positions == first > 0
 
 
 def test_contexts_of_different_lengths_get_400_with_both_counts_and_bad_alternatives_400(chat_app):
@@ -74,7 +79,8 @@ def test_contexts_of_different_lengths_get_400_with_both_counts_and_bad_alternat
                         ({"corrupted": "Where is Jordan?", "against": 10**6}, "No token 1000000"),
                         ({"corrupted": "Where is Jordan?", "against": row[0]}, "another token"),
                         ({"corrupted": "", "against": 65}, "non-empty"),
-                        ({"corrupted": "Where is France?", "against": 65}, "same tokens")):
+                        ({"corrupted": "Where is France?", "against": 65}, "same tokens"),
+                        ({"corrupted": "Where is Jordan?", "against": 65, "estimate": "yes"}, "`estimate` as true")):
         answer = post(client, cid, mid, 1, body)
         assert answer.status_code == 400 and words in answer.get_json()["error"], (body, answer.get_json())
     assert client.post(f"/chat/c/{cid}/m/{mid}/patching/1.json", data="[1]",
@@ -83,6 +89,27 @@ def test_contexts_of_different_lengths_get_400_with_both_counts_and_bad_alternat
     glassbox(chat_app).service(PatchingService).max_cells = 20  # 3 x 10 positions + 2 x 2 heads: too many
     big = post(client, cid, mid, 1, {"corrupted": "Where is Jordan?", "against": 65})
     assert big.status_code == 400 and "would patch 34 cells" in big.get_json()["error"]
+    guess = post(client, cid, mid, 1, {"corrupted": "Where is Jordan?", "against": 65, "estimate": True})
+    assert guess.status_code == 200 and guess.get_json()["estimate"] is True  # one backward pass: no cap
+
+
+def test_the_estimate_alone_answers_in_the_exact_maps_shape_and_equals_the_gradient_by_hand(chat_app):
+    client = chat_app.test_client()
+    cid, mid, _ = reply(client, "Where is France?", max_new_tokens="3", temperature="0")
+    clean, corrupted, row = contexts(chat_app, mid, 2, "Where is France?", "Where is Jordan?")
+    against = next(alt[0] for alt in row[5] if alt[0] != row[0])
+    body = {"corrupted": "Where is Jordan?", "against": against}
+    guess = post(client, cid, mid, 2, {**body, "estimate": True}).get_json()
+    exact = post(client, cid, mid, 2, body).get_json()
+    assert guess["estimate"] is True and exact["estimate"] is False
+    assert guess["positions"] == exact["positions"] and guess["clean"] == exact["clean"]
+    assert guess["corrupted"] == pytest.approx(exact["corrupted"], rel=1e-5, abs=1e-5)  # its own run's, rounded
+    assert [len(r) for r in guess["residual"]] == [len(r) for r in exact["residual"]]
+    assert [len(r) for r in guess["heads"]] == [len(r) for r in exact["heads"]]
+    model = glassbox(chat_app).core.models["chat"].model
+    residual, heads = estimate_by_hand(model, clean, corrupted, row[0], against)
+    for got, want in zip(guess["residual"] + guess["heads"], residual + heads, strict=True):
+        assert got == pytest.approx(want, rel=1e-3, abs=1e-4)
 
 
 def test_other_browsers_get_404_and_remote_models_409(chat_app):
@@ -134,9 +161,18 @@ def test_the_page_works_without_javascript_and_its_stream_fills_every_cell(chat_
     done = client.get(url, query_string={"corrupted": "Where is Jordan?", "against": against}).get_data(as_text=True)
     assert "pending" not in done and "sse-connect" not in done and "Done." in done
     assert re.search(r"Clean: logit difference <strong>-?\d", done)
-    # the stream of a finished map sends it whole and closes
+    # each exact cell says its estimate and the error; the page how the two agree (issue 53)
+    assert re.search(r'title="residual: -?\d\.\d{4} · estimated -?\d\.\d{4}, off by [+-]\d\.\d{4}"', done)
+    assert re.search(r"Over the \d+ exact cells worked out: correlation with the estimate <strong>-?\d\.\d\d</strong>, "
+                     r"mean error <strong>\d\.\d{3}</strong>", done)
+    # the stream of a finished map sends what it sent live (the estimate first, every cell ≈, then the
+    # exact cells), then the map whole, and closes
     finished = client.get(f"{url}/stream", query_string={"corrupted": "Where is Jordan?", "against": against})
-    assert finished.get_data(as_text=True).count("event: done") == 1
+    events = finished.get_data(as_text=True)
+    assert events.count("event: done") == 1
+    assert events.index("event: estimate") < events.index("event: cells")
+    estimate = events[events.index("event: estimate"):events.index("event: cells")]
+    assert estimate.count(" est\" ") == (config.n_layer + 1) * (T - first) + config.n_layer * config.n_head
     typed = client.get(url, query_string={"corrupted": "Where is Jordan?", "against_text": "ab"})
     assert typed.status_code == 400 and "exactly one token" in typed.get_data(as_text=True)
 
@@ -173,8 +209,9 @@ def test_stop_cancels_the_job_and_the_page_keeps_what_it_worked_out(chat_app):
     assert job.state == CANCELLED
     assert any(e.name == "cells" for e in job.events)
     page = client.get(answer.headers["Location"]).get_data(as_text=True)
-    assert "Stopped" in page and "pending" in page and "sse-connect" not in page
-    assert re.search(r'<td id="pc-r-2-\d+" class="pcell d', page)  # the cells it worked out, shown
+    assert "Stopped: the cells marked ≈ keep their estimates" in page and "sse-connect" not in page
+    assert re.search(r'<td id="pc-r-2-\d+" class="pcell d-?\d"', page)  # the cells it worked out, shown
+    assert re.search(r'class="pcell d-?\d est" title="[^"]+">≈', page)  # the others, as estimated
     kinds = [j.kind for j in core._jobs.values()]
     assert kinds.count("patching") == 1  # the stopped page did not start it again
 

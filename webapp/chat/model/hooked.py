@@ -193,4 +193,6 @@ def _keep(into: dict[int, Tensor], layer: int, t: Tensor, end: int, first: int, 
     """Keep t's rows at positions first..end-1 (t holds the last t.size(dim) positions before end)."""
     if wanted:
         skip = max(first - (end - t.size(dim)), 0)
-        into[layer] = t.narrow(dim, skip, t.size(dim) - skip)
+        # t itself when every position is kept: the tensor the run goes on with, so a run with gradients on
+        # can take them with respect to what it read (attribution patching)
+        into[layer] = t if skip == 0 else t.narrow(dim, skip, t.size(dim) - skip)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+from torch.nn import functional as F
 
 from webapp.chat.model import kernels
 from webapp.chat.model.arena import into_huge_pages
@@ -76,6 +77,10 @@ class WeightOnlyLinear(DecodingLinear, nn.Module):
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # (N, C_in)
+        if rows.requires_grad and torch.is_grad_enabled():  # a gradient through it (attribution patching):
+            # oneDNN's inner product has no backward; the stored weights widened to float32 have
+            weight = self.weight.float() if self.scale is None else dequantized(self.weight, self.scale, torch.float32)
+            return self._finish(F.linear(rows.float(), weight), x)
         if self.scale is None:
             y = onednn_linear(rows.to(torch.bfloat16), self.weight, None).float()
         else:

@@ -27,7 +27,10 @@ What makes it cheap, all exact (no approximation):
   positions before s, and from the patched layer on (the layers below are the corrupted run's);
 - at the last block only the last position's output is needed (the others' keys and values are);
 - the patched runs of one layer go through the model together, several cells per forward (a batch).
-- the corrupted run itself runs positions f..T-1 only, on the clean run's keys and values before f.
+- the corrupted run itself runs positions f..T-1 only, on the clean run's keys and values before f;
+- and the clean run too, where a finished reply's kept KV cache holds the positions before f (trace's
+  `kept`: the activations there are never read).
+The patched runs go the largest first when an estimate of the map is given (webapp/chat/patching/estimate.py).
 
 Shapes: T positions, C n_embd, nh n_head, hs = C // nh, B patched runs in one forward, L n_layer.
 """
@@ -56,6 +59,7 @@ class Trace:
     heads: Tensor  # (L, nh, T, hs): each head's output before c_proj
     keys_values: KeysValues  # per layer, (1, nh, T, hs) each
     metric: float
+    held_from: int = 0  # residuals and heads before it are zeros (a kept KV cache's positions, never read)
 
 
 @dataclass
@@ -77,6 +81,13 @@ class Patching:
     residual: list[list[float | None]]  # (L + 1) x T
     heads: list[list[float | None]]  # L x nh
     first: int = 0  # the first position where the contexts differ
+    is_estimate: bool = False  # the first-order estimate (webapp/chat/patching/estimate.py), not exact cells
+    estimate: Patching | None = None  # an exact map's estimate, made before its cells
+
+    def to_come(self) -> Patching:
+        """A map of this one's shape and metrics with every cell still to come, this one its estimate."""
+        return Patching(self.clean, self.corrupted, [[None] * len(row) for row in self.residual],
+                        [[None] * len(row) for row in self.heads], self.first, estimate=self)
 
     def fill(self, cells: Cells) -> None:
         rows = self.residual if cells.part == "residual" else self.heads
@@ -116,20 +127,28 @@ class Plan:
         return Patching(self.clean.metric, self.corrupted.metric, [[None] * T for _ in range(c.n_layer + 1)],
                         [[None] * c.n_head for _ in range(c.n_layer)], self.first)
 
-    def batches(self) -> Iterator[Cells]:
-        """Every cell, a batch at a time, the cheapest layers first (the last block runs one block)."""
+    def batches(self, first_by: Patching | None = None) -> Iterator[Cells]:
+        """Every cell, a batch at a time: those known without a forward first, then the patched runs, the
+        cheapest layers first, or with `first_by` (an estimate of the map) the batches holding the largest
+        estimated cells first."""
         L, nh = self.model.config.n_layer, self.model.config.n_head
         T, f = len(self.clean_ids), self.first
         # the final residual reaches the metric at the last position alone: the clean one there
         final: list[float | None] = [0.0] * (T - 1)
         yield Cells("residual", L, list(range(T)), [*final, self.normalise(self.clean.metric)])
-        for layer in range(L - 1, -1, -1):
-            if f > 0:  # before the first difference, both runs are the same: nothing to restore
+        if f > 0:  # before the first difference, both runs are the same: nothing to restore
+            for layer in range(L - 1, -1, -1):
                 yield Cells("residual", layer, list(range(f)), [0.0] * f)
-            for positions in _chunks(list(range(f, T)), self.batch_tokens, lambda p: T - p):
-                yield Cells("residual", layer, positions, [self.normalise(m) for m in self._residual(layer, positions)])
-            for heads in _chunks(list(range(nh)), self.batch_tokens, lambda _: T - f):
-                yield Cells("heads", layer, heads, [self.normalise(m) for m in self._heads(layer, heads)])
+        runs: list[tuple[str, int, list[int]]] = []  # (part, layer, indices): one patched forward each
+        for layer in range(L - 1, -1, -1):
+            runs += [("residual", layer, positions)
+                     for positions in _chunks(list(range(f, T)), self.batch_tokens, lambda p: T - p)]
+            runs += [("heads", layer, heads) for heads in _chunks(list(range(nh)), self.batch_tokens, lambda _: T - f)]
+        if first_by is not None:
+            runs.sort(key=lambda run: -_largest(first_by, *run))  # stable: ties keep the cheapest first
+        for part, layer, indices in runs:
+            metrics = self._residual(layer, indices) if part == "residual" else self._heads(layer, indices)
+            yield Cells(part, layer, indices, [self.normalise(m) for m in metrics])
 
     def _residual(self, layer: int, positions: list[int]) -> list[float]:
         """Metric of each run with the clean residual entering block `layer` at one of `positions`."""
@@ -155,6 +174,12 @@ class Plan:
         return metric(self.model, out.x[:, -1], self.chosen, self.against).tolist()
 
 
+def _largest(patching: Patching, part: str, layer: int, indices: list[int]) -> float:
+    """The largest |value| of some cells of a map (None, an unmoved metric, counts as 0)."""
+    row = (patching.residual if part == "residual" else patching.heads)[layer]
+    return max(abs(row[i] or 0.0) for i in indices)
+
+
 def _chunks(items: list[int], budget: int, cost: Callable[[int], int]) -> Iterator[list[int]]:
     """items in runs whose summed cost (positions run) stays within budget (at least one item each)."""
     chunk: list[int] = []
@@ -172,18 +197,27 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return next((p for p, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
-@torch.inference_mode()
-def plan(model: Any, clean_ids: Sequence[int], corrupted_ids: Sequence[int], chosen: int, against: int,
-         between: Callable[[], None] | None = None, batch_tokens: int = BATCH_TOKENS) -> Plan:
-    """Run both contexts (the corrupted one from its first difference, on the clean run's keys and values
-    before it) -> the plan of the patched runs. Raises ValueError for contexts of different lengths, or
-    equal ones."""
+def edited_from(clean_ids: Sequence[int], corrupted_ids: Sequence[int]) -> int:
+    """The first position where the two contexts differ. Raises ValueError for contexts of different
+    lengths, or equal ones."""
     if len(clean_ids) != len(corrupted_ids):
         raise ValueError(f"the contexts have {len(clean_ids)} and {len(corrupted_ids)} tokens")
     first = first_difference(clean_ids, corrupted_ids)
     if first is None:
         raise ValueError("the two contexts are the same")
-    clean = trace(model, list(clean_ids), chosen, against, between=between)
+    return first
+
+
+@torch.inference_mode()
+def plan(model: Any, clean_ids: Sequence[int], corrupted_ids: Sequence[int], chosen: int, against: int,
+         between: Callable[[], None] | None = None, batch_tokens: int = BATCH_TOKENS,
+         clean: Trace | None = None) -> Plan:
+    """Run both contexts (the corrupted one from its first difference, on the clean run's keys and values
+    before it; the clean one unless its trace is given) -> the plan of the patched runs. Raises ValueError
+    for contexts of different lengths, or equal ones."""
+    first = edited_from(clean_ids, corrupted_ids)
+    if clean is None:
+        clean = trace(model, list(clean_ids), chosen, against, between=between)
     corrupted = trace(model, list(corrupted_ids), chosen, against, first, clean, between)
     return Plan(model, list(clean_ids), list(corrupted_ids), chosen, against, first, clean, corrupted,
                 batch_tokens, between)
@@ -208,20 +242,27 @@ def metric(model: Any, last: Tensor, chosen: int, against: int) -> Tensor:
 
 
 def trace(model: Any, ids: list[int], chosen: int, against: int, start: int = 0, past: Trace | None = None,
-          between: Callable[[], None] | None = None) -> Trace:
+          between: Callable[[], None] | None = None, kept: KeysValues | None = None) -> Trace:
     """Run one context, keeping the residual stream, the heads' outputs and the keys and values at every
-    layer and position. With `start`, positions before it are `past`'s (the same tokens) and not run."""
+    layer and position. With `start`, positions before it are not run: they are `past`'s (a trace of the
+    same tokens), or a kept KV cache's (`kept`: keys and values alone; the activations there, which no
+    patched run reads, are held as zeros)."""
     device = next(model.parameters()).device
+    before = past.keys_values if past is not None else kept
     run = torch.tensor([ids[start:]], dtype=torch.long, device=device)  # (1, T - start)
-    out = hooked.run(model, hooked.embed(model, run, start), start=start,
-                     past=past.keys_values if past is not None and start > 0 else None,
+    out = hooked.run(model, hooked.embed(model, run, start), start=start, past=before if start > 0 else None,
                      reads=hooked.Reads(resid=True, z=True, keys_values=True), between=between)
-    residuals, heads = out.stacked("resid")[:, 0], out.stacked("z")[:, 0]
+    residuals, heads = out.stacked("resid")[:, 0], out.stacked("z")[:, 0]  # (L + 1, T - start, C), (L, nh, ...)
     keys_values = [out.keys_values[layer] for layer in sorted(out.keys_values)]
-    if past is not None:  # the positions before start are the same in both runs
-        residuals = torch.cat([past.residuals[:, :start], residuals], dim=1)
-        heads = torch.cat([past.heads[:, :, :start], heads], dim=2)
-        keys_values = [(torch.cat([pk[:, :, :start], k], dim=2), torch.cat([pv[:, :, :start], v], dim=2))
-                       for (pk, pv), (k, v) in zip(past.keys_values, keys_values)]
+    if start > 0 and before is not None:
+        if past is not None:  # the positions before start are the same in both runs
+            residuals = torch.cat([past.residuals[:, :start], residuals], dim=1)
+            heads = torch.cat([past.heads[:, :, :start], heads], dim=2)
+        else:
+            residuals = torch.cat([residuals.new_zeros(residuals.size(0), start, residuals.size(2)), residuals], 1)
+            heads = torch.cat([heads.new_zeros(*heads.shape[:2], start, heads.size(3)), heads], dim=2)
+        keys_values = [(torch.cat([pk[:, :, :start].to(k.dtype), k], dim=2),
+                        torch.cat([pv[:, :, :start].to(v.dtype), v], dim=2))
+                       for (pk, pv), (k, v) in zip(before, keys_values)]
     value = float(metric(model, residuals[-1, -1:], chosen, against)[0])
-    return Trace(residuals, heads, keys_values, value)
+    return Trace(residuals, heads, keys_values, value, start if past is None else past.held_from)

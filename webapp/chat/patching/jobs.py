@@ -6,8 +6,11 @@ lets running replies step after every block it runs (core.interleave) and publis
 a time, so a page fills in while it runs. It reads the model and writes nothing of it, nor any KV cache:
 its runs keep their keys and values to themselves, and running replies stay bit for bit the same.
 
-Events: "metrics" (PatchingMetrics: the clean and corrupted values, once both contexts have run), then
-"cells" (a model.patching.Cells per batch). The finished map is the job's result.
+Events: "estimate" (the whole map to first order, webapp/chat/patching/estimate.py: the clean run, the
+corrupted one with gradients, a backward pass), "metrics" (PatchingMetrics: the clean and corrupted values,
+once the exact corrupted run has run), then "cells" (a model.patching.Cells per batch), the batches with the
+largest estimates first. The finished map, carrying its estimate, is the job's result; a request for the
+estimate alone ends with it.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from webapp.chat.decode.prefix_cache import PrefixCache
-from webapp.chat.decode.reply_jobs import ReplyJobs
+from webapp.chat.decode.reply_jobs import ReplyJobs, kept_prefix
 from webapp.chat.model.loading import LoadedChatModel
-from webapp.chat.patching.compute import BATCH_TOKENS, Patching, plan
+from webapp.chat.patching.compute import BATCH_TOKENS, Patching, edited_from, plan, trace
+from webapp.chat.patching.estimate import estimate
 from webapp.core.executors import Worker
 from webapp.core.jobs import Job
 
@@ -35,6 +39,7 @@ class PatchingRequest:
     chosen: int
     against: int
     index: int
+    estimate: bool = False  # the first-order estimate alone (no exact cells)
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class PatchingMetrics:
 @dataclass
 class PatchingResult:
     patching: Patching | None = None  # filled in as the cells arrive; complete once the job is done
+    reused_positions: int = 0  # the clean run's first positions, whose keys and values a kept KV cache held
 
 
 class PatchingJobs(ReplyJobs[PatchingRequest, PatchingResult]):
@@ -60,13 +66,27 @@ class PatchingJobs(ReplyJobs[PatchingRequest, PatchingResult]):
 
     def work(self, request: PatchingRequest, between: Callable[[], None],
              job: Job[PatchingRequest, PatchingResult], core: Worker) -> PatchingResult:
+        model = self.loaded.model
+        # the clean run needs its activations from the first edited position on: before it, a kept reply's
+        # KV cache serves (as Inside's does), where one holds the context
+        kept = kept_prefix(model, request.clean_ids, self.prefix, edited_from(request.clean_ids, request.corrupted_ids))
         with torch.inference_mode():
-            work = plan(self.loaded.model, request.clean_ids, request.corrupted_ids, request.chosen,
-                        request.against, between, self.batch_tokens)
-            patching = work.empty()
-            result = job.result = PatchingResult(patching)  # partial: readers see the cells so far
+            clean = trace(model, kept.ids, request.chosen, request.against, kept.start, between=kept.between(between),
+                          kept=kept.past)
+        guess = estimate(model, request.clean_ids, request.corrupted_ids, request.chosen, request.against, clean,
+                         between)
+        if request.estimate:
+            return PatchingResult(guess, kept.start)
+        patching = guess.to_come()
+        # partial: readers see the estimate, then the cells so far
+        result = job.result = PatchingResult(patching, kept.start)
+        job.emit("estimate", guess)
+        with torch.inference_mode():
+            work = plan(model, request.clean_ids, request.corrupted_ids, request.chosen, request.against, between,
+                        self.batch_tokens, clean)
+            patching.corrupted = work.corrupted.metric  # the exact run's (the estimate's own differs by rounding)
             job.emit("metrics", PatchingMetrics(work.clean.metric, work.corrupted.metric, work.first))
-            for cells in work.batches():
+            for cells in work.batches(first_by=guess):
                 patching.fill(cells)
                 job.emit("cells", cells)
                 core.count("patching_cells", len(cells.indices), job)

@@ -32,13 +32,14 @@ def patching_service() -> PatchingService:
     return glassbox().service(PatchingService)
 
 
-def checked(message: Message, index: int, corrupted: object, against: object) -> tuple[str, PatchingRequest]:
+def checked(message: Message, index: int, corrupted: object, against: object,
+            estimate: object = False) -> tuple[str, PatchingRequest]:
     """(model, request), or InsideError: 404, 409 (as Inside: not here, not finished, cannot look into
     it), 400 (bad input, contexts of different lengths)."""
     model = runnable_writer(message, "Patching cannot run on")
     try:
         return model, patching_service().request_for(message, service().details(message.id), index,
-                                                     corrupted, against)
+                                                     corrupted, against, estimate)
     except ChatError as error:
         raise InsideError(str(error), error.status) from None
 
@@ -56,14 +57,16 @@ def start(model: str, patching_request: PatchingRequest, watched: bool = False) 
 @bp.post("/c/<conversation_id>/m/<int:message_id>/patching/<int:index>.json")
 @csrf_exempt
 def patching_json(conversation_id: str, message_id: int, index: int):
-    """Body {"corrupted": text, "against": token id} -> the whole map once worked out (the request waits,
-    holding a bulk stream slot, at most GLASSBOX_INSIDE_WAIT_SECONDS)."""
+    """Body {"corrupted": text, "against": token id, "estimate": false} -> the whole map once worked out
+    (the request waits, holding a bulk stream slot, at most GLASSBOX_INSIDE_WAIT_SECONDS); with
+    "estimate": true, its first-order estimate, in the same shape, at the cost of a backward pass."""
     message = owned_message(conversation_id, message_id)  # its errors as JSON too (pages.http_error)
     body = request.get_json(silent=True)
     if not isinstance(body, dict):
         return jsonify({"error": 'Send a JSON object: {"corrupted": "<the message>", "against": <token id>}.'}), 400
     try:
-        model, patching_request = checked(message, index, body.get("corrupted"), body.get("against"))
+        model, patching_request = checked(message, index, body.get("corrupted"), body.get("against"),
+                                          body.get("estimate", False))
         found = report_or_wait(patching_service(), model, patching_request, "patch", "patching")
     except InsideError as error:
         return jsonify({"error": str(error)}), error.status, error.headers
@@ -163,9 +166,14 @@ def patching_stream(conversation_id: str, message_id: int, index: int):
 
     def render(event) -> str | None:
         if event.name == "cells" and isinstance(event.data, Cells):
+            so_far = current(job)
+            estimate = so_far.estimate if so_far is not None else None
             cells = patching_view.cell_views(event.data, first_difference(patching_request.clean_ids,
-                                                                          patching_request.corrupted_ids) or 0)
+                                                                          patching_request.corrupted_ids) or 0,
+                                             estimate)
             return render_template("chat/_patching_cells.html", cells=cells) if cells else None
+        if event.name == "estimate" and isinstance(event.data, Patching):
+            return render_template("chat/_patching_cells.html", cells=patching_view.estimate_views(event.data))
         if event.name == "metrics" and isinstance(event.data, PatchingMetrics):
             return render_template("chat/_patching_values.html", values=event.data, oob=True)
         return None

@@ -32,10 +32,11 @@ class PatchingService(ReportJobs[PatchingRequest, PatchingResult, Patching]):
         return None if part is None else part["text"]
 
     def request_for(self, message: Message, details: ReplyDetails, index: int, corrupted: object,
-                    against: object) -> PatchingRequest:
+                    against: object, estimate: object = False) -> PatchingRequest:
         """Token `index` of a reply, against token `against`, with its last user message replaced by
-        `corrupted`. Raises ChatError: 404 (no such token), 409 (not here, not finished), 400 (bad input,
-        contexts of different lengths)."""
+        `corrupted`; with `estimate`, the map's first-order estimate alone (no cell cap: it costs a backward
+        pass however many cells). Raises ChatError: 404 (no such token), 409 (not here, not finished), 400
+        (bad input, contexts of different lengths)."""
         clean = self.inside.request_for(message, details, index)  # the 404s and 409s, as Inside's
         loaded = self.inside.models.get(self.inside.writer(message))
         if not isinstance(corrupted, str) or not corrupted.strip():
@@ -45,6 +46,8 @@ class PatchingService(ReportJobs[PatchingRequest, PatchingResult, Patching]):
         vocab = min(loaded.tokenizer.n_vocab, cast(Any, loaded.model).config.vocab_size)
         if not 0 <= against < vocab:
             raise ChatError(f"No token {against}: this model's tokens are 0 to {vocab - 1}.", 400)
+        if not isinstance(estimate, bool):
+            raise ChatError("Give `estimate` as true (the first-order estimate alone) or false (the exact map).", 400)
         if against == clean.token:
             raise ChatError("The alternative must be another token than the one the reply has here.", 400)
         prompt = details.prompt or {}
@@ -67,11 +70,11 @@ class PatchingService(ReportJobs[PatchingRequest, PatchingResult, Patching]):
             raise ChatError("The edited message gives the model the same tokens as the reply's own.", 400)
         config: Any = loaded.model.config
         cells = (config.n_layer + 1) * (len(corrupted_ids) - first) + config.n_layer * config.n_head
-        if self.max_cells and cells > self.max_cells:
+        if self.max_cells and cells > self.max_cells and not estimate:
             raise ChatError(f"This would patch {cells} cells, more than this server runs in one job "
                             f"({self.max_cells}, GLASSBOX_PATCHING_MAX_CELLS): pick a token nearer the "
-                            "start of the reply.", 400)
-        return PatchingRequest(clean.context_ids, corrupted_ids, clean.token, against, index)
+                            "start of the reply, or ask for the estimate alone.", 400)
+        return PatchingRequest(clean.context_ids, corrupted_ids, clean.token, against, index, estimate)
 
 
 

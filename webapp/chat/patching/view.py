@@ -20,6 +20,16 @@ class CellView:
     shade: str  # "d-5".."d5"; "pending" before it is worked out; "na" when the metric did not move
     text: str
     title: str
+    estimate: bool = False  # the first-order estimate, shown until the exact value replaces it
+
+
+@dataclass
+class Agreement:
+    """How the estimate did against the exact cells worked out so far."""
+
+    cells: int
+    correlation: float | None  # Pearson's r (None: fewer than 2 cells, or a constant map)
+    mean_error: float  # mean |exact - estimate|
 
 
 @dataclass
@@ -56,6 +66,8 @@ class MapsView:
     status: str  # "done", "running", "queued", "stopped", "failed"
     error: str | None
     live: bool  # a job still running: the page streams its cells
+    estimated: bool = False  # the map's estimate is known (pending cells show it)
+    agreement: Agreement | None = None
 
 
 def shade(value: float | None) -> str:
@@ -64,20 +76,62 @@ def shade(value: float | None) -> str:
     return f"d{max(-STEPS, min(STEPS, round(value * STEPS)))}"
 
 
-def cell(part: str, layer: int, index: int, value: float | None, done: bool = True) -> CellView:
+def cell(part: str, layer: int, index: int, value: float | None, done: bool = True,
+         guess: float | None = None) -> CellView:
+    """One cell: exact (`done`), else its estimate `guess` where there is one, else blank."""
     kind = "residual" if part == "r" else "head"
+    at = f"pc-{part}-{layer}-{index}"
     if not done:
-        return CellView(f"pc-{part}-{layer}-{index}", "pending", "", "not worked out yet")
+        if guess is None:
+            return CellView(at, "pending", "", "not worked out yet")
+        return CellView(at, shade(guess), f"≈{guess:.2f}",
+                        f"{kind}: estimated {guess:.4f} (attribution patching); the exact value is to come", True)
     if value is None:
-        return CellView(f"pc-{part}-{layer}-{index}", "na", "–", f"{kind}: the two contexts give the same metric")
-    return CellView(f"pc-{part}-{layer}-{index}", shade(value), f"{value:.2f}", f"{kind}: {value:.4f}")
+        return CellView(at, "na", "–", f"{kind}: the two contexts give the same metric")
+    against = "" if guess is None else f" · estimated {guess:.4f}, off by {value - guess:+.4f}"
+    return CellView(at, shade(value), f"{value:.2f}", f"{kind}: {value:.4f}{against}")
 
 
-def cell_views(cells: Cells, first: int) -> list[CellView]:
+def cell_views(cells: Cells, first: int, estimate: Patching | None = None) -> list[CellView]:
     """A batch's cells as the page shows them: residual positions from `first` on (the page leaves out the
-    ones before the edit: 0 by construction)."""
+    ones before the edit: 0 by construction), each with its estimate's error where there was one."""
     part = "r" if cells.part == "residual" else "h"
-    return [cell(part, cells.layer, i, v) for i, v in zip(cells.indices, cells.values) if part == "h" or i >= first]
+    guesses = None if estimate is None else (estimate.residual if part == "r" else estimate.heads)[cells.layer]
+    return [cell(part, cells.layer, i, v, guess=None if guesses is None else guesses[i])
+            for i, v in zip(cells.indices, cells.values) if part == "h" or i >= first]
+
+
+def estimate_views(estimate: Patching) -> list[CellView]:
+    """Every cell of the map as its estimate (streamed before any exact cell)."""
+    return [cell(part, layer, i, None, done=False, guess=v)
+            for part, rows, start in (("r", estimate.residual, estimate.first), ("h", estimate.heads, 0))
+            for layer, row in enumerate(rows) for i, v in enumerate(row) if i >= start]
+
+
+def agreement(patching: Patching, filled: set[tuple[str, int, int]] | None) -> Agreement | None:
+    """The estimate against the exact cells worked out (`filled`; None: every one) that needed a patched
+    run (the final residual's and those before the edit are known without one, and not counted)."""
+    if patching.estimate is None:
+        return None
+    pairs: list[tuple[float, float]] = []
+    for part, exact_rows, guess_rows, start in (("r", patching.residual[:-1], patching.estimate.residual,
+                                                 patching.first), ("h", patching.heads, patching.estimate.heads, 0)):
+        for layer, row in enumerate(exact_rows):
+            for i in range(start, len(row)):
+                exact, guess = row[i], guess_rows[layer][i]
+                if exact is not None and guess is not None and (filled is None or (part, layer, i) in filled):
+                    pairs.append((exact, guess))
+    if not pairs:
+        return None
+    return Agreement(len(pairs), _pearson(pairs), sum(abs(e - g) for e, g in pairs) / len(pairs))
+
+
+def _pearson(pairs: list[tuple[float, float]]) -> float | None:
+    n = len(pairs)
+    mx, my = sum(x for x, _ in pairs) / n, sum(y for _, y in pairs) / n
+    sxy = sum((x - mx) * (y - my) for x, y in pairs)
+    sxx, syy = sum((x - mx) ** 2 for x, _ in pairs), sum((y - my) ** 2 for _, y in pairs)
+    return None if n < 2 or sxx == 0 or syy == 0 else sxy / (sxx * syy) ** 0.5
 
 
 def form_view(tokenizer, odds: TokenOdds, last_message: str | None, corrupted: str | None,
@@ -110,6 +164,10 @@ def maps_view(tokenizer, request: PatchingRequest, patching: Patching | None, jo
     def is_done(part: str, layer: int, index: int) -> bool:
         return done and (filled is None or (part, layer, index) in filled)
 
+    estimate = patching.estimate if patching is not None else None
+    guess_residual = estimate.residual if estimate else [[None] * T for _ in range(L + 1)]
+    guess_heads = estimate.heads if estimate else [[None] * nh for _ in range(L)]
+
     status = "done"
     if state is not None:
         status = {DONE: "done", CANCELLED: "stopped", FAILED: "failed", QUEUED: "queued"}.get(state, "running")
@@ -119,13 +177,15 @@ def maps_view(tokenizer, request: PatchingRequest, patching: Patching | None, jo
         chosen=token_text(tokenizer, request.chosen)[0], against=token_text(tokenizer, request.against)[0],
         clean=patching.clean if patching else None, corrupted=patching.corrupted if patching else None,
         first=first, positions=[token_text(tokenizer, t)[0] for t in request.clean_ids[first:]],
-        residual=[MapRow(residual_label(layer),
-                         [cell("r", layer, p, row[p], is_done("r", layer, p)) for p in range(first, T)])
+        residual=[MapRow(residual_label(layer), [cell("r", layer, p, row[p], is_done("r", layer, p),
+                                                      guess_residual[layer][p]) for p in range(first, T)])
                   for layer, row in enumerate(residual)],
-        heads=[MapRow(f"block {layer}", [cell("h", layer, h, v, is_done("h", layer, h)) for h, v in enumerate(row)])
+        heads=[MapRow(f"block {layer}", [cell("h", layer, h, v, is_done("h", layer, h), guess_heads[layer][h])
+                                         for h, v in enumerate(row)])
                for layer, row in enumerate(heads)],
         status=status, error=job.error if job is not None else None,
-        live=job is not None and status in ("queued", "running"))
+        live=job is not None and status in ("queued", "running"), estimated=estimate is not None,
+        agreement=agreement(patching, filled) if patching is not None else None)
 
 
 def _filled(job: AnyJob) -> set[tuple[str, int, int]]:
@@ -139,8 +199,10 @@ def _filled(job: AnyJob) -> set[tuple[str, int, int]]:
 
 
 def as_json(tokenizer, request: PatchingRequest, patching: Patching) -> dict:
-    """The documented contract (docs/api.md, "Activation patching")."""
+    """The documented contract (docs/api.md, "Activation patching"): the exact map, or its first-order
+    estimate in the same shape ("estimate": true)."""
     return {
+        "estimate": patching.is_estimate,
         "clean": patching.clean,
         "corrupted": patching.corrupted,
         "positions": [token_text(tokenizer, t)[0] for t in request.clean_ids],
