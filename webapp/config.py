@@ -46,6 +46,7 @@ LIMITS: dict[str, Limit] = {
     "chat_backend_wait_seconds": Limit(0, 3600),
     "chat_backend_retry_seconds": Limit(0, 86400),
     "chat_backend_max_replies": Limit(1, 4096),
+    "chat_backend_slots": Limit(0, 4096),
     "torch_threads": Limit(1, MAX_THREADS, zero="torch's default"),
     "chat_torch_threads": Limit(1, MAX_THREADS, zero="by the model's size"),
     "loop_torch_threads": Limit(1, MAX_THREADS, zero="the worker's"),
@@ -103,6 +104,7 @@ class Settings:
     chat_backend_wait_seconds: float = 30.0  # how long a reply waits for a backend that is down or starting
     chat_backend_retry_seconds: float = 10.0  # a failed backend is skipped this long, then health-checked
     chat_backend_max_replies: int = 64  # remote replies streaming at once (more wait in the queue)
+    chat_backend_slots: int = 0  # replies each backend runs at once; 0: as it says (llama.cpp's /props), else no cap
     device: str = "cpu"
     dtype: str = ""              # float32, bfloat16, float16, int8 (precision.py); empty: bf16 on GPU, fp32 on CPU
     torch_threads: int = 0       # intra-op threads of the core's worker; 0 = torch's default

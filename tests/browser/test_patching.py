@@ -39,8 +39,11 @@ def test_a_patching_map_fills_in_live_and_without_javascript(browser, server, pr
         # the stream fills every cell, then replaces the section with the finished maps
         # the stream's last cells and its end arrive together: wait until both are on the page
         page.wait_for_function("() => document.querySelector('.run-status')?.textContent.includes('Done.')"
-                               " && !document.querySelector('td.pcell.pending')")
+                               " && !document.querySelector('td.pcell.pending, td.pcell.est')")
         assert page.locator("table.patching-map").first.locator("td.pcell").count() > 0
+        # every estimate was replaced by its exact cell, which names the estimate's error
+        assert "mean error" in page.locator(".patching-estimate").text_content()
+        assert "off by" in (page.locator("table.patching-map td.pcell").last.get_attribute("title") or "")
         assert "Clean: logit difference" in page.locator("#patching-values").text_content()
         screenshot(page, "patching-desktop")
         cookies, url = page.context.cookies(), page.url
@@ -56,7 +59,7 @@ def test_a_patching_map_fills_in_live_and_without_javascript(browser, server, pr
             assert plain.locator('head noscript meta[http-equiv="refresh"]').count() == 1
             assert time.monotonic() < deadline
             plain.goto(fresh)  # as the refresh does (waiting for it races its navigation)
-        assert plain.locator("td.pcell.pending").count() == 0
+        assert plain.locator("td.pcell.pending, td.pcell.est").count() == 0
     finally:
         for context in contexts:
             context.close()

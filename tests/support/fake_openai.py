@@ -17,6 +17,9 @@ asks (`stream_options.include_usage`); llama-cpp-python's server never does. `us
 differ from the tokens streamed (a real server counts tokens the front cannot see: a stop string's, a
 template's); `timings` adds llama.cpp's server's `timings` (`predicted_n`) to the last chunk with a choice.
 
+`slots` makes it llama.cpp's llama-server as far as GET /props goes (its `total_slots`); `most` is the
+most requests it answered at once.
+
 The reply is `text`, cut into tokens: one per character (`split="chars"`, a GPT-2-like vocabulary) or
 one per byte (`split="bytes"`, the bundled byte-level model). Each token has probability 0.5, and "x" (0.3)
 is the first alternative (llama.cpp: ten alternatives without the token, then the token). The fake
@@ -46,7 +49,7 @@ class Fake(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, text="Hi there", die_after=None, delay=0.0, status=200, *, style="openai", split="chars",
-                 finish="stop", interrupt=False, top_k_wanted=None, usage_tokens=None, timings=None):
+                 finish="stop", interrupt=False, top_k_wanted=None, usage_tokens=None, timings=None, slots=None):
         super().__init__(("127.0.0.1", 0), Handler)
         self.text, self.die_after, self.delay, self.status = text, die_after, delay, status
         self.style, self.split, self.finish, self.interrupt = style, split, finish, interrupt
@@ -54,6 +57,8 @@ class Fake(ThreadingHTTPServer):
         self.usage_tokens, self.timings = usage_tokens, timings  # the count reported (None: the tokens sent)
         self.bodies, self.hangups, self.models_checked = [], 0, 0
         self.streaming = 0  # requests being answered now
+        self.most = 0  # the most answered at once
+        self.slots = slots  # llama.cpp's llama-server: its `total_slots` in GET /props (None: no /props)
         self.arrivals = 0
         self.lock = threading.Lock()
         threading.Thread(target=self.serve_forever, daemon=True).start()
@@ -83,7 +88,17 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self):
+        if self.path == "/props":  # llama-server's, beside /v1
+            if self.server.slots is None:
+                self._json(404, {"error": {"message": "File Not Found"}})
+            else:
+                self._json(200, {"total_slots": self.server.slots, "model_alias": "fake"})
+            return
         self.server.models_checked += 1
+        if self.server.style == "llamacpp":  # llama-cpp-python's list
+            self._json(200, {"object": "list", "data": [{"id": "fake.gguf", "object": "model", "owned_by": "me",
+                                                          "permissions": []}]})
+            return
         self._json(200, {"data": [{"id": "fake"}]})
 
     def _json(self, status: int, data: dict) -> None:
@@ -119,6 +134,7 @@ class Handler(BaseHTTPRequestHandler):
         with server.lock:
             server.arrivals += 1
             server.streaming += 1
+            server.most = max(server.most, server.streaming)
             me = server.arrivals
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")

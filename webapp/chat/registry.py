@@ -46,6 +46,7 @@ KEYS = {
     "backend_wait_seconds": "chat_backend_wait_seconds",
     "backend_retry_seconds": "chat_backend_retry_seconds",
     "backend_max_replies": "chat_backend_max_replies",
+    "backend_slots": "chat_backend_slots",
 }
 PATH_KEYS = ("checkpoint", "backend_key_file")
 

@@ -27,10 +27,11 @@ def loaded(tmp_path_factory):
     return tiny_chat_model(tmp_path_factory.mktemp("remote-servers"))  # byte-level tokenizer
 
 
-def replies(loaded, url, n=1, *, max_tokens=50, temperature=0.0, top_k=0, odds=True, stagger=0.0):
-    """n replies at once through a RemoteChat -> [(job, outcome)]."""
+def replies(loaded, url, n=1, *, max_tokens=50, temperature=0.0, top_k=0, odds=True, stagger=0.0, executor=None):
+    """n replies at once through a RemoteChat (`executor`, else one on `url`) -> [(job, outcome)]."""
     import time
-    core = InferenceCore({"chat": loaded}, {"chat": RemoteChat(loaded, Backends([url]), wait_seconds=5, timeout=5)})
+    executor = executor or RemoteChat(loaded, Backends([url]), wait_seconds=5, timeout=5)
+    core = InferenceCore({"chat": loaded}, {"chat": executor})
     done, outcomes, jobs = threading.Semaphore(0), {}, []
     ids = loaded.prompt.build([{"role": "user", "content": "Hello"}], max_tokens)
     for i in range(n):
@@ -115,6 +116,40 @@ def test_done_without_a_finish_reason_is_never_a_complete_reply(loaded):
     assert 0 < len(one["text"]) < 26 and "abcdefghijklmnopqrstuvwxyz".startswith(one["text"])  # text kept
     assert two == {"result": DONE, "error": None, "text": "abcdefghijklmnopqrstuvwxyz"}
     fake.shutdown()
+
+
+@pytest.mark.parametrize("server, slots, replies_at_once", [
+    ("llama-cpp-python", None, 1),  # one at a time: its default cuts a running reply short for a new one
+    ("llama-server", 2, 2),  # its -np, said in GET /props
+    ("another server", None, 64),  # says nothing: GLASSBOX_CHAT_BACKEND_MAX_REPLIES
+])
+def test_replies_beyond_the_backends_slots_wait_in_the_front_and_every_one_completes(loaded, server, slots,
+                                                                                     replies_at_once):
+    """8 users at once on llama-cpp-python's defaults: 1 reply completed, 7 failed (issue 52)."""
+    from webapp.chat.decode.remote.executor import remote_executor
+    from webapp.config import Settings
+    fake = Fake("abcdefghij", style="llamacpp" if server == "llama-cpp-python" else "openai",
+                interrupt=server == "llama-cpp-python", delay=0.01, slots=slots)
+    executor = remote_executor(loaded, Settings(chat_backend=f"openai:{fake.url}", chat_backend_timeout=5,
+                                                chat_backend_wait_seconds=5))
+    assert executor.max_rows == replies_at_once
+    outcomes = replies(loaded, fake.url, 8, executor=executor)
+    assert [o for _, o in outcomes] == [{"result": DONE, "error": None, "text": "abcdefghij"}] * 8
+    assert fake.most <= replies_at_once
+    fake.shutdown()
+
+
+def test_a_configured_slot_count_wins_and_a_failure_always_says_why(loaded):
+    from webapp.chat.decode.remote.executor import remote_executor
+    from webapp.config import Settings
+    fake = Fake("abc", slots=4)
+    executor = remote_executor(loaded, Settings(chat_backend=f"openai:{fake.url}", chat_backend_slots=3))
+    assert executor.max_rows == 3 and executor.backends.slots == {fake.url: 3}
+    fake.shutdown()
+    dead = Fake("abc", die_after=1)
+    [(_, outcome)] = replies(loaded, dead.url)
+    assert outcome["result"] == FAILED and dead.url in outcome["error"] and "stopped mid-reply" in outcome["error"]
+    dead.shutdown()
 
 
 # -- 4. sampling as Glassbox samples ------------------------------------------------------------------------

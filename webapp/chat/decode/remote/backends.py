@@ -60,13 +60,20 @@ def read_key(path: str) -> str:
 
 
 class Backends:
-    """The base URLs, used in turn; one that failed is skipped for `retry_seconds`, then health-checked."""
+    """The base URLs, used in turn; one that failed is skipped for `retry_seconds`, then health-checked.
+
+    How many replies each one runs at once (its slots) is asked once (ask_slots): a backend with its slots
+    all taken is tried after those with one free. A llama.cpp server queues what its slots cannot take,
+    and llama-cpp-python's ends the running reply when another arrives (its default): the front keeps the
+    replies beyond the backends' slots in its own queue, where the page says they are waiting."""
 
     def __init__(self, urls: list[str], key: str = "", retry_seconds: float = 10.0, check_timeout: float = 2.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.urls, self.key = list(urls), key
         self.retry_seconds, self.check_timeout, self.clock = retry_seconds, check_timeout, clock
         self._next = 0
+        self.slots: dict[str, int | None] = {u: None for u in self.urls}  # None: not known (no cap)
+        self._busy: dict[str, int] = {u: 0 for u in self.urls}  # replies streaming from each now
         self._down_until: dict[str, float] = {}
         self._suspect: set[str] = set()  # failed once: checked with GET /models before the next reply
         self._lock = threading.Lock()
@@ -75,13 +82,62 @@ class Backends:
         return {"Authorization": f"Bearer {self.key}"} if self.key else {}
 
     def turn(self) -> list[tuple[str, bool]]:
-        """The backends to try for one reply, in turn: (url, needs a health check first). Those in
-        their back-off are left out."""
+        """The backends to try for one reply, in turn, those with a free slot first: (url, needs a health
+        check first). Those in their back-off are left out."""
         with self._lock:
             start, self._next = self._next, (self._next + 1) % len(self.urls)
             now = self.clock()
             order = self.urls[start:] + self.urls[:start]
+            order.sort(key=lambda u: not self._free(u))  # stable: round-robin among the free, then the full
             return [(u, u in self._suspect) for u in order if self._down_until.get(u, 0) <= now]
+
+    def _free(self, url: str) -> bool:
+        slots = self.slots[url]
+        return slots is None or self._busy[url] < slots
+
+    def streaming(self, url: str, delta: int) -> None:
+        """A reply began (+1) or ended (-1) streaming from `url`."""
+        with self._lock:
+            self._busy[url] += delta
+
+    def capacity(self) -> int | None:
+        """Replies all the backends run at once (None: a backend that did not say)."""
+        known = [n for n in self.slots.values() if n is not None]
+        return sum(known) if len(known) == len(self.slots) else None
+
+    def ask_slots(self, configured: int = 0) -> None:
+        """Each backend's slots: `configured` (GLASSBOX_CHAT_BACKEND_SLOTS) when set, else what the
+        backend says: llama.cpp's server its `total_slots` (GET /props, beside /v1), llama-cpp-python's
+        server one (it ends a running reply when another arrives: its /v1/models lists a model "owned_by"
+        "me", with "permissions"); a backend that says neither, or does not answer, has no cap."""
+        for url in self.urls:
+            self.slots[url] = configured or self._said_slots(url)
+
+    def _said_slots(self, url: str) -> int | None:
+        root = path_of(url, "").removesuffix("/v1")
+        props = self._get_json(url, root + "/props")
+        if isinstance(props, dict) and isinstance(props.get("total_slots"), int) and props["total_slots"] > 0:
+            return int(props["total_slots"])
+        models = self._get_json(url, path_of(url, "/models"))
+        listed = models.get("data") if isinstance(models, dict) else None
+        if isinstance(listed, list) and listed and all(
+                isinstance(m, dict) and m.get("owned_by") == "me" and "permissions" in m for m in listed):
+            return 1
+        return None
+
+    def _get_json(self, url: str, path: str) -> Any:
+        """GET path on url's server -> its JSON (None: no answer, not 200, not JSON)."""
+        try:
+            conn = connection(url, self.check_timeout)
+            try:
+                conn.request("GET", path, headers=self.headers())
+                response = conn.getresponse()
+                body = response.read()
+                return json.loads(body) if response.status == 200 else None
+            finally:
+                conn.close()
+        except (OSError, http.client.HTTPException, ValueError):
+            return None
 
     def failed(self, url: str) -> None:
         with self._lock:
@@ -199,7 +255,11 @@ class Reader(threading.Thread):
                     continue
                 self.backends.ok(url)
                 self.url = url
-                return self._read(response)
+                self.backends.streaming(url, +1)
+                try:
+                    return self._read(response)
+                finally:
+                    self.backends.streaming(url, -1)
             if time.monotonic() >= deadline:
                 said = "; ".join(f"{u}: {e}" for u, e in errors.items()) or "all in back-off after failing"
                 raise BackendError(f"No chat backend answered within {self.wait_seconds:g} s ({said}).")

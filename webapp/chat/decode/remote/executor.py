@@ -198,7 +198,8 @@ class RemoteChat(BatchedJobs[ChatRequest, ChatResult]):
         publish(row.job, Piece("", row.tokens, elapsed,
                                stats=GenerationStats(len(row.job.request.prompt_ids), counted, first, elapsed,
                                                      decode_rate(counted, first, elapsed), stop, False)), core)
-        error = detail if outcome == FAILED else None
+        error = (detail or "The chat backend ended the reply with an error it did not describe.") \
+            if outcome == FAILED else None
         if outcome == FAILED:
             log.warning("remote reply %s failed: %s", row.job.id, error)
         return Finished(row.job, outcome, error)
@@ -209,7 +210,15 @@ class RemoteChat(BatchedJobs[ChatRequest, ChatResult]):
 
 
 def remote_executor(loaded: LoadedChatModel, settings: Settings) -> RemoteChat:
+    """The remote chat executor of the settings: as many replies streaming at once as the backends have
+    slots (asked now, or GLASSBOX_CHAT_BACKEND_SLOTS each), at most GLASSBOX_CHAT_BACKEND_MAX_REPLIES; the
+    rest wait in the core's queue, each page saying how many are ahead."""
     backends = Backends(parse_backend(settings.chat_backend), read_key(settings.chat_backend_key_file),
                         retry_seconds=settings.chat_backend_retry_seconds)
-    return RemoteChat(loaded, backends, model=settings.chat_backend_model, max_rows=settings.chat_backend_max_replies,
+    backends.ask_slots(settings.chat_backend_slots)
+    capacity = backends.capacity()
+    rows = settings.chat_backend_max_replies if capacity is None else min(capacity, settings.chat_backend_max_replies)
+    log.info("chat backends %s: slots %s, replies at once %d", ", ".join(backends.urls),
+             ", ".join("?" if n is None else str(n) for n in backends.slots.values()), rows)
+    return RemoteChat(loaded, backends, model=settings.chat_backend_model, max_rows=rows,
                       timeout=settings.chat_backend_timeout, wait_seconds=settings.chat_backend_wait_seconds)
