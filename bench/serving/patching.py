@@ -267,9 +267,24 @@ def main(argv=None):
 
 
 def estimate_only(args, model, loaded, clean, corrupted, chosen, against, load_before: str) -> None:
-    """The estimated map alone, three times (the first warms up), against one plain forward of the context."""
+    """The estimated map alone, three jobs on one core (the first warms its worker up), against one plain
+    forward of the context."""
+    from webapp.chat.patching.jobs import PatchingJobs, PatchingRequest
+    from webapp.core import InferenceCore, Job
     forward = plain_forward(model, clean)
-    times = [glassbox(loaded, clean, corrupted, chosen, against, estimate_only=True)["total"] for _ in range(3)]
+    core = InferenceCore({"chat": loaded}, {"patching": PatchingJobs(loaded)})
+    times = []
+    try:
+        for run in range(3):
+            started = time.perf_counter()
+            job = core.submit(Job("patching", "bench", PatchingRequest(tuple(clean), tuple(corrupted), chosen,
+                                                                       against, run, estimate=True)))
+            for _ in job.subscribe():
+                pass
+            assert job.state == "done", job.error
+            times.append(time.perf_counter() - started)
+    finally:
+        core.shutdown()
     spent = common.median(times[1:])
     body = (f"{args.size}, T = {args.context}, contexts differ from position {args.first}: the estimated map "
             f"(a job for the estimate alone) {spent:.3f} s (runs: {', '.join(f'{t:.3f}' for t in times)}); one plain "

@@ -55,20 +55,16 @@ def estimate(model: Any, clean_ids: Sequence[int], corrupted_ids: Sequence[int],
         out = hooked.run(model, x, start=f, past=past, reads=hooked.Reads(resid=True, z=True), between=between)
         logits = model.lm_head(model.transformer.ln_f(out.x[:, -1])).float()  # (1, V)
         metric = logits[0, chosen] - logits[0, against]
-        g_resid: list[Tensor] = [torch.empty(0)] * (L + 1)  # per layer (T - f, C)
-        g_z: list[Tensor] = [torch.empty(0)] * L  # per block (nh, T - f, hs)
+        moves_resid: list[Tensor] = [torch.empty(0)] * (L + 1)  # per layer (T - f,): each residual cell's move
+        moves_heads: list[Tensor] = [torch.empty(0)] * L  # per block (nh,)
         (g,) = torch.autograd.grad(metric, [out.resid[L]])
-        g_resid[L] = g[0]
+        moves_resid[L] = _moves(clean.residuals[L, f:], out.resid[L][0], g[0], "tc,tc->t")
         for layer in range(L - 1, -1, -1):  # block `layer` backwards: resid[layer + 1] -> resid[layer], z[layer]
             g, gz = torch.autograd.grad(out.resid[layer + 1], [out.resid[layer], out.z[layer]], grad_outputs=g)
-            g_resid[layer], g_z[layer] = g[0], gz[0]
+            moves_resid[layer] = _moves(clean.residuals[layer, f:], out.resid[layer][0], g[0], "tc,tc->t")
+            moves_heads[layer] = _moves(clean.heads[layer, :, f:], out.z[layer][0], gz[0], "htd,htd->h")
             if between is not None:
                 between()
-    with torch.inference_mode():
-        resid = torch.stack([out.resid[layer][0].detach() for layer in range(L + 1)])  # (L + 1, T - f, C)
-        z = torch.stack([out.z[layer][0].detach() for layer in range(L)])  # (L, nh, T - f, hs)
-        moves_resid = ((clean.residuals[:, f:] - resid).float() * torch.stack(g_resid).float()).sum(-1)  # (L+1, T-f)
-        moves_heads = ((clean.heads[:, :, f:] - z).float() * torch.stack(g_z).float()).sum((-1, -2))  # (L, nh)
     corrupted = float(metric.detach())
     span = clean.metric - corrupted
 
@@ -76,8 +72,15 @@ def estimate(model: Any, clean_ids: Sequence[int], corrupted_ids: Sequence[int],
         return None if span == 0 else move / span
 
     before: list[float | None] = [0.0] * f  # no difference before the edit, no move
-    return Patching(clean.metric, corrupted, [before + [share(m) for m in row] for row in moves_resid.tolist()],
-                    [[share(m) for m in row] for row in moves_heads.tolist()], f, is_estimate=True)
+    return Patching(clean.metric, corrupted, [before + [share(m) for m in row.tolist()] for row in moves_resid],
+                    [[share(m) for m in row.tolist()] for row in moves_heads], f, is_estimate=True)
+
+
+def _moves(clean: Tensor, corrupted: Tensor, grad: Tensor, dot: str) -> Tensor:
+    """(a' - a) · ∂metric/∂a summed as `dot` says (over the features; for heads, positions too), in float32,
+    a layer at a time as its gradient arrives (no (L, T, C) temporaries)."""
+    with torch.no_grad():
+        return torch.einsum(dot, (clean - corrupted.detach()).float(), grad.float())
 
 
 def _outside_autograd(between: Callable[[], None] | None) -> Callable[[], None] | None:
