@@ -11,7 +11,7 @@ executing each plan by calling the executors (webapp/core/executors.py, which do
    reply; and finish the rows that finished or were cancelled.
 
 So a Loop-lab run never waits for a whole chat reply; and a whole job (a run, an Inside report) hands
-the worker back every BATCH_SLICE_SECONDS (InferenceCore.interleave, called between its loops or layers)
+the worker back every BATCH_SLICE_SECONDS (interleave, webapp/core/sharing.py, called between its units)
 so running replies never stall for a whole job: the batches then step until they have had their share
 of the time (scheduler.BulkShare, GLASSBOX_BULK_SHARE), and after a whole job ends, before the next one
 starts. So a flood of whole jobs slows a reply by a bounded factor, never to a crawl. Waiting jobs keep
@@ -34,17 +34,12 @@ from webapp.core.metrics import JobMetrics, StepMetrics
 from webapp.core.refusals import CoreClosed, QueueFull, TooManyFromClient, TooManyJobs
 from webapp.core.saves import Saves
 from webapp.core.scheduler import BulkShare, Scheduler, prefill_pass
-from webapp.core.threads import torch_threads
+from webapp.core.sharing import WorkerSharing
 
 log = logging.getLogger("glassbox.core")
-# How long a whole job (a Loop-lab run, an Inside report) may hold the worker before running replies step
-# again: a few decoding steps of a large model, a blink on screen.
-BATCH_SLICE_SECONDS = 0.05
-# How long the bulk batches (Loop-lab runs stepped together) may step within one of a whole job's pauses.
-BULK_SLICE_SECONDS = 0.2
 
 
-class InferenceCore:
+class InferenceCore(WorkerSharing):
     def __init__(self, models: dict[str, Any], executors: dict[str, Executor] | None = None, *,
                  warmups: dict[str, Callable[[Any], None]] | None = None,
                  load_seconds: dict[str, float] | None = None, torch_threads: int = 0,
@@ -199,13 +194,6 @@ class InferenceCore:
             self.warmup_error = f"{type(error).__name__}: {error}"
             log.exception("model warm-up failed")
 
-    def _batched(self) -> dict[str, BatchedJobs[Any, Any]]:
-        return {kind: ex for kind, ex in self.executors.items() if isinstance(ex, BatchedJobs)}
-
-    def _replies(self) -> dict[str, BatchedJobs[Any, Any]]:
-        """The batches of replies (not bulk): what the bulk share pays back to."""
-        return {kind: ex for kind, ex in self._batched().items() if not ex.bulk}
-
     def _next_turn(self) -> tuple[list[AnyJob], AnyJob | None] | None:
         """The jobs to admit to their batches, and the one whole job to run, as the scheduler takes them.
         Waits while there is nothing to do; None once closed and idle."""
@@ -232,101 +220,6 @@ class InferenceCore:
         self._renumber()
         return admitted, whole
 
-    def interleave(self) -> None:
-        """Called by a whole job between its units of work (a Loop-lab run after each loop, Inside after
-        each layer), on the worker: once it has held the worker for BATCH_SLICE_SECONDS, admit waiting
-        replies and let the batches step for their share of the time (_pay_back), so running replies
-        stall for a slice, not for a whole job; the bulk batches (Loop-lab runs stepped together) take one
-        step; and another client's whole job that has had less of the worker runs here, in between
-        (_run_beside), so a long job never holds up another address's short one for more than a unit.
-        Steps run on the worker's own thread count, as they do outside a job, so a reply's numbers do not
-        depend on where it stepped."""
-        if time.perf_counter() - self._whole_since < BATCH_SLICE_SECONDS:
-            return
-        if self._batched():
-            with torch_threads(self._worker_threads):
-                self._pay_back()
-                self._step_bulk()
-        else:
-            self._charge_whole()
-        self._run_beside()
-
-    def _step_bulk(self) -> None:
-        """The bulk batches (Loop-lab runs stepped together) step until their rows end or BULK_SLICE_SECONDS
-        pass, each step charged to the bulk share: a short run ends within one of the whole job's pauses."""
-        bulk = {kind: ex for kind, ex in self._batched().items() if ex.bulk}
-        until = time.perf_counter() + BULK_SLICE_SECONDS
-        while bulk and time.perf_counter() < until:
-            self._admit_waiting()
-            stepping = self.scheduler.to_step({k: ex.rows for k, ex in bulk.items()})
-            if not stepping:
-                break
-            for kind in stepping:
-                started = time.perf_counter()
-                self._step(bulk[kind])
-                self._charge_bulk(time.perf_counter() - started)
-        self._whole_since = time.perf_counter()  # their steps are not the whole job's time
-
-    def _run_beside(self) -> None:
-        """Within a running whole job, between its units: run another client's waiting whole job of another
-        kind to its end, when that client has had less whole-job time (Scheduler.take_beside); one level
-        deep (the job run beside it runs nothing beside itself). Another kind: an executor runs one job at a
-        time. The running job is charged up to here and not for the time the other takes."""
-        outer = self._whole
-        if outer is None or self._beside_depth:
-            return
-        self._charge_whole()  # the running job's time so far, before the ranks are compared
-        with self._lock:
-            beside = self.scheduler.take_beside(outer, self._batched())
-            if beside is None:
-                return
-            self._running[beside.id] = beside
-            self._renumber()
-        self._beside_depth += 1
-        try:
-            self._run_whole(beside)
-        finally:
-            self._beside_depth -= 1
-            self._whole, self._whole_since = outer, time.perf_counter()
-
-    def _charge_whole(self) -> None:
-        """Count the running whole job's time since it last took the worker back: against its client (whose
-        next whole job waits behind others' in proportion) and, while replies run, as steps owed to them."""
-        now = time.perf_counter()
-        seconds, self._whole_since = now - self._whole_since, now
-        with self._lock:
-            if self._whole is not None:
-                self.scheduler.charge(self._whole, seconds)
-        self._charge_bulk(seconds)
-
-    def _charge_bulk(self, seconds: float) -> None:
-        """Bulk work (a whole job, a step of a bulk batch) held the worker this long: while replies run,
-        as steps owed to them."""
-        replies = self._replies()
-        busy = any(ex.rows for ex in replies.values())
-        with self._lock:
-            busy = busy or any(j.kind in replies for j in self.scheduler.waiting())
-        self.bulk.ran_whole(seconds, busy)
-
-    def _pay_back(self) -> None:
-        """Between a whole job's slices, or after it ends: the reply batches step at least once, then on
-        until they have had the time owed to them (BulkShare) or have no rows left."""
-        self._charge_whole()
-        self._repay()
-        self._whole_since = time.perf_counter()  # the replies' steps are not the whole job's time
-
-    def _repay(self) -> None:
-        replies = self._replies()
-        while True:
-            self._admit_waiting()
-            started = time.perf_counter()
-            self._step_batches(replies_only=True)
-            self.bulk.stepped(time.perf_counter() - started)
-            if not any(ex.rows for ex in replies.values()):
-                self.bulk.settle()
-            if not self.bulk.due:
-                break
-
     def _admit_waiting(self) -> None:
         """Admit the waiting jobs of a batched kind that their executors have room for (the start of an
         interleaved step; and within a step, the replies that arrived during its prefill pass)."""
@@ -350,20 +243,6 @@ class InferenceCore:
         except Exception as exc:  # e.g. out of memory for its cache: this job fails, the batch goes on
             log.exception("admitting job %s (%s) failed", job.id, job.kind)
             self._finish(job, FAILED, str(exc) or type(exc).__name__)
-
-    def _step_batches(self, replies_only: bool = False) -> None:
-        """One step of each batched executor the scheduler says steps this turn (`replies_only`: of the
-        reply batches, paying back bulk work). A bulk batch's step is charged to the bulk share, and the
-        replies are paid back before anything else runs."""
-        batched = self._replies() if replies_only else self._batched()
-        for kind in self.scheduler.to_step({k: ex.rows for k, ex in batched.items()}):
-            executor = batched[kind]
-            started = time.perf_counter()
-            self._step(executor)
-            if executor.bulk:
-                self._charge_bulk(time.perf_counter() - started)
-                if self.bulk.due:
-                    self._repay()
 
     def _step(self, executor: BatchedJobs[Any, Any]) -> None:
         """One step of a batched executor, as the scheduler plans it: a prefill pass for the newcomers

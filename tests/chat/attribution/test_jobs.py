@@ -13,8 +13,8 @@ from webapp.chat.attribution.jobs import AttributionJobs, AttributionRequest
 from webapp.chat.decode.batched import ChatBatch
 from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.core import InferenceCore, Job
-from webapp.core.engine import BATCH_SLICE_SECONDS
 from webapp.core.jobs import DONE
+from webapp.core.sharing import BATCH_SLICE_SECONDS
 
 
 def test_running_replies_stay_bit_for_bit_the_same_with_attribution_jobs_between_their_steps():

@@ -13,8 +13,8 @@ from webapp.chat.decode.batched import ChatBatch
 from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.inside.jobs import InsideJobs, InsideRequest
 from webapp.core import InferenceCore, Job
-from webapp.core.engine import BATCH_SLICE_SECONDS
 from webapp.core.jobs import DONE
+from webapp.core.sharing import BATCH_SLICE_SECONDS
 
 
 # -- a running reply is unchanged by Inside jobs interleaved with it ------------------------------------
