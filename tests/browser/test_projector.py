@@ -1,0 +1,101 @@
+"""Issue 51, item 3, in Chromium: a projector that fits. In large type at 1280×720, 1280×800 and 1920×1080, every
+page a presenter opens (a conversation, a reply's tokens, Inside, the lens, attribution, a patching map, a Loop-lab
+run) is no wider than the screen, cuts no text off, fits its grid or map in its width, and puts that grid or map in
+the first screen: the prose that explains it is folded behind "What am I looking at?"."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.browser.conftest import follow, large_type, screenshot
+from tests.browser.test_chat import send
+from tests.browser.test_usability import run_loops
+from tests.support.servers import Gunicorn, model_env
+
+pytestmark = pytest.mark.browser
+
+PROJECTORS = {"720p": {"width": 1280, "height": 720}, "wxga": {"width": 1280, "height": 800},
+              "1080p": {"width": 1920, "height": 1080}}
+
+# Elements whose text is cut: clipped or ellipsised, and holding more than they show (1 px of rounding allowed).
+CUT = """() => [...document.querySelectorAll('body *')].filter(e => {
+    if (!e.offsetParent || !e.textContent.trim() || e.closest('.table-scroll, details:not([open]), .visually-hidden')) return false;
+    const s = getComputedStyle(e);
+    const clips = s.textOverflow === 'ellipsis' || ['hidden', 'clip'].includes(s.overflowX);
+    return clips && e.scrollWidth > e.clientWidth + 1;
+  }).map(e => `${e.tagName.toLowerCase()}.${[...e.classList].join('.')}: ${e.textContent.trim().slice(0, 40)}`)"""
+
+# The regions that scroll sideways (a grid or map wider than its column), with how much wider.
+WIDE = """() => [...document.querySelectorAll('.table-scroll')].filter(e => e.offsetParent)
+    .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => `${e.getAttribute('aria-label')}: ${e.scrollWidth} > ${e.clientWidth}`)"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    work = tmp_path_factory.mktemp("projector")
+    env = {**model_env(work, chat_arch="tiny:0.02", loop_delay=0.02), "GLASSBOX_MAX_NEW_TOKENS": "8"}
+    app = Gunicorn(work / "instance", env).start()
+    yield app
+    app.stop()
+
+
+def presenter_pages(page) -> dict[str, tuple[str, str | None]]:
+    """Each page a presenter opens -> (its URL, the selector of what it shows, to be in the first screen)."""
+    page.goto("/chat/")
+    send(page, "Where is France?", max_new_tokens="6")
+    page.wait_for_selector("li.message.assistant.complete")
+    chat = page.url
+    reply = page.locator("li.message.assistant").last.get_attribute("id").split("-")[1]
+    at = f"{chat}/m/{reply}"
+    run_loops(page, "12")
+    page.wait_for_url(re.compile(r"/loops/traces/[^/?]+$"))
+    return {"conversation": (chat, "li.message.assistant"), "tokens": (f"{at}/tokens?t=1", ".token-view"),
+            "inside": (f"{at}/inside/1", "table"), "lens": (f"{at}/lens", "table.lens"),
+            "attribution": (f"{at}/attribution/1", "ol.largest"),
+            "patching": (f"{at}/patching/1?corrupted=Where+is+Jordan%3F&against=65", "table.patching-map"),
+            "loop run": (page.url, "#results")}
+
+
+@pytest.mark.parametrize("projector", PROJECTORS)
+def test_every_page_a_presenter_opens_fits_a_projector_in_large_type(open_page, problems, projector):
+    setup = open_page()
+    pages = presenter_pages(setup)
+    large_type(setup)
+    page = open_page()
+    page.set_viewport_size(PROJECTORS[projector])
+    page.context.add_cookies(setup.context.cookies())
+    found: dict[str, list[str]] = {}
+    for name, (url, shown) in pages.items():
+        page.goto(url)
+        page.wait_for_selector(shown)
+        if name == "patching":  # the map worked out whole
+            page.wait_for_function("() => document.querySelector('.run-status')?.textContent.includes('Done.')")
+        page.wait_for_load_state()
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        cut, wide = page.evaluate(CUT), page.evaluate(WIDE)
+        if width > PROJECTORS[projector]["width"]:
+            cut.append(f"the page is {width} px wide")
+        top = page.evaluate(f"() => document.querySelector({shown!r}).getBoundingClientRect().top")
+        height = PROJECTORS[projector]["height"]
+        problems_here = cut + wide + ([f"{shown} starts at {top:.0f} px, below the first screen"] if top > height else [])
+        if problems_here:
+            found[name] = problems_here
+        if name in ("inside", "lens", "patching"):  # the prose is there, folded: a click opens it
+            folded = page.locator("details.explain:not([open]) > summary", has_text="What am I looking at?")
+            assert folded.count() >= 1, name
+        screenshot(page, f"projector-{name}-{projector}")
+    assert not found, found
+
+
+def test_out_of_large_type_the_prose_is_open_and_folds_on_a_click(open_page):
+    page = open_page()
+    pages = presenter_pages(page)
+    page.goto(pages["inside"][0])
+    explain = page.locator("details.explain").first
+    assert explain.get_attribute("open") is not None
+    assert explain.locator("p").is_visible()
+    explain.locator("summary").click()
+    page.wait_for_function("() => !document.querySelector('details.explain').open")
+    assert not explain.locator("p").is_visible()
