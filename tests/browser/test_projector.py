@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests.browser.conftest import follow, large_type, screenshot
+from tests.browser.conftest import large_type, screenshot
 from tests.browser.test_chat import send
 from tests.browser.test_usability import run_loops
 from tests.support.servers import Gunicorn, model_env
@@ -21,7 +21,8 @@ PROJECTORS = {"720p": {"width": 1280, "height": 720}, "wxga": {"width": 1280, "h
 
 # Elements whose text is cut: clipped or ellipsised, and holding more than they show (1 px of rounding allowed).
 CUT = """() => [...document.querySelectorAll('body *')].filter(e => {
-    if (!e.offsetParent || !e.textContent.trim() || e.closest('.table-scroll, details:not([open]), .visually-hidden')) return false;
+    if (!e.offsetParent || !e.textContent.trim()) return false;
+    if (e.closest('.table-scroll, details:not([open]), .visually-hidden')) return false;
     const s = getComputedStyle(e);
     const clips = s.textOverflow === 'ellipsis' || ['hidden', 'clip'].includes(s.overflowX);
     return clips && e.scrollWidth > e.clientWidth + 1;
@@ -29,7 +30,8 @@ CUT = """() => [...document.querySelectorAll('body *')].filter(e => {
 
 # The regions that scroll sideways (a grid or map wider than its column), with how much wider.
 WIDE = """() => [...document.querySelectorAll('.table-scroll')].filter(e => e.offsetParent)
-    .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => `${e.getAttribute('aria-label')}: ${e.scrollWidth} > ${e.clientWidth}`)"""
+    .filter(e => e.scrollWidth > e.clientWidth + 1)
+    .map(e => `${e.getAttribute('aria-label')}: ${e.scrollWidth} > ${e.clientWidth}`)"""
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +81,8 @@ def test_every_page_a_presenter_opens_fits_a_projector_in_large_type(open_page, 
             cut.append(f"the page is {width} px wide")
         top = page.evaluate(f"() => document.querySelector({shown!r}).getBoundingClientRect().top")
         height = PROJECTORS[projector]["height"]
-        problems_here = cut + wide + ([f"{shown} starts at {top:.0f} px, below the first screen"] if top > height else [])
+        below = [f"{shown} starts at {top:.0f} px, below the first screen"] if top > height else []
+        problems_here = cut + wide + below
         if problems_here:
             found[name] = problems_here
         if name in ("inside", "lens", "patching"):  # the prose is there, folded: a click opens it
