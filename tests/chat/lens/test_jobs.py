@@ -35,27 +35,31 @@ def test_running_replies_stay_bit_for_bit_the_same_with_lens_jobs_between_their_
     with torch.inference_mode():
         loaded.model.prefill([Chunk(list(prompt + reply[:-1]), cache, 0, logits=False)])
     core = InferenceCore({"chat": loaded}, {"chat": ChatBatch(loaded, 8, prefix), "lens": LensJobs(loaded, prefix)})
+    replies: list = []
     try:
-        # read only at the end: not abandoned as orphans meanwhile, however slow the machine
-        replies = [core.submit(Job("chat", f"user{i}", r, orphan_seconds=600)) for i, r in enumerate(reqs)]
-        assert wait_for(lambda: all(len(getattr(j.result, "token_ids", [])) >= 2 for j in replies), timeout=30)
-        # kept once the replies have opened their own caches (a starting reply takes one sharing its first token)
-        prefix.put(cache, list(prompt + reply[:-1]), loaded.model)
         jobs, during = [], []
         for parts in (None, Parts(heads=((0, 1),), mlps=(1,), mode="mean")):
+            # replies of their own for each lens job: running when it starts, however fast the machine ran the
+            # last one (read only at the end: not abandoned as orphans meanwhile, however slow the machine)
+            running = [core.submit(Job("chat", f"user{i}", r, orphan_seconds=600)) for i, r in enumerate(reqs)]
+            replies += running
+            assert wait_for(lambda: all(len(getattr(j.result, "token_ids", [])) >= 2 for j in running), timeout=30)
+            # kept once the replies have opened their own caches (a starting reply takes one sharing its first
+            # token)
+            prefix.put(cache, list(prompt + reply[:-1]), loaded.model)
             job = core.submit(Job("lens", "viewer", LensRequest(prompt, reply, parts)))
             assert wait_for(lambda job=job: job.state == "running", timeout=30)
-            before = sum(len(j.result.token_ids) for j in replies)
+            before = sum(len(j.result.token_ids) for j in running)
             drain(job)
-            during.append(sum(len(j.result.token_ids) for j in replies) - before)
+            during.append(sum(len(j.result.token_ids) for j in running) - before)
             jobs.append(job)
         for job in replies:
             drain(job)
     finally:
         core.shutdown()
-    assert [(j.state, j.error) for j in jobs + replies] == [(DONE, None)] * 6
+    assert [(j.state, j.error) for j in jobs + replies] == [(DONE, None)] * 10
     assert [j.result.report.reused_positions for j in jobs] == [len(prompt) - 1, 0]  # an edited run reads none
     assert all(len(row) == len(reply) for j in jobs for row in j.result.report.top)
     assert min(during) > 0  # the replies really stepped while each lens job ran
-    for job, request in zip(replies, reqs):
+    for job, request in zip(replies, reqs + reqs):
         assert job.result.token_ids == alone(loaded, request)
