@@ -32,7 +32,23 @@
       var texts = live.querySelectorAll(".follow-text");
       if (texts.length) texts[texts.length - 1].insertAdjacentHTML("beforeend", e.data);
     });
-    source.addEventListener("player", function (e) { status.innerHTML = e.data; markLoop(); });
+    // The view the presenter has open: its read-only twin (the server's page) in place, the view's section only.
+    var view = document.getElementById("presenter-view");
+    function showView() {
+      var at = status.querySelector("[data-view]");
+      if (!view) return;
+      var url = at ? at.getAttribute("data-view") : "";
+      if (view.getAttribute("data-shown") === url) return;
+      view.setAttribute("data-shown", url);
+      if (!url) { view.replaceChildren(); return; }
+      fetch(url, {credentials: "same-origin"}).then(function (r) { return r.text(); }).then(function (html) {
+        if (view.getAttribute("data-shown") !== url) return;  // the presenter moved on meanwhile
+        var shown = new DOMParser().parseFromString(html, "text/html").querySelector("section.glass");
+        view.replaceChildren(shown ? document.importNode(shown, true) : "");
+      }).catch(function () {});
+    }
+    showView();
+    source.addEventListener("player", function (e) { status.innerHTML = e.data; markLoop(); showView(); });
     source.addEventListener("done", function (e) {
       source.close();
       status.innerHTML = e.data;

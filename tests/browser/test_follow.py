@@ -79,3 +79,34 @@ def test_the_live_loop_table_follows_its_newest_row(page):
       return box.scrollTop > 0 && last.bottom <= view.bottom + 2 && last.top >= view.top;
     }}""")
     page.wait_for_selector("#summary", timeout=30_000)
+
+
+def test_a_follower_sees_the_view_the_presenter_opens_and_can_look_around_and_come_back(open_context, problems):
+    """Issue 51: the presenter's Inside and lens, on the follower's screen as they open them."""
+    presenter = open_context().new_page()
+    presenter.goto("/chat/")
+    send(presenter, "Where is France?", "5")
+    presenter.wait_for_selector("li.message.assistant.complete, li.message.assistant.stopped")
+    presenter.click("#present button[type=submit]")
+    link = presenter.locator("#present-url").input_value()
+    conversation = presenter.url
+    reply = presenter.locator("li.message.assistant").last.get_attribute("id").split("-")[1]
+
+    follower = open_context().new_page()  # another browser
+    follower.goto(link)
+    follower.wait_for_selector("#follow-live li.message.user")
+    presenter.goto(f"{conversation}/m/{reply}/inside/1")
+    follower.wait_for_selector("#presenter-view section.glass h1:has-text('Inside token 2')")
+    assert follower.locator("#presenter-view table.lens tbody tr").count() >= 2
+    assert "Inside token 2" in follower.locator("#follow-status").text_content()
+    presenter.goto(f"{conversation}/m/{reply}/lens")
+    follower.wait_for_selector("#presenter-view section.lens-page")
+    assert follower.locator("#presenter-view section.glass").count() == 1  # the new view replaced the old
+    screenshot(follower, "follow-presenter-view")
+    assert axe(follower) == []
+
+    follower.get_by_role("link", name="look around in it on your own").click()  # on their own, then back
+    follower.wait_for_selector("section.lens-page")
+    follower.get_by_role("link", name="← Back to the presenter").click()
+    follower.wait_for_selector("#presenter-view section.lens-page")
+    assert not problems

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import segno
-from flask import Blueprint, abort, current_app, redirect, request, url_for
+from flask import Blueprint, abort, current_app, g, redirect, request, url_for
 from markupsafe import Markup
 
 from webapp.present import PresentLink, PresentLinks, short_code
@@ -77,7 +77,8 @@ class FollowAddress:
 
 @bp.app_context_processor
 def follow_context() -> dict:
-    return {"follow_address": follow_address}
+    # following: the follow link a read-only view was opened through (a follower looking around on their own)
+    return {"follow_address": follow_address, "following": g.get("follow_token")}
 
 
 def follow_address(token: str) -> FollowAddress:

@@ -15,6 +15,7 @@ from webapp.chat.inside.waiting import InsideError, report_or_wait, runnable_wri
 from webapp.chat.records import Conversation, Message
 from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
+from webapp.chat.web.presenter_view import show_followers
 from webapp.chat.web.share import shared_message
 from webapp.chat.web.token_views import token_text, token_views, whitespace_name
 from webapp.web.state import glassbox
@@ -28,7 +29,9 @@ def attribution_service() -> AttributionService:
 def attribution(conversation_id: str, message_id: int, index: int):
     """Token `index` (0-based) of a reply, its logit split by part; ?against=<token id> for a difference."""
     conversation = owned_conversation(conversation_id)
-    return attribution_page(conversation, owned_message(conversation_id, message_id), index)
+    page = attribution_page(conversation, owned_message(conversation_id, message_id), index)
+    return show_followers(page, conversation_id, message_id, f"attribution/{index}",
+                          f"who pushed token {index + 1}", keep=("against",))
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/attribution/<int:index>.json")

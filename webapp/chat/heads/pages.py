@@ -16,6 +16,7 @@ from webapp.chat.inside.waiting import InsideError, report_or_wait, runnable_wri
 from webapp.chat.records import Conversation, Message
 from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
+from webapp.chat.web.presenter_view import show_followers
 from webapp.chat.web.share import shared_message
 from webapp.chat.web.token_views import token_text, whitespace_name
 from webapp.web import heavy
@@ -31,7 +32,10 @@ def head(conversation_id: str, message_id: int, index: int, name: str):
     """Layer L, head H (`name` "L.H") over the reply up to token `index`; ?keys=all: every key position;
     ?rows=user: query rows from the user's message on (the reply's start marker by default)."""
     conversation = owned_conversation(conversation_id)
-    return head_page(conversation, owned_message(conversation_id, message_id), index, name)
+    page = head_page(conversation, owned_message(conversation_id, message_id), index, name)
+    return show_followers(page, conversation_id, message_id, f"inside/{index}/head/{name}",
+                          f"layer {name.split('.')[0]}, head {name.split('.')[-1]} at token {index + 1}",
+                          keep=("keys", "rows"))
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/inside/<int:index>/head/<name>.json")

@@ -14,6 +14,7 @@ from webapp.chat.inside.waiting import InsideError, inside_service, report_or_wa
 from webapp.chat.records import Conversation, Message
 from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
+from webapp.chat.web.presenter_view import show_followers
 from webapp.chat.web.share import shared_message
 from webapp.chat.web.token_views import token_text, whitespace_name
 from webapp.web import heavy
@@ -23,7 +24,9 @@ from webapp.web import heavy
 def inside(conversation_id: str, message_id: int, index: int):
     """The Inside page of token `index` (0-based) of a reply; ?head=L.H picks a head to list."""
     conversation = owned_conversation(conversation_id)
-    return inside_page(conversation, owned_message(conversation_id, message_id), index)
+    page = inside_page(conversation, owned_message(conversation_id, message_id), index)
+    return show_followers(page, conversation_id, message_id, f"inside/{index}", f"Inside token {index + 1}",
+                          keep=("head",))
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/inside/<int:index>.json")

@@ -9,6 +9,8 @@ from collections.abc import Callable, Generator
 from contextlib import closing
 from typing import Any, cast
 
+from flask import g
+
 from webapp.chat.inside.service import InsideService
 from webapp.chat.records import Message
 from webapp.chat.reports import Kept, ReportJobs, RequestT, ResultT
@@ -23,6 +25,8 @@ from webapp.web.streams import held_slot
 
 STILL_WORKING = ("Still working this out: the work goes on, and the same request asked again in a moment gets "
                  "it (or waits for the rest).")
+NOT_SHOWN = ("The presenter has not opened this yet: it appears here once their page has worked it out "
+             "(a follow link shows what the presenter shows, and starts no work of its own).")
 RETRY_SECONDS = 10  # the Retry-After of a request that stopped waiting for a job still running
 
 
@@ -57,7 +61,13 @@ def report_or_wait(jobs: ReportJobs[RequestT, ResultT, Kept], model: str, reques
     """A request's kept report, or the one its job works out while this request waits for it (started now, or
     the one already queued or running): wait_for_job's refusals and failures as InsideError."""
     found = jobs.report(model, request)
-    if found is None:
+    if found is None and g.get("follower"):  # a follower reads what the presenter's page works out, never more
+        running = jobs.job(model, request)
+        if running is None or running.finished_state:
+            raise InsideError(NOT_SHOWN, 409)
+        job = wait_for_job(lambda: running, what, result)
+        found = jobs.found(job.result)
+    elif found is None:
         job = wait_for_job(lambda: jobs.start(owner_id(), model, request), what, result)
         found = jobs.found(job.result)
     if found is None:  # wait_for_job saw the job's result hold it: never, unless `result` names another field

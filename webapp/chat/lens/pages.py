@@ -14,6 +14,7 @@ from webapp.chat.lens.service import MAX_COLUMNS, LensService
 from webapp.chat.records import Conversation, Message
 from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
+from webapp.chat.web.presenter_view import show_followers
 from webapp.chat.web.share import shared_message
 from webapp.web import heavy
 from webapp.web.state import glassbox
@@ -27,7 +28,9 @@ def lens_service() -> LensService:
 def lens(conversation_id: str, message_id: int):
     """The whole reply through the logit lens; ?shade=written shades cells by the written token's odds."""
     conversation = owned_conversation(conversation_id)
-    return lens_page(conversation, owned_message(conversation_id, message_id))
+    page = lens_page(conversation, owned_message(conversation_id, message_id))
+    return show_followers(page, conversation_id, message_id, "lens", "the reply through the logit lens",
+                          keep=("shade",))
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/lens.json")

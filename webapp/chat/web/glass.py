@@ -10,6 +10,7 @@ from webapp.chat.service import ChatError
 from webapp.chat.web import token_views as glass
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, owned_page, service, settings
 from webapp.chat.web.composer import default_sampling, reply_fragment, start_reply
+from webapp.chat.web.presenter_view import show_followers
 from webapp.web import is_htmx
 
 
@@ -33,7 +34,8 @@ def reply_details(conversation_id: str, message_id: int) -> tuple[Message, Reply
 def tokens(conversation_id: str, message_id: int):
     """Every token of a reply shaded by its probability; ?t=N shows token N's alternatives (no JS needed)."""
     message, details = reply_details(conversation_id, message_id)
-    return tokens_page(owned_conversation(conversation_id), message, details)
+    page = tokens_page(owned_conversation(conversation_id), message, details)
+    return show_followers(page, conversation_id, message_id, "tokens", "the reply's tokens", keep=("t",))
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/tokens/<int:index>")

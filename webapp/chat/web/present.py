@@ -164,7 +164,8 @@ def snapshot(links, token: str, owner: str, cid: str) -> Snapshot:
     if not messages and service().store.conversation(owner, cid) is None:
         return Snapshot(gone=True)
     live = messages[-1].id if messages and messages[-1].status == Status.PENDING else None
-    return Snapshot(False, link.state_version, render_template("follow/_chat_player.html", state=link.state),
+    player = render_template("follow/_chat_player.html", state=link.state, token=token)
+    return Snapshot(False, link.state_version, player,
                     tuple((m.id, m.status) for m in messages),
                     render_template("follow/_chat_messages.html", messages=messages), live)
 

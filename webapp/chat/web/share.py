@@ -7,7 +7,7 @@ conversation's own id: they all go through the share token, so unsharing closes 
 
 from __future__ import annotations
 
-from flask import abort, redirect, render_template, url_for
+from flask import abort, g, redirect, render_template, url_for
 
 from webapp.chat.records import Conversation, Message, ReplyDetails
 from webapp.chat.service import ChatError
@@ -15,15 +15,30 @@ from webapp.chat.web import token_views as glass
 from webapp.chat.web.blueprint import bp, owned_conversation, service
 from webapp.chat.web.composer import token_views_of
 from webapp.chat.web.glass import compare_page, panel_fragment, tokens_page
+from webapp.web import follow
 from webapp.web.security import owner_id
 
 SHARING_STOPPED = "This shared conversation does not exist, or its owner stopped sharing it."
 
 
+def shared_conversation(token: str) -> tuple[Conversation, list[Message]] | None:
+    """The conversation a share link opens, and its branch shown; or a follow link's (issue 51: a presented
+    conversation's followers see the presenter's views through these same read-only pages, and never start a
+    job there: `g.follower`, read by webapp/chat/inside/waiting.py). None: neither, or revoked."""
+    found = service().shared(token)
+    if found is None:
+        link = follow.links().get(token)
+        conversation = service().store.conversation(link.owner, link.target) if link and link.kind == "chat" else None
+        if conversation is not None:
+            g.follower, g.follow_token = True, token
+            found = conversation, service().history(conversation.id)
+    return found
+
+
 def shared_message(token: str, message_id: int) -> tuple[Conversation, Message]:
     """A message of the conversation a shared link opens: one of the branch shown, or another version of it
     (Compare shows those side by side). 404 for a message of any other conversation."""
-    found = service().shared(token)
+    found = shared_conversation(token)
     if found is None:
         abort(404, SHARING_STOPPED)
     conversation, messages = found
@@ -51,7 +66,7 @@ def unshare(conversation_id: str):
 
 @bp.get("/shared/<token>")
 def shared(token: str):
-    found = service().shared(token)
+    found = shared_conversation(token)
     if found is None:
         abort(404, SHARING_STOPPED)
     conversation, messages = found
