@@ -13,14 +13,20 @@ from tests.browser.test_usability import axe
 pytestmark = pytest.mark.browser
 
 
-def test_a_follower_page_updates_live_and_ends_on_revoke(open_context, problems):
+def presenting(open_context, question: str):
+    """A new browser's conversation with one finished reply to `question`, presented -> (its page, the link)."""
     presenter = open_context().new_page()
     presenter.goto("/chat/")
-    send(presenter, "First question", "5")
+    send(presenter, question, "5")
     presenter.wait_for_selector("li.message.assistant.complete, li.message.assistant.stopped")
     presenter.click("#present button[type=submit]")
     link = presenter.locator("#present-url").input_value()
     assert "/follow/" in link
+    return presenter, link
+
+
+def test_a_follower_page_updates_live_and_ends_on_revoke(open_context, problems):
+    presenter, link = presenting(open_context, "First question")
 
     follower = open_context().new_page()  # another browser: no cookie of the presenter's
     follower.goto(link)
@@ -83,12 +89,7 @@ def test_the_live_loop_table_follows_its_newest_row(page):
 
 def test_a_follower_sees_the_view_the_presenter_opens_and_can_look_around_and_come_back(open_context, problems):
     """Issue 51: the presenter's Inside and lens, on the follower's screen as they open them."""
-    presenter = open_context().new_page()
-    presenter.goto("/chat/")
-    send(presenter, "Where is France?", "5")
-    presenter.wait_for_selector("li.message.assistant.complete, li.message.assistant.stopped")
-    presenter.click("#present button[type=submit]")
-    link = presenter.locator("#present-url").input_value()
+    presenter, link = presenting(open_context, "Where is France?")
     conversation = presenter.url
     reply = presenter.locator("li.message.assistant").last.get_attribute("id").split("-")[1]
 

@@ -43,7 +43,8 @@ def test_running_replies_stay_bit_for_bit_the_same_with_lens_jobs_between_their_
             # last one (read only at the end: not abandoned as orphans meanwhile, however slow the machine)
             running = [core.submit(Job("chat", f"user{i}", r, orphan_seconds=600)) for i, r in enumerate(reqs)]
             replies += running
-            assert wait_for(lambda: all(len(getattr(j.result, "token_ids", [])) >= 2 for j in running), timeout=30)
+            assert wait_for(lambda running=running: all(len(getattr(j.result, "token_ids", [])) >= 2 for j in running),
+                            timeout=30)
             # kept once the replies have opened their own caches (a starting reply takes one sharing its first
             # token)
             prefix.put(cache, list(prompt + reply[:-1]), loaded.model)
