@@ -49,6 +49,13 @@ from webapp.chat.model.edits import Edit, HeadEdit
 from webapp.chat.model.hooked import KeysValues
 
 BATCH_TOKENS = 512  # positions run in one patched forward (rows x positions): several cells at once
+# An edit that moves the metric (a logit difference) by less than this: each cell divides by it, so the runs'
+# small differences look large and the map is mostly noise; the page says so.
+SMALL_SPAN = 0.1
+
+
+def barely_moved(clean: float, corrupted: float) -> bool:
+    return clean != corrupted and abs(clean - corrupted) < SMALL_SPAN
 
 
 @dataclass

@@ -23,7 +23,7 @@ import torch
 from webapp.chat.decode.prefix_cache import PrefixCache
 from webapp.chat.decode.reply_jobs import ReplyJobs, kept_prefix
 from webapp.chat.model.loading import LoadedChatModel
-from webapp.chat.patching.compute import BATCH_TOKENS, Patching, edited_from, plan, trace
+from webapp.chat.patching.compute import BATCH_TOKENS, Patching, barely_moved, edited_from, plan, trace
 from webapp.chat.patching.estimate import estimate
 from webapp.core.executors import Worker
 from webapp.core.jobs import Job
@@ -47,6 +47,10 @@ class PatchingMetrics:
     clean: float
     corrupted: float
     first: int  # the first position where the contexts differ
+
+    @property
+    def barely_moved(self) -> bool:
+        return barely_moved(self.clean, self.corrupted)
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from webapp.chat.decode.odds import TokenOdds
-from webapp.chat.patching.compute import Cells, Patching, first_difference
+from webapp.chat.patching.compute import Cells, Patching, barely_moved, first_difference
 from webapp.chat.patching.jobs import PatchingRequest
 from webapp.chat.web.token_views import residual_label, token_text
 from webapp.core.jobs import CANCELLED, DONE, FAILED, QUEUED, AnyJob
@@ -68,6 +68,10 @@ class MapsView:
     live: bool  # a job still running: the page streams its cells
     estimated: bool = False  # the map's estimate is known (pending cells show it)
     agreement: Agreement | None = None
+
+    @property
+    def barely_moved(self) -> bool:
+        return self.clean is not None and self.corrupted is not None and barely_moved(self.clean, self.corrupted)
 
 
 def shade(value: float | None) -> str:
