@@ -136,27 +136,49 @@ def bundled_contexts(reply_tokens: int, question: str = "", edited: str = ""):
     raise RuntimeError("the edited message must keep the message's length in tokens, and change it")
 
 
+def whole_forward(model, ids: list[int], resid=None, head=None, kept: dict | None = None) -> float:
+    """One whole forward of nanoGPT's math through the model's own modules, as a notebook writes it (the model's
+    blocks are not modules one can hook: GPT.forward is Glassbox's hooked run), with one activation put in:
+    resid (layer, position, vector) in place of the stream entering block `layer` (n_layer: the final one),
+    head (layer, head, (T, hs) outputs) in place of a head's output. `kept`: fill it with the run's residuals
+    and heads' outputs. -> logit(chosen) - logit(against) is the caller's; this returns the last logits."""
+    c = model.config
+    T = len(ids)
+    x = model.transformer.wte(torch.tensor([ids])) + model.transformer.wpe(torch.arange(T))  # (1, T, C)
+    for layer, block in enumerate([*model.transformer.h, None]):
+        if resid is not None and resid[0] == layer:
+            x = x.clone()
+            x[0, resid[1]] = resid[2]
+        if kept is not None:
+            kept[("r", layer)] = x[0].clone()
+        if block is None:
+            break
+        qkv = block.attn.c_attn(block.ln_1(x)).split(c.n_embd, 2)
+        q, k, v = (t.view(1, T, c.n_head, -1).transpose(1, 2) for t in qkv)  # (1, nh, T, hs) each
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # (1, nh, T, hs)
+        if head is not None and head[0] == layer:
+            y = y.clone()
+            y[0, head[1]] = head[2]
+        if kept is not None:
+            kept[("h", layer)] = y[0].clone()
+        x = x + block.attn.c_proj(y.transpose(1, 2).reshape(1, T, c.n_embd))
+        x = x + block.mlp(block.ln_2(x))
+    return model.lm_head(model.transformer.ln_f(x[0, -1]))
+
+
 @torch.inference_mode()
 def hooks(model, clean, corrupted, chosen, against, sample: int = 0) -> dict:
-    """One whole forward (model(idx), nanoGPT's) per cell, the clean activation put in by a forward hook.
+    """One whole forward per cell (whole_forward), the clean activation put in where the cell says.
     sample: only every k-th cell is run (None in the map), and the time of the runs scaled to all cells."""
     c = model.config
-    hs = c.n_embd // c.n_head
-    blocks, ln_f = list(model.transformer.h), model.transformer.ln_f
     started = time.perf_counter()
 
-    def run(ids):
-        logits, _ = model(torch.tensor([ids]))
-        return float(logits[0, -1, chosen] - logits[0, -1, against])
+    def run(ids, **put):
+        logits = whole_forward(model, ids, **put)
+        return float(logits[chosen] - logits[against])
 
     kept: dict = {}
-    handles = [m.register_forward_pre_hook(lambda m, a, i=i: kept.__setitem__(("r", i), a[0][0].clone()))
-               for i, m in enumerate([*blocks, ln_f])]
-    handles += [b.attn.c_proj.register_forward_pre_hook(lambda m, a, i=i: kept.__setitem__(("h", i), a[0][0].clone()))
-                for i, b in enumerate(blocks)]
-    m_clean = run(clean)
-    for h in handles:
-        h.remove()
+    m_clean = run(clean, kept=kept)
     m_corrupted = run(corrupted)
     span = m_clean - m_corrupted
     first, n, ran, spent = None, 0, 0, 0.0
@@ -165,33 +187,19 @@ def hooks(model, clean, corrupted, chosen, against, sample: int = 0) -> dict:
     every = max(1, cells // sample) if sample else 1
     setup = time.perf_counter() - started
 
-    def patched(module, replace):
+    def patched(**put):
         nonlocal first, n, ran, spent
         n += 1
         if (n - 1) % every:
             return None
         t0 = time.perf_counter()
-        handle = module.register_forward_pre_hook(lambda m, a: (replace(a[0].clone()),) + tuple(a[1:]))
-        try:
-            value = (run(corrupted) - m_corrupted) / span
-        finally:
-            handle.remove()
+        value = (run(corrupted, **put) - m_corrupted) / span
         first = first or time.perf_counter() - started
         ran, spent = ran + 1, spent + time.perf_counter() - t0
         return value
 
-    def put(x, p, value):
-        x[0, p] = value
-        return x
-
-    def put_head(x, head, value):
-        x[0, :, head * hs:(head + 1) * hs] = value[:, head * hs:(head + 1) * hs]
-        return x
-
-    residual = [[patched(module, lambda x, p=p, i=i: put(x, p, kept[("r", i)][p])) for p in range(T)]
-                for i, module in enumerate([*blocks, ln_f])]
-    heads = [[patched(b.attn.c_proj, lambda x, h=h, i=i: put_head(x, h, kept[("h", i)])) for h in range(c.n_head)]
-             for i, b in enumerate(blocks)]
+    residual = [[patched(resid=(i, p, kept[("r", i)][p])) for p in range(T)] for i in range(c.n_layer + 1)]
+    heads = [[patched(head=(i, h, kept[("h", i)][h])) for h in range(c.n_head)] for i in range(c.n_layer)]
     return {"first": first, "total": setup + spent * cells / ran, "residual": residual, "heads": heads,
             "clean": m_clean, "corrupted": m_corrupted, "ran": ran}
 
@@ -240,7 +248,7 @@ def main(argv=None):
         return estimate_only(args, model, loaded, clean, corrupted, chosen, against, load_before)
     results = {"Glassbox (patching job on the core)": glassbox(loaded, clean, corrupted, chosen, against)}
     if not args.skip_hooks:
-        results["plain PyTorch hooks, one forward per cell"] = hooks(model, clean, corrupted, chosen, against,
+        results["plain PyTorch, one whole forward per cell"] = hooks(model, clean, corrupted, chosen, against,
                                                                      args.sample)
     if args.tl:
         try:
