@@ -314,5 +314,5 @@ def test_an_edit_that_hardly_moves_the_metric_is_said_to_give_a_map_of_noise(cha
         small = render_template("chat/_patching_values.html", values=PatchingMetrics(4.424, 4.418, 3))
         large = render_template("chat/_patching_values.html", values=PatchingMetrics(12.4, -14.6, 3))
         none = render_template("chat/_patching_values.html", values=PatchingMetrics(1.0, 1.0, 3))
-    assert "hardly moves the metric</strong> (by 0.006)" in small and "mostly noise" in small
+    assert "hardly moves the metric</strong> (by 0.006)" in small and "the map is mostly noise" in small
     assert "hardly" not in large and "hardly" not in none and "nothing to restore" in none
