@@ -9,10 +9,10 @@ import re
 
 import pytest
 
+from tests.browser import test_room
 from tests.browser.conftest import large_type, screenshot
 from tests.browser.test_chat import send
 from tests.browser.test_usability import run_loops
-from tests.support.servers import Gunicorn, model_env
 
 pytestmark = pytest.mark.browser
 
@@ -34,13 +34,7 @@ WIDE = """() => [...document.querySelectorAll('.table-scroll')].filter(e => e.of
     .map(e => `${e.getAttribute('aria-label')}: ${e.scrollWidth} > ${e.clientWidth}`)"""
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    work = tmp_path_factory.mktemp("projector")
-    env = {**model_env(work, chat_arch="tiny:0.02", loop_delay=0.02), "GLASSBOX_MAX_NEW_TOKENS": "8"}
-    app = Gunicorn(work / "instance", env).start()
-    yield app
-    app.stop()
+server = test_room.server  # issue 31's server: the tiny models, replies of 8 tokens at most
 
 
 def presenter_pages(page) -> dict[str, tuple[str, str | None]]:
