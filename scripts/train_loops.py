@@ -93,14 +93,9 @@ def losses(model, batch, args):
     start = F.cross_entropy(out["start_scores"], starts)
     digits = loop_digits(ks, model.config.n_places)                       # [B, P]
     digit = F.cross_entropy(out["digit_logits"].flatten(0, 1), digits.flatten())
-    # Stop: positives at t == k; near misses (one digit place off) weigh more.
     stop_logits = out["stop_logits"][:, :K]                               # [B, K]
     t = torch.arange(1, K + 1)
-    target = (t[None] == ks[:, None]).float()
-    same_places = (loop_digits(t)[None] == digits[:, None]).sum(-1)      # [B, K]
-    weight = 1 + args.near_miss_weight * (same_places == model.config.n_places - 1).float()
-    weight = weight + (args.stop_pos_weight - 1) * target
-    stop = F.binary_cross_entropy_with_logits(stop_logits, target, weight=weight)
+    stop = stop_loss(stop_logits, ks, args, model.config.n_places)
     total = hop + args.state_weight * state + 0.5 * (start + digit) + args.stop_weight * stop
     with torch.no_grad():
         pred = out["scores"][:, :K].argmax(-1)
@@ -112,6 +107,17 @@ def losses(model, batch, args):
     stats = {"hop": hop.item(), "stop": stop.item(), "start": start.item(), "digit": digit.item(),
              "hop_acc": (pred == traj[:, 1:]).float().mean().item()}
     return total, joint, stats
+
+
+def stop_loss(stop_logits: torch.Tensor, ks: torch.Tensor, args, n_places: int) -> torch.Tensor:
+    """Binary cross-entropy of the stop logits [B, L] (loops 1..L) on stop = (t == k): positives and
+    near misses (the loop number one digit place off k: k-1, k-10, k+100, ...) weigh more."""
+    t = torch.arange(1, stop_logits.size(1) + 1)
+    target = (t[None] == ks[:, None]).float()
+    same_places = (loop_digits(t)[None] == loop_digits(ks, n_places)[:, None]).sum(-1)   # [B, L]
+    weight = 1 + args.near_miss_weight * (same_places == n_places - 1).float()
+    weight = weight + (args.stop_pos_weight - 1) * target
+    return F.binary_cross_entropy_with_logits(stop_logits, target, weight=weight)
 
 
 @torch.no_grad()

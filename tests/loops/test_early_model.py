@@ -79,12 +79,14 @@ def test_at_long_k_it_fails_both_ways(early):
     assert found[131].stop == "exact" and found[131].wrong_hop == WrongHop(loop=6, source="X", predicted="A", rule="O")
 
 
-def test_the_bundled_model_gets_the_early_one_as_a_choice():
+def test_the_bundled_model_gets_the_early_one_and_the_latent_ones_as_choices():
     main = load_bundle()
     runs = LoopRuns(main, 1, extra_models(main))
-    names = [c["name"] for c in runs.choices()]
-    assert names == ["main", "early"]
-    assert runs.choices()[1]["checkpoint"].startswith("bundled:loops-early@")
+    choices = runs.choices()
+    assert [c["name"] for c in choices] == ["main", "early", "latent", "latent-early"]
+    assert choices[1]["checkpoint"].startswith("bundled:loops-early@")
+    assert [c["carries_state"] for c in choices] == [False, False, True, True]
+    assert choices[0]["trained_k"] == [1, 256] and choices[2]["trained_k"] == [1, 32]
 
 
 def test_other_models_get_no_early_choice_unless_asked(monkeypatch):

@@ -30,7 +30,20 @@ def test_exact_run_is_a_joint_success():
     req = request(3)
     summary = score_trace(req, rows_for(req, ["B", "C", "D"]), "head")
     assert summary == {"answer_correct": True, "complete_trajectory": True, "exact_stop": True,
-                       "joint_success": True, "stop_reason": "head", "executed_loops": 3, "first_error": None}
+                       "joint_success": True, "stop_reason": "head", "executed_loops": 3, "first_error": None,
+                       "head_stop": None}  # these rows carry no stop probability
+
+
+def test_a_forced_run_is_scored_where_its_head_would_have_stopped():
+    req = request(3).with_options("6", "0.7")
+    rows = rows_for(req, ["B", "C", "D", "E", "F", "G"])
+    for row, p in zip(rows, (0.1, 0.6, 0.75, 0.9, 0.2, 0.1)):
+        row["stop_probability"] = p
+    summary = score_trace(req, rows, "forced")
+    assert summary["head_stop"] == 3 and summary["exact_stop"] and summary["answer_correct"]  # at 0.7, not 0.5
+    assert summary["executed_loops"] == 6 and summary["stop_reason"] == "forced"
+    late = score_trace(request(2).with_options("6", "0.7"), rows_for(request(2), list("BCDEFG")), "forced")
+    assert late["head_stop"] is None and not late["exact_stop"] and not late["answer_correct"]
 
 
 def test_stopped_early():

@@ -28,13 +28,13 @@ from webapp.loops.task import PROMPT_LENGTH
 from webapp.loops.trace import (
     FLUSH_SECONDS,
     NONFINITE,
-    SAFETY_CAP,
-    STOP_THRESHOLD,
     RowsEvent,
     TraceBuilder,
     check_model,
     complete,
+    keep_states,
     loop_rows,
+    loops_to_run,
 )
 
 MAX_ROWS = 1024  # runs admitted at once
@@ -61,6 +61,7 @@ class Row:
     started: float = 0.0
     flushed: float = 0.0
     pending: list[dict] = field(default_factory=list)  # rows not yet published
+    states: list[torch.Tensor] = field(default_factory=list)  # each loop's state (webapp/loops/states.py)
     group: tuple | None = None  # (model name, prompt length) once its prompt is read
 
 
@@ -173,16 +174,20 @@ class LoopBatch(BatchedJobs[DemoRequest, LoopResult]):
                                  [now - r.started for r in rows], attention, [r.pairs for r in rows],
                                  out.state_change[index])
         stops = out.stop_logits[index].float().sigmoid().tolist()
+        states = out.state[index]
         for n, row in enumerate(rows):
             if not finite[n]:  # its rows up to the last finite loop stay; it fails, as alone
                 report.finished.append(self._end(row, FAILED, core, NONFINITE))
                 continue
             row.pending.append(row.builder.add(made[n]))
+            row.states.append(states[n])
             report.rows += 1
-            if stops[n] >= STOP_THRESHOLD or loops[n] >= SAFETY_CAP:
+            last_loop, threshold = loops_to_run(row.job.request)
+            if stops[n] >= threshold or loops[n] >= last_loop:
                 self._publish(row, core, ended=False)
+                keep_states(row.job, row.job.request, row.states)
                 row.job.result.snapshot = complete(row.job.request, row.bundle.checkpoint_id, row.builder.rows,
-                                                   stops[n], row.started)
+                                                   stops[n], row.started, row.states)
                 report.finished.append(self._end(row, DONE, core))
                 continue
             if loops[n] == 1 or now - row.flushed >= FLUSH_SECONDS:

@@ -19,7 +19,11 @@ from webapp.loops.store import TraceStore
 from webapp.loops.sweeping import Sweeps
 from webapp.loops.trace import check_model
 
-EARLY_BUNDLE = ROOT / "models" / "loops-early"
+# Offered beside the bundled model by default: its early checkpoint, and the latent-state model
+# (webapp/loops/model/latent.py) fully trained and early.
+BESIDE_BUNDLED = {"early": ROOT / "models" / "loops-early", "latent": ROOT / "models" / "loops-latent",
+                  "latent-early": ROOT / "models" / "loops-latent-early"}
+EARLY_BUNDLE = BESIDE_BUNDLED["early"]
 
 
 def load_model(settings: Settings):
@@ -30,11 +34,12 @@ def load_model(settings: Settings):
 
 def extra_models(bundle) -> dict:
     """Models offered beside the main one: GLASSBOX_LOOP_EXTRA_MODELS=name=bundle-or-factory,… ; by
-    default the bundled early checkpoint (models/loops-early), beside the bundled model only."""
+    default the bundled early checkpoint and the latent-state models (BESIDE_BUNDLED), beside the bundled
+    model only."""
     spec = os.environ.get("GLASSBOX_LOOP_EXTRA_MODELS")
     if spec is None:
         bundled = str(getattr(bundle, "checkpoint_id", "")).startswith("bundled:loops@")
-        spec = f"early={EARLY_BUNDLE}" if bundled and EARLY_BUNDLE.is_dir() else ""
+        spec = ",".join(f"{name}={path}" for name, path in BESIDE_BUNDLED.items() if bundled and path.is_dir())
     extra = {}
     for entry in filter(None, (e.strip() for e in spec.split(","))):
         name, _, where = entry.partition("=")

@@ -31,6 +31,11 @@ def supports_state_change(model: Any) -> bool:
     return getattr(model, "supports_state_change", False) is True
 
 
+def supports_state(model: Any) -> bool:
+    """Only a model that says so is asked for loop_state (its state vector after each loop)."""
+    return getattr(model, "supports_loop_state", False) is True
+
+
 def rule_matrix(pairs) -> torch.Tensor:
     """[PROMPT_LENGTH, 26]: 1 where prompt character i belongs to the rule at index r (in prompt order)."""
     matrix = torch.zeros(PROMPT_LENGTH, len(pairs), dtype=torch.float64)

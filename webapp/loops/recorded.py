@@ -14,6 +14,7 @@ import torch
 
 from webapp.loops.reading import read_rules, valid_attention
 from webapp.loops.request import DemoRequest, RequestError
+from webapp.loops.states import analyse
 from webapp.loops.task import SYMBOLS
 from webapp.loops.trace import SAFETY_CAP, STOP_THRESHOLD, TraceBuilder, score_trace
 
@@ -86,6 +87,11 @@ def _row_problem(row, number: int) -> str | None:
     change = row.get("state_change")
     if change is not None and (not _finite(change) or change < 0):
         return "state_change must be null or a finite number ≥ 0"
+    if "distance_to_last" in row and not (_finite(row["distance_to_last"]) and row["distance_to_last"] >= 0):
+        return "distance_to_last must be a finite number ≥ 0"
+    if "pca" in row and not (isinstance(row["pca"], list) and len(row["pca"]) == 2
+                             and all(_finite(v) for v in row["pca"])):
+        return "pca must be two finite numbers"
     return None
 
 
@@ -115,11 +121,14 @@ def rescore(parsed: dict) -> dict:
             weights = [list(head) for head in row["attention"]]  # as written: a 0 stays "0", not "0.0"
             kept["read"] = read_rules(list(request.pairs), torch.tensor([weights], dtype=torch.float64))[0]
             kept["attention"] = weights
-        if "state_change" in row:
-            kept["state_change"] = row["state_change"]
+        for key in ("state_change", "distance_to_last", "pca"):  # the state's measures need its vectors: kept
+            if key in row:
+                kept[key] = row[key]
         builder.add(kept)
     rows = builder.rows
+    analyses = analyse(rows, None)  # the attention's measures, again from the file's weights
     return {"schema_version": 1, "source": "recorded", "checkpoint": parsed["checkpoint"],
             "request": request.payload(), "threshold": STOP_THRESHOLD, "safety_cap": SAFETY_CAP,
             "status": "complete", "trace": rows, "summary": score_trace(request, rows, parsed["stop_reason"]),
+            "analyses": analyses,
             "inference_seconds": rows[-1]["arrival_seconds"]}

@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from webapp.core.executors import WholeJobs, Worker
 from webapp.core.jobs import Job
 from webapp.core.threads import torch_threads
+from webapp.loops.reading import supports_state
 from webapp.loops.request import DemoRequest
-from webapp.loops.trace import run_trace
+from webapp.loops.trace import LoopResult, run_trace
+
+__all__ = ["BATCHED", "KINDS", "MAIN", "LoopResult", "LoopRuns", "model_card"]
 
 MAIN = "main"
 BATCHED = "loops:batched"  # the core's kind for runs stepped together (webapp/loops/batch.py); "loops": alone
 KINDS = ("loops", BATCHED)
 # What the model picker calls each model; one not named here is shown by its name.
-MODEL_LABELS = {MAIN: "Fully trained (bundled)", "early": "Early checkpoint (100 steps: makes mistakes)"}
-
-
-@dataclass
-class LoopResult:
-    snapshot: dict | None = None  # the final snapshot, once the run completed
-    trace_id: str | None = None  # where it was saved
+MODEL_LABELS = {MAIN: "Fully trained (bundled)", "early": "Early checkpoint (100 steps: makes mistakes)",
+                "latent": "Latent state (carries its state)", "latent-early": "Latent state, early checkpoint"}
 
 
 class LoopRuns(WholeJobs[DemoRequest, LoopResult]):
@@ -46,7 +43,9 @@ class LoopRuns(WholeJobs[DemoRequest, LoopResult]):
         """The models offered, the main one first: each with its name, label, checkpoint and card (the
         same words as chat's: webapp/chat/registry.py's ModelCard)."""
         return [{"name": name, "label": MODEL_LABELS.get(name, name), "checkpoint": b.checkpoint_id,
-                 "card": model_card(b.model)} for name, b in self.bundles.items()]
+                 "card": model_card(b.model), "carries_state": getattr(b.model, "carries_state", False) is True,
+                 "gives_state": supports_state(b.model), "trained_k": getattr(b, "trained_k", None)}
+                for name, b in self.bundles.items()]
 
 
 def model_card(model: Any) -> dict:

@@ -19,14 +19,17 @@ from dataclasses import dataclass, field
 from webapp.core import Refused
 from webapp.core.jobs import CANCELLED, DONE, FAILED, RUNNING, Job
 from webapp.core.refusals import CoreClosed, TooManyFromClient, TooManyJobs
+from webapp.loops.probe import ProbeRun, decodability
 from webapp.loops.service import LoopService
 from webapp.loops.sweep import SweepSpec, disagreements, k_line, plan, totals
+from webapp.loops.task import execute
 
 log = logging.getLogger("glassbox.loops.sweep")
 SWEEPS_PER_OWNER = 1   # a browser (or an API key, or a cookie-less call) runs one sweep at a time
 SWEEPS_PER_CLIENT = 2  # an address runs at most two, whatever cookies it sends
 WAIT_SECONDS = 0.25    # how often a sweep refused by the core's limits tries again
 KEEP_FINISHED = 16  # finished sweeps kept for a late stream (their lines; saved ones are in the store)
+PROBE_RUNS = 500  # runs per model whose states a sweep keeps for its probe (webapp/loops/probe.py)
 
 
 @dataclass
@@ -36,6 +39,8 @@ class SweepResult:
     lines: list[dict] = field(default_factory=list)  # the (model, k) lines published so far
     summary: dict | None = None
     sweep_id: str | None = None  # where it was saved
+    probe_runs: dict[str, list[ProbeRun]] = field(default_factory=dict)  # per model, the runs that gave states
+    readout: dict[str, list[tuple[int, bool]]] = field(default_factory=dict)  # per model, (loop, right) of each row
 
 
 SweepJob = Job[SweepSpec, SweepResult]
@@ -102,8 +107,8 @@ class Sweeps:
                     ended.append((index, model, run, outcome, error))
                     changed.notify_all()
             try:
-                run = self.service.start(job.owner, dataclasses.replace(request, model=model), save=False,
-                                         then=then)
+                run = self.service.start(job.owner, dataclasses.replace(request, model=model, keep_states=True),
+                                         save=False, then=then)
             except CoreClosed:
                 raise
             except Refused:  # the browser's or the address's runs are at their limit: try again later
@@ -129,6 +134,7 @@ class Sweeps:
                             return
                         raise RuntimeError(f"A run of the sweep {outcome}: {error or 'stopped'}")
                     result.summaries[model][index] = run.result.snapshot["summary"]
+                    self._keep_for_probe(job, model, tables, index, run)
                     k = tables[index][0]
                     left[(model, k)] -= 1
                     if not left[(model, k)]:
@@ -137,6 +143,20 @@ class Sweeps:
             for run in running.values():
                 run.cancel()
         self._finish(job, tables)
+
+    @staticmethod
+    def _keep_for_probe(job: SweepJob, model: str, tables, index: int, run: Job) -> None:
+        """A finished run's states and rows, for the probe: held out by table number within its k (by
+        plan order when there is one table per k)."""
+        result, states = job.result, run.result.states
+        result.readout.setdefault(model, []).extend(
+            (row["loop"], bool(row["correct"])) for row in run.result.snapshot["trace"])
+        kept = result.probe_runs.setdefault(model, [])
+        if states is None or len(kept) >= PROBE_RUNS:
+            return
+        k, number, request = tables[index]
+        letters = [request.start] + execute(request.mapping, request.start, states.size(0))
+        kept.append(ProbeRun(number if job.request.tables > 1 else index, states, letters))
 
     def _publish_line(self, job: SweepJob, model: str, k: int, tables) -> None:
         result = job.result
@@ -153,7 +173,10 @@ class Sweeps:
         spec, result = job.request, job.result
         by_model = {m: totals(line for line in result.lines if line["model"] == m) for m in spec.models}
         differ = disagreements(spec, result.summaries)
+        probes = {m: decodability(result.probe_runs[m], result.readout.get(m)) for m in spec.models
+                  if result.probe_runs.get(m)}
         summary = {"status": "complete", "sweep": spec.payload(), "n": spec.total, "models": by_model,
+                   "probe": {m: p for m, p in probes.items() if p is not None},
                    "disagreements": [{"k": tables[i][0], "table": tables[i][1], "request": tables[i][2].payload(),
                                       "summaries": {m: result.summaries[m][i] for m in spec.models}}
                                      for i in differ]}

@@ -16,12 +16,14 @@ import torch
 
 from webapp.core import JobCancelled
 from webapp.core.jobs import AnyJob
-from webapp.loops.reading import read_rules_of, rounded, supports_attention, supports_state_change
+from webapp.loops.reading import read_rules_of, rounded, supports_attention, supports_state, supports_state_change
 from webapp.loops.request import DemoRequest
+from webapp.loops.states import analyse
 from webapp.loops.task import PROMPT_LENGTH, SYMBOLS
 
 SAFETY_CAP = 272
 STOP_THRESHOLD = 0.5
+NEVER = 2.0  # a threshold no stop probability reaches: a forced run's loops all run
 NONFINITE = "Nonfinite model output"
 FLUSH_SECONDS = 1 / 60  # rows reach the streams in batches: about one per display frame
 SCHEMA_VERSION = 1
@@ -31,14 +33,30 @@ class ModelRefused(ValueError):
     pass
 
 
+@dataclass
+class LoopResult:
+    snapshot: dict | None = None  # the final snapshot, once the run completed
+    trace_id: str | None = None  # where it was saved
+    states: torch.Tensor | None = None  # [loops, C] each loop's state, kept when the request asks (a sweep's probe)
+
+
 def check_model(model: Any) -> None:
     if model.training or getattr(model, "completion_head", None) is None:
         raise ModelRefused("Demo requires an eval-mode model with learned completion")
 
 
 def metadata(request: DemoRequest, checkpoint_id: str, source: str = "live") -> dict:
+    forced = {} if request.force_loops is None else {"force_loops": request.force_loops}
     return {"schema_version": SCHEMA_VERSION, "source": source, "checkpoint": checkpoint_id,
-            "request": request.payload(), "threshold": STOP_THRESHOLD, "safety_cap": SAFETY_CAP}
+            "request": request.payload(), "threshold": request.threshold, "safety_cap": SAFETY_CAP, **forced}
+
+
+def loops_to_run(request: DemoRequest) -> tuple[int, float]:
+    """-> (num_loops, completion_threshold) for the model: a forced run's N loops with a threshold the
+    head never reaches, else up to the safety cap at the request's threshold."""
+    if request.force_loops is not None:
+        return request.force_loops, NEVER
+    return SAFETY_CAP, request.threshold
 
 
 def observations(batch: list[tuple], pairs=None) -> tuple[list[dict], bool]:
@@ -120,10 +138,14 @@ class Observer:
         self.pairs = pairs  # the prompt's rules in order, when the model hands over its attention
         self.started = self.flushed = time.perf_counter()
         self.pending: list[tuple] = []
+        self.states: list[torch.Tensor] = []  # each loop's state, where the model hands it over
 
-    def __call__(self, loop, scores, stop_logits, state_logits, attention=None, state_change=None) -> None:
+    def __call__(self, loop, scores, stop_logits, state_logits, attention=None, state_change=None,
+                 state=None) -> None:
         self.job.raise_if_cancelled()  # stops the model at the next loop
         now = time.perf_counter()
+        if state is not None:
+            self.states.append(state[0].detach().clone())
         # Copies: they are read up to FLUSH_SECONDS later, and a model may reuse its output buffers.
         self.pending.append((loop, scores.clone(), torch.as_tensor(stop_logits).clone(),
                              None if state_logits is None else state_logits.clone(), now - self.started,
@@ -174,12 +196,18 @@ class TraceBuilder:
 
 
 def score_trace(request: DemoRequest, rows: list[dict], stop_reason: str) -> dict:
-    """The final letter, the requested prefix and the stopping time are separate metrics."""
+    """The final letter, the requested prefix and the stopping time are separate metrics. A forced run
+    (stop_reason "forced") is scored where its head would have stopped it (head_stop)."""
     expected = request.trajectory()
     predictions = [row["prediction"] for row in rows]
-    answer_correct = bool(predictions) and predictions[-1] == expected[-1]
-    exact_stop = stop_reason == "head" and len(rows) == request.steps
-    return {"answer_correct": answer_correct,
+    head_stop = next((r["loop"] for r in rows if r.get("stop_probability", 0.0) >= request.threshold), None)
+    if stop_reason == "forced":
+        answer_correct = head_stop is not None and predictions[head_stop - 1] == expected[-1]
+        exact_stop = head_stop == request.steps
+    else:
+        answer_correct = bool(predictions) and predictions[-1] == expected[-1]
+        exact_stop = stop_reason == "head" and len(rows) == request.steps
+    return {"head_stop": head_stop, "answer_correct": answer_correct,
             "complete_trajectory": len(rows) >= request.steps and predictions[:request.steps] == expected,
             "exact_stop": exact_stop,
             "joint_success": answer_correct and exact_stop,
@@ -192,6 +220,7 @@ def run_trace(job: AnyJob, bundle: Any, request: DemoRequest, on_rows=None, betw
     """Run one request on the core's worker; emits `rows` events as loops run, returns the snapshot."""
     model = bundle.model
     check_model(model)
+    num_loops, threshold = loops_to_run(request)
     builder = TraceBuilder(request)
     prompt = bundle.render_prompt(list(request.pairs), request.start, request.steps)
     encoded = bundle.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")
@@ -205,10 +234,11 @@ def run_trace(job: AnyJob, bundle: Any, request: DemoRequest, on_rows=None, betw
         with torch.inference_mode():
             result = model(input_ids=encoded["input_ids"].to(device),
                            attention_mask=encoded["attention_mask"].to(device),
-                           num_loops=SAFETY_CAP, completion_threshold=STOP_THRESHOLD,
+                           num_loops=num_loops, completion_threshold=threshold,
                            readout_token_ids=list(bundle.readout_token_ids), loop_callback=observe,
                            **({"loop_attention": True} if attention else {}),
-                           **({"loop_state_change": True} if supports_state_change(model) else {}))
+                           **({"loop_state_change": True} if supports_state_change(model) else {}),
+                           **({"loop_state": True} if supports_state(model) else {}))
     except Exception as error:  # cancelled (JobCancelled) or the model failed: keep the rows so far
         try:
             nonfinite = observe.flush(ended=True)
@@ -219,14 +249,30 @@ def run_trace(job: AnyJob, bundle: Any, request: DemoRequest, on_rows=None, betw
         raise
     observe.flush()
     final_stop = float(result.stop_logits[0, -1].float().sigmoid())
-    return complete(request, bundle.checkpoint_id, builder.rows, final_stop, started)
+    keep_states(job, request, observe.states)
+    return complete(request, bundle.checkpoint_id, builder.rows, final_stop, started, observe.states)
 
 
-def complete(request: DemoRequest, checkpoint_id: str, rows: list[dict], final_stop: float, started: float) -> dict:
-    """A finished run's snapshot: its rows, scored; `final_stop`: the last loop's stop probability."""
-    reason = "head" if final_stop >= STOP_THRESHOLD else "cap"
+def keep_states(job: AnyJob, request: DemoRequest, states: list[torch.Tensor]) -> None:
+    """A run whose request asks for it keeps its states beside its snapshot (never in it: a sweep's probe
+    reads them, webapp/loops/probe.py)."""
+    if request.keep_states and states and isinstance(job.result, LoopResult):
+        job.result.states = torch.stack(states).float().cpu()
+
+
+def complete(request: DemoRequest, checkpoint_id: str, rows: list[dict], final_stop: float, started: float,
+             states: list[torch.Tensor] | None = None) -> dict:
+    """A finished run's snapshot: its rows, scored, with what its state did (webapp/loops/states.py);
+    `final_stop`: the last loop's stop probability; `states`: each loop's state, where the model gave it."""
+    if request.force_loops is not None:
+        reason = "forced"
+    else:
+        reason = "head" if final_stop >= request.threshold else "cap"
+    kept = torch.stack(states[:len(rows)]) if states and len(states) >= len(rows) > 0 else None
+    analyses = analyse(rows, kept)
     return {**metadata(request, checkpoint_id), "status": "complete", "trace": rows,
-            "summary": score_trace(request, rows, reason), "inference_seconds": time.perf_counter() - started}
+            "summary": score_trace(request, rows, reason), "analyses": analyses,
+            "inference_seconds": time.perf_counter() - started}
 
 
 def _symbol(index: int | None) -> str | None:

@@ -68,8 +68,13 @@ def verdict(start: str, mapping: dict[str, str], steps: int, predictions: Sequen
     return Verdict(steps=steps, loops=loops, stop=stop, wrong_hop=wrong, wrong_hops=valid.count(False))
 
 
-def of_trace(request: dict, rows: Sequence[dict], stop_reason: str) -> Verdict:
-    """The verdict on a trace snapshot's request payload, loop rows and summary's stop_reason."""
+def of_trace(request: dict, rows: Sequence[dict], stop_reason: str, head_stop: int | None = None) -> Verdict:
+    """The verdict on a trace snapshot's request payload, loop rows and summary's stop_reason. A forced
+    run (stop_reason "forced") is judged up to where its head would have stopped it (`head_stop`, the
+    summary's), or over all its loops as one never stopped."""
     mapping = {src: dst for src, dst in request["mapping"]}
-    return verdict(request["start"], mapping, request["steps"], [row["prediction"] for row in rows],
-                   stop_reason == "head")
+    predictions = [row["prediction"] for row in rows]
+    if stop_reason == "forced":
+        return verdict(request["start"], mapping, request["steps"],
+                       predictions[:head_stop] if head_stop else predictions, head_stop is not None)
+    return verdict(request["start"], mapping, request["steps"], predictions, stop_reason == "head")

@@ -89,7 +89,8 @@ def test_the_same_seed_gives_the_same_tables_and_lines(bundled):
     ({**SWEEP, "tables": 101}, "Tables must be an integer from 1 to 100"),
     ({**SWEEP, "k": {"from": 1, "to": 256}, "tables": 5},
      "A sweep may make at most 2000 runs (k values × tables × models); this one asks for 2560"),
-    ({**SWEEP, "model": "late"}, "model must be one of the models offered, or a list of two of them: main, early"),
+    ({**SWEEP, "model": "late"}, "model must be one of the models offered, or a list of two of them: "
+     "main, early, latent, latent-early"),
 ])
 def test_bad_sweeps_get_400_with_the_exact_message(bundled, body, message):
     response = bundled.test_client().post("/api/loops/sweep", json=body)
@@ -103,7 +104,7 @@ def test_not_json_and_a_bad_model_on_the_trace_api(bundled):
     bad = client.post("/api/loops/trace?model=late", json={"mapping": [[s, s] for s in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"],
                                                           "start": "A", "steps": 2})
     assert bad.status_code == 400
-    assert bad.get_json() == {"error": "model must be one of the models offered: main, early"}
+    assert bad.get_json() == {"error": "model must be one of the models offered: main, early, latent, latent-early"}
 
 
 def test_the_bounds_are_settings(tmp_path):

@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from webapp.config import ROOT
+from webapp.loops.model.latent import model_class
 from webapp.loops.model.looped import LoopConfig, LoopTransformer
 from webapp.loops.model.tokenizer import CharTokenizer
 from webapp.loops.task import PROMPT_FORMAT, render_prompt
@@ -43,6 +44,20 @@ class LoopBundle:
     readout_token_ids: list[int]    # ids of A..Z, in order
     checkpoint_id: str
     render_prompt: Callable[[Any, str, int], str]
+    trained_k: list[int] | None = None  # [lo, hi]: the loops (hops) its training ran, where known
+
+
+OPTIONAL = ("trained_k",)  # what an owner's factory may leave out
+
+
+def trained_range(training: dict) -> list[int] | None:
+    """A bundle's trained k from its config's training record: the latent model's trained_k, or the
+    bundled model's curriculum level (k from 1 to it)."""
+    value = training.get("trained_k")
+    if isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value):
+        return value
+    level = training.get("final_level")
+    return [1, level] if type(level) is int else None
 
 
 def save_bundle(model: LoopTransformer, tokenizer: CharTokenizer, directory, training: dict) -> str:
@@ -91,6 +106,7 @@ def _from_directory(directory: Path) -> LoopBundle:
         if unknown:
             raise ValueError(f"unknown model fields {sorted(unknown)}")
         model_config = LoopConfig(**config["model"])
+        architecture = model_class(model_config)
         tokenizer = CharTokenizer(config["tokenizer"]["vocab"])
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise LoopModelError(f"Loop model config {config_path} is invalid: {error}") from error
@@ -100,7 +116,7 @@ def _from_directory(directory: Path) -> LoopBundle:
     if tokenizer.readout_token_ids != list(model_config.readout_token_ids):
         raise LoopModelError(f"Loop model config {config_path} is invalid: readout ids "
                              "disagree between tokenizer and model")
-    model = LoopTransformer(model_config)
+    model = architecture(model_config)
     try:
         model.load_state_dict(load_file(str(weights_path)), strict=True)
     except Exception as error:  # safetensors header errors, missing keys, shape mismatches
@@ -108,7 +124,8 @@ def _from_directory(directory: Path) -> LoopBundle:
     model.eval()
     return LoopBundle(model=model, tokenizer=tokenizer,
                       readout_token_ids=list(tokenizer.readout_token_ids),
-                      checkpoint_id=_checkpoint_id(directory), render_prompt=render_prompt)
+                      checkpoint_id=_checkpoint_id(directory), render_prompt=render_prompt,
+                      trained_k=trained_range(config.get("training") or {}))
 
 
 def _from_factory(spec: str) -> LoopBundle:
@@ -125,7 +142,7 @@ def _from_factory(spec: str) -> LoopBundle:
         raise LoopModelError(f"Loop model factory {spec!r} failed: {error!r}") from error
     keys = [f.name for f in fields(LoopBundle)]
     get = made.get if isinstance(made, dict) else (lambda key: getattr(made, key, None))
-    missing = [key for key in keys if get(key) is None]
+    missing = [key for key in keys if get(key) is None and key not in OPTIONAL]
     if missing:
         raise LoopModelError(f"Loop model factory {spec!r} returned no {', '.join(missing)}")
     values: dict[str, Any] = {key: get(key) for key in keys}
@@ -136,6 +153,11 @@ def _from_factory(spec: str) -> LoopBundle:
     if len(list(ids)) != 26 or not all(isinstance(i, int) for i in ids):
         raise LoopModelError(f"Loop model factory {spec!r}: readout_token_ids must be 26 ints")
     bundle.readout_token_ids = list(ids)
+    k = bundle.trained_k
+    if k is not None and not (isinstance(k, (list, tuple)) and len(k) == 2 and all(type(v) is int for v in k)
+                              and 1 <= k[0] <= k[1]):
+        raise LoopModelError(f"Loop model factory {spec!r}: trained_k must be [lo, hi], integers from 1")
+    bundle.trained_k = None if k is None else list(k)
     if not isinstance(bundle.checkpoint_id, str):
         raise LoopModelError(f"Loop model factory {spec!r}: checkpoint_id must be a string")
     for key in ("model", "tokenizer", "render_prompt"):

@@ -30,11 +30,13 @@ class LoopRows:
     letter: torch.Tensor          # [B] the letter each row is on (its last prediction)
     loops: torch.Tensor           # [B] the loop each row runs next (1 first)
     state: torch.Tensor           # [B, C] the loop block's output at its last loop (zeros before loop 1)
+    injection: torch.Tensor | None = None  # [B, C] the prompt, injected every loop (the latent model)
 
     def take(self, index: torch.Tensor) -> LoopRows:
         """These rows only, in this order."""
         return LoopRows((self.kv[0][index], self.kv[1][index]), self.mask[index], self.k_vectors[index],
-                        self.letter[index], self.loops[index], self.state[index])
+                        self.letter[index], self.loops[index], self.state[index],
+                        None if self.injection is None else self.injection[index])
 
     @staticmethod
     def cat(parts: list[LoopRows]) -> LoopRows:
@@ -42,7 +44,8 @@ class LoopRows:
         return LoopRows((torch.cat([p.kv[0] for p in parts]), torch.cat([p.kv[1] for p in parts])),
                         torch.cat([p.mask for p in parts]), torch.cat([p.k_vectors for p in parts]),
                         torch.cat([p.letter for p in parts]), torch.cat([p.loops for p in parts]),
-                        torch.cat([p.state for p in parts]))
+                        torch.cat([p.state for p in parts]),
+                        _cat_injections(parts))
 
 
 @dataclass
@@ -56,3 +59,9 @@ class LoopStep:
     # [B] ‖h_t − h_{t−1}‖ / ‖h_{t−1}‖ over the loop block's output h at its one query position (the
     # vector the readout reads): how much the state moved since the previous loop; NaN at loop 1
     state_change: torch.Tensor
+    state: torch.Tensor           # [B, C] the loop block's output h_t (the latent model's carried state)
+
+
+def _cat_injections(parts: list[LoopRows]) -> torch.Tensor | None:
+    injections = [p.injection for p in parts if p.injection is not None]
+    return torch.cat(injections) if injections else None

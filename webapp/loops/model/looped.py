@@ -60,6 +60,9 @@ class LoopConfig:
     stop_dim: int = 16          # width of the per-place comparison space
     stop_hidden: int = 16
     qk_init_gain: float = 2.0   # loop attention's q/k start near gain * identity
+    # what a loop hands the next: "letter" (its own argmax, re-embedded: LoopTransformer) or "latent"
+    # (its whole state vector: LatentLoopTransformer, webapp/loops/model/latent.py)
+    carry: str = "letter"
     readout_token_ids: list[int] = field(default_factory=lambda: list(range(26)))
     digit_token_ids: list[int] = field(default_factory=lambda: list(range(26, 36)))
 
@@ -243,8 +246,12 @@ class LoopTransformer(nn.Module):
     # forward(loop_attention=True) hands loop_callback each loop's attention; an owner's model
     # without this attribute is not asked (webapp/loops/trace.py says "not available").
     supports_loop_attention = True
-    # forward(loop_state_change=True) hands loop_callback each loop's state change (LoopStep).
+    # forward(loop_state_change=True) hands loop_callback each loop's state change (LoopStep), and
+    # forward(loop_state=True) the state itself.
     supports_state_change = True
+    supports_loop_state = True
+    # Whether that state is what the next loop starts from (LatentLoopTransformer) or only a letter is.
+    carries_state = False
     # start()/step(): rows of many runs loop together, each row's numbers the same as alone
     # (webapp/loops/batch.py steps Loop-lab runs this way; an owner's model without it runs alone).
     supports_batched_loops = True
@@ -319,12 +326,16 @@ class LoopTransformer(nn.Module):
     def _readout_rows(self, ids):
         return self.wte.weight[ids] / math.sqrt(self.config.n_embd)   # [26, C]: readout() as a linear map
 
+    def loop_input(self, rows: LoopRows, ids: torch.Tensor) -> torch.Tensor:
+        """What a loop starts from: its own last letter, re-embedded, [B, 1, C]."""
+        return self.wte(ids[rows.letter]).unsqueeze(1)
+
     def step(self, rows: LoopRows, readout_token_ids=None) -> tuple[LoopStep, LoopRows]:
         """One loop of every row, each at its own loop; each row's numbers are the ones it gets alone,
         bit for bit on the CPU at float32. -> (what the loop gave, the rows for the next loop)."""
         ids = self._ids(readout_token_ids)
         w = self._readout_rows(ids)
-        z = self.wte(ids[rows.letter]).unsqueeze(1)                     # re-embed own letter, [B, 1, C]
+        z = self.loop_input(rows, ids)                                  # [B, 1, C]
         a, h, weights = self.loop_block.step(z, rows.kv, rows.mask)
         score = rowwise_linear(self.ln_f(h[:, 0]), w)                   # [B, 26]
         state = rowwise_linear(self.ln_f(a[:, 0]), w)                   # [B, 26]
@@ -332,14 +343,15 @@ class LoopTransformer(nn.Module):
         h = h[:, 0]
         change = torch.linalg.vector_norm(h - rows.state, dim=-1) / torch.linalg.vector_norm(rows.state, dim=-1)
         change = torch.where(rows.loops > 1, change, torch.full_like(change, float("nan")))
-        out = LoopStep(score, stop, state, weights[:, :, 0], change)
+        out = LoopStep(score, stop, state, weights[:, :, 0], change, h)
         return out, replace(rows, letter=score.argmax(-1), loops=rows.loops + 1, state=h)
 
     def forward(self, input_ids, attention_mask=None, num_loops=272, completion_threshold=0.5,
-                readout_token_ids=None, loop_callback=None, loop_attention=False, loop_state_change=False):
+                readout_token_ids=None, loop_callback=None, loop_attention=False, loop_state_change=False,
+                loop_state=False):
         """loop_attention: also pass loop_callback `attention=` the loop block's weights over the
-        prompt, [B, n_head, T]; loop_state_change: `state_change=` how much the state moved, [B]
-        (LoopStep; the same outputs either way)."""
+        prompt, [B, n_head, T]; loop_state_change: `state_change=` how much the state moved, [B];
+        loop_state: `state=` the loop block's output, [B, C] (LoopStep; the same outputs either way)."""
         if not 1 <= num_loops < 10 ** self.config.n_places:
             raise ValueError(f"num_loops must be from 1 to {10 ** self.config.n_places - 1}")
         rows, start_scores = self.start(input_ids, attention_mask, readout_token_ids)
@@ -355,6 +367,8 @@ class LoopTransformer(nn.Module):
                 extra = {"attention": out.attention} if loop_attention else {}
                 if loop_state_change:
                     extra["state_change"] = out.state_change
+                if loop_state:
+                    extra["state"] = out.state
                 loop_callback(loop, score, stop, state, **extra)     # exceptions propagate
             fired = (stop.sigmoid() >= completion_threshold) & (halted_at == 0)
             halted_at = torch.where(fired, torch.full_like(halted_at, loop), halted_at)

@@ -18,7 +18,11 @@ from webapp.web.streams import held_slot, long_response
 
 API_STREAMS = ("rows", "snapshots")
 ATTENTION_FIELDS = ("read", "attention")  # in rows only with ?attention=1: up to ~1.3 kB a loop
-STATE_FIELDS = ("state_change",)  # in rows only with ?state_change=1
+STATE_FIELDS = ("state_change",)  # in rows only with ?state_change=1 (or ?analyses=state)
+# ?analyses=state and ?analyses=attention (or both, "state,attention"): measures worked out once the run
+# has ended (webapp/loops/states.py), so with them the rows come after the run
+ANALYSES = {"state": ("state_change", "distance_to_last", "pca"),
+            "attention": ("attention_entropy", "attention_shift")}
 
 
 def _refuse(why: str, key_sent: bool):
@@ -28,21 +32,38 @@ def _refuse(why: str, key_sent: bool):
 require_key(api, _refuse)  # with GLASSBOX_API_KEYS set, the same keys as /v1
 
 
-def plain(row: dict, left_out: tuple[str, ...] = ATTENTION_FIELDS + STATE_FIELDS) -> dict:
+def plain(row: dict, left_out: tuple[str, ...] = ATTENTION_FIELDS + STATE_FIELDS
+          + ANALYSES["state"] + ANALYSES["attention"]) -> dict:
     """A row as the API gives it by default, without which rule it read, the weights and how much the
     state changed (each only when asked for)."""
     return {key: value for key, value in row.items() if key not in left_out}
 
 
-def row_shape(args) -> tuple[str, ...]:
-    """The fields the rows leave out, as ?attention= and ?state_change= ask; raises ValueError."""
-    left_out: tuple[str, ...] = ()
+def row_shape(args) -> tuple[tuple[str, ...], bool]:
+    """-> (the fields the rows leave out, as ?attention=, ?state_change= and ?analyses= ask; whether
+    the rows wait for the run's end, for the analyses); raises ValueError."""
+    asked: set[str] = set()
     for name, fields in (("attention", ATTENTION_FIELDS), ("state_change", STATE_FIELDS)):
         if args.get(name, "0") not in ("0", "1"):
             raise ValueError(f"{name} must be 0 or 1")
-        if args.get(name) != "1":
-            left_out += fields
-    return left_out
+        if args.get(name) == "1":
+            asked.update(fields)
+    analyses = [a for a in args.get("analyses", "").split(",") if a] if "analyses" in args else []
+    if "analyses" in args and (not analyses or not set(analyses) <= set(ANALYSES)):
+        raise ValueError("analyses must be state, attention or state,attention")
+    for name in analyses:
+        asked.update(ANALYSES[name])
+    every = ATTENTION_FIELDS + STATE_FIELDS + ANALYSES["state"] + ANALYSES["attention"]
+    return tuple(f for f in dict.fromkeys(every) if f not in asked), bool(analyses)
+
+
+@api.get("/models")
+def api_models():
+    """The models the Loop lab offers, the main one first: [{"name", "checkpoint", "carries_state" (its
+    state is what the next loop starts from), "gives_state" (it hands its state over, so the state's
+    analyses work), "trained_k": [lo, hi] or null}]."""
+    return jsonify([{key: m.get(key) for key in ("name", "label", "checkpoint", "carries_state", "gives_state",
+                                                 "trained_k")} for m in model_choices()])
 
 
 @api.post("/trace")
@@ -55,12 +76,15 @@ def api_trace():
     row's "read" rule and "attention" weights (per head, over the prompt's characters), where the model
     hands them over; ?state_change=1 each row's "state_change", how much the loop block's state moved
     since the previous loop (null at loop 1; absent where the model does not give it). ?model=NAME runs
-    it on another of the models offered (the main one by default)."""
+    it on another of the models offered (the main one by default). ?force_loops=N runs N loops whatever
+    the head says and ?threshold=t stops at another stop probability. ?analyses=state adds each row's
+    "distance_to_last" and "pca" too, ?analyses=attention its "attention_entropy" and "attention_shift":
+    worked out once the run has ended, so with them every row comes after the run."""
     mode = request.args.get("stream", "rows")
     if mode not in API_STREAMS:
         return {"error": "stream must be rows or snapshots"}, 400
     try:
-        left_out = row_shape(request.args)
+        left_out, after_run = row_shape(request.args)
     except ValueError as error:
         return {"error": str(error)}, 400
 
@@ -73,7 +97,8 @@ def api_trace():
     if value is None:
         return {"error": "Send the request as JSON (Content-Type: application/json)"}, 400
     try:
-        demo_request = DemoRequest.parse(value)
+        demo_request = DemoRequest.parse(value).with_options(request.args.get("force_loops"),
+                                                             request.args.get("threshold"))
     except RequestError as error:
         return {"error": error.message}, 400
     # ?model=NAME: one of the models offered (a sweep's run on the early checkpoint, repeated alone)
@@ -100,6 +125,8 @@ def api_trace():
         for event in job.subscribe(settings().heartbeat_seconds):
             if event is None:
                 yield "\n"  # keep-alive; also how a vanished client is noticed
+            elif isinstance(event.data, RowsEvent) and after_run:
+                continue  # the analyses need every loop: the rows come with them, from the snapshot
             elif isinstance(event.data, RowsEvent) and mode == "rows":
                 for row in event.data.rows:
                     yield json.dumps(shape(row)) + "\n"
@@ -110,6 +137,9 @@ def api_trace():
                     yield json.dumps({**head, "status": "streaming", "trace": rows}) + "\n"
         if job.result.snapshot is not None:
             final = {**job.result.snapshot, "trace_id": job.result.trace_id}
+            if mode == "rows" and after_run:
+                for row in final["trace"]:
+                    yield json.dumps(shape(row)) + "\n"
             if mode == "rows":
                 final.pop("trace")
             else:

@@ -8,9 +8,9 @@ import dataclasses
 from flask import abort, redirect, render_template, request, url_for
 
 from webapp.core import Refused
-from webapp.loops.request import DemoRequest, RequestError
+from webapp.loops.request import DEFAULT_THRESHOLD, DemoRequest, RequestError
 from webapp.loops.verdict import of_trace
-from webapp.loops.web import pictures
+from webapp.loops.web import pictures, state_pictures
 from webapp.loops.web.blueprint import bp, model_choices, model_name, owned_trace, service, settings
 from webapp.loops.web.render import current_loop
 from webapp.web import quotas, refusal_status
@@ -37,7 +37,9 @@ def compare_start(trace_id: str):
     if model not in names or model == model_name(snapshot.get("checkpoint", "")):
         abort(400, "Choose another of the models offered.")
     try:
-        demo_request = dataclasses.replace(DemoRequest.parse(snapshot["request"]), model=model)
+        forced = snapshot.get("force_loops")
+        demo_request = dataclasses.replace(DemoRequest.parse(snapshot["request"]).with_options(
+            None if forced is None else str(forced), str(snapshot.get("threshold", DEFAULT_THRESHOLD))), model=model)
     except RequestError as error:
         abort(400, error.message)
     try:
@@ -69,10 +71,15 @@ def compare(first: str, second: str):
         req, summary = snapshot["request"], snapshot["summary"]
         at = min(current or len(snapshot["trace"]), len(snapshot["trace"]))
         chart = pictures.stop_chart(snapshot["trace"], req["steps"], snapshot["threshold"])
+        verdict = of_trace(req, snapshot["trace"], summary["stop_reason"], summary.get("head_stop"))
+        path = state_pictures.trajectory(snapshot["trace"], req["steps"], summary.get("first_error"),
+                                         verdict.loops if verdict.stop != "never" else None)
         columns.append({"trace_id": trace_id, "snapshot": snapshot, "rows": snapshot["trace"], "summary": summary,
-                        "verdict": of_trace(req, snapshot["trace"], summary["stop_reason"]), "chart": chart,
+                        "verdict": verdict, "chart": chart, "settle": pictures.settle_chart(snapshot["trace"], chart),
+                        "trajectory": path,
                         "current_x": chart["x_of"](at), "at": at, "suffix": f"-{number}",
                         "label": labels.get(snapshot.get("checkpoint", ""), snapshot.get("checkpoint", "?"))})
     return render_template("loops/compare.html", columns=columns, differ=differ, current=current,
                            request=snapshots[0]["request"], steps=snapshots[0]["request"]["steps"],
                            player_url=url_for("loops.compare", first=first, second=second))
+

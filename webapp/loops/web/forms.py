@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from webapp.digits import plain_digits
-from webapp.loops.request import DemoRequest, RequestError
+from webapp.loops.request import DEFAULT_THRESHOLD, DemoRequest, RequestError
 from webapp.loops.task import PRESETS, SYMBOLS, preset, shuffle_rules
 
 # The editor's whole form (26 rules, start, steps, model, an action) is under 2 KiB: a body far over that
@@ -34,6 +34,8 @@ class EditorState:
     errors: dict = field(default_factory=dict)
     model: str = "main"
     extra_rules: int = 0  # rules sent beyond MAX_RULES, dropped (a request with them is refused)
+    force_loops: str = ""  # run this many loops whatever the head says ("": until it stops)
+    threshold: str = ""  # the head's stop threshold ("": the default)
 
     @classmethod
     def default(cls, rng: random.Random | None = None) -> EditorState:
@@ -44,11 +46,17 @@ class EditorState:
         sources, destinations = form.getlist("src"), form.getlist("dst")
         pairs = [[s, d] for s, d in zip(sources[:MAX_RULES], destinations[:MAX_RULES])]
         return cls(pairs, form.get("start", ""), form.get("steps", ""), model=form.get("model", "main"),
-                   extra_rules=max(len(sources), len(destinations)) - len(pairs))
+                   extra_rules=max(len(sources), len(destinations)) - len(pairs),
+                   force_loops=form.get("force_loops", "").strip(), threshold=form.get("threshold", "").strip())
 
     @classmethod
-    def from_request(cls, request: dict, model: str = "main") -> EditorState:
-        return cls([list(p) for p in request["mapping"]], request["start"], str(request["steps"]), model=model)
+    def from_request(cls, request: dict, model: str = "main", snapshot: dict | None = None) -> EditorState:
+        """The editor for a request, and for a trace's `snapshot` its forced loops and threshold too."""
+        snapshot = snapshot or {}
+        threshold = snapshot.get("threshold")
+        return cls([list(p) for p in request["mapping"]], request["start"], str(request["steps"]), model=model,
+                   force_loops=str(snapshot.get("force_loops") or ""),
+                   threshold="" if threshold in (None, DEFAULT_THRESHOLD) else str(threshold))
 
     def as_request_value(self) -> dict:
         """The seed's request JSON; steps stays a string unless it is a plain whole number."""
@@ -79,4 +87,5 @@ def parse_request(state: EditorState, models=("main",)) -> DemoRequest:
     request = DemoRequest.parse(state.as_request_value())
     if state.model not in models:
         raise RequestError("Choose one of the models offered", "model")
+    request = request.with_options(state.force_loops or None, state.threshold or None)
     return dataclasses.replace(request, model=state.model)

@@ -132,7 +132,9 @@ def settle_chart(rows: list[dict], chart: dict) -> dict:
     height, top, bottom = 120, 12, 24
     values = [(row["loop"], row.get("state_change")) for row in rows]
     drawn = [(loop, v) for loop, v in values if v is not None]
-    peak = max([v for _, v in drawn], default=0.0)
+    # and, where the run's states were kept, how far each loop's state is from the last one's
+    distances = [(row["loop"], row["distance_to_last"]) for row in rows if row.get("distance_to_last") is not None]
+    peak = max([v for _, v in drawn + distances], default=0.0)
     scale = max(1.0, math.ceil(peak * 2) / 2)  # 0 to 1, or to the next half above the largest change
 
     def y(value: float) -> float:
@@ -142,6 +144,7 @@ def settle_chart(rows: list[dict], chart: dict) -> dict:
     return {"available": True, "width": chart["width"], "height": height, "left": chart["left"],
             "right": chart["right"], "top": top, "bottom": height - bottom,
             "points": " ".join(f"{x(loop)},{y(v)}" for loop, v in drawn),
+            "distance_points": " ".join(f"{x(loop)},{y(v)}" for loop, v in distances),
             "dots": [{"x": x(loop), "y": y(v), "loop": loop, "value": v} for loop, v in drawn],
             "x_ticks": chart["x_ticks"], "k_x": chart["k_x"],
             "y_ticks": [{"y": y(v), "label": _label(v)} for v in (0, scale / 2, scale)],

@@ -8,9 +8,12 @@ from datetime import UTC, datetime
 
 from flask import render_template, request, url_for
 
+from webapp.loops.reading import NOT_AVAILABLE
+from webapp.loops.request import FORCE_CAP
+from webapp.loops.states import SETTLED
 from webapp.loops.task import SYMBOLS
 from webapp.loops.verdict import of_trace
-from webapp.loops.web import pictures
+from webapp.loops.web import pictures, state_pictures
 from webapp.loops.web.attention import attention_view
 from webapp.loops.web.blueprint import bp, model_choices, service
 from webapp.loops.web.forms import PRESET_LABELS, EditorState
@@ -20,7 +23,8 @@ from webapp.web.security import owner_id
 
 
 def editor_context(state: EditorState) -> dict:
-    return {"state": state, "symbols": SYMBOLS, "presets": PRESET_LABELS, "models": model_choices()}
+    return {"state": state, "symbols": SYMBOLS, "presets": PRESET_LABELS, "models": model_choices(),
+            "force_cap": FORCE_CAP}
 
 
 def render_lab(state: EditorState, *, results: str = "", status: int = 200, upload_error: str | None = None,
@@ -59,16 +63,30 @@ def render_results(snapshot: dict, *, job=None, trace_id: str | None = None, err
                "model_label": next((m["label"] for m in model_choices()
                                     if m["checkpoint"] == snapshot.get("checkpoint") and m["label"]), None)}
     if summary is not None:
-        context["verdict"] = of_trace(req, rows, summary["stop_reason"])
+        context["verdict"] = of_trace(req, rows, summary["stop_reason"], summary.get("head_stop"))
         context["graph"] = pictures.graph(req, rows, context["verdict"])
         context["chart"] = pictures.stop_chart(rows, req["steps"], snapshot["threshold"])
         context["settle"] = pictures.settle_chart(rows, context["chart"])
+        context.update(state_context(snapshot, rows, context["verdict"], context["chart"]))
         if rows:
             at = current or len(rows)
             context["current_symbol"] = rows[at - 1]["prediction"]
             context["current_x"] = context["chart"]["x_of"](at)
             context["attention"] = attention_view(snapshot, current)
     return render_template("loops/_results.html", **context)
+
+
+def state_context(snapshot: dict, rows: list[dict], verdict, chart: dict) -> dict:
+    """What the state section draws (templates/loops/_state.html)."""
+    steps = snapshot["request"]["steps"]
+    analyses = snapshot.get("analyses") or {}
+    model = next((m for m in model_choices() if m["checkpoint"] == snapshot.get("checkpoint")), {})
+    stopped = verdict.loops if verdict.stop != "never" else None
+    return {"trajectory": state_pictures.trajectory(rows, steps, verdict.wrong_hop.loop if verdict.wrong_hop else None,
+                                                    stopped),
+            "attention_chart": state_pictures.attention_chart(rows, chart, analyses.get("attention_settles_at")),
+            "near_k": state_pictures.near_k(rows, steps), "carries_state": bool(model.get("carries_state")),
+            "settled": SETTLED, "no_attention": NOT_AVAILABLE}
 
 
 @bp.app_template_global()

@@ -31,9 +31,10 @@ def log_axis(ks: list[int]) -> bool:
     return len(ks) >= 3 and ks[-1] >= 8 * ks[0] and all(b >= 1.5 * a for a, b in zip(ks, ks[1:]))
 
 
-def accuracy_chart(lines: list[dict], max_k: int, ks: list[int] | None = None) -> dict:
+def accuracy_chart(lines: list[dict], max_k: int, ks: list[int] | None = None, trained_to: int | None = None) -> dict:
     """One polyline per measure over the finished k (in k order), with an interval bar at each point; `ks`: every
-    k the sweep asks for (its axis is log₂ when they grow by factors, so it does not change as lines finish)."""
+    k the sweep asks for (its axis is log₂ when they grow by factors, so it does not change as lines finish);
+    `trained_to`: the largest k the model was trained on, marked where the sweep goes past it."""
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     lines = sorted(lines, key=lambda line: line["k"])
     logarithmic = log_axis(ks or [line["k"] for line in lines])
@@ -60,6 +61,8 @@ def accuracy_chart(lines: list[dict], max_k: int, ks: list[int] | None = None) -
     ticks = sorted({1, max_k, *(_powers(max_k) if logarithmic else _nice(max_k))})
     return {"width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT, "top": TOP,
             "bottom": HEIGHT - BOTTOM, "series": series, "log": logarithmic,
+            "trained_x": x(trained_to) if trained_to is not None and trained_to < max_k else None,
+            "trained_to": trained_to,
             "x_ticks": [{"x": x(t), "label": t} for t in ticks],
             "y_ticks": [{"y": y(p), "label": p} for p in (0, 0.25, 0.5, 0.75, 1)]}
 
@@ -126,12 +129,12 @@ def histogram(bars: list[dict], x_label: str, kinds: tuple[str, ...]) -> dict:
             "bottom": HEIGHT - BOTTOM, "bars": drawn, "x_label": x_label, "max": top, "kinds": kinds}
 
 
-def model_view(lines: list[dict], max_k: int, ks: list[int] | None = None) -> dict:
-    """Everything one model's column shows (`ks`: every k the sweep asks for)."""
+def model_view(lines: list[dict], max_k: int, ks: list[int] | None = None, trained_to: int | None = None) -> dict:
+    """Everything one model's column shows (`ks`: every k the sweep asks for; `trained_to`: its trained k)."""
     ordered = sorted(lines, key=lambda line: line["k"])
     table = [{"k": line["k"], "n": line["n"],
               "cells": [(line[m], *interval(line, m)[1:]) for m in MEASURES]} for line in ordered]
-    return {"accuracy": accuracy_chart(ordered, max_k, ks),
+    return {"accuracy": accuracy_chart(ordered, max_k, ks, trained_to),
             "stops": histogram(stop_bars(ordered), "stop loop − k", ("early", "exact", "late", "never")),
             "errors": histogram(error_bars(ordered), "first wrong loop", ("error",)),
             "table": table}

@@ -28,8 +28,9 @@ def render_sweep(snapshot: dict, *, job=None, sweep_id: str | None = None, share
     spec = snapshot["spec"]
     max_k = max(spec["k"])
     lines = snapshot["lines"]
+    trained = {c["name"]: (c.get("trained_k") or [None, None])[1] for c in model_choices()}
     models = [{"name": m, "label": label_of(m),
-               **model_view([line for line in lines if line["model"] == m], max_k, list(spec["k"]))}
+               **model_view([line for line in lines if line["model"] == m], max_k, list(spec["k"]), trained.get(m))}
               for m in spec["model"]]
     summary = snapshot.get("summary")
     done = sum(line["n"] for line in lines)
@@ -40,6 +41,7 @@ def render_sweep(snapshot: dict, *, job=None, sweep_id: str | None = None, share
                "measures": MEASURES, "measure_labels": MEASURE_LABELS, "family_label": FAMILY_LABELS[spec["family"]],
                "disagreements": differ[:SHOWN_DISAGREEMENTS], "disagreeing": len(differ), "live": live, "job": job,
                "sweep_id": sweep_id, "shared": shared,
+               "probes": [(label_of(m), p) for m, p in ((summary or {}).get("probe") or {}).items()],
                "share_token": share_token, "error": error,
                "share_url": url_for("loops.shared", token=share_token, _external=True) if share_token else None}
     if fragment == "progress":

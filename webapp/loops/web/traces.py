@@ -28,7 +28,7 @@ def trace(trace_id: str):
     else:
         results = render_results(snapshot, trace_id=trace_id, current=current_loop(snapshot.get("trace", [])),
                                  share_token=service().store.share_token(owner_id(), trace_id))
-    state = EditorState.from_request(snapshot["request"], model_name(snapshot.get("checkpoint", "")))
+    state = EditorState.from_request(snapshot["request"], model_name(snapshot.get("checkpoint", "")), snapshot)
     return render_lab(state, results=results)
 
 

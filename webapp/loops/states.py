@@ -1,0 +1,99 @@
+"""What a run's state does, loop by loop: the measures the looped-transformer papers draw.
+
+Worked out once a run has ended (the distance to the last loop and the PCA need every loop), from the
+state each loop handed the callback (the loop block's output h_t, [C]) and the attention rows keep:
+
+- distance_to_last  ‖h_t − h_last‖ / ‖h_last‖: where the state ends up, and when it got there
+- pca               [x, y]: h_t on the run's own first two principal components (centred over its
+                    loops; each axis's sign set so loop 1 is not on its positive side, so a rerun
+                    draws the same picture)
+- attention_entropy the loop block's attention over the prompt, −Σ p log p in nats, heads averaged
+- attention_shift   half the L1 distance between this loop's attention and the last one's (0: it
+                    looked at exactly the same places), heads averaged; none at loop 1
+
+and per run `attention_settles_at`: the loop from which attention_shift stays under SETTLED.
+state_change (‖h_t − h_{t−1}‖ / ‖h_{t−1}‖) comes from the model itself, as it runs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+SETTLED = 0.01  # attention that moves less than this (total variation) has stopped changing
+NEEDS_STATE = "This needs the model's state, which this model does not hand over."
+STATE_FIELDS = ("state_change", "distance_to_last", "pca")
+
+
+def distance_to_last(states: torch.Tensor) -> list[float]:
+    """states [n, C] -> per loop ‖h_t − h_n‖ / ‖h_n‖ (float64)."""
+    states = states.double()
+    last = states[-1]
+    scale = torch.linalg.vector_norm(last).clamp_min(1e-12)
+    return (torch.linalg.vector_norm(states - last, dim=-1) / scale).tolist()
+
+
+def pca_2d(states: torch.Tensor) -> list[list[float]]:
+    """states [n, C] -> [n, 2]: the loops on their first two principal components (0 where a run has
+    fewer directions than that)."""
+    x = states.double()
+    centred = x - x.mean(0)
+    _, singular, vh = torch.linalg.svd(centred, full_matrices=False)
+    coords = torch.zeros(x.size(0), 2, dtype=torch.float64)
+    for j in range(min(2, vh.size(0))):
+        if singular[j] <= 1e-9 * max(float(singular[0]), 1e-300):
+            continue  # no spread along this direction: its axis is noise
+        column = centred @ vh[j]
+        coords[:, j] = -column if column[0] > 0 else column
+    return coords.tolist()
+
+
+def attention_measures(rows: list[dict]) -> tuple[list[float | None], list[float | None]]:
+    """Per row (None where a row has no weights): the attention's entropy and its shift since the
+    loop before."""
+    entropies: list[float | None] = []
+    shifts: list[float | None] = []
+    previous = None
+    for row in rows:
+        weights = row.get("attention")
+        if weights is None:
+            entropies.append(None)
+            shifts.append(None)
+            previous = None
+            continue
+        p = torch.tensor(weights, dtype=torch.float64)                       # [nh, T]
+        logs = torch.where(p > 0, p.clamp_min(1e-300).log(), torch.zeros_like(p))
+        entropies.append(float(-(p * logs).sum(-1).mean()))
+        shifts.append(None if previous is None else float(0.5 * (p - previous).abs().sum(-1).mean()))
+        previous = p
+    return entropies, shifts
+
+
+def settles_at(shifts: list[float | None], threshold: float = SETTLED) -> int | None:
+    """The first loop from which every later shift is under the threshold (None: it never does, or
+    there are no weights)."""
+    if not shifts or shifts[-1] is None or shifts[-1] >= threshold:
+        return None
+    loop = len(shifts)
+    while loop > 1 and shifts[loop - 2] is not None and shifts[loop - 2] < threshold:  # type: ignore[operator]
+        loop -= 1
+    return loop
+
+
+def analyse(rows: list[dict], states: torch.Tensor | None) -> dict:
+    """Adds each row's measures (the state's only with `states`, [n, C] one per row); -> the run's."""
+    entropies, shifts = attention_measures(rows)
+    for row, entropy, shift in zip(rows, entropies, shifts):
+        if entropy is not None:
+            row["attention_entropy"] = _round(entropy)
+            row["attention_shift"] = None if shift is None else _round(shift)
+    if states is not None and len(rows) == states.size(0) and rows:
+        for row, distance, point in zip(rows, distance_to_last(states), pca_2d(states)):
+            row["distance_to_last"] = _round(distance)
+            row["pca"] = [_round(v) for v in point]
+    return {"attention_settles_at": settles_at(shifts), "has_state": states is not None}
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.6g}") if math.isfinite(value) else value

@@ -1,0 +1,87 @@
+"""Geometry for what a run's state does (webapp/loops/states.py's measures); the templates only draw it.
+
+1. The trajectory: the state's path over the loops on the run's first two principal components, loop 1
+   to the last, with loop k, the first wrong loop and the loop the head stopped at marked.
+2. The attention's entropy per loop, on the stop chart's loop axis, and where it stops changing.
+3. The stop probability near k: at k−100, k−10, k−1, k and k+1, where the run got there.
+"""
+
+from __future__ import annotations
+
+from webapp.loops.states import NEEDS_STATE
+
+SIZE, PAD = 360, 24
+NEAR_K = (-100, -10, -1, 0, 1)
+MARK_LABELS = {"start": "loop 1", "k": "k", "error": "first wrong", "stop": "stopped"}
+
+
+def trajectory(rows: list[dict], steps: int, first_error: int | None, stopped_at: int | None) -> dict:
+    """rows with "pca" ([x, y] per loop) -> the path, scaled to the square with equal axes."""
+    points = [(row["loop"], row["pca"], row["prediction"], row.get("correct")) for row in rows if "pca" in row]
+    if not points:
+        return {"available": False, "reason": NEEDS_STATE}
+    xs = [p[0] for _, p, _, _ in points]
+    ys = [p[1] for _, p, _, _ in points]
+    spread = max(max(xs) - min(xs), max(ys) - min(ys)) or 1.0
+    mid_x, mid_y = (max(xs) + min(xs)) / 2, (max(ys) + min(ys)) / 2
+    scale = (SIZE - 2 * PAD) / spread
+
+    def place(x: float, y: float) -> tuple[float, float]:
+        return round(SIZE / 2 + (x - mid_x) * scale, 1), round(SIZE / 2 - (y - mid_y) * scale, 1)
+
+    n = len(points)
+    dots = []
+    for i, (loop, (x, y), letter, correct) in enumerate(points):
+        cx, cy = place(x, y)
+        marks = [name for name, at in (("start", 1), ("k", steps), ("error", first_error), ("stop", stopped_at))
+                 if at == loop]
+        dots.append({"x": cx, "y": cy, "loop": loop, "letter": letter, "marks": marks,
+                     "label": ", ".join(MARK_LABELS[m] for m in marks),
+                     "anchor": "end" if cx > SIZE * 0.6 else "start",  # labels stay inside the square
+                     "beyond": loop > steps, "wrong": correct is False,
+                     # later loops darker: the eye follows the path from light to dark
+                     "shade": round(0.25 + 0.75 * i / max(n - 1, 1), 3)})
+    return {"available": True, "size": SIZE, "dots": dots,
+            "within": " ".join(f"{d['x']},{d['y']}" for d in dots if not d["beyond"]),
+            "beyond": " ".join(f"{d['x']},{d['y']}" for d in dots[max(0, steps - 1):] if d["loop"] >= steps),
+            "marked": [d for d in dots if d["marks"]], "distinct": _distinct(points),
+            "first_error": first_error}
+
+
+def _distinct(points) -> int:
+    """How many distinct places the state visits (to 3 decimals of the PCA): a state that snaps to one
+    point per letter visits as many places as letters."""
+    return len({(round(p[0], 3), round(p[1], 3)) for _, p, _, _ in points})
+
+
+def attention_chart(rows: list[dict], chart: dict, settles_at: int | None) -> dict:
+    """The attention's entropy per loop (nats), under the stop chart on its loop axis."""
+    values = [(row["loop"], row["attention_entropy"]) for row in rows if row.get("attention_entropy") is not None]
+    if not values:
+        return {"available": False}
+    height, top, bottom = 110, 12, 24
+    peak = max(max(v for _, v in values) * 1.1, 0.05)
+
+    def y(value: float) -> float:
+        return round(top + (height - top - bottom) * (1 - value / peak), 1)
+
+    x = chart["x_of"]
+    return {"available": True, "width": chart["width"], "height": height, "left": chart["left"],
+            "right": chart["right"], "top": top, "bottom": height - bottom,
+            "points": " ".join(f"{x(loop)},{y(v)}" for loop, v in values),
+            "x_ticks": chart["x_ticks"], "k_x": chart["k_x"],
+            "y_ticks": [{"y": y(v), "label": f"{v:.2g}"} for v in (0, peak)],
+            "settles_x": x(settles_at) if settles_at else None, "settles_at": settles_at,
+            "low": min(v for _, v in values), "high": max(v for _, v in values)}
+
+
+def near_k(rows: list[dict], steps: int) -> list[dict]:
+    """The stop probability at k−100, k−10, k−1, k and k+1: the loops where a head that ignores a digit
+    place would fire early, and the one after k. Only the loops the run reached."""
+    out = []
+    for offset in NEAR_K:
+        loop = steps + offset
+        if 1 <= loop <= len(rows):
+            label = "k" if offset == 0 else f"k{'+' if offset > 0 else '−'}{abs(offset)}"
+            out.append({"label": label, "loop": loop, "probability": rows[loop - 1]["stop_probability"]})
+    return out
