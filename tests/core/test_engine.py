@@ -196,6 +196,20 @@ def test_jobs_per_owner_are_limited_even_when_submitted_at_once():
     core.shutdown()
 
 
+def test_the_jobs_of_a_group_count_as_one_against_the_limits():
+    core = InferenceCore({}, {"t": FunctionJobs()}, max_jobs_per_owner=2, max_jobs_per_client=2)
+    gate = threading.Event()
+    sweep = [core.submit(Job("t", "o", counting_runner(0, gate=gate), client="1.2.3.4", group="s1"))
+             for _ in range(5)]  # one sweep's runs: one job, however many
+    mine = core.submit(Job("t", "o", counting_runner(0, gate=gate), client="1.2.3.4"))  # and one of the browser's
+    with pytest.raises(TooManyJobs):  # now two: a third thing is refused, a new group's first run too
+        core.submit(Job("t", "o", counting_runner(0, gate=gate), client="1.2.3.4", group="s2"))
+    assert core.submit(Job("t", "o", counting_runner(0, gate=gate), client="1.2.3.4", group="s1"))
+    gate.set()
+    assert wait_for(lambda: all(j.state == DONE for j in sweep + [mine]))
+    core.shutdown()
+
+
 def test_shutdown_cancels_running_job_and_ends_streams():
     core = InferenceCore({}, {"t": FunctionJobs()})
 

@@ -86,10 +86,12 @@ class InferenceCore(WorkerSharing):
         with self._lock:
             if self._closed:
                 raise CoreClosed()
-            # Checked here, under the lock, so two requests of one browser cannot both slip in.
-            if self.max_jobs_per_owner and self._active_jobs(job.owner) >= self.max_jobs_per_owner:
+            # Checked here, under the lock, so two requests of one browser cannot both slip in. A job of a
+            # group already counted (a sweep's next run) adds nothing to what the limits count.
+            if (self.max_jobs_per_owner and not self._group_counted(job, "owner")
+                    and self._active_jobs(job.owner) >= self.max_jobs_per_owner):
                 raise TooManyJobs()
-            if (self.max_jobs_per_client and job.client
+            if (self.max_jobs_per_client and job.client and not self._group_counted(job, "client")
                     and self._active_jobs(job.client, by="client") >= self.max_jobs_per_client):
                 raise TooManyFromClient()
             if len(self.scheduler) >= self.max_queue:
@@ -132,8 +134,16 @@ class InferenceCore(WorkerSharing):
         self.bulk.ran_elsewhere(seconds)
 
     def _active_jobs(self, who: str, by: str = "owner") -> int:
-        """Jobs of one owner (or client address) that are queued or running: what the limits count."""
-        return sum(1 for j in self._jobs.values() if getattr(j, by) == who and not j.finished_state)
+        """Jobs of one owner (or client address) that are queued or running: what the limits count (the
+        jobs of a group once)."""
+        active = [j for j in self._jobs.values() if getattr(j, by) == who and not j.finished_state]
+        return sum(j.group is None for j in active) + len({j.group for j in active if j.group is not None})
+
+    def _group_counted(self, job: AnyJob, by: str) -> bool:
+        """Whether a job of the same group, owner (or address) is already queued or running."""
+        who = getattr(job, by)
+        return job.group is not None and any(j.group == job.group and getattr(j, by) == who and not j.finished_state
+                                             for j in self._jobs.values())
 
     @property
     def accepting(self) -> bool:

@@ -93,6 +93,9 @@ class Job(Generic[RequestT, ResultT]):
     counts: dict[str, int] = field(default_factory=dict)  # what it produced (tokens, rows), for the job log
     seq: int = 0  # its place in the order of submission (1, 2, ...), for the job log
     ref: Any = None  # what the job is found by besides its id (a chat reply: its message id)
+    # Jobs of one group (a Loop-lab sweep's runs) count as one job against the per-owner and per-address
+    # limits: the group is one thing its owner asked for, however many runs it steps at once.
+    group: str | None = None
 
     def __post_init__(self) -> None:
         self._events: list[Event] = []

@@ -24,6 +24,7 @@ from webapp.loops.trace import check_model
 BESIDE_BUNDLED = {"early": ROOT / "models" / "loops-early", "latent": ROOT / "models" / "loops-latent",
                   "latent-early": ROOT / "models" / "loops-latent-early"}
 EARLY_BUNDLE = BESIDE_BUNDLED["early"]
+SWEEP_WIDTH = 32  # a sweep's runs in flight at once: rows of one batch (webapp/loops/batch.py)
 
 
 def load_model(settings: Settings):
@@ -75,6 +76,7 @@ def service(core: InferenceCore, db: AnyDatabase) -> LoopService:
 
 
 def sweeps(service: LoopService, settings: Settings) -> Sweeps:
-    """A sweep keeps one run fewer in flight than a browser may have, so its owner can still run one alone."""
-    limit = settings.max_jobs_per_owner or 4
-    return Sweeps(service, in_flight=max(1, min(limit - 1, 4)))
+    """A sweep's runs count as one job against the browser's and the address's limits (Job.group), so it
+    keeps as many in flight as the batch steps well together, leaving half the core's queue to others (a
+    run waits there only until the batch's next step takes it in)."""
+    return Sweeps(service, in_flight=max(1, min(SWEEP_WIDTH, settings.max_queue // 2)))

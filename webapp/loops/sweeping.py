@@ -29,6 +29,7 @@ SWEEPS_PER_OWNER = 1   # a browser (or an API key, or a cookie-less call) runs o
 SWEEPS_PER_CLIENT = 2  # an address runs at most two, whatever cookies it sends
 WAIT_SECONDS = 0.25    # how often a sweep refused by the core's limits tries again
 KEEP_FINISHED = 16  # finished sweeps kept for a late stream (their lines; saved ones are in the store)
+ALONE_IN_FLIGHT = 3  # a sweep's runs in flight on a model whose runs cannot step together
 PROBE_RUNS = 500  # runs per model whose states a sweep keeps for its probe (webapp/loops/probe.py)
 
 
@@ -108,7 +109,7 @@ class Sweeps:
                     changed.notify_all()
             try:
                 run = self.service.start(job.owner, dataclasses.replace(request, model=model, keep_states=True),
-                                         save=False, then=then)
+                                         save=False, then=then, group=job.id)
             except CoreClosed:
                 raise
             except Refused:  # the browser's or the address's runs are at their limit: try again later
@@ -121,7 +122,7 @@ class Sweeps:
             while todo or running:
                 if job.cancelled:
                     return
-                while todo and len(running) < self.in_flight and submit(*todo[-1]):
+                while todo and len(running) < self._width(spec) and submit(*todo[-1]):
                     todo.pop()
                 with changed:
                     if not ended:
@@ -143,6 +144,13 @@ class Sweeps:
             for run in running.values():
                 run.cancel()
         self._finish(job, tables)
+
+    def _width(self, spec: SweepSpec) -> int:
+        """Runs in flight: as many as the batch steps together, or ALONE_IN_FLIGHT where a model's runs run
+        one at a time (an owner's model): a queue full of one sweep's would keep others' whole jobs waiting."""
+        if all(self.service.steps_together(m) for m in spec.models):
+            return self.in_flight
+        return min(self.in_flight, ALONE_IN_FLIGHT)
 
     @staticmethod
     def _keep_for_probe(job: SweepJob, model: str, tables, index: int, run: Job) -> None:
