@@ -3,9 +3,10 @@ answer is known."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from webapp.loops.probe import DECAY, RIDGE, ProbeRun, decodability, fit, read, ridge, samples
+from webapp.loops.probe import DECAY, RIDGE, ProbeRun, decodability, fit, paths, read, ridge, samples
 from webapp.loops.task import SYMBOLS
 
 
@@ -70,3 +71,20 @@ def test_held_out_accuracy_reads_what_the_state_holds_and_not_what_it_does_not()
 
 def test_no_split_no_probe():
     assert decodability([run(0, 1), run(2, 2)]) is None
+
+
+def test_paths_share_one_pair_of_axes_and_keep_two_runs_a_k():
+    runs = [ProbeRun(t, states_of(t), [], k) for t, k in enumerate((4, 4, 4, 9))]
+    drawn = paths(runs)
+    assert [r["k"] for r in drawn] == [4, 4, 9]
+    every = torch.cat([r.states for r in runs]).double()
+    centred = every - every.mean(0)
+    _, vectors = torch.linalg.eigh(centred.T @ centred)
+    for run, shown in zip([runs[0], runs[1], runs[3]], drawn):
+        reference = (run.states.double() - every.mean(0)) @ vectors[:, [-1, -2]]
+        assert torch.tensor(shown["points"]).abs() == pytest.approx(reference.abs(), abs=1e-3)  # up to each axis's sign
+
+
+def states_of(seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(6, 5, generator=g) * torch.tensor([4.0, 2.0, 1.0, 0.5, 0.1])

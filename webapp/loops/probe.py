@@ -29,6 +29,27 @@ class ProbeRun:
     table: int  # its table's index in the sweep's plan (even: training, odd: held out)
     states: torch.Tensor
     letters: list[str]
+    k: int = 0  # the k it was asked for
+
+
+def paths(runs: list[ProbeRun], per_k: int = 2) -> list[dict]:
+    """The state's path of the first `per_k` runs at each k, on the first two principal components of
+    every kept run's states together (so the runs share one picture): [{"k", "points": [[x, y], …]}]."""
+    shown: list[ProbeRun] = []
+    for run in runs:
+        if sum(r.k == run.k for r in shown) < per_k:
+            shown.append(run)
+    if not shown:
+        return []
+    every = torch.cat([r.states.double() for r in runs])
+    mean = every.mean(0)
+    _, singular, vh = torch.linalg.svd(every - mean, full_matrices=False)
+    axes = vh[:2] if vh.size(0) >= 2 else torch.cat([vh, torch.zeros_like(vh)])[:2]
+    out = []
+    for run in sorted(shown, key=lambda r: r.k):
+        points = (run.states.double() - mean) @ axes.T                       # [n, 2]
+        out.append({"k": run.k, "points": [[round(x, 4), round(y, 4)] for x, y in points.tolist()]})
+    return out
 
 
 def samples(runs: list[ProbeRun], back: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

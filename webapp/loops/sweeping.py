@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from webapp.core import Refused
 from webapp.core.jobs import CANCELLED, DONE, FAILED, RUNNING, Job
 from webapp.core.refusals import CoreClosed, TooManyFromClient, TooManyJobs
-from webapp.loops.probe import ProbeRun, decodability
+from webapp.loops.probe import ProbeRun, decodability, paths
 from webapp.loops.service import LoopService
 from webapp.loops.sweep import SweepSpec, disagreements, k_line, plan, totals
 from webapp.loops.task import execute
@@ -164,7 +164,7 @@ class Sweeps:
             return
         k, number, request = tables[index]
         letters = [request.start] + execute(request.mapping, request.start, states.size(0))
-        kept.append(ProbeRun(number if job.request.tables > 1 else index, states, letters))
+        kept.append(ProbeRun(number if job.request.tables > 1 else index, states, letters, k))
 
     def _publish_line(self, job: SweepJob, model: str, k: int, tables) -> None:
         result = job.result
@@ -185,6 +185,7 @@ class Sweeps:
                   if result.probe_runs.get(m)}
         summary = {"status": "complete", "sweep": spec.payload(), "n": spec.total, "models": by_model,
                    "probe": {m: p for m, p in probes.items() if p is not None},
+                   "paths": {m: paths(result.probe_runs[m]) for m in spec.models if result.probe_runs.get(m)},
                    "disagreements": [{"k": tables[i][0], "table": tables[i][1], "request": tables[i][2].payload(),
                                       "summaries": {m: result.summaries[m][i] for m in spec.models}}
                                      for i in differ]}

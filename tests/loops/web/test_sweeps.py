@@ -203,7 +203,9 @@ def test_the_page_fills_in_live_then_is_saved_and_shared(bundled):
     assert [data.count('data-k="') for name, data in events if name == "line"] == [1, 2, 3, 4, 5, 6]
     final = events[-1][1]
     # per model: accuracy, stops, and first wrong loops where some run took a wrong hop (the early one's)
-    assert final.count("<svg") == 5 and "k (hops asked for)" in final and "stop loop − k" in final
+    assert final.count('class="chart sweep-chart"') == 5 and "k (hops asked for)" in final and "stop loop − k" in final
+    # and per model that hands over its state, its runs' paths
+    assert final.count('<figure class="sweep-paths">') == 2 and final.count("<svg") == 7
     assert "Tables on which they disagree" in final and "Open as trace" in final
     saved = re.search(r'/loops/sweeps/([0-9a-f]+)\.json', final).group(1)
     assert client.get(started.headers["Location"]).status_code == 303  # finished: its saved page

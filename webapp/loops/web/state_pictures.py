@@ -4,14 +4,18 @@
    to the last, with loop k, the first wrong loop and the loop the head stopped at marked.
 2. The attention's entropy per loop, on the stop chart's loop axis, and where it stops changing.
 3. The stop probability near k: at k−100, k−10, k−1, k and k+1, where the run got there.
+4. A sweep's runs' paths together, coloured by k.
 """
 
 from __future__ import annotations
+
+import math
 
 from webapp.loops.states import NEEDS_STATE
 
 SIZE, PAD = 360, 24
 NEAR_K = (-100, -10, -1, 0, 1)
+LEGEND_ROW = 8  # k values per row of a sweep picture's legend
 MARK_LABELS = {"start": "loop 1", "k": "k", "error": "first wrong", "stop": "stopped"}
 
 
@@ -85,3 +89,30 @@ def near_k(rows: list[dict], steps: int) -> list[dict]:
             label = "k" if offset == 0 else f"k{'+' if offset > 0 else '−'}{abs(offset)}"
             out.append({"label": label, "loop": loop, "probability": rows[loop - 1]["stop_probability"]})
     return out
+
+
+def sweep_paths(paths: list[dict]) -> dict:
+    """A sweep's runs' paths on shared principal components (webapp/loops/probe.py paths), coloured by k
+    on a log scale (blue: the smallest k, red: the largest)."""
+    points = [p for run in paths for p in run["points"]]
+    if not points:
+        return {"available": False}
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    spread = max(max(xs) - min(xs), max(ys) - min(ys)) or 1.0
+    mid_x, mid_y = (max(xs) + min(xs)) / 2, (max(ys) + min(ys)) / 2
+    scale = (SIZE - 2 * PAD) / spread
+    ks = sorted({run["k"] for run in paths})
+
+    def colour(k: int) -> str:
+        share = math.log(k / ks[0]) / math.log(ks[-1] / ks[0]) if ks[-1] > ks[0] else 0.0
+        return f"hsl({round(230 - 230 * share)}, 70%, 45%)"
+
+    def place(x: float, y: float) -> str:
+        return f"{round(SIZE / 2 + (x - mid_x) * scale, 1)},{round(SIZE / 2 - (y - mid_y) * scale, 1)}"
+
+    return {"available": True, "size": SIZE,
+            "runs": [{"k": run["k"], "colour": colour(run["k"]), "points": " ".join(place(*p) for p in run["points"]),
+                      "start": place(*run["points"][0])} for run in paths if run["points"]],
+            "legend": [{"k": k, "colour": colour(k), "x": PAD + (i % LEGEND_ROW) * 42,
+                        "y": SIZE + 6 + (i // LEGEND_ROW) * 16} for i, k in enumerate(ks)],
+            "height": SIZE + 8 + 16 * math.ceil(len(ks) / LEGEND_ROW)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import render_template, url_for
 
 from webapp.loops.sweep import MEASURES
+from webapp.loops.web import state_pictures
 from webapp.loops.web.blueprint import model_choices
 from webapp.loops.web.forms import EditorState
 from webapp.loops.web.render import render_lab
@@ -42,6 +43,8 @@ def render_sweep(snapshot: dict, *, job=None, sweep_id: str | None = None, share
                "disagreements": differ[:SHOWN_DISAGREEMENTS], "disagreeing": len(differ), "live": live, "job": job,
                "sweep_id": sweep_id, "shared": shared,
                "probes": [(label_of(m), p) for m, p in ((summary or {}).get("probe") or {}).items()],
+               "sweep_paths": [(label_of(m), state_pictures.sweep_paths(p))
+                               for m, p in ((summary or {}).get("paths") or {}).items()],
                "share_token": share_token, "error": error,
                "share_url": url_for("loops.shared", token=share_token, _external=True) if share_token else None}
     if fragment == "progress":

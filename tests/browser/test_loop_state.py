@@ -1,0 +1,45 @@
+"""Issue 54 in Debian's Chromium: the latent-state model run past its head and its training from the page
+("Beyond its training"), and what its state does drawn on the trace page, on a desktop and a phone."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.browser.conftest import follow, screenshot
+from tests.browser.test_usability import axe, no_horizontal_scroll
+from tests.support.servers import ROOT, Gunicorn, model_env
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    work = tmp_path_factory.mktemp("issue54")
+    env = {**model_env(work, chat_arch="tiny:0.02"), "GLASSBOX_LOOP_MODEL": str(ROOT / "models" / "loops"),
+           "GLASSBOX_LOOP_EXTRA_MODELS": f"latent={ROOT / 'models' / 'loops-latent'}"}
+    app = Gunicorn(work / "instance", env).start()
+    yield app
+    app.stop()
+
+
+@pytest.mark.parametrize("size", ["desktop", "phone"])
+def test_a_forced_run_of_the_latent_model_draws_its_states_path(open_page, size):
+    page = open_page(size)
+    page.goto("/loops/")
+    page.click("#preset-cycle_tail")
+    page.wait_for_function("document.querySelector('#editor') && !document.querySelector('.htmx-request')")
+    page.select_option("#model", "latent")
+    page.fill("#steps", "10")
+    page.locator("details.run-options summary").click()
+    page.fill("#force_loops", "40")
+    page.click("#run")
+    page.locator("#state-view").wait_for()
+    assert "forced to run 40 loops" in page.locator("#summary").text_content()
+    assert page.locator("#trajectory circle.dot").count() == 40
+    assert "carried from loop to loop" in page.locator("#trajectory figcaption").text_content()
+    follow(page, page.get_by_role("link", name="Private link"))  # the saved trace draws it again
+    assert page.locator("#trajectory circle.dot").count() == 40
+    assert page.locator("#force_loops").input_value() == "40"  # the editor is back as it was run
+    no_horizontal_scroll(page)
+    assert not axe(page)
+    screenshot(page, f"issue54-state-{size}")
