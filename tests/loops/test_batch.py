@@ -193,3 +193,31 @@ def test_lanes_of_a_few_rows_each_loop_in_turn_and_change_nothing(bundled, monke
     for a, b in zip(alone, lanes):
         assert b.state == DONE
         assert without_time(b.result.snapshot["trace"]) == without_time(a.result.snapshot["trace"])
+
+
+class StubWorker:
+    """The core as LoopBatch sees it, with other work waiting or not."""
+
+    def __init__(self, others: bool) -> None:
+        self.others = others
+
+    def count(self, name, n=1, job=None) -> None:
+        pass
+
+    def interleave(self) -> None:
+        pass
+
+    def others_waiting(self, executor) -> bool:
+        return self.others
+
+
+@pytest.mark.parametrize("others, read", [(False, 6), (True, 1)])
+def test_a_step_reads_one_prompt_when_other_work_waits(bundled, monkeypatch, others, read):
+    from webapp.loops import batch as loop_batch
+    monkeypatch.setattr(loop_batch, "START_SECONDS", 60.0)        # alone: every waiting prompt in one step
+    monkeypatch.setattr(loop_batch, "SHARED_START_SECONDS", 0.0)  # others waiting: the one prompt a step must read
+    executor = LoopBatch(LoopRuns(bundled))
+    for i, req in enumerate(requests()[1:7]):  # k of 2 and more: none ends in this step
+        executor.admit(Job(BATCHED, f"user{i}", req, result=LoopResult()))
+    executor.step(StubWorker(others))
+    assert sum(row.group is not None for row in executor._rows.values()) == read

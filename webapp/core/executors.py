@@ -36,6 +36,9 @@ class Worker(Protocol):
     def interleave(self) -> None:
         """Between a whole job's units of work: let the batch take a step when it is due."""
 
+    def others_waiting(self, executor: object) -> bool:
+        """Whether work other than this executor's is queued or running (a step should then stay short)."""
+
 
 def between_units(job: AnyJob, core: Worker) -> Callable[[], None]:
     """What a whole job calls between its units of work (layers, loops, batches of cells): running replies

@@ -54,6 +54,13 @@ class WorkerSharing:
         """The batches of replies (not bulk): what the bulk share pays back to."""
         return {kind: ex for kind, ex in self._batched().items() if not ex.bulk}
 
+    def others_waiting(self, executor: object) -> bool:
+        """Whether another executor's jobs are queued, or another batch has rows (Worker.others_waiting).
+        Read without the lock: a guess that is a step late costs a step's length, no more."""
+        if any(self.executors.get(job.kind) is not executor for job in self.scheduler.waiting()):
+            return True
+        return any(ex is not executor and ex.rows for ex in self._batched().values())
+
     def interleave(self) -> None:
         """Called by a whole job between its units of work (a Loop-lab run after each loop, Inside after
         each layer), on the worker: once it has held the worker for BATCH_SLICE_SECONDS, admit waiting

@@ -41,7 +41,11 @@ MAX_ROWS = 1024  # runs admitted at once
 # Rows of one forward: a step of the batch loops one lane of at most this many rows, the lanes in turn,
 # so that a chat reply arriving waits for one short forward, not for a sweep's every row.
 LANE_ROWS = 256
-START_SECONDS = 0.005  # prompts read per step (at least one), so a burst of runs joining never stalls a step
+# Prompts read per step (at least one), so a burst of runs joining never stalls a step: this long when the
+# core has nothing else to do, SHARED_START_SECONDS when other work waits (a chat reply's first token waits
+# for the step in progress).
+START_SECONDS = 0.005
+SHARED_START_SECONDS = 0.0015
 
 LoopJob = Job[DemoRequest, LoopResult]
 
@@ -120,7 +124,8 @@ class LoopBatch(BatchedJobs[DemoRequest, LoopResult]):
                     self._start(row)
                 except Exception as exc:  # this run fails; the batch goes on
                     report.finished.append(self._end(row, FAILED, core, _message(exc)))
-                if time.perf_counter() - clock >= START_SECONDS:
+                spent = time.perf_counter() - clock  # checked after each prompt: a reply may have come since
+                if spent >= START_SECONDS or spent >= SHARED_START_SECONDS and core.others_waiting(self):
                     break
             if self._groups:
                 self._turn = (self._turn + 1) % len(self._groups)
