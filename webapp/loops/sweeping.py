@@ -42,6 +42,7 @@ class SweepResult:
     sweep_id: str | None = None  # where it was saved
     probe_runs: dict[str, list[ProbeRun]] = field(default_factory=dict)  # per model, the runs that gave states
     readout: dict[str, list[tuple[int, bool]]] = field(default_factory=dict)  # per model, (loop, right) of each row
+    paths: dict[str, list[dict]] = field(default_factory=dict)  # per model, its runs' paths so far (probe.paths)
 
 
 SweepJob = Job[SweepSpec, SweepResult]
@@ -171,6 +172,8 @@ class Sweeps:
         indices = [i for i, (kk, _, _) in enumerate(tables) if kk == k]
         summaries = [result.summaries[model][i] for i in indices]
         line = {"model": model, **k_line(k, summaries)}  # type: ignore[arg-type]
+        if result.probe_runs.get(model):  # the paths fill in as each k finishes (the probe waits for the end)
+            result.paths[model] = paths(result.probe_runs[model])
         result.lines.append(line)
         # the runs only when asked for ("runs": true): a page never shows them, and they are most of a line
         runs = ([{"request": tables[i][2].payload(), "summary": s} for i, s in zip(indices, summaries)]

@@ -162,7 +162,7 @@ def test_a_sweep_trains_a_probe_on_its_states_and_its_page_shows_it(app):
     paths = final["paths"]["latent"]
     assert [run["k"] for run in paths] == [3, 3, 12, 12, 40, 40]  # two runs a k, on shared axes
     assert [len(run["points"]) for run in paths] == [3, 3, 12, 12, 40, 40]
-    assert section.count('class="sweep-path"') == 12  # both models' pictures
+    assert page.count('class="sweep-path"') == 12  # both models' pictures
     assert ">trained to 32</text>" in page and ">beyond →</text>" in page
 
 

@@ -201,6 +201,9 @@ def test_the_page_fills_in_live_then_is_saved_and_shared(bundled):
     assert names.count("line") == 6 and names[-1] == "done"
     # each finished k adds its row, however late the stream was opened
     assert [data.count('data-k="') for name, data in events if name == "line"] == [1, 2, 3, 4, 5, 6]
+    # the state's paths fill in as each k finishes: one run at the first k, then more
+    first_line = next(data for name, data in events if name == "line")
+    assert first_line.count('<figure class="sweep-paths">') >= 1 and 'class="sweep-path"' in first_line
     final = events[-1][1]
     # per model: accuracy, stops, and first wrong loops where some run took a wrong hop (the early one's)
     assert final.count('class="chart sweep-chart"') == 5 and "k (hops asked for)" in final and "stop loop − k" in final

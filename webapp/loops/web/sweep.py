@@ -119,7 +119,8 @@ def live_snapshot(job: SweepJob, count: int | None = None) -> dict:
     """count: as it stood when that many lines had finished (a stream replayed late shows them one by one)."""
     lines = job.result.lines
     return {"spec": job.request.payload(), "lines": list(lines if count is None else lines[:count]),
-            "summaries": job.result.summaries, "summary": job.result.summary if count is None else None}
+            "summaries": job.result.summaries, "summary": job.result.summary if count is None else None,
+            "paths": dict(job.result.paths)}
 
 
 @bp.get("/sweeps/live/<job_id>/stream")

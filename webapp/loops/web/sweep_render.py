@@ -44,7 +44,7 @@ def render_sweep(snapshot: dict, *, job=None, sweep_id: str | None = None, share
                "sweep_id": sweep_id, "shared": shared,
                "probes": [(label_of(m), p) for m, p in ((summary or {}).get("probe") or {}).items()],
                "sweep_paths": [(label_of(m), state_pictures.sweep_paths(p))
-                               for m, p in ((summary or {}).get("paths") or {}).items()],
+                               for m, p in ((summary or {}).get("paths") or snapshot.get("paths") or {}).items()],
                "share_token": share_token, "error": error,
                "share_url": url_for("loops.shared", token=share_token, _external=True) if share_token else None}
     if fragment == "progress":
