@@ -43,3 +43,20 @@ def test_a_forced_run_of_the_latent_model_draws_its_states_path(open_page, size)
     no_horizontal_scroll(page)
     assert not axe(page)
     screenshot(page, f"issue54-state-{size}")
+
+
+@pytest.mark.parametrize("size", ["desktop", "phone"])
+def test_two_models_side_by_side_each_show_what_their_state_does(open_page, size):
+    page = open_page(size)
+    page.goto("/loops/")
+    page.fill("#steps", "6")
+    page.click("#run")
+    page.locator("#state-view").wait_for()
+    page.select_option("#compare-model", "latent")
+    follow(page, page.get_by_role("button", name="Run it there too"))
+    for column in ("-1", "-2"):
+        assert page.locator(f"#trajectory{column} circle.dot").count() == 6
+        assert page.locator(f"#near-k{column} dd").count() >= 2
+    no_horizontal_scroll(page)
+    assert not axe(page)
+    screenshot(page, f"issue54-compare-{size}")

@@ -10,9 +10,9 @@ from flask import abort, redirect, render_template, request, url_for
 from webapp.core import Refused
 from webapp.loops.request import DEFAULT_THRESHOLD, DemoRequest, RequestError
 from webapp.loops.verdict import of_trace
-from webapp.loops.web import pictures, state_pictures
+from webapp.loops.web import pictures
 from webapp.loops.web.blueprint import bp, model_choices, model_name, owned_trace, service, settings
-from webapp.loops.web.render import current_loop
+from webapp.loops.web.render import current_loop, state_context
 from webapp.web import quotas, refusal_status
 from webapp.web.security import owner_id
 from webapp.web.streams import held_slot
@@ -72,11 +72,10 @@ def compare(first: str, second: str):
         at = min(current or len(snapshot["trace"]), len(snapshot["trace"]))
         chart = pictures.stop_chart(snapshot["trace"], req["steps"], snapshot["threshold"])
         verdict = of_trace(req, snapshot["trace"], summary["stop_reason"], summary.get("head_stop"))
-        path = state_pictures.trajectory(snapshot["trace"], req["steps"], summary.get("first_error"),
-                                         verdict.loops if verdict.stop != "never" else None)
         columns.append({"trace_id": trace_id, "snapshot": snapshot, "rows": snapshot["trace"], "summary": summary,
                         "verdict": verdict, "chart": chart, "settle": pictures.settle_chart(snapshot["trace"], chart),
-                        "trajectory": path,
+                        "run_state": {**state_context(snapshot, snapshot["trace"], verdict, chart),
+                                      "state_suffix": f"-{number}"},
                         "current_x": chart["x_of"](at), "at": at, "suffix": f"-{number}",
                         "label": labels.get(snapshot.get("checkpoint", ""), snapshot.get("checkpoint", "?"))})
     return render_template("loops/compare.html", columns=columns, differ=differ, current=current,

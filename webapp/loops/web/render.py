@@ -67,7 +67,7 @@ def render_results(snapshot: dict, *, job=None, trace_id: str | None = None, err
         context["graph"] = pictures.graph(req, rows, context["verdict"])
         context["chart"] = pictures.stop_chart(rows, req["steps"], snapshot["threshold"])
         context["settle"] = pictures.settle_chart(rows, context["chart"])
-        context.update(state_context(snapshot, rows, context["verdict"], context["chart"]))
+        context["run_state"] = state_context(snapshot, rows, context["verdict"], context["chart"])
         if rows:
             at = current or len(rows)
             context["current_symbol"] = rows[at - 1]["prediction"]
@@ -86,7 +86,7 @@ def state_context(snapshot: dict, rows: list[dict], verdict, chart: dict) -> dic
                                                     stopped),
             "attention_chart": state_pictures.attention_chart(rows, chart, analyses.get("attention_settles_at")),
             "near_k": state_pictures.near_k(rows, steps), "carries_state": bool(model.get("carries_state")),
-            "settled": SETTLED, "no_attention": NOT_AVAILABLE}
+            "settled": SETTLED, "no_attention": NOT_AVAILABLE, "state_suffix": ""}
 
 
 @bp.app_template_global()
