@@ -24,6 +24,7 @@ import torch
 SETTLED = 0.01  # attention that moves less than this (total variation) has stopped changing
 NEEDS_STATE = "This needs the model's state, which this model does not hand over."
 STATE_FIELDS = ("state_change", "distance_to_last", "pca")
+NEAR_K = (-100, -10, -1, 0, 1)  # where a stop head that ignored a digit place would fire, and just after
 
 
 def distance_to_last(states: torch.Tensor) -> list[float]:
@@ -79,6 +80,18 @@ def settles_at(shifts: list[float | None], threshold: float = SETTLED) -> int | 
     while loop > 1 and shifts[loop - 2] is not None and shifts[loop - 2] < threshold:  # type: ignore[operator]
         loop -= 1
     return loop
+
+
+def near_k(rows: list[dict], steps: int) -> list[dict]:
+    """The stop probability at k−100, k−10, k−1, k and k+1: the loops where a head that ignores a digit
+    place would fire early, and the one after k. Only the loops the run reached."""
+    out = []
+    for offset in NEAR_K:
+        loop = steps + offset
+        if 1 <= loop <= len(rows):
+            label = "k" if offset == 0 else f"k{'+' if offset > 0 else '−'}{abs(offset)}"
+            out.append({"label": label, "loop": loop, "probability": rows[loop - 1]["stop_probability"]})
+    return out
 
 
 def analyse(rows: list[dict], states: torch.Tensor | None) -> dict:

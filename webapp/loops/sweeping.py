@@ -21,6 +21,7 @@ from webapp.core.jobs import CANCELLED, DONE, FAILED, RUNNING, Job
 from webapp.core.refusals import CoreClosed, TooManyFromClient, TooManyJobs
 from webapp.loops.probe import ProbeRun, decodability, paths
 from webapp.loops.service import LoopService
+from webapp.loops.states import near_k
 from webapp.loops.sweep import SweepSpec, disagreements, k_line, plan, totals
 from webapp.loops.task import execute
 
@@ -43,6 +44,7 @@ class SweepResult:
     probe_runs: dict[str, list[ProbeRun]] = field(default_factory=dict)  # per model, the runs that gave states
     readout: dict[str, list[tuple[int, bool]]] = field(default_factory=dict)  # per model, (loop, right) of each row
     paths: dict[str, list[dict]] = field(default_factory=dict)  # per model, its runs' paths so far (probe.paths)
+    near_k: dict[str, dict[int, list[dict]]] = field(default_factory=dict)  # per model and run, states.near_k
 
 
 SweepJob = Job[SweepSpec, SweepResult]
@@ -158,6 +160,7 @@ class Sweeps:
         """A finished run's states and rows, for the probe: held out by table number within its k (by
         plan order when there is one table per k)."""
         result, states = job.result, run.result.states
+        result.near_k.setdefault(model, {})[index] = near_k(run.result.snapshot["trace"], tables[index][0])
         result.readout.setdefault(model, []).extend(
             (row["loop"], bool(row["correct"])) for row in run.result.snapshot["trace"])
         kept = result.probe_runs.setdefault(model, [])
@@ -171,7 +174,8 @@ class Sweeps:
         result = job.result
         indices = [i for i, (kk, _, _) in enumerate(tables) if kk == k]
         summaries = [result.summaries[model][i] for i in indices]
-        line = {"model": model, **k_line(k, summaries)}  # type: ignore[arg-type]
+        line = {"model": model, **k_line(k, summaries),  # type: ignore[arg-type]
+                "stop_near_k": mean_near_k([result.near_k.get(model, {}).get(i, []) for i in indices])}
         if result.probe_runs.get(model):  # the paths fill in as each k finishes (the probe waits for the end)
             result.paths[model] = paths(result.probe_runs[model])
         result.lines.append(line)
@@ -197,3 +201,12 @@ class Sweeps:
         result.sweep_id = self.service.store.save_sweep(job.owner, snapshot)
         result.summary = {**summary, "sweep_id": result.sweep_id}
         job.emit("summary", result.summary)
+
+
+def mean_near_k(runs: list[list[dict]]) -> dict[str, float]:
+    """The mean stop probability at each of k−100 … k+1 over a k's runs that reached that loop."""
+    by_label: dict[str, list[float]] = {}
+    for run in runs:
+        for point in run:
+            by_label.setdefault(point["label"], []).append(point["probability"])
+    return {label: sum(ps) / len(ps) for label, ps in by_label.items()}

@@ -159,6 +159,10 @@ def test_a_sweep_trains_a_probe_on_its_states_and_its_page_shows_it(app):
     section = page[page.index('id="probe"'):]
     assert "Latent state (carries its state)" in section and section.count('<table class="probe">') == 2
     assert page.count('class="trained-mark"') == 1  # latent: trained to 32 < 40; the bundled model to 256
+    line = next(x for x in lines[:-1] if x["model"] == "latent" and x["k"] == 40)
+    near = line["stop_near_k"]
+    assert set(near) == {"k−10", "k−1", "k"} and near["k"] >= 0.5 > near["k−1"]  # runs stop at k: no k+1
+    assert page.count('<table class="sweep-near-k">') == 2
     paths = final["paths"]["latent"]
     assert [run["k"] for run in paths] == [3, 3, 12, 12, 40, 40]  # two runs a k, on shared axes
     assert [len(run["points"]) for run in paths] == [3, 3, 12, 12, 40, 40]

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 
-from webapp.loops.states import NEEDS_STATE
+from webapp.loops.states import NEEDS_STATE, near_k
+
+__all__ = ["near_k", "sweep_paths", "trajectory", "attention_chart"]
 
 SIZE, PAD = 360, 24
-NEAR_K = (-100, -10, -1, 0, 1)
 LEGEND_ROW = 8  # k values per row of a sweep picture's legend
 MARK_LABELS = {"start": "loop 1", "k": "k", "error": "first wrong", "stop": "stopped"}
 
@@ -77,18 +78,6 @@ def attention_chart(rows: list[dict], chart: dict, settles_at: int | None) -> di
             "y_ticks": [{"y": y(v), "label": f"{v:.2g}"} for v in (0, peak)],
             "settles_x": x(settles_at) if settles_at else None, "settles_at": settles_at,
             "low": min(v for _, v in values), "high": max(v for _, v in values)}
-
-
-def near_k(rows: list[dict], steps: int) -> list[dict]:
-    """The stop probability at k−100, k−10, k−1, k and k+1: the loops where a head that ignores a digit
-    place would fire early, and the one after k. Only the loops the run reached."""
-    out = []
-    for offset in NEAR_K:
-        loop = steps + offset
-        if 1 <= loop <= len(rows):
-            label = "k" if offset == 0 else f"k{'+' if offset > 0 else '−'}{abs(offset)}"
-            out.append({"label": label, "loop": loop, "probability": rows[loop - 1]["stop_probability"]})
-    return out
 
 
 def sweep_paths(paths: list[dict]) -> dict:
