@@ -48,7 +48,10 @@ def test_each_k_line_is_the_seed_scoring_of_its_own_runs_and_runs_repeat_alone(b
     for line in per_k:
         assert line["n"] == SWEEP["tables"] == len(line["runs"])
         runs = line.pop("runs")
-        assert line == {"model": line["model"], **k_line(line["k"], [r["summary"] for r in runs])}
+        near = line["stop_near_k"]  # from the runs' rows, not their summaries (test_state_views checks it)
+        assert {key: v for key, v in line.items() if key != "stop_near_k"} == {
+            "model": line["model"], **k_line(line["k"], [r["summary"] for r in runs])}
+        assert set(near) <= {"k−100", "k−10", "k−1", "k", "k+1"} and "k" in near
         for run in runs:  # repeated alone through the trace API: the same summary, and the seed's scoring
             assert run["request"]["steps"] == line["k"] and set(run["request"]) == {"mapping", "start", "steps"}
             alone = lines_of(client.post(f"/api/loops/trace?model={line['model']}", json=run["request"]))
