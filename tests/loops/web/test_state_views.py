@@ -40,6 +40,8 @@ def test_the_models_are_listed_with_whether_they_carry_state_and_their_trained_k
     assert by_name["latent"]["trained_k"] == [1, 32] and by_name["main"]["trained_k"] == [1, 256]
     assert by_name["latent-early"]["trained_k"][1] < 32
     assert all(m["checkpoint"].startswith("bundled:") for m in models)
+    page = app.test_client().get("/loops/").get_data(as_text=True)
+    assert "To watch a state that moves from loop to loop, pick\n      <strong>Latent state" in page
 
 
 def test_a_forced_run_on_the_latent_model_with_the_states_measures(app):
