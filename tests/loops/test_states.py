@@ -51,6 +51,7 @@ def test_attention_entropy_and_shift_against_the_definitions():
     rows = [{"attention": even}, {"attention": sharp}, {"attention": sharp}, {"loop": 4}]
     entropies, shifts = attention_measures(rows)
     assert entropies[0] == pytest.approx(math.log(4)) and entropies[1] == 0 and entropies[3] is None
+    assert math.copysign(1, entropies[1]) == 1  # 0, never -0 (the page printed "-0")
     assert shifts[0] is None and shifts[1] == pytest.approx(0.75) and shifts[2] == 0 and shifts[3] is None
 
 

@@ -65,7 +65,7 @@ def attention_measures(rows: list[dict]) -> tuple[list[float | None], list[float
             continue
         p = torch.tensor(weights, dtype=torch.float64)                       # [nh, T]
         logs = torch.where(p > 0, p.clamp_min(1e-300).log(), torch.zeros_like(p))
-        entropies.append(float(-(p * logs).sum(-1).mean()))
+        entropies.append(max(0.0, float(-(p * logs).sum(-1).mean())))  # a one-hot row is 0, not -0
         shifts.append(None if previous is None else float(0.5 * (p - previous).abs().sum(-1).mean()))
         previous = p
     return entropies, shifts
