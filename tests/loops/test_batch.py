@@ -221,3 +221,27 @@ def test_a_step_reads_one_prompt_when_other_work_waits(bundled, monkeypatch, oth
         executor.admit(Job(BATCHED, f"user{i}", req, result=LoopResult()))
     executor.step(StubWorker(others))
     assert sum(row.group is not None for row in executor._rows.values()) == read
+
+
+def test_a_model_whose_step_keeps_its_state_to_itself_still_runs_and_a_failing_run_fails_alone(bundled, monkeypatch):
+    from dataclasses import replace as replaced
+
+    from webapp.loops import batch as loop_batch
+    step = bundled.model.step
+
+    def without_state(rows, *args):  # an owner's step() written before LoopStep had a state
+        out, after = step(rows, *args)
+        return replaced(out, state=None), after
+    monkeypatch.setattr(bundled.model, "step", without_state)
+    reqs = [table(70 + i, 5) for i in range(3)]
+    complete = loop_batch.complete
+
+    def scoring(request, *args, **kwargs):  # scoring one run fails; the others end as usual
+        if request is reqs[1]:
+            raise RuntimeError("scoring broke")
+        return complete(request, *args, **kwargs)
+    monkeypatch.setattr(loop_batch, "complete", scoring)
+    jobs = run_jobs(LoopRuns(bundled), reqs)
+    assert [j.state for j in jobs] == [DONE, "failed", DONE] and jobs[1].error == "scoring broke"
+    rows = jobs[0].result.snapshot["trace"]
+    assert len(rows) == 5 and "pca" not in rows[0] and jobs[0].result.snapshot["analyses"]["has_state"] is False

@@ -65,8 +65,7 @@ def test_bundled_model_reads_the_rule_of_the_letter_it_is_on(core):
     hits = sum(row["read"]["source"] == letter for row, letter in zip(rows, on))
     assert hits >= 0.9 * len(rows)
     for row in rows:
-        assert set(row) == ROW_KEYS | {"read", "attention", "state_change", "attention_entropy", "attention_shift",
-                                       "distance_to_last", "pca"}
+        assert set(row) == ROW_KEYS | {"read", "attention", "state_change", "distance_to_last", "pca"}
         assert row["read"]["destination"] == req.mapping[row["read"]["source"]]
         assert 0 < row["read"]["mass"] <= 1
         assert len(row["attention"]) == b.model.config.n_head

@@ -7,7 +7,14 @@ import math
 import pytest
 import torch
 
-from webapp.loops.states import analyse, attention_measures, distance_to_last, pca_2d, settles_at
+from webapp.loops.states import (
+    analyse,
+    attention_measures,
+    distance_to_last,
+    pca_2d,
+    settles_at,
+    with_attention_measures,
+)
 
 
 def states(n=12, c=16, seed=0) -> torch.Tensor:
@@ -68,7 +75,10 @@ def test_analyse_adds_each_rows_measures_and_the_runs():
     found = analyse(rows, x)
     assert found == {"attention_settles_at": 2, "has_state": True}
     assert rows[-1]["distance_to_last"] == 0 and len(rows[0]["pca"]) == 2
-    assert rows[0]["attention_entropy"] == pytest.approx(math.log(2), rel=1e-5)
+    assert "attention_entropy" not in rows[0]  # not stored: a trace file stays small
+    shown = with_attention_measures(rows)
+    assert shown[0]["attention_entropy"] == pytest.approx(math.log(2), rel=1e-5) and shown[0]["attention_shift"] is None
+    assert shown[1]["attention_shift"] == 0 and "attention_entropy" not in rows[1]  # copies
     bare = [{"loop": 1}]
     assert analyse(bare, None) == {"attention_settles_at": None, "has_state": False}
     assert bare == [{"loop": 1}]

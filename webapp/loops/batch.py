@@ -179,20 +179,26 @@ class LoopBatch(BatchedJobs[DemoRequest, LoopResult]):
                                  [now - r.started for r in rows], attention, [r.pairs for r in rows],
                                  out.state_change[index])
         stops = out.stop_logits[index].float().sigmoid().tolist()
-        states = out.state[index]
+        given = getattr(out, "state", None)
+        states = None if given is None else given[index]
         for n, row in enumerate(rows):
             if not finite[n]:  # its rows up to the last finite loop stay; it fails, as alone
                 report.finished.append(self._end(row, FAILED, core, NONFINITE))
                 continue
             row.pending.append(row.builder.add(made[n]))
-            row.states.append(states[n])
+            if states is not None:
+                row.states.append(states[n])
             report.rows += 1
             last_loop, threshold = loops_to_run(row.job.request)
             if stops[n] >= threshold or loops[n] >= last_loop:
                 self._publish(row, core, ended=False)
-                keep_states(row.job, row.job.request, row.states)
-                row.job.result.snapshot = complete(row.job.request, row.bundle.checkpoint_id, row.builder.rows,
-                                                   stops[n], row.started, row.states)
+                try:  # scoring and the state's measures: a failure fails this run, never the batch
+                    keep_states(row.job, row.job.request, row.states)
+                    row.job.result.snapshot = complete(row.job.request, row.bundle.checkpoint_id,
+                                                       row.builder.rows, stops[n], row.started, row.states)
+                except Exception as exc:
+                    report.finished.append(self._end(row, FAILED, core, _message(exc)))
+                    continue
                 report.finished.append(self._end(row, DONE, core))
                 continue
             if loops[n] == 1 or now - row.flushed >= FLUSH_SECONDS:

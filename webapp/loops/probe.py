@@ -20,6 +20,7 @@ BUCKETS = ((1, 8), (9, 32), (33, 64), (65, 128), (129, 256))
 RIDGE = 1e-3  # relative to the mean squared state entry: keeps the solve well posed, barely biases it
 DECAY = 1e-4  # the logistic probe's weight decay: separable letters would otherwise grow it without end
 STEPS = 100
+MAX_SAMPLES = 20_000  # states a probe trains (and is tested) on, per hop back
 
 
 @dataclass
@@ -115,8 +116,8 @@ def decodability(runs: list[ProbeRun], readout: list[tuple[int, bool]] | None = 
             torch.tensor([loop for loop, _ in readout]), torch.tensor([ok for _, ok in readout]))})
     sizes = {}
     for back in HOPS_BACK:
-        x, y, loops = samples(train, back)
-        tx, ty, tloops = samples(test, back)
+        x, y, loops = _thinned(*samples(train, back))
+        tx, ty, tloops = _thinned(*samples(test, back))
         if not len(y) or not len(ty):
             continue
         weights = fit(x, y)
@@ -124,6 +125,14 @@ def decodability(runs: list[ProbeRun], readout: list[tuple[int, bool]] | None = 
         rows.append({"back": back, "label": label, **_by_bucket(tloops, read(weights, tx) == ty)})
         sizes = {"train": len(y), "test": len(ty)}
     return {"buckets": labels, "rows": rows, **sizes}
+
+
+def _thinned(x: torch.Tensor, y: torch.Tensor, loops: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """At most MAX_SAMPLES of them, evenly spaced (the same ones every time): the fit's cost stays bounded."""
+    if len(y) <= MAX_SAMPLES:
+        return x, y, loops
+    keep = torch.linspace(0, len(y) - 1, MAX_SAMPLES).round().long()
+    return x[keep], y[keep], loops[keep]
 
 
 def _by_bucket(loops: torch.Tensor, right: torch.Tensor) -> dict:

@@ -95,17 +95,23 @@ def near_k(rows: list[dict], steps: int) -> list[dict]:
 
 
 def analyse(rows: list[dict], states: torch.Tensor | None) -> dict:
-    """Adds each row's measures (the state's only with `states`, [n, C] one per row); -> the run's."""
-    entropies, shifts = attention_measures(rows)
-    for row, entropy, shift in zip(rows, entropies, shifts):
-        if entropy is not None:
-            row["attention_entropy"] = _round(entropy)
-            row["attention_shift"] = None if shift is None else _round(shift)
+    """Adds each row's state measures (with `states`, [n, C] one per row); -> the run's. The attention's
+    per-row measures are not stored (a trace file stays under the upload limit): with_attention_measures
+    works them out from the rows' weights when they are shown."""
+    _, shifts = attention_measures(rows)
     if states is not None and len(rows) == states.size(0) and rows:
         for row, distance, point in zip(rows, distance_to_last(states), pca_2d(states)):
             row["distance_to_last"] = _round(distance)
             row["pca"] = [_round(v) for v in point]
     return {"attention_settles_at": settles_at(shifts), "has_state": states is not None}
+
+
+def with_attention_measures(rows: list[dict]) -> list[dict]:
+    """Copies of the rows, each with weights given its attention_entropy and attention_shift."""
+    entropies, shifts = attention_measures(rows)
+    return [row if entropy is None else {**row, "attention_entropy": _round(entropy),
+                                         "attention_shift": None if shift is None else _round(shift)}
+            for row, entropy, shift in zip(rows, entropies, shifts)]
 
 
 def _round(value: float) -> float:

@@ -31,7 +31,7 @@ SWEEPS_PER_CLIENT = 2  # an address runs at most two, whatever cookies it sends
 WAIT_SECONDS = 0.25    # how often a sweep refused by the core's limits tries again
 KEEP_FINISHED = 16  # finished sweeps kept for a late stream (their lines; saved ones are in the store)
 ALONE_IN_FLIGHT = 3  # a sweep's runs in flight on a model whose runs cannot step together
-PROBE_RUNS = 500  # runs per model whose states a sweep keeps for its probe (webapp/loops/probe.py)
+PROBE_RUNS = 500  # runs per model whose states a sweep keeps for its probe (webapp/loops/probe.py), shared by its k
 
 
 @dataclass
@@ -91,6 +91,10 @@ class Sweeps:
             log.exception("sweep %s failed", job.id)
             job.set_state(FAILED, str(error) or type(error).__name__)
             return
+        finally:  # the runs' states and rows were for the probe, which is done (or will not be)
+            job.result.probe_runs.clear()
+            job.result.readout.clear()
+            job.result.near_k.clear()
         job.set_state(CANCELLED if job.cancelled else DONE)
 
     def _run(self, job: SweepJob) -> None:
@@ -160,15 +164,19 @@ class Sweeps:
         """A finished run's states and rows, for the probe: held out by table number within its k (by
         plan order when there is one table per k)."""
         result, states = job.result, run.result.states
-        result.near_k.setdefault(model, {})[index] = near_k(run.result.snapshot["trace"], tables[index][0])
-        result.readout.setdefault(model, []).extend(
-            (row["loop"], bool(row["correct"])) for row in run.result.snapshot["trace"])
-        kept = result.probe_runs.setdefault(model, [])
-        if states is None or len(kept) >= PROBE_RUNS:
-            return
+        run.result.states = None  # read once: the run's job is kept a while by the core, its states need not be
         k, number, request = tables[index]
+        held = number if job.request.tables > 1 else index  # odd: held out from the probe's training
+        result.near_k.setdefault(model, {})[index] = near_k(run.result.snapshot["trace"], k)
+        if held % 2:  # the model's own readout, on the held-out runs the probe is tested on
+            result.readout.setdefault(model, []).extend(
+                (row["loop"], bool(row["correct"])) for row in run.result.snapshot["trace"])
+        kept = result.probe_runs.setdefault(model, [])
+        # at most a share of PROBE_RUNS per k, so every k has runs to train and test on (and paths to draw)
+        if states is None or sum(r.k == k for r in kept) >= max(4, PROBE_RUNS // len(job.request.ks)):
+            return
         letters = [request.start] + execute(request.mapping, request.start, states.size(0))
-        kept.append(ProbeRun(number if job.request.tables > 1 else index, states, letters, k))
+        kept.append(ProbeRun(held, states, letters, k))
 
     def _publish_line(self, job: SweepJob, model: str, k: int, tables) -> None:
         result = job.result

@@ -185,3 +185,18 @@ def test_two_checkpoints_side_by_side_each_with_its_states_path_and_the_same_for
     for column in ("-1", "-2"):  # each column with its own ids: what its state did, side by side
         assert f'id="trajectory{column}"' in page and f'id="near-k{column}"' in page
     assert page.count('class="chart settle"') == 2
+
+
+def test_a_large_sweep_keeps_states_at_every_k_and_lets_them_go_when_it_ends(app, monkeypatch):
+    from webapp.loops import sweeping
+    monkeypatch.setattr(sweeping, "PROBE_RUNS", 6)  # 6 // 3 k = 2, so at least 4 runs a k are kept
+    lines = lines_of(app.test_client().post("/api/loops/sweep", json={
+        "model": "latent", "family": "function", "k": [3, 12, 40], "tables": 6, "seed": 9}))
+    final = lines[-1]
+    assert sorted({run["k"] for run in final["paths"]["latent"]}) == [3, 12, 40]  # the last k too
+    assert final["probe"]["latent"]["rows"][1]["n"][2] > 0  # held-out states at loops 33-64, from k = 40
+    readout = final["probe"]["latent"]["rows"][0]
+    assert readout["back"] is None and readout["n"][0] == 3 * (3 + 8 + 8)  # loops 1-8 of the 3 held-out runs a k
+    job = next(j for j in glassbox(app).service(sweeping.Sweeps)._jobs.values()
+               if j.result.sweep_id == final["sweep_id"])
+    assert job.result.probe_runs == {} and job.result.readout == {}  # the states are let go

@@ -59,7 +59,9 @@ class LoopStep:
     # [B] ‖h_t − h_{t−1}‖ / ‖h_{t−1}‖ over the loop block's output h at its one query position (the
     # vector the readout reads): how much the state moved since the previous loop; NaN at loop 1
     state_change: torch.Tensor
-    state: torch.Tensor           # [B, C] the loop block's output h_t (the latent model's carried state)
+    # [B, C] the loop block's output h_t (the latent model's carried state); None from a step() that keeps
+    # its state to itself (an owner's batched model written before it was asked for)
+    state: torch.Tensor | None = None
 
 
 def _cat_injections(parts: list[LoopRows]) -> torch.Tensor | None:

@@ -364,7 +364,7 @@ class LoopTransformer(nn.Module):
             stops.append(stop)
             states.append(state)
             if loop_callback is not None:
-                extra = {"attention": out.attention} if loop_attention else {}
+                extra: dict[str, torch.Tensor | None] = {"attention": out.attention} if loop_attention else {}
                 if loop_state_change:
                     extra["state_change"] = out.state_change
                 if loop_state:

@@ -9,6 +9,7 @@ from flask import jsonify, request
 
 from webapp.core import Refused
 from webapp.loops.request import DemoRequest, RequestError
+from webapp.loops.states import with_attention_measures
 from webapp.loops.trace import RowsEvent, metadata
 from webapp.loops.web.blueprint import api, model_choices, service, settings
 from webapp.web import get_core, quotas, refusal_headers, refusal_status
@@ -137,13 +138,14 @@ def api_trace():
                     yield json.dumps({**head, "status": "streaming", "trace": rows}) + "\n"
         if job.result.snapshot is not None:
             final = {**job.result.snapshot, "trace_id": job.result.trace_id}
+            trace = with_attention_measures(final["trace"]) if after_run else final["trace"]
             if mode == "rows" and after_run:
-                for row in final["trace"]:
+                for row in trace:
                     yield json.dumps(shape(row)) + "\n"
             if mode == "rows":
                 final.pop("trace")
             else:
-                final["trace"] = [shape(row) for row in final["trace"]]
+                final["trace"] = [shape(row) for row in trace]
             yield json.dumps(final) + "\n"
         else:
             status = "error" if job.error else "cancelled"

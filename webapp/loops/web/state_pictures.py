@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from webapp.loops.states import NEEDS_STATE, near_k
+from webapp.loops.states import NEEDS_STATE, near_k, with_attention_measures
 
 __all__ = ["near_k", "sweep_paths", "trajectory", "attention_chart"]
 
@@ -61,7 +61,8 @@ def _distinct(points) -> int:
 
 def attention_chart(rows: list[dict], chart: dict, settles_at: int | None) -> dict:
     """The attention's entropy per loop (nats), under the stop chart on its loop axis."""
-    values = [(row["loop"], row["attention_entropy"]) for row in rows if row.get("attention_entropy") is not None]
+    values = [(row["loop"], row["attention_entropy"]) for row in with_attention_measures(rows)
+              if row.get("attention_entropy") is not None]
     if not values:
         return {"available": False}
     height, top, bottom = 110, 12, 24
