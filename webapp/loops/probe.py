@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from webapp.loops.states import principal_axes
 from webapp.loops.task import SYMBOLS
 
 HOPS_BACK = (0, 1, 2)
@@ -42,10 +43,7 @@ def paths(runs: list[ProbeRun], per_k: int = 2) -> list[dict]:
             shown.append(run)
     if not shown:
         return []
-    every = torch.cat([r.states.double() for r in runs])
-    mean = every.mean(0)
-    _, singular, vh = torch.linalg.svd(every - mean, full_matrices=False)
-    axes = vh[:2] if vh.size(0) >= 2 else torch.cat([vh, torch.zeros_like(vh)])[:2]
+    mean, axes = principal_axes(torch.cat([r.states for r in runs]))
     out = []
     for run in sorted(shown, key=lambda r: r.k):
         points = (run.states.double() - mean) @ axes.T                       # [n, 2]

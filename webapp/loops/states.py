@@ -35,18 +35,25 @@ def distance_to_last(states: torch.Tensor) -> list[float]:
     return (torch.linalg.vector_norm(states - last, dim=-1) / scale).tolist()
 
 
+def principal_axes(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """states [n, C] -> (their mean [C], their first two principal directions [2, C]), in float64; a
+    direction along which they do not spread (fewer than two) is zero, not noise."""
+    x = states.double()
+    mean = x.mean(0)
+    _, singular, vh = torch.linalg.svd(x - mean, full_matrices=False)
+    axes = torch.zeros(2, x.size(1), dtype=torch.float64)
+    for j in range(min(2, vh.size(0))):
+        if singular[j] > 1e-9 * max(float(singular[0]), 1e-300):
+            axes[j] = vh[j]
+    return mean, axes
+
+
 def pca_2d(states: torch.Tensor) -> list[list[float]]:
     """states [n, C] -> [n, 2]: the loops on their first two principal components (0 where a run has
-    fewer directions than that)."""
-    x = states.double()
-    centred = x - x.mean(0)
-    _, singular, vh = torch.linalg.svd(centred, full_matrices=False)
-    coords = torch.zeros(x.size(0), 2, dtype=torch.float64)
-    for j in range(min(2, vh.size(0))):
-        if singular[j] <= 1e-9 * max(float(singular[0]), 1e-300):
-            continue  # no spread along this direction: its axis is noise
-        column = centred @ vh[j]
-        coords[:, j] = -column if column[0] > 0 else column
+    fewer directions than that), each axis's sign set so loop 1 is not on its positive side."""
+    mean, axes = principal_axes(states)
+    coords = (states.double() - mean) @ axes.T                     # [n, 2]
+    coords = torch.where(coords[:1] > 0, -coords, coords)          # flip the axes loop 1 is positive on
     return coords.tolist()
 
 
@@ -82,6 +89,11 @@ def settles_at(shifts: list[float | None], threshold: float = SETTLED) -> int | 
     return loop
 
 
+def near_k_label(offset: int) -> str:
+    """-1 -> "k−1", 0 -> "k", 1 -> "k+1"."""
+    return "k" if offset == 0 else f"k{'+' if offset > 0 else '−'}{abs(offset)}"
+
+
 def near_k(rows: list[dict], steps: int) -> list[dict]:
     """The stop probability at k−100, k−10, k−1, k and k+1: the loops where a head that ignores a digit
     place would fire early, and the one after k. Only the loops the run reached."""
@@ -89,8 +101,7 @@ def near_k(rows: list[dict], steps: int) -> list[dict]:
     for offset in NEAR_K:
         loop = steps + offset
         if 1 <= loop <= len(rows):
-            label = "k" if offset == 0 else f"k{'+' if offset > 0 else '−'}{abs(offset)}"
-            out.append({"label": label, "loop": loop, "probability": rows[loop - 1]["stop_probability"]})
+            out.append({"label": near_k_label(offset), "loop": loop, "probability": rows[loop - 1]["stop_probability"]})
     return out
 
 

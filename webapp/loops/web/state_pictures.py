@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from webapp.loops.states import NEEDS_STATE, near_k, with_attention_measures
 
@@ -20,20 +21,24 @@ LEGEND_ROW = 8  # k values per row of a sweep picture's legend
 MARK_LABELS = {"start": "loop 1", "k": "k", "error": "first wrong", "stop": "stopped"}
 
 
-def trajectory(rows: list[dict], steps: int, first_error: int | None, stopped_at: int | None) -> dict:
-    """rows with "pca" ([x, y] per loop) -> the path, scaled to the square with equal axes."""
-    points = [(row["loop"], row["pca"], row["prediction"], row.get("correct")) for row in rows if "pca" in row]
-    if not points:
-        return {"available": False, "reason": NEEDS_STATE}
-    xs = [p[0] for _, p, _, _ in points]
-    ys = [p[1] for _, p, _, _ in points]
+def in_square(points) -> Callable[[float, float], tuple[float, float]]:
+    """The map from these [x, y] points to the SIZE square, equal scale on both axes, centred, y up."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
     spread = max(max(xs) - min(xs), max(ys) - min(ys)) or 1.0
     mid_x, mid_y = (max(xs) + min(xs)) / 2, (max(ys) + min(ys)) / 2
     scale = (SIZE - 2 * PAD) / spread
 
     def place(x: float, y: float) -> tuple[float, float]:
         return round(SIZE / 2 + (x - mid_x) * scale, 1), round(SIZE / 2 - (y - mid_y) * scale, 1)
+    return place
 
+
+def trajectory(rows: list[dict], steps: int, first_error: int | None, stopped_at: int | None) -> dict:
+    """rows with "pca" ([x, y] per loop) -> the path, scaled to the square with equal axes."""
+    points = [(row["loop"], row["pca"], row["prediction"], row.get("correct")) for row in rows if "pca" in row]
+    if not points:
+        return {"available": False, "reason": NEEDS_STATE}
+    place = in_square([p for _, p, _, _ in points])
     n = len(points)
     dots = []
     for i, (loop, (x, y), letter, correct) in enumerate(points):
@@ -87,10 +92,7 @@ def sweep_paths(paths: list[dict]) -> dict:
     points = [p for run in paths for p in run["points"]]
     if not points:
         return {"available": False}
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    spread = max(max(xs) - min(xs), max(ys) - min(ys)) or 1.0
-    mid_x, mid_y = (max(xs) + min(xs)) / 2, (max(ys) + min(ys)) / 2
-    scale = (SIZE - 2 * PAD) / spread
+    fit = in_square(points)
     ks = sorted({run["k"] for run in paths})
 
     def colour(k: int) -> str:
@@ -98,7 +100,8 @@ def sweep_paths(paths: list[dict]) -> dict:
         return f"hsl({round(230 - 230 * share)}, 70%, 45%)"
 
     def place(x: float, y: float) -> str:
-        return f"{round(SIZE / 2 + (x - mid_x) * scale, 1)},{round(SIZE / 2 - (y - mid_y) * scale, 1)}"
+        px, py = fit(x, y)
+        return f"{px},{py}"
 
     return {"available": True, "size": SIZE,
             "runs": [{"k": run["k"], "colour": colour(run["k"]), "points": " ".join(place(*p) for p in run["points"]),

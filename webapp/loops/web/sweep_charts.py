@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from webapp.loops.states import NEAR_K
+from webapp.loops.states import NEAR_K, near_k_label
 from webapp.loops.sweep import MEASURES, stop_kind, wilson
 
 WIDTH, HEIGHT = 440, 220
@@ -135,7 +135,7 @@ def model_view(lines: list[dict], max_k: int, ks: list[int] | None = None, train
     ordered = sorted(lines, key=lambda line: line["k"])
     table = [{"k": line["k"], "n": line["n"],
               "cells": [(line[m], *interval(line, m)[1:]) for m in MEASURES]} for line in ordered]
-    labels = [f"k{o}".replace("-", "−") if o < 0 else ("k" if o == 0 else f"k+{o}") for o in NEAR_K]
+    labels = [near_k_label(offset) for offset in NEAR_K]
     near = [{"k": line["k"], "values": [line.get("stop_near_k", {}).get(label) for label in labels]}
             for line in ordered if line.get("stop_near_k")]
     return {"near_k": near, "near_k_labels": labels,
