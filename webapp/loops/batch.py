@@ -32,7 +32,6 @@ from webapp.loops.trace import (
     TraceBuilder,
     check_model,
     complete,
-    keep_states,
     loop_rows,
     loops_to_run,
 )
@@ -193,9 +192,8 @@ class LoopBatch(BatchedJobs[DemoRequest, LoopResult]):
             if stops[n] >= threshold or loops[n] >= last_loop:
                 self._publish(row, core, ended=False)
                 try:  # scoring and the state's measures: a failure fails this run, never the batch
-                    keep_states(row.job, row.job.request, row.states)
-                    row.job.result.snapshot = complete(row.job.request, row.bundle.checkpoint_id,
-                                                       row.builder.rows, stops[n], row.started, row.states)
+                    row.job.result.snapshot = complete(row.job.request, row.bundle.checkpoint_id, row.builder.rows,
+                                                       stops[n], row.started, row.states, row.job)
                 except Exception as exc:
                     report.finished.append(self._end(row, FAILED, core, _message(exc)))
                     continue

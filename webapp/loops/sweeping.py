@@ -106,6 +106,7 @@ class Sweeps:
         changed = threading.Condition()
         running: dict[tuple[int, str], Job] = {}
         left = {(model, k): spec.tables for model in spec.models for k in spec.ks}
+        width = self._width(spec)  # runs in flight at once
 
         def submit(index: int, model: str) -> bool:
             k, _, request = tables[index]
@@ -129,7 +130,7 @@ class Sweeps:
             while todo or running:
                 if job.cancelled:
                     return
-                while todo and len(running) < self._width(spec) and submit(*todo[-1]):
+                while todo and len(running) < width and submit(*todo[-1]):
                     todo.pop()
                 with changed:
                     if not ended:

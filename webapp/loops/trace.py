@@ -249,26 +249,22 @@ def run_trace(job: AnyJob, bundle: Any, request: DemoRequest, on_rows=None, betw
         raise
     observe.flush()
     final_stop = float(result.stop_logits[0, -1].float().sigmoid())
-    keep_states(job, request, observe.states)
-    return complete(request, bundle.checkpoint_id, builder.rows, final_stop, started, observe.states)
-
-
-def keep_states(job: AnyJob, request: DemoRequest, states: list[torch.Tensor]) -> None:
-    """A run whose request asks for it keeps its states beside its snapshot (never in it: a sweep's probe
-    reads them, webapp/loops/probe.py)."""
-    if request.keep_states and states and isinstance(job.result, LoopResult):
-        job.result.states = torch.stack(states).float().cpu()
+    return complete(request, bundle.checkpoint_id, builder.rows, final_stop, started, observe.states, job)
 
 
 def complete(request: DemoRequest, checkpoint_id: str, rows: list[dict], final_stop: float, started: float,
-             states: list[torch.Tensor] | None = None) -> dict:
+             states: list[torch.Tensor] | None = None, job: AnyJob | None = None) -> dict:
     """A finished run's snapshot: its rows, scored, with what its state did (webapp/loops/states.py);
-    `final_stop`: the last loop's stop probability; `states`: each loop's state, where the model gave it."""
+    `final_stop`: the last loop's stop probability; `states`: each loop's state, where the model gave it,
+    kept beside the snapshot in the `job`'s result (never in it) when the request asks (a sweep's probe,
+    webapp/loops/probe.py)."""
     if request.force_loops is not None:
         reason = "forced"
     else:
         reason = "head" if final_stop >= request.threshold else "cap"
     kept = torch.stack(states[:len(rows)]) if states and len(states) >= len(rows) > 0 else None
+    if kept is not None and request.keep_states and job is not None and isinstance(job.result, LoopResult):
+        job.result.states = kept.float().cpu()
     analyses = analyse(rows, kept)
     return {**metadata(request, checkpoint_id), "status": "complete", "trace": rows,
             "summary": score_trace(request, rows, reason), "analyses": analyses,
