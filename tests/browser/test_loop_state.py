@@ -25,6 +25,7 @@ def server(tmp_path_factory):
 @pytest.mark.parametrize("size", ["desktop", "phone"])
 def test_a_forced_run_of_the_latent_model_draws_its_states_path(open_page, size):
     page = open_page(size)
+    page.set_default_timeout(60_000)  # model runs behind these waits: a loaded machine takes longer
     page.goto("/loops/")  # the default table: one 26-cycle
     page.select_option("#model", "latent")
     page.fill("#steps", "10")
@@ -46,6 +47,7 @@ def test_a_forced_run_of_the_latent_model_draws_its_states_path(open_page, size)
 @pytest.mark.parametrize("size", ["desktop", "phone"])
 def test_two_models_side_by_side_each_show_what_their_state_does(open_page, size):
     page = open_page(size)
+    page.set_default_timeout(60_000)  # model runs behind these waits: a loaded machine takes longer
     page.goto("/loops/")
     page.fill("#steps", "6")
     page.click("#run")
