@@ -45,6 +45,7 @@
         if (view.getAttribute("data-shown") !== url) return;  // the presenter moved on meanwhile
         var shown = new DOMParser().parseFromString(html, "text/html").querySelector("section.glass");
         view.replaceChildren(shown ? document.importNode(shown, true) : "");
+        if (window.htmx) window.htmx.process(view);  // a map still being worked out follows its job's stream
       }).catch(function () {});
     }
     showView();

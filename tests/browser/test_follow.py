@@ -111,3 +111,27 @@ def test_a_follower_sees_the_view_the_presenter_opens_and_can_look_around_and_co
     follower.get_by_role("link", name="← Back to the presenter").click()
     follower.wait_for_selector("#presenter-view section.lens-page")
     assert not problems
+
+
+def test_a_follower_sees_the_patching_map_the_presenter_opens_read_only(open_context, problems):
+    """Issue 51: a patching map on the follower's screen, with the question as the presenter edited it, and
+    nothing there to change or stop."""
+    presenter, link = presenting(open_context, "Where is France?")
+    presenter.set_default_timeout(60_000)  # the map is a job on the core, behind any other test's work
+    conversation = presenter.url
+    reply = presenter.locator("li.message.assistant").last.get_attribute("id").split("-")[1]
+    follower = open_context().new_page()
+    follower.set_default_timeout(60_000)
+    follower.goto(link)
+    follower.wait_for_selector("#follow-live li.message.user")
+    presenter.goto(f"{conversation}/m/{reply}/patching/1")
+    presenter.fill("#patching-corrupted", "Where is Norway?")
+    presenter.click(".patching-form button[type=submit]")
+    presenter.wait_for_selector("#patching-maps .run-status:has-text('Done.')")
+    follower.wait_for_selector("#presenter-view #patching-maps .run-status:has-text('Done.')")
+    assert "patching token 2" in follower.locator("#follow-status").text_content()
+    assert follower.locator("#presenter-view blockquote.patching-question").text_content() == "Where is Norway?"
+    assert follower.locator("#presenter-view table.patching-map td.pcell").count() > 0
+    assert follower.locator("#presenter-view form").count() == 0  # no form, no Stop
+    assert follower.evaluate("() => document.documentElement.scrollWidth") <= follower.viewport_size["width"]
+    assert not problems

@@ -47,20 +47,22 @@ def event_stream(body: Iterator[str], slot: StreamSlot | None = None, *, bulk: b
 
 
 def stream_job(job: AnyJob, render: Callable[[Event], str | None],
-               render_final: Callable[[AnyJob], str]) -> Response:
+               render_final: Callable[[AnyJob], str], *, watch: bool = False, follower: bool = False) -> Response:
     """Stream a job's events as HTML fragments and end with an explicit `done` event.
 
     `render` turns an event into a fragment (None skips it); `render_final` renders the
     finished job.  The `done` event is what makes the browser close instead of reconnecting.
     The stream holds one of GLASSBOX_MAX_STREAMS slots (503 when none is free), freed when the
-    server closes the response, whatever ended it.
+    server closes the response, whatever ended it. `watch`: someone else's job, read-only (leaving it
+    neither keeps it alive nor cancels it); `follower`: a follow link's, from the followers' pool.
     """
     settings = current_app.config["GLASSBOX"]
-    return stream_events(job.subscribe_batches(settings.heartbeat_seconds), render, lambda: render_final(job))
+    return stream_events(job.subscribe_batches(settings.heartbeat_seconds, watch=watch), render,
+                         lambda: render_final(job), follower=follower)
 
 
 def stream_events(events: Iterator[Event | list[Event] | None], render: Callable[[Event], str | None],
-                  render_final: Callable[[], str]) -> Response:
+                  render_final: Callable[[], str], *, follower: bool = False) -> Response:
     """Stream events as stream_job does, from any source: a job here, or a reply another front end runs,
     followed in the database (None: a heartbeat; a list: events that came together, as
     Job.subscribe_batches gives them). Ends with `done` and `render_final()` once they end."""
@@ -80,7 +82,7 @@ def stream_events(events: Iterator[Event | list[Event] | None], render: Callable
         yield frame("done", render_final())
 
     try:
-        slot = take_slot()
+        slot = take_slot(follower=follower)
     except TooManyRequests:
         return room_full()
     glassbox().client_streams.arrived(request.remote_addr or "", request.path)

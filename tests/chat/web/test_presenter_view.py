@@ -10,6 +10,8 @@ from html import unescape
 from tests.chat.web import test_glass
 from tests.chat.web.test_glass import reply
 from tests.chat.web.test_present import present
+from tests.conftest import wait_for
+from webapp.core.jobs import DONE
 from webapp.web.state import glassbox
 
 chat_app = test_glass.chat_app  # the tiny byte-level model, made to never stop before max_new_tokens
@@ -65,3 +67,50 @@ def test_only_the_owner_of_a_presented_conversation_moves_its_followers(chat_app
     link = present(owner, cid)
     assert other.get(f"/chat/c/{cid}/m/{mid}/inside/1").status_code == 404
     assert state_of(chat_app, link) == {}
+
+
+def test_a_patching_map_the_presenter_opens_fills_in_for_the_followers_who_never_start_or_stop_it(chat_app):
+    """The map's twin is reached by a short name (the edited message may be longer than a follow link's state
+    holds); it follows the presenter's job read-only: no form, no Stop, and a follower leaving its stream never
+    cancels the presenter's map."""
+    from tests.chat.patching.test_pages import Held
+    core = glassbox(chat_app).core
+    core.executors["patching"].batch_tokens = 1
+    presenter, follower = chat_app.test_client(), chat_app.test_client()
+    cid, mid, _ = reply(presenter, "Where is France?", max_new_tokens="3", temperature="0")
+    other_cid, other_mid, _ = reply(presenter, "Where is France?", max_new_tokens="3", temperature="0")
+    token = present(presenter, cid).rsplit("/", 1)[1]
+    query = {"corrupted": "Where is Jordan?", "against": "65"}
+    held = Held(core)
+    try:
+        assert presenter.get(f"/chat/c/{cid}/m/{mid}/patching/1", query_string=query).status_code == 200
+        state = state_of(chat_app, f"/follow/{token}")
+        assert state["label"] == "patching token 2" and re.fullmatch(r"patching/1/[0-9a-f]{16}", state["path"])
+        job = next(j for j in core._jobs.values() if j.kind == "patching")
+        assert wait_for(lambda: any(e.name == "cells" for e in job.events), timeout=60)
+        twin = f"/chat/shared/{token}/m/{mid}/{state['path']}"
+        before = len(core._jobs)
+        page = follower.get(twin)
+        html = unescape(page.get_data(as_text=True))
+        assert page.status_code == 200 and len(core._jobs) == before
+        assert '<blockquote class="patching-question">Where is Jordan?</blockquote>' in html
+        assert "patching-form" not in html and "/stop/" not in html  # read-only: nothing to change or stop
+        stream = re.search(r'sse-connect="([^"]+)"', html).group(1)
+        assert stream == f"{twin}/stream"
+        left = follower.get(stream, buffered=False)  # a follower opens the live map, and leaves
+        assert next(left.response).startswith(b": open")
+        left.close()
+        assert not job.finished_state and not job.cancelled
+        # the name opens that map of that reply only
+        assert follower.get(f"/chat/shared/{token}/m/{mid}/patching/1/{'0' * 16}").status_code == 404
+        assert follower.get(f"/chat/shared/{token}/m/{mid}/patching/2/{state['path'][-16:]}").status_code == 404
+        assert presenter.get(f"/chat/c/{other_cid}/m/{other_mid}/patching/1",
+                             query_string=query).status_code == 200  # the same request on another reply
+        assert follower.get(f"/chat/shared/{token}/m/{other_mid}/{state['path']}").status_code == 404
+    finally:
+        held.release()
+    events = follower.get(stream).get_data(as_text=True)  # the rest of the map, then the whole of it
+    assert "event: cells" in events and events.count("event: done") == 1 and "Done." in events
+    assert job.state == DONE
+    done = follower.get(twin).get_data(as_text=True)
+    assert "Done." in done and "sse-connect" not in done and 'class="pcell pending"' not in done

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from flask import abort, jsonify, redirect, render_template, request, url_for
+from flask import abort, g, jsonify, redirect, render_template, request, url_for
+from werkzeug.exceptions import NotFound
 
 from webapp.chat.decode.odds import TokenOdds
-from webapp.chat.inside.waiting import InsideError, report_or_wait, runnable_writer
+from webapp.chat.inside.waiting import NOT_SHOWN, InsideError, inside_service, report_or_wait, runnable_writer
 from webapp.chat.patching import view as patching_view
 from webapp.chat.patching.compute import Cells, Patching, first_difference
 from webapp.chat.patching.jobs import PatchingMetrics, PatchingRequest
@@ -18,6 +19,8 @@ from webapp.chat.patching.service import PatchingService
 from webapp.chat.records import Message
 from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
+from webapp.chat.web.presenter_view import show_followers
+from webapp.chat.web.share import shared_message
 from webapp.chat.web.token_views import token_text
 from webapp.core import Refused
 from webapp.core.jobs import FINISHED, AnyJob
@@ -132,13 +135,65 @@ def patching(conversation_id: str, message_id: int, index: int):
         return render_template("chat/patching.html", problem=str(error), **common), error.status, error.headers
     view = patching_view.maps_view(tokenizer, patching_request, kept or current(job), job, loaded.model.config,
                                    left=left)
-    return render_template("chat/patching.html", problem=None, view=view, job=job,
+    page = render_template("chat/patching.html", problem=None, view=view, job=job,
                            stream_url=url_for("chat.patching_stream", conversation_id=conversation_id,
                                               message_id=message_id, index=index, corrupted=corrupted,
                                               against=patching_request.against),
                            stop_url=url_for("chat.patching_stop", conversation_id=conversation_id,
                                             message_id=message_id, index=index, job_id=job.id) if job else None,
                            **common)
+    key = patching_service().name(model, patching_request, corrupted)
+    return show_followers(page, conversation_id, message_id, f"patching/{index}/{key}",
+                          f"patching token {index + 1}")
+
+
+@bp.get("/shared/<token>/m/<int:message_id>/patching/<int:index>/<key>")
+def shared_patching(token: str, message_id: int, index: int, key: str):
+    """A map the presenter opened, read-only, filling in as their job works it out: the room never starts,
+    stops or changes one."""
+    conversation, message = shared_message(token, message_id)
+    model, patching_request, corrupted = shown_map(message, index, key)
+    loaded = service().writer(message)
+    kept = patching_service().report(model, patching_request)
+    job = None if kept is not None else patching_service().job(model, patching_request)
+    common = {"conversation": conversation, "message": message, "index": index, "shared": token,
+              "corrupted": corrupted, "token_text": token_text(loaded.tokenizer, patching_request.chosen)[0]}
+    if kept is None and job is None:
+        return render_template("chat/patching.html", problem=NOT_SHOWN, **common), 409
+    view = patching_view.maps_view(loaded.tokenizer, patching_request, kept or current(job), job,
+                                   loaded.model.config)
+    stream_url = url_for("chat.shared_patching_stream", token=token, message_id=message_id, index=index, key=key)
+    return render_template("chat/patching.html", problem=None, view=view, job=job, stream_url=stream_url,
+                           stop_url=None, **common)
+
+
+@bp.get("/shared/<token>/m/<int:message_id>/patching/<int:index>/<key>/stream")
+def shared_patching_stream(token: str, message_id: int, index: int, key: str):
+    _, message = shared_message(token, message_id)
+    try:
+        model, patching_request, _ = shown_map(message, index, key)
+    except NotFound as error:  # an ending stream, never an error: EventSource retries those for ever
+        return finished_stream(render_template("chat/_patching_gone.html", message=error.description))
+    return map_stream(message, model, patching_request, watch=True)
+
+
+def shown_map(message: Message, index: int, key: str) -> tuple[str, PatchingRequest, str]:
+    """(model, request, edited message) of the map named `key` here, when it is of token `index` of this
+    reply (a name never opens another conversation's map); else 404."""
+    named = patching_service().named(key)
+    if named is None or named[1].index != index:
+        abort(404, "No such map: the presenter's page names the maps it shows (it may have been forgotten since).")
+    model, patching_request, corrupted = named
+    try:
+        clean = inside_service().request_for(message, service().details(message.id), index)
+        writer = runnable_writer(message, "Patching cannot run on")
+    except ChatError as error:
+        abort(error.status, str(error))
+    except InsideError as error:
+        abort(error.status, str(error))
+    if clean.context_ids != patching_request.clean_ids or model != writer:
+        abort(404, "No such map for this reply.")
+    return named
 
 
 def current(job: AnyJob | None) -> Patching | None:
@@ -155,6 +210,12 @@ def patching_stream(conversation_id: str, message_id: int, index: int):
         model, patching_request = checked(message, index, corrupted, against)
     except InsideError as error:  # an ending stream, never an error: EventSource retries those for ever
         return finished_stream(render_template("chat/_patching_gone.html", message=str(error)))
+    return map_stream(message, model, patching_request)
+
+
+def map_stream(message: Message, model: str, patching_request: PatchingRequest, watch: bool = False):
+    """A map's job streamed as its page shows it; `watch`: read-only (a follower's, a share link's), which
+    neither keeps the job alive nor stops it by leaving."""
     job = patching_service().job(model, patching_request)
     tokenizer = service().writer(message).tokenizer
     config = service().writer(message).model.config
@@ -182,7 +243,7 @@ def patching_stream(conversation_id: str, message_id: int, index: int):
         view = patching_view.maps_view(tokenizer, patching_request, current(job), job, config)
         return render_template("chat/_patching_maps.html", view=view, job=job, stream_url=None, stop_url=None)
 
-    return stream_job(job, render, final)
+    return stream_job(job, render, final, watch=watch, follower=bool(g.get("follower")))
 
 
 @bp.post("/c/<conversation_id>/m/<int:message_id>/patching/<int:index>/stop/<job_id>")

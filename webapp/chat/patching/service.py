@@ -5,6 +5,9 @@ request (the two contexts and the two tokens), not under a message id."""
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from typing import Any, cast
 
 from webapp.chat.inside.service import InsideService
@@ -25,6 +28,26 @@ class PatchingService(ReportJobs[PatchingRequest, PatchingResult, Patching]):
         super().__init__(core, inside.models, Work.PATCHING, keep, lambda result: result.patching, PatchingResult)
         self.inside = inside
         self.max_cells = max_cells  # GLASSBOX_PATCHING_MAX_CELLS
+        # the maps a presenter opened, by a short name their followers' twin is reached at (issue 51): the edited
+        # message may be thousands of characters, more than a follow link's state holds
+        self._named: OrderedDict[str, tuple[str, PatchingRequest, str]] = OrderedDict()
+        self._named_keep = max(4 * keep, 16)
+        self._lock = threading.Lock()
+
+    def name(self, model: str, request: PatchingRequest, corrupted: str) -> str:
+        """A short name for this map (the same request, the same name), by which `named` finds it again."""
+        key = hashlib.sha256(repr((model, request)).encode()).hexdigest()[:16]
+        with self._lock:
+            self._named[key] = (model, request, corrupted)
+            self._named.move_to_end(key)
+            while len(self._named) > self._named_keep:
+                self._named.popitem(last=False)
+        return key
+
+    def named(self, key: str) -> tuple[str, PatchingRequest, str] | None:
+        """(model, request, the edited message) of a map named here; None: never, or forgotten since."""
+        with self._lock:
+            return self._named.get(key)
 
     def last_user_message(self, details: ReplyDetails) -> str | None:
         """The text of the last user message the reply's prompt holds (what the form starts from)."""
