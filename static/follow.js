@@ -1,7 +1,8 @@
 // A follower's page (templates/follow/chat.html, follow/loops.html; issue 31): what the presenter does, as it
 // happens. Every event carries HTML the server rendered (escaped by Jinja): `conversation` replaces the
 // messages, `token` adds to the live reply; `run` replaces the Loop-lab table, `rows` adds a live run's rows
-// (the table keeps its newest row in sight); `player` says what the presenter points at; `done` ends it.
+// (the table keeps its newest row in sight); `player` says what the presenter points at; `replay` and
+// `replay-token` write a reply again as the presenter replays it; `done` ends it.
 (function () {
   "use strict";
   function start() {
@@ -28,6 +29,19 @@
     });
     var status = document.getElementById("follow-status");
     source.addEventListener("conversation", function (e) { live.innerHTML = e.data; });
+    // The presenter replays a reply: it is written again, token by token, when the presenter's is
+    // (the server sends each token on the presenter's clock); `conversation` puts it back whole.
+    source.addEventListener("replay", function (e) {
+      var bubble = document.querySelector("#follow-message-" + e.data + " .bubble");
+      if (!bubble) return;
+      var text = document.createElement("span");
+      text.className = "text follow-replay";
+      bubble.replaceChildren(text);
+    });
+    source.addEventListener("replay-token", function (e) {
+      var text = live.querySelector(".follow-replay");
+      if (text) text.insertAdjacentHTML("beforeend", e.data);
+    });
     source.addEventListener("token", function (e) {
       var texts = live.querySelectorAll(".follow-text");
       if (texts.length) texts[texts.length - 1].insertAdjacentHTML("beforeend", e.data);

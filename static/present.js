@@ -8,7 +8,7 @@
 
   var running = null;  // {source, item, saved, form}
 
-  // While a conversation is presented, a replay's start and end go to the followers' status line.
+  // While a conversation is presented, a replay's end goes to the followers (its start, the server says).
   function tell(state) {
     var present = document.querySelector("[data-presenting-chat]");
     var token = document.querySelector("input[name=csrf_token]");
@@ -24,7 +24,7 @@
     var r = running;
     running = null;
     r.source.close();
-    tell({view: "", message: ""});
+    tell({view: "", message: "", ended: r.id});  // the server forgets it only if it is still the replay shown
     if (restore && r.item.isConnected) {
       // putting the reply back replaces the focused Stop button: the focus goes to Replay, not to <body>
       var hadFocus = r.item.contains(document.activeElement);
@@ -47,9 +47,10 @@
     var bubble = item.querySelector(".bubble");
     bubble.innerHTML = '<p class="text token-view replaying"></p>';
     var text = bubble.querySelector(".text");
-    var source = new EventSource(form.action + "?pace=" + encodeURIComponent(pace));
-    running = {source: source, item: item, saved: saved, form: form};
-    tell({view: "replay", message: item.id.replace("message-", ""), token: ""});
+    // the server tells a presented conversation's followers, who replay it on the same clock (issue 51)
+    var id = String(Math.floor(Math.random() * 1e15));
+    var source = new EventSource(form.action + "?pace=" + encodeURIComponent(pace) + "&replay=" + id);
+    running = {source: source, item: item, saved: saved, form: form, id: id};
     var stop = item.querySelector(".replay-stop");
     if (stop) stop.hidden = false;
     item.classList.add("show-tokens", "replaying");

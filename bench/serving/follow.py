@@ -1,8 +1,9 @@
 """Follow links (issue 31): 50 followers of one presenter's conversation on one machine, through real
 gunicorn. Per token, the delay from its arriving at the presenter's stream to its arriving at each follower's
 (p50, p95); and the presenter's own first token (send -> first token event) with no followers and with 50,
-alternating rounds, median of each. Tiny test model at 50 ms a token (tests/support/served_models.py), so
-the figures are the serving path's, not the model's.
+alternating rounds, median of each. Then the presenter replays the last reply (issue 51): per token, how far
+each follower's copy is from the presenter's (p50, p95, the largest; the target is within 250 ms). Tiny test
+model at 50 ms a token (tests/support/served_models.py), so the figures are the serving path's, not the model's.
 
     .venv/bin/python -m bench.serving.follow                 # 50 followers, 5 rounds of each
     .venv/bin/python -m bench.serving.follow --followers 20 --rounds 3
@@ -46,6 +47,7 @@ def main() -> None:
     parser.add_argument("--followers", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--pace", type=float, default=20.0, help="the replay's tokens a second")
     parser.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks-history.md")
     args = parser.parse_args()
     load_before = common.load_average()
@@ -77,6 +79,13 @@ def main() -> None:
                 for log, m in zip(logs, marks):
                     tokens = [e for e in log[m:] if e.name == "token"]
                     delays += [theirs.at - ours.at for theirs, ours in zip(tokens, own)]
+            replay = (f"/chat/c/{cid}/m/{last_reply(presenter, cid)}/replay?pace={args.pace:g}&replay=1")
+            marks = [len(log) for log in logs]
+            own = [e for e in presenter.open_stream(replay, timeout=300).events() if e.name == "token"]
+            assert wait_until(lambda: all(sum(e.name == "replay-token" for e in log[m:]) >= len(own)
+                                          for log, m in zip(logs, marks)), 60)
+            skews = [abs(theirs.at - ours.at) for log, m in zip(logs, marks)
+                     for theirs, ours in zip([e for e in log[m:] if e.name == "replay-token"], own)]
             presenter.post(f"/chat/c/{cid}/unpresent")
             for t in threads:
                 t.join(30)
@@ -90,6 +99,18 @@ def main() -> None:
         [[args.followers, f"{args.rounds} × {args.tokens}", p50 * 1000, p95 * 1000, a * 1000, f * 1000, f / a]])
     common.report("Follow links: followers of one presenter", body, load_before=load_before,
                   write_doc=not args.no_doc)
+    body = common.table(
+        ["followers", "replay (tokens at tokens/s)", "follower's token off the presenter's, p50 (ms)", "p95 (ms)",
+         "largest (ms)"],
+        [[args.followers, f"{len(own)} at {args.pace:g}", statistics.median(skews) * 1000,
+          statistics.quantiles(skews, n=20)[-1] * 1000, max(skews) * 1000]])
+    common.report("Follow links: a replay, in step on every follower's screen", body, load_before=load_before,
+                  write_doc=not args.no_doc)
+
+
+def last_reply(client: Client, cid: str) -> str:
+    """The id of the conversation's last message (its reply) as its page names it."""
+    return re.findall(r'id="message-(\d+)"', client.get(f"/chat/c/{cid}").text)[-1]
 
 
 if __name__ == "__main__":

@@ -135,3 +135,29 @@ def test_a_follower_sees_the_patching_map_the_presenter_opens_read_only(open_con
     assert follower.locator("#presenter-view form").count() == 0  # no form, no Stop
     assert follower.evaluate("() => document.documentElement.scrollWidth") <= follower.viewport_size["width"]
     assert not problems
+
+
+def test_a_follower_sees_the_presenters_replay_token_by_token_and_the_reply_put_back(open_context, problems):
+    """Issue 51: while the presenter replays a reply, the follower's copy is written again token by token with
+    it (not shown whole, as before), and put back whole when the replay ends."""
+    presenter = open_context().new_page()
+    presenter.goto("/chat/")
+    send(presenter, "Replay this for the room", "20")
+    presenter.wait_for_selector("li.message.assistant.complete, li.message.assistant.stopped")
+    presenter.click("#present button[type=submit]")
+    link = presenter.locator("#present-url").input_value()
+    follower = open_context().new_page()
+    follower.goto(link)
+    follower.wait_for_selector("#follow-live li.message.assistant")
+    whole = follower.locator("#follow-live li.message.assistant .text").inner_text()
+    record(follower, "replayed", "() => document.querySelectorAll('#follow-live .follow-replay .tok').length")
+    reply = presenter.locator("li.message.assistant").last
+    reply.locator("select[name=pace]").select_option("10")
+    reply.locator("form.replay button[type=submit]").click()
+    presenter.wait_for_function("() => !document.querySelector('li.replaying')")
+    follower.wait_for_function("() => !document.querySelector('#follow-live .follow-replay')")
+    counts = [count for count, _ in recorded(follower, "replayed")]
+    growing = counts[:counts.index(max(counts)) + 1]  # then 0: the replay's copy gone, the reply put back
+    assert max(counts) >= 10 and len(growing) >= 3 and growing == sorted(growing), counts  # it grew, in steps
+    assert follower.locator("#follow-live li.message.assistant .text").inner_text() == whole  # put back whole
+    assert not problems

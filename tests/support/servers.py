@@ -294,7 +294,8 @@ class Stream:
         request = urllib.request.Request(client.absolute(path))
         client.jar.add_cookie_header(request)
         # Accept-Encoding as a browser sends it: a proxy that gzips the stream would hold it back.
-        self.conn.request("GET", url.path, headers={"Accept": "text/event-stream", "Accept-Encoding": "gzip",
+        target = url.path + (f"?{url.query}" if url.query else "")  # the query too: a replay's ?pace=
+        self.conn.request("GET", target, headers={"Accept": "text/event-stream", "Accept-Encoding": "gzip",
                                                     "Cookie": request.get_header("Cookie") or ""})
         self.response = self.conn.getresponse()
         self.status = self.response.status

@@ -2,6 +2,7 @@
 replay's pace, its bounds and Stop. The many-followers test on a real server is tests/integration/test_follow.py."""
 
 import re
+import threading
 import time
 from html import unescape
 
@@ -266,3 +267,48 @@ def test_a_public_url_that_is_not_an_origin_stops_start_up_naming_it(value):
     with pytest.raises(ConfigError, match="GLASSBOX_PUBLIC_URL"):
         Settings.from_env({"GLASSBOX_PUBLIC_URL": value})
     assert Settings.from_env({"GLASSBOX_PUBLIC_URL": "https://glassbox.lab.example:8443/"}).public_url
+
+
+def test_followers_replay_a_reply_on_the_presenters_clock_and_put_it_back_after(chat_app):
+    """Issue 51: the presenter's Replay is written on every follower's screen too, token by token, when the
+    presenter's own stream writes it (not the whole reply at once); a stale end (an earlier replay's) changes
+    nothing, the replay's own end does. How close the two screens keep: bench/serving/follow.py --replay."""
+    client = chat_app.test_client()
+    cid, reply = a_reply(client, chat_app, tokens=20)
+    link = present(client, cid)
+    following = Follower(chat_app.test_client(), link + "/events")
+    assert wait_for(lambda: "event: conversation" in following.text)
+    seen: list[tuple[float, int]] = []  # (when, replay tokens the follower had by then)
+
+    def watch() -> None:
+        while not seen or seen[-1][1] < 20:
+            seen.append((time.monotonic(), following.text.count("event: replay-token")))
+            time.sleep(0.005)
+
+    watching = threading.Thread(target=watch, daemon=True)
+    watching.start()
+    started = time.monotonic()
+    own = client.get(f"/chat/c/{cid}/m/{reply.id}/replay?pace=10&replay=123",
+                     headers={"Accept": "text/event-stream"}, buffered=False)
+    presenter = sum(chunk.decode().count("event: token") for chunk in own.response)
+    assert presenter == 20
+    watching.join(10)
+    assert seen and seen[-1][1] == 20
+    # each follower token is sent when the presenter's stream writes it, token i at (i + 1)/10 s: a loaded
+    # reader may see it late, never early
+    for when, count in seen:
+        assert when - started >= count / 10 - 0.02, (when - started, count)
+    events = sse_events(following.text)
+    names = [n for n, _ in events]
+    assert events[names.index("replay")][1] == str(reply.id)
+    replayed = [d for n, d in events if n == "replay-token"]
+    assert text_of("".join(replayed)) == reply.content and 'class="tok s' in replayed[0]  # with its odds, as live
+    csrf = csrf_of(client, f"/chat/c/{cid}")
+    state_url = f"/chat/c/{cid}/present/state"
+    assert client.post(state_url, data={"view": "", "ended": "999"}, headers={"X-CSRF-Token": csrf}).status_code == 204
+    from tests.chat.web.test_presenter_view import state_of
+    assert state_of(chat_app, link)["view"] == "replay"  # an earlier replay's end: this one goes on
+    assert client.post(state_url, data={"view": "", "ended": "123"}, headers={"X-CSRF-Token": csrf}).status_code == 204
+    assert state_of(chat_app, link)["view"] == ""
+    # then the reply whole again, as the presenter's page puts it back
+    assert wait_for(lambda: "event: conversation" in following.text[following.text.rindex("event: replay-token"):], 10)

@@ -65,21 +65,28 @@ def paced(source: Iterator[Event | list[Event] | None], pace: float) -> Iterator
             yield event
 
 
-def replay_events(tokenizer, odds_rows: list, pace: float) -> Iterator[Event]:
+def replay_events(tokenizer, odds_rows: list, pace: float, start: float | None = None) -> Iterator[Event]:
     """A saved reply's events as its live stream gave them (`running`, then one `token` per token, with its
-    odds), token i at i/pace seconds after the start. Text is decoded as the live decoder does: a token
-    inside a character gives its text with the token that completes it; specials are not text."""
-    start = time.monotonic()
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")  # as the live decoder (generate.py)
+    odds), token i at (i + 1)/pace seconds after `start` (time.monotonic(); None: now). A presented
+    conversation's followers replay it on the same clock (webapp/chat/web/present.py)."""
+    start = time.monotonic() if start is None else start
     yield Event("running", {})
-    for index, row in enumerate(odds_rows):
-        odds = TokenOdds.from_row(row)
-        data = token_bytes(tokenizer, odds.token)
-        text = decoder.decode(data) if data is not None else ""
+    for index, event in enumerate(reply_tokens(tokenizer, odds_rows)):
         due = start + (index + 1) / pace
         now = time.monotonic()
         if due > now:
             time.sleep(due - now)
+        yield event
+
+
+def reply_tokens(tokenizer, odds_rows: list) -> Iterator[Event]:
+    """A saved reply's `token` events, one per token and none waited for. Text is decoded as the live decoder
+    does: a token inside a character gives its text with the token that completes it; specials are not text."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")  # as the live decoder (generate.py)
+    for index, row in enumerate(odds_rows):
+        odds = TokenOdds.from_row(row)
+        data = token_bytes(tokenizer, odds.token)
+        text = decoder.decode(data) if data is not None else ""
         yield Event("token", TokenEvent(text, index, odds.token, odds))
     rest = decoder.decode(b"", final=True)
     if rest:

@@ -22,8 +22,9 @@ from webapp.chat.service import ChatError
 from webapp.chat.web import token_views
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service, settings
 from webapp.chat.web.composer import render_message
-from webapp.chat.web.pace import BadPace, paced, parse_pace, presentation_pace, replay_events
+from webapp.chat.web.pace import BadPace, paced, parse_pace, presentation_pace, replay_events, reply_tokens
 from webapp.core.jobs import Event
+from webapp.digits import plain_digits
 from webapp.present import CHANGES, FOLLOW_POLL_SECONDS, MAX_STATE_BYTES, PresentLink
 from webapp.web import follow, is_htmx
 from webapp.web.security import owner_id
@@ -76,6 +77,14 @@ def unpresent(conversation_id: str):
     return presented(conversation_id, None)
 
 
+def shown_state(conversation_id: str) -> dict:
+    """What the owner's presented conversation shows its followers now ({}: not presented)."""
+    links = follow.links()
+    token = links.of(owner_id(), KIND, conversation_id)
+    link = links.get(token) if token else None
+    return link.state if link else {}
+
+
 def presented(conversation_id: str, token: str | None):
     if is_htmx():
         return render_template("chat/_present.html", conversation_id=conversation_id, present_token=token)
@@ -89,6 +98,9 @@ def present_state(conversation_id: str):
     state = {name: request.form.get(name, "")[:200] for name in ("view", "message", "token")}
     if len(repr(state)) > MAX_STATE_BYTES:
         abort(400, "Too much state.")
+    ended = request.form.get("ended")  # a replay's end: said only if it is still the replay shown
+    if ended and shown_state(conversation_id).get("replay") != ended:
+        return "", 204
     if not follow.links().report(owner_id(), KIND, conversation_id, state):
         abort(404, "This conversation is not being presented.")
     CHANGES.notify(f"chat:{conversation_id}")
@@ -115,7 +127,13 @@ def replay(conversation_id: str, message_id: int):
         tokenizer = service().writer(message).tokenizer
     except ChatError as error:
         abort(error.status, str(error))
-    events = replay_events(tokenizer, details.odds, pace)
+    start = time.monotonic()
+    replay_id = request.args.get("replay", "")
+    if plain_digits(replay_id) and len(replay_id) <= 20 and follow.links().report(  # the room replays it in step
+            owner_id(), KIND, conversation_id, {"view": "replay", "message": str(message_id), "pace": f"{pace:g}",
+                                                "started": f"{time.time():.3f}", "replay": replay_id}):
+        CHANGES.notify(f"chat:{conversation_id}")
+    events = replay_events(tokenizer, details.odds, pace, start)
     if "text/event-stream" not in request.headers.get("Accept", ""):
         pieces = (html for event in events if (html := render_token(event)) is not None)
         page = stream_template("chat/replay.html", conversation_id=conversation_id, message=message,
@@ -153,6 +171,49 @@ class Snapshot:
     shown: tuple = ()  # (id, status) of each message of the branch shown
     conversation: str = ""
     live: int | None = None  # the reply being written
+    replay: Replay | None = None  # the reply the presenter is replaying
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A replay the presenter started: its reply, pace (tokens a second) and start (time.time()), by which
+    every follower writes token i at started + (i + 1)/pace, as the presenter's own stream does."""
+
+    message: int
+    pace: float
+    started: float
+    pieces: tuple[str, ...]  # each token's HTML, rendered once for every follower
+
+
+_REPLAYS: dict[tuple, Replay] = {}
+_REPLAYS_LOCK = threading.Lock()
+
+
+def replay_shown(state: dict, shown: list[Message]) -> Replay | None:
+    """The replay a follow link's state says the presenter runs, of a reply of the branch shown; else None."""
+    if state.get("view") != "replay" or not plain_digits(state.get("message", "")):
+        return None
+    try:
+        pace, started = parse_pace(state.get("pace")), float(state.get("started", ""))
+    except (BadPace, ValueError):
+        return None
+    message = next((m for m in shown if m.id == int(state["message"]) and m.role == "assistant"), None)
+    if message is None:
+        return None
+    key = (message.id, pace, started)
+    with _REPLAYS_LOCK:
+        if key in _REPLAYS:
+            return _REPLAYS[key]
+    odds = service().details(message.id).odds or []
+    try:
+        tokenizer = service().writer(message).tokenizer
+    except ChatError:
+        return None
+    pieces = tuple(html for event in reply_tokens(tokenizer, odds) if (html := render_token(event)) is not None)
+    with _REPLAYS_LOCK:
+        if len(_REPLAYS) > 64:
+            _REPLAYS.clear()
+        return _REPLAYS.setdefault(key, Replay(message.id, pace, started, pieces))
 
 
 def snapshot(links, token: str, owner: str, cid: str) -> Snapshot:
@@ -167,7 +228,8 @@ def snapshot(links, token: str, owner: str, cid: str) -> Snapshot:
     player = render_template("follow/_chat_player.html", state=link.state, token=token)
     return Snapshot(False, link.state_version, player,
                     tuple((m.id, m.status) for m in messages),
-                    render_template("follow/_chat_messages.html", messages=messages), live)
+                    render_template("follow/_chat_messages.html", messages=messages), live,
+                    replay_shown(link.state, messages))
 
 
 class SharedReads:
@@ -218,6 +280,7 @@ def follow_events(link: PresentLink) -> Iterator[str]:
     quiet_since = time.monotonic()
     yield comment("open")
     ended: int | None = None
+    replayed: tuple | None = None  # (reply, start) of the replay followed last: each is followed once
 
     def check() -> Snapshot:
         return SHARED.read(token, CHANGES.version(key), lambda: snapshot(links, token, link.owner, cid), ended,
@@ -240,6 +303,13 @@ def follow_events(link: PresentLink) -> Iterator[str]:
                     yield frame("done", render_template("follow/_ended.html"))
                     return
                 shown, ended = None, now.live  # its end: read the branch again, and send it finished
+            continue
+        if now.replay is not None and (now.replay.message, now.replay.started) != replayed:
+            replayed = now.replay.message, now.replay.started
+            if (yield from follow_replay(now.replay, key, now.state_version, check)):
+                yield frame("done", render_template("follow/_ended.html"))
+                return
+            shown = None  # the reply whole again, as the presenter's page puts it back
             continue
         seen = CHANGES.wait(key, seen, FOLLOW_POLL_SECONDS)
         if time.monotonic() - quiet_since >= heartbeat:
@@ -275,6 +345,29 @@ def follow_reply(message_id: int, heartbeat: float, pace: float,
         close = getattr(source, "close", None)
         if close is not None:
             close()
+    return False
+
+
+def follow_replay(replay: Replay, key: str, version: int,
+                  check: Callable[[], Snapshot]) -> Generator[str, None, bool]:
+    """The presenter's replay, in step with it: `replay` (the reply to clear), then each token when the
+    presenter's stream writes it (a follower who joins late gets the tokens already written at once), until
+    the last, or until the presenter moves on -> (returned) whether the link was revoked meanwhile."""
+    yield frame("replay", str(replay.message))
+    sent, seen = 0, CHANGES.version(key)
+    while sent < len(replay.pieces):
+        due = int((time.time() - replay.started) * replay.pace)  # the tokens the presenter's stream has written
+        if due > sent:
+            yield "".join(frame("replay-token", piece) for piece in replay.pieces[sent:due])
+            sent = min(due, len(replay.pieces))
+            continue
+        wait = replay.started + (sent + 1) / replay.pace - time.time()
+        seen = CHANGES.wait(key, seen, min(max(wait, 0.0), FOLLOW_POLL_SECONDS))
+        now = check()
+        if now.gone:
+            return True
+        if now.state_version != version:  # stopped, or another view: the follower's page follows
+            return False
     return False
 
 
