@@ -93,6 +93,16 @@ class PresentLinks:
                               " WHERE owner = ? AND kind = ? AND target = ?",
                               (json.dumps(state), owner, kind, target)).rowcount > 0
 
+    def report_all(self, owner: str, kind: str, state: dict) -> list[str]:
+        """Keep `state` as what every one of the owner's links of this kind shows -> their targets."""
+        with self.db.transaction() as db:
+            targets = [row[0] for row in db.execute("SELECT target FROM present_links WHERE owner = ? AND kind = ?",
+                                                    (owner, kind)).fetchall()]
+            if targets:
+                db.execute("UPDATE present_links SET state = ?, state_version = state_version + 1"
+                           " WHERE owner = ? AND kind = ?", (json.dumps(state), owner, kind))
+        return targets
+
     # An OwnerStore (webapp/browsers.py): an idle browser's links go with its conversations and traces.
     def stored_bytes(self, *owners: str) -> int:
         """Not counted against the storage limits: a link's state is bounded (MAX_STATE_BYTES) and there is one

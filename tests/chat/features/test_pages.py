@@ -332,3 +332,34 @@ def test_statistics_that_are_not_of_the_dictionary_are_left_out_not_a_500(chat_a
     data = client.get("/chat/features/glassbox/early/40.json").get_json()
     assert data["density"] == 0.5 and data["histogram"] is None  # the damaged histogram alone is left out
     assert client.get("/chat/features/glassbox/early/40").status_code == 200
+
+
+def test_the_presenters_token_features_and_feature_pages_are_shown_to_the_followers(chat_app, tmp_path):
+    """Issue 51: a token's features and a feature's page, opened by the presenter, on every follower's screen;
+    the token's read from the presenter's kept reading (no job for the followers), the feature's page as it is
+    (anyone may open it)."""
+    from tests.chat.web.test_present import present
+    from tests.chat.web.test_presenter_view import state_of
+    client, follower = chat_app.test_client(), chat_app.test_client()
+    cid, mid = greedy_reply(client, n=4)
+    with_early_dictionary(chat_app, tmp_path)
+    link = present(client, cid)
+    token = link.rsplit("/", 1)[1]
+    assert client.get(f"/chat/c/{cid}/m/{mid}/features/1").status_code == 200
+    assert state_of(chat_app, link) == {"view": "page", "message": str(mid), "path": "features/1",
+                                        "label": "the features of token 2"}
+    jobs = len(glassbox(chat_app).core._jobs)
+    twin = follower.get(f"/chat/shared/{token}/m/{mid}/features/1")
+    assert twin.status_code == 200 and "blocks.0.hook_resid_post" in twin.get_data(as_text=True)
+    assert len(glassbox(chat_app).core._jobs) == jobs
+    unseen = follower.get(f"/chat/shared/{token}/m/{mid}/features/2")  # not opened: shown nothing, no job
+    assert unseen.status_code == 409 and len(glassbox(chat_app).core._jobs) == jobs
+    index = client.get(f"/chat/c/{cid}/m/{mid}/features/1.json").get_json()["dictionaries"][0]["features"][0]["index"]
+    url = f"/chat/features/glassbox/early/{index}"
+    assert client.get(url).status_code == 200
+    assert state_of(chat_app, link) == {"view": "page", "url": url, "label": f"feature {index} of early"}
+    page = follower.get(link).get_data(as_text=True)
+    assert f'data-view="{url}"' in page and f"<strong>feature {index} of early</strong>" in page
+    assert follower.get(url).status_code == 200
+    assert client.get("/chat/features/glassbox/early/999").status_code == 404
+    assert state_of(chat_app, link)["url"] == url  # an error page is not shown to the room

@@ -114,3 +114,24 @@ def test_a_patching_map_the_presenter_opens_fills_in_for_the_followers_who_never
     assert job.state == DONE
     done = follower.get(twin).get_data(as_text=True)
     assert "Done." in done and "sse-connect" not in done and 'class="pcell pending"' not in done
+
+
+def test_two_versions_the_presenter_compares_are_compared_on_the_followers_screens(chat_app):
+    """Issue 51: an ablated, steered or branched version beside the reply, as the presenter compares them."""
+    from tests.conftest import csrf_of
+    from webapp.chat.web.conversations import service
+    presenter, follower = chat_app.test_client(), chat_app.test_client()
+    cid, mid, _ = reply(presenter, "Compare us", max_new_tokens="10", temperature="1.0", top_k="0", seed="11")
+    with chat_app.app_context():
+        rows = service().store.details(mid).odds
+    other = next(t for t, _, _ in rows[3][5] if t != rows[3][0])
+    presenter.post(f"/chat/c/{cid}/m/{mid}/branch",
+                   data={"csrf_token": csrf_of(presenter, f"/chat/c/{cid}"), "index": "3", "token": str(other)})
+    with chat_app.app_context():
+        new = service().store.messages(cid)[-1]
+    link = present(presenter, cid)
+    assert presenter.get(f"/chat/c/{cid}/m/{new.id}/compare/{mid}").status_code == 200
+    assert state_of(chat_app, link) == {"view": "page", "message": str(new.id), "path": f"compare/{mid}",
+                                        "label": "two versions side by side"}
+    twin = follower.get(f"/chat/shared/{link.rsplit('/', 1)[1]}/m/{new.id}/compare/{mid}")
+    assert twin.status_code == 200 and "first differ at token 4" in twin.get_data(as_text=True)

@@ -6,7 +6,7 @@ share link."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from flask import abort, jsonify, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
@@ -16,11 +16,12 @@ from webapp.chat.features.dictionaries import LoadedDictionary
 from webapp.chat.features.dictionaries import text as token_text
 from webapp.chat.features.labels import LABEL_CHARS
 from webapp.chat.features.service import SEARCH_RESULTS, TEXT_TOKENS, FeatureService, FoundFeature
-from webapp.chat.inside.waiting import InsideError, report_or_wait, runnable_writer, wait_for_job
+from webapp.chat.inside.waiting import InsideError, report_or_wait, runnable_writer
 from webapp.chat.model.loading import LoadedChatModel
 from webapp.chat.records import Conversation, Message
 from webapp.chat.service import ChatError
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, service
+from webapp.chat.web.presenter_view import show_followers, show_followers_everywhere
 from webapp.chat.web.share import shared_message
 from webapp.chat.web.token_views import whitespace_name
 from webapp.web.security import csrf_exempt, owner_id
@@ -67,7 +68,9 @@ def labelled(model: str, readings: tuple[Reading, ...], top: int | None = None,
 @bp.get("/c/<conversation_id>/m/<int:message_id>/features/<int:index>")
 def token_features(conversation_id: str, message_id: int, index: int) -> ResponseReturnValue:
     conversation = owned_conversation(conversation_id)
-    return page(conversation, owned_message(conversation_id, message_id), index)
+    shown = page(conversation, owned_message(conversation_id, message_id), index)
+    return show_followers(shown, conversation_id, message_id, f"features/{index}",
+                          f"the features of token {index + 1}")
 
 
 @bp.get("/shared/<token>/m/<int:message_id>/features/<int:index>")
@@ -121,11 +124,10 @@ def resolved(message: Message, index: int) -> tuple[str, tuple[Reading, ...]]:
         wanted = features.request_for(model, message, details, index)
     except ChatError as error:
         raise InsideError(str(error), error.status) from None
-    found = features.report(model, wanted, details)
+    found = features.report(model, wanted, details)  # kept, or saved with the reply
     if found is not None:
         return model, found
-    job = wait_for_job(lambda: features.start(owner_id(), model, wanted), "read this token's features")
-    return model, cast(tuple[Reading, ...], job.result.report)
+    return model, report_or_wait(features, model, wanted, "read this token's features")  # a follower: never a job
 
 
 # -- one feature's page -------------------------------------------------------------------------------
@@ -141,8 +143,9 @@ def feature_json(model: str, dictionary: str, index: int) -> ResponseReturnValue
 
 @bp.get("/features/<model>/<dictionary>/<int:index>")
 def feature_page(model: str, dictionary: str, index: int) -> ResponseReturnValue:
-    return render_template("chat/feature.html", model=model, dictionary=dictionary, error=request.args.get("error"),
+    page = render_template("chat/feature.html", model=model, dictionary=dictionary, error=request.args.get("error"),
                            label_chars=LABEL_CHARS, **feature_view(model, dictionary, index))
+    return show_followers_everywhere(page, f"feature {index} of {dictionary}")
 
 
 @bp.post("/features/<model>/<dictionary>/<int:index>/label")

@@ -86,8 +86,9 @@ def branch(conversation_id: str, message_id: int):
 @bp.get("/c/<conversation_id>/m/<int:message_id>/compare/<int:other_id>")
 def compare(conversation_id: str, message_id: int, other_id: int):
     """Two versions of a reply side by side: where their tokens first differ, and the odds there."""
-    return compare_page(owned_conversation(conversation_id), reply_details(conversation_id, message_id),
+    page = compare_page(owned_conversation(conversation_id), reply_details(conversation_id, message_id),
                         reply_details(conversation_id, other_id))
+    return show_followers(page, conversation_id, message_id, f"compare/{other_id}", "two versions side by side")
 
 
 @bp.get("/c/<conversation_id>/m/<int:message_id>/compare")
