@@ -110,3 +110,33 @@ def test_bad_sweeps_are_a_4xx_naming_what_is_wrong_and_start_nothing(chat_app):
         assert client.get(f"/chat/c/{cid}/m/{mid}/sweep?v={v}").status_code == status, v
     other = chat_app.test_client()  # another browser sees none of it
     assert other.get(f"/chat/c/{cid}/m/{mid}/sweep?v={mid}").status_code == 404
+
+
+def test_the_presenters_sweep_fills_in_on_the_followers_screens_read_only(chat_app):
+    """Issue 51: the sweep the presenter opens is the followers' view, polling while a version is written, with
+    links that stay inside the follow link; its polls (htmx fragments) say nothing new to the room."""
+    from tests.chat.web.test_present import present
+    from tests.chat.web.test_presenter_view import state_of
+    client, follower = chat_app.test_client(), chat_app.test_client()
+    cid, mid = greedy_reply(client, n=4)
+    assert direction(client, name="sweep", layer=0, vector=[1.0] * CONFIG.n_embd).status_code == 201
+    sent = swept(client, cid, mid, "-2 2")
+    ids = [int(v) for v in sent.headers["Location"].split("v=")[1].replace("%2C", ",").split(",")]
+    for new in ids:
+        finish(client, cid, new)
+    with store(chat_app).db.transaction() as db:  # as a version still being written reads
+        db.execute("UPDATE messages SET status = 'pending', content = 'Half a' WHERE id = ?", (ids[1],))
+    link = present(client, cid)
+    token = link.rsplit("/", 1)[1]
+    listed = ",".join(map(str, ids))
+    assert client.get(f"/chat/c/{cid}/m/{mid}/sweep", query_string={"v": listed}).status_code == 200
+    state = state_of(chat_app, link)
+    assert state["label"] == "a sweep of strengths" and state["path"] == "sweep?v=" + listed.replace(",", "%2C")
+    version = state["path"]
+    client.get(f"/chat/c/{cid}/m/{mid}/sweep", query_string={"v": str(ids[0])}, headers={"HX-Request": "true"})
+    assert state_of(chat_app, link)["path"] == version  # a poll is no new view
+    twin = follower.get(f"/chat/shared/{token}/m/{mid}/{version}").get_data(as_text=True)
+    assert [heading for heading, _, _ in columns(twin)] == ["Original", "α = -2", "α = 2"]
+    assert f'hx-get="/chat/shared/{token}/m/{mid}/sweep?v=' in twin and "Half a" in twin  # polls its own twin
+    assert f"/chat/c/{cid}" not in twin  # no link names the conversation's own address
+    assert f"/chat/shared/{token}/m/{ids[0]}/compare/{mid}" in twin

@@ -10,12 +10,14 @@ from dataclasses import dataclass
 from flask import abort, jsonify, redirect, render_template, request, url_for
 
 from webapp.chat.interventions import Steering
-from webapp.chat.records import Message
+from webapp.chat.records import Conversation, Message, ReplyDetails
 from webapp.chat.service import ChatError
 from webapp.chat.steering.pages import steering
 from webapp.chat.web import token_views as glass
 from webapp.chat.web.blueprint import bp, owned_conversation, owned_message, owned_page, service, settings
 from webapp.chat.web.glass import reply_details, tokenizer_of
+from webapp.chat.web.presenter_view import show_followers
+from webapp.chat.web.share import shared_reply
 from webapp.core import Refused
 from webapp.web import is_htmx, quotas, refusal_headers, refusal_status
 from webapp.web.security import csrf_json_or_form, owner_id
@@ -110,7 +112,9 @@ def steer_sweep_form(conversation_id: str, message_id: int):
     except ChatError as error:
         abort(error.status, str(error))
     except SweepCut as cut:  # the page shows the versions started, and why the rest were not
-        return sweep_view(conversation_id, message_id, cut.started, str(cut)), cut.status, cut.headers
+        original, details = reply_details(conversation_id, message_id)
+        return (sweep_view(owned_conversation(conversation_id), original, details, cut.started, str(cut)),
+                cut.status, cut.headers)
     return redirect(url_for("chat.steer_sweep_page", conversation_id=conversation_id, message_id=message_id,
                             v=",".join(map(str, ids))), 303)
 
@@ -128,18 +132,32 @@ class SweepColumn:
 @bp.get("/c/<conversation_id>/m/<int:message_id>/sweep")
 def steer_sweep_page(conversation_id: str, message_id: int):
     """?v=<id>,<id>,...: the original reply and its steered versions, by strength; a fragment for htmx's poll."""
+    original, details = reply_details(conversation_id, message_id)  # the browser's, or 404
+    page = sweep_view(owned_conversation(conversation_id), original, details, sweep_ids())
+    return show_followers(page, conversation_id, message_id, "sweep", "a sweep of strengths", keep=("v",))
+
+
+@bp.get("/shared/<token>/m/<int:message_id>/sweep")
+def shared_steer_sweep_page(token: str, message_id: int):
+    """The same, read-only, through a share or follow link (the presenter's sweep on the room's screens)."""
+    conversation, original, details = shared_reply(token, message_id)
+    return sweep_view(conversation, original, details, sweep_ids(), shared=token)
+
+
+def sweep_ids() -> list[int]:
+    """?v=<id>,<id>,...: the sweep's versions, by number (400 unless 1 to MAX_SWEEP numbers)."""
     try:
         ids = [int(v) for v in request.args.get("v", "").split(",") if v.strip()]
     except ValueError:
         abort(400, "v lists the sweep's versions by number, separated by commas.")
     if not 1 <= len(ids) <= MAX_SWEEP:
         abort(400, f"v lists 1 to {MAX_SWEEP} versions of this reply.")
-    return sweep_view(conversation_id, message_id, ids)
+    return ids
 
 
-def sweep_view(conversation_id: str, message_id: int, ids: list[int], error: str | None = None):
-    original, details = reply_details(conversation_id, message_id)  # the browser's, or 404
-    tree = {m.id: m for m in service().all_messages(conversation_id)}
+def sweep_view(conversation: Conversation, original: Message, details: ReplyDetails, ids: list[int],
+               error: str | None = None, shared: str | None = None):
+    tree = {m.id: m for m in service().all_messages(conversation.id)}
     versions = []
     for v in dict.fromkeys(ids):
         version = tree.get(v)
@@ -159,10 +177,11 @@ def sweep_view(conversation_id: str, message_id: int, ids: list[int], error: str
         columns.append(SweepColumn(message, alpha, tokens, first))
     terms = _steering_of(versions[0][1])
     assert terms is not None
-    context = dict(conversation=owned_conversation(conversation_id), original=original, columns=columns,
-                   term=terms.terms[0], live=any(c.message.pending for c in columns), error=error,
-                   poll=url_for("chat.steer_sweep_page", conversation_id=conversation_id, message_id=message_id,
-                                v=",".join(str(m.id) for _, m in versions)))
+    listed = ",".join(str(m.id) for _, m in versions)
+    poll = (url_for("chat.shared_steer_sweep_page", token=shared, message_id=original.id, v=listed) if shared else
+            url_for("chat.steer_sweep_page", conversation_id=conversation.id, message_id=original.id, v=listed))
+    context = dict(conversation=conversation, original=original, columns=columns, term=terms.terms[0],
+                   live=any(c.message.pending for c in columns), error=error, poll=poll, shared=shared)
     if is_htmx() and error is None:
         return render_template("chat/_steer_sweep.html", **context)
     return render_template("chat/steer_sweep.html", **context)

@@ -26,7 +26,7 @@ def show_followers(page: Page, conversation_id: str, message_id: int, path: str,
     """After the owner's page `page` rendered (an error page, a tuple, is not shown): if this conversation is
     presented, its followers show the view at `path` (under the message's twin), with the query arguments
     named in `keep` (the head picked, the token selected), called `label` -> `page`."""
-    if isinstance(page, tuple):
+    if isinstance(page, tuple) or request.headers.get("HX-Request"):  # an error page; a poll of a page shown
         return page
     query = urlencode({name: request.args[name] for name in keep if request.args.get(name)})
     state = {"view": "page", "message": str(message_id), "path": (path + (f"?{query}" if query else ""))[:200],
