@@ -57,7 +57,7 @@
       if (!url) { view.replaceChildren(); return; }
       fetch(url, {credentials: "same-origin"}).then(function (r) { return r.text(); }).then(function (html) {
         if (view.getAttribute("data-shown") !== url) return;  // the presenter moved on meanwhile
-        var shown = new DOMParser().parseFromString(html, "text/html").querySelector("section.glass");
+        var shown = new DOMParser().parseFromString(html, "text/html").querySelector("section.glass, .sweep-page");
         view.replaceChildren(shown ? document.importNode(shown, true) : "");
         if (window.htmx) window.htmx.process(view);  // a map still being worked out follows its job's stream
       }).catch(function () {});

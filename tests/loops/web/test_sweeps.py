@@ -260,3 +260,42 @@ def test_the_trace_api_on_another_model_says_its_checkpoint(bundled):
     request = {"mapping": [[s, s] for s in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"], "start": "A", "steps": 2}
     lines = lines_of(bundled.test_client().post("/api/loops/trace?model=early&stream=snapshots", json=request))
     assert {line["checkpoint"] for line in lines} == {load_bundle("models/loops-early").checkpoint_id}
+
+
+def test_the_presenters_sweep_fills_in_on_the_followers_screens_and_only_the_presenter_stops_it(slow_app):
+    """Issue 51: the sweep the presenter of a Loop lab opens is the followers' view, live then saved; a
+    follower's page has no Stop, and leaving its stream never stops the presenter's sweep."""
+    client, follower = slow_app.test_client(), slow_app.test_client()
+    csrf = csrf_of(client, "/loops/")
+    client.post("/loops/present", data={"csrf_token": csrf})
+    link = re.search(r'value="http://localhost(/follow/[A-Za-z0-9_-]+)"',
+                     client.get("/loops/").get_data(as_text=True)).group(1)
+    token = link.rsplit("/", 1)[1]
+    twin = f"/loops/follow/{token}/sweep"
+    assert follower.get(twin).status_code == 409  # nothing shown yet
+    started = client.post("/loops/sweeps", data={"csrf_token": csrf, "model": "main", "family": "cycle",
+                                                 "k": "20-24", "tables": "3", "seed": "3"})
+    job_id = started.headers["Location"].rstrip("/").split("/")[-1]
+    assert client.get(started.headers["Location"]).status_code == 200
+    page = follower.get(link).get_data(as_text=True)
+    assert "<strong>a sweep</strong>" in page and f'data-view="{twin}"' in page
+    live = follower.get(twin).get_data(as_text=True)
+    assert f'sse-connect="{twin}/stream"' in live and "Stop the sweep" not in live and "Back to the presenter" in live
+    left = follower.get(f"{twin}/stream", buffered=False)
+    assert next(left.response).startswith(b": open")
+    left.close()  # a follower leaving
+    sweeps = glassbox(slow_app).service(Sweeps)
+    job = sweeps.job(client_owner(client), job_id)
+    assert job is not None and job.state != "cancelled"
+    events = sse_events(follower.get(f"{twin}/stream").get_data(as_text=True))  # to its end
+    assert events[-1][0] == "done" and "Stop the sweep" not in events[-1][1]
+    assert job.state == "done" and job.result.sweep_id
+    saved = follower.get(twin).get_data(as_text=True)  # the finished sweep, from its saved file
+    assert "sse-connect" not in saved and saved.count("<svg") >= 2
+    client.post("/loops/unpresent", data={"csrf_token": csrf})
+    assert follower.get(twin).status_code == 404
+
+
+def client_owner(client) -> str:
+    with client.session_transaction() as session:
+        return session["owner"]

@@ -58,6 +58,13 @@ def present_state():
     return "", 204
 
 
+def show_followers(state: dict) -> None:
+    """The presenter's page shows something of its own (a sweep): its followers show it too, until the lab's
+    page reports again (present_state). Nothing when the Loop lab is not presented."""
+    if follow.links().report(owner_id(), KIND, "", state):
+        CHANGES.notify(f"loops:{owner_id()}")
+
+
 def present_token() -> str | None:
     return follow.links().of(owner_id(), KIND, "")
 
@@ -145,7 +152,7 @@ def follow_events(link: PresentLink) -> Iterator[str]:
                 if table is not None:
                     trace_shown = trace
                     yield frame("run", table)
-            yield frame("player", render_template("follow/_loops_player.html", state=now.state))
+            yield frame("player", render_template("follow/_loops_player.html", state=now.state, token=token))
         seen = CHANGES.wait(key, seen, FOLLOW_POLL_SECONDS)
         if time.monotonic() - quiet_since >= heartbeat:
             quiet_since = time.monotonic()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from flask import abort, jsonify, redirect, render_template, request, url_for
+from flask import abort, g, jsonify, redirect, render_template, request, url_for
 
 from webapp.core import Refused
 from webapp.core.jobs import CLIENT, DONE
@@ -14,9 +14,11 @@ from webapp.loops.sweep import SweepSpec
 from webapp.loops.sweeping import SweepJob, Sweeps
 from webapp.loops.web.blueprint import api, bp, model_choices, service, settings
 from webapp.loops.web.forms import MAX_FORM_BYTES
+from webapp.loops.web.present import KIND, show_followers
 from webapp.loops.web.sweep_form import SweepForm
 from webapp.loops.web.sweep_render import render_lab_with_sweep, render_sweep
-from webapp.web import heavy, quotas, refusal_headers, refusal_status
+from webapp.present import PresentLink
+from webapp.web import follow, heavy, quotas, refusal_headers, refusal_status
 from webapp.web.api_auth import key_owner
 from webapp.web.bodies import body_limit
 from webapp.web.security import csrf_exempt, owner_id
@@ -111,6 +113,7 @@ def sweep_live(job_id: str):
             "loops/_gone.html", message=SWEEP_GONE)), 404
     if job.finished_state and job.result.sweep_id:
         return redirect(url_for("loops.sweep_saved", sweep_id=job.result.sweep_id), 303)
+    show_followers({"view": "sweep", "sweep_live": job.id})
     return render_template("loops/sweep_page.html", results=render_sweep(live_snapshot(job), job=job),
                            live=not job.finished_state)
 
@@ -128,19 +131,25 @@ def sweep_stream(job_id: str):
     job = live_job(job_id)
     if job is None:
         return finished_stream(render_template("loops/_gone.html", message=SWEEP_GONE))
+    return job_stream(job)
+
+
+def job_stream(job: SweepJob, shared: bool = False):
+    """A sweep's k lines as they finish, then its results whole; `shared`: a follower's, read-only (leaving
+    neither keeps the sweep alive nor stops it)."""
 
     def render(event):
         if event.name == "line":
-            return render_sweep(live_snapshot(job, event.data["count"]), job=job, fragment="progress")
+            return render_sweep(live_snapshot(job, event.data["count"]), job=job, fragment="progress", shared=shared)
         return None
 
     def final(job):
         saved = job.result.sweep_id
         snapshot = (service().store.get(job.owner, saved) if saved else None) or live_snapshot(job)
-        return render_sweep(snapshot, job=job, sweep_id=saved,
+        return render_sweep(snapshot, job=job, sweep_id=saved, shared=shared,
                             error=None if saved else (job.error or "Stopped."))
 
-    return stream_job(job, render, final)
+    return stream_job(job, render, final, watch=shared, follower=shared)
 
 
 @bp.post("/sweeps/live/<job_id>/stop")
@@ -162,6 +171,7 @@ def owned_sweep(sweep_id: str) -> dict:
 @bp.get("/sweeps/<sweep_id>")
 def sweep_saved(sweep_id: str):
     snapshot = owned_sweep(sweep_id)
+    show_followers({"view": "sweep", "sweep": sweep_id})
     token = service().store.share_token(owner_id(), sweep_id)
     return render_template("loops/sweep_page.html", results=render_sweep(
         snapshot, sweep_id=sweep_id, share_token=token))
@@ -194,3 +204,41 @@ def shared_sweep(snapshot: dict):
     """/loops/shared/<token> of a sweep (webapp/loops/web/traces.py): read-only."""
     return render_template("loops/sweep_page.html", results=render_sweep(snapshot, shared=True))
 
+
+
+# -- the presenter's sweep, on the followers' screens (issue 51) ---------------------------------------
+@bp.get("/follow/<token>/sweep")
+def followed_sweep(token: str):
+    """The sweep the presenter of a Loop lab shows (running, or saved), read-only: never stopped from here."""
+    link = followed_link(token)
+    job = shown_job(link)
+    if job is not None and not (job.finished_state and job.result.sweep_id):
+        return render_template("loops/sweep_page.html", live=not job.finished_state, results=render_sweep(
+            live_snapshot(job), job=job, shared=True, stream_url=url_for("loops.followed_sweep_stream", token=token)))
+    sweep_id = job.result.sweep_id if job is not None else link.state.get("sweep")
+    snapshot = service().store.get(link.owner, sweep_id) if sweep_id else None
+    if not is_sweep(snapshot):
+        abort(409, "The presenter is not showing a sweep now.")
+    return render_template("loops/sweep_page.html", results=render_sweep(snapshot, shared=True))  # type: ignore[arg-type]
+
+
+@bp.get("/follow/<token>/sweep/stream")
+def followed_sweep_stream(token: str):
+    job = shown_job(followed_link(token))
+    if job is None:
+        return finished_stream(render_template("loops/_gone.html", message=SWEEP_GONE))
+    return job_stream(job, shared=True)
+
+
+def followed_link(token: str) -> PresentLink:
+    """A Loop lab's follow link (404 when revoked), its pages then read as a follower's (the way back)."""
+    link = follow.links().get(token)
+    if link is None or link.kind != KIND:
+        abort(404, follow.GONE)
+    g.follower, g.follow_token = True, token
+    return link
+
+
+def shown_job(link: PresentLink) -> SweepJob | None:
+    job_id = link.state.get("sweep_live")
+    return sweeps().job(link.owner, job_id) if isinstance(job_id, str) and job_id else None

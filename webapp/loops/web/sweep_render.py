@@ -24,8 +24,10 @@ def label_of(name: str) -> str:
 
 
 def render_sweep(snapshot: dict, *, job=None, sweep_id: str | None = None, share_token: str | None = None,
-                 shared: bool = False, error: str | None = None, fragment: str | None = None) -> str:
-    """The results section (fragment="progress": only what fills in as k lines finish)."""
+                 shared: bool = False, error: str | None = None, fragment: str | None = None,
+                 stream_url: str | None = None) -> str:
+    """The results section (fragment="progress": only what fills in as k lines finish); a live one follows
+    `stream_url` (None: its owner's stream of the job)."""
     spec = snapshot["spec"]
     max_k = max(spec["k"])
     lines = snapshot["lines"]
@@ -42,6 +44,7 @@ def render_sweep(snapshot: dict, *, job=None, sweep_id: str | None = None, share
                "measures": MEASURES, "measure_labels": MEASURE_LABELS, "family_label": FAMILY_LABELS[spec["family"]],
                "disagreements": differ[:SHOWN_DISAGREEMENTS], "disagreeing": len(differ), "live": live, "job": job,
                "sweep_id": sweep_id, "shared": shared,
+               "stream_url": stream_url or (url_for("loops.sweep_stream", job_id=job.id) if live else None),
                "probes": [(label_of(m), p) for m, p in ((summary or {}).get("probe") or {}).items()],
                "sweep_paths": [(label_of(m), state_pictures.sweep_paths(p))
                                for m, p in ((summary or {}).get("paths") or snapshot.get("paths") or {}).items()],
