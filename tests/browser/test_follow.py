@@ -114,14 +114,15 @@ def test_a_follower_sees_the_view_the_presenter_opens_and_can_look_around_and_co
 
 
 def test_a_follower_sees_the_patching_map_the_presenter_opens_read_only(open_context, problems):
-    """Issue 51: a patching map on the follower's screen, with the question as the presenter edited it, and
-    nothing there to change or stop."""
+    """Issue 51: a patching map on a follower's phone, with the question as the presenter edited it, nothing there
+    to change or stop, and no sideways scrolling of the page (the map scrolls in its own region)."""
     presenter, link = presenting(open_context, "Where is France?")
     presenter.set_default_timeout(60_000)  # the map is a job on the core, behind any other test's work
     conversation = presenter.url
     reply = presenter.locator("li.message.assistant").last.get_attribute("id").split("-")[1]
     follower = open_context().new_page()
     follower.set_default_timeout(60_000)
+    follower.set_viewport_size({"width": 390, "height": 844})  # a follower's phone
     follower.goto(link)
     follower.wait_for_selector("#follow-live li.message.user")
     presenter.goto(f"{conversation}/m/{reply}/patching/1")

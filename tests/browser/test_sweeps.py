@@ -102,3 +102,26 @@ def test_compare_with_the_early_checkpoint_steps_both_players_together(open_page
         assert page.locator("tr[data-first-difference]").count() == (1 if "had stopped" in text else 2)
     assert not axe(page)
     screenshot(page, "issue32-compare")
+
+
+def test_a_follower_on_a_phone_watches_the_presenters_sweep_fill_in(open_page):
+    """Issue 51: the presenter of a Loop lab opens a sweep; a follower's phone shows it below the status line,
+    filling in, without sideways scrolling and with nothing to stop."""
+    presenter = open_page()
+    presenter.set_default_timeout(60_000)  # the sweep's runs are jobs on the core, behind any other test's
+    presenter.goto("/loops/")
+    presenter.click("#present button[type=submit]")
+    link = presenter.locator("#present-url").input_value()
+    follower = open_page("phone")
+    follower.set_default_timeout(60_000)
+    follower.goto(link)
+    follower.wait_for_selector("#follow-status")
+    start_sweep(presenter, k="4,8,16", tables="2")
+    presenter.wait_for_url("**/loops/sweeps/**")
+    follower.wait_for_selector("#presenter-view .sweep-results")
+    assert "a sweep" in follower.locator("#follow-status").text_content()
+    follower.wait_for_selector("#presenter-view .sweep-status[data-done]", timeout=120_000)
+    assert follower.locator("#presenter-view .sweep-model").count() == 2
+    assert follower.locator("#presenter-view form.sweep-stop").count() == 0
+    no_horizontal_scroll(follower)
+    screenshot(follower, "follow-sweep-phone")
