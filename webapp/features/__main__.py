@@ -1,5 +1,6 @@
 """python -m webapp.features train --model <name> --layer L --width W --k K --tokens N --corpus PATH --out DIR
 python -m webapp.features contexts --model <name> --dictionary DIR --corpus PATH [--sequences 512]
+python -m webapp.features quality --model <name> --dictionary DIR --corpus HELD_OUT [--dead-tokens 1000000] [--write]
 
 Trains a TopK sparse dictionary of a chat model's residual stream after block L (several blocks: `--layer 1,2`,
 one dictionary each, in DIR/blocks.L.hook_resid_post), writes it in SAELens's format and prints its quality on
@@ -10,6 +11,11 @@ explained variance; Ctrl-C keeps the last step, and --resume goes on from it.
 `contexts` works out, for a dictionary already made (here or by SAELens), each feature's density, top contexts
 and activation histogram over the first --sequences sequences of a corpus, as `train` does after training, and
 writes them beside it (glassbox_features.json): what its feature pages show.
+
+`quality` gives a dictionary's figures (here or SAELens's) on a held-out corpus: explained variance, L0 and the
+loss recovered over its first --sequences sequences, and the dead fraction over its first --dead-tokens tokens,
+the window SAELens counts dead features over (over the few thousand tokens of the figures, "dead" mostly means
+rare). --write keeps them in the dictionary's quality.json.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +34,8 @@ import torch
 from webapp.chat.features import contexts, saelens
 from webapp.chat.features.activations import CorpusError, corpus_files, documents, sequences
 from webapp.chat.features.contexts import feature_contexts
-from webapp.chat.features.quality import quality
+from webapp.chat.features.quality import dead_fraction, quality
+from webapp.chat.features.sae import Dictionary
 from webapp.chat.features.saelens import DictionaryFileError
 from webapp.chat.features.train import STATE, Plan, Progress, folder_of, train
 from webapp.chat.model.errors import ModelLoadError
@@ -65,9 +73,19 @@ def main(argv: list[str] | None = None) -> int:
     read.add_argument("--corpus", type=Path, required=True, help="a .txt or .jsonl file, or a folder of them")
     read.add_argument("--sequences", type=int, default=512, help="sequences of the corpus read (512)")
     read.add_argument("--context", type=int, default=128, help="tokens per sequence (128)")
+    judge = commands.add_parser("quality", help="a dictionary's figures on a held-out corpus")
+    judge.add_argument("--model", default=None, help="the registry's name (default: the first model)")
+    judge.add_argument("--dictionary", type=Path, required=True, help="the dictionary's folder (SAELens's files)")
+    judge.add_argument("--corpus", type=Path, required=True, help="held-out text: a .txt or .jsonl file, or a folder")
+    judge.add_argument("--sequences", type=int, default=64, help="sequences for the figures (64)")
+    judge.add_argument("--dead-tokens", type=int, default=1_000_000, help="tokens the dead fraction is counted over")
+    judge.add_argument("--context", type=int, default=128, help="tokens per sequence (128)")
+    judge.add_argument("--write", action="store_true", help="keep the figures in the dictionary's quality.json")
     args = parser.parse_args(argv)
     if args.command == "contexts":
         return contexts_command(args)
+    if args.command == "quality":
+        return quality_command(args)
     try:
         name, loaded = load(args.model)
         layers = tuple(int(part) for part in str(args.layer).split(","))
@@ -109,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                   "seconds": round(time.monotonic() - started, 1), "explained_variance": figures.explained_variance,
                   "l0": figures.l0, "dead_fraction": figures.dead_fraction, "ce_clean": figures.ce_clean,
                   "ce_spliced": figures.ce_spliced, "ce_zero": figures.ce_zero,
-                  "loss_recovered": figures.loss_recovered, "held_out_tokens": figures.tokens}
+                  "loss_recovered": figures.loss_recovered, "held_out_tokens": figures.tokens,
+                  "dead_tokens": figures.tokens}
         (folder / "quality.json").write_text(json.dumps(report, indent=2) + "\n")
         print(json.dumps(report))
         if args.context_sequences:  # where each feature fires most, for its page
@@ -119,28 +138,36 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def dictionary_of(args: argparse.Namespace) -> tuple[LoadedChatModel, Dictionary]:
+    """(the model, the dictionary) a command names, checked to fit each other and the corpus to be there.
+    Raises ConfigError, ModelLoadError, CorpusError, DictionaryFileError, ValueError."""
+    if args.sequences < 1 or args.context < 2:
+        raise ValueError("--sequences must be at least 1 and --context at least 2")
+    _, loaded = load(args.model)
+    model: Any = loaded.model  # nanoGPT's layout
+    sae = saelens.load(args.dictionary)
+    width, n_layer = model.config.n_embd, model.config.n_layer
+    if sae.config.d_in != width:
+        raise ValueError(f"{args.dictionary}: d_in is {sae.config.d_in}, the model's width is {width}")
+    if not 0 <= sae.config.layer < int(n_layer):
+        raise ValueError(f"{args.dictionary}: {sae.config.hook_name} reads a block the model does not have")
+    corpus_files(args.corpus)
+    return loaded, sae.to(model.transformer.wte.weight.device)
+
+
 def contexts_command(args: argparse.Namespace) -> int:
     """`contexts`: the statistics of a dictionary already made, written beside it."""
     try:
-        if args.sequences < 1 or args.context < 2:
-            raise ValueError("--sequences must be at least 1 and --context at least 2")
-        _, loaded = load(args.model)
-        model: Any = loaded.model  # nanoGPT's layout
-        sae = saelens.load(args.dictionary)
-        width, n_layer = model.config.n_embd, model.config.n_layer
-        if sae.config.d_in != width:
-            raise ValueError(f"{args.dictionary}: d_in is {sae.config.d_in}, the model's width is {width}")
-        if not 0 <= sae.config.layer < int(n_layer):
-            raise ValueError(f"{args.dictionary}: {sae.config.hook_name} reads a block the model does not have")
-        corpus_files(args.corpus)
+        loaded, sae = dictionary_of(args)
     except (ConfigError, ModelLoadError, CorpusError, DictionaryFileError, ValueError) as error:
         print(f"cannot read contexts: {error}", file=sys.stderr)
         return 2
+    model: Any = loaded.model
     started = time.monotonic()
     seqs = itertools.islice(sequences(documents(corpus_files(args.corpus), loaded.prompt), args.context),
                             args.sequences)
     try:
-        stats = feature_contexts(model, sae.to(model.transformer.wte.weight.device), seqs)
+        stats = feature_contexts(model, sae, seqs)
     except CorpusError as error:
         print(f"cannot read contexts: {error}", file=sys.stderr)
         return 2
@@ -148,6 +175,38 @@ def contexts_command(args: argparse.Namespace) -> int:
     silent = sum(1 for d in stats["density"] if d == 0)
     print(f"read {stats['tokens']:,} tokens in {time.monotonic() - started:.1f} s; {silent} of {len(stats['density'])}"
           f" features silent; wrote {args.dictionary / contexts.FILE}")
+    return 0
+
+
+def quality_command(args: argparse.Namespace) -> int:
+    """`quality`: a dictionary's figures on held-out text; the dead fraction over a window of --dead-tokens."""
+    try:
+        loaded, sae = dictionary_of(args)
+        if args.dead_tokens < 1:
+            raise ValueError("--dead-tokens must be at least 1")
+        started = time.monotonic()
+
+        def read() -> Iterator[list[int]]:
+            return sequences(documents(corpus_files(args.corpus), loaded.prompt), args.context)
+
+        figures = quality(loaded.model, sae, list(itertools.islice(read(), args.sequences)))
+        dead, dead_tokens = dead_fraction(loaded.model, sae, itertools.islice(
+            read(), max(args.sequences, -(-args.dead_tokens // (args.context - 1)))))
+    except (ConfigError, ModelLoadError, CorpusError, DictionaryFileError, ValueError) as error:
+        print(f"cannot judge the dictionary: {error}", file=sys.stderr)
+        return 2
+    if dead_tokens < args.dead_tokens:
+        print(f"the corpus ran out after {dead_tokens:,} of {args.dead_tokens:,} tokens", file=sys.stderr)
+    report = {"explained_variance": figures.explained_variance, "l0": figures.l0, "ce_clean": figures.ce_clean,
+              "ce_spliced": figures.ce_spliced, "ce_zero": figures.ce_zero, "loss_recovered": figures.loss_recovered,
+              "held_out_tokens": figures.tokens, "dead_fraction": dead, "dead_tokens": dead_tokens,
+              "silent_in_held_out": figures.dead_fraction, "held_out": args.corpus.name,
+              "judged_in_seconds": round(time.monotonic() - started, 1)}
+    print(json.dumps(report))
+    if args.write:
+        path = args.dictionary / "quality.json"
+        kept = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**kept, **report}, indent=2) + "\n")
     return 0
 
 

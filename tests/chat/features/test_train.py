@@ -217,3 +217,54 @@ def test_the_command_line_resamples_when_asked(tmp_path):
     refused = features("train", "--layer", "1", "--width", "64", "--k", "4", "--tokens", "4096", "--corpus", text,
                        "--out", str(tmp_path / "e"), "--resample-below", "2")
     assert refused.returncode == 2 and "--resample-below" in refused.stderr
+
+
+def test_the_dead_fraction_is_the_features_active_on_no_token_of_the_window_by_hand():
+    """Counted in batches through the hooked forward; by hand, one sequence at a time through the forward written
+    out, the start token left out as everywhere."""
+    from webapp.chat.features.quality import dead_fraction
+    torch.manual_seed(1)
+    model = GPT(GPTConfig(block_size=32, vocab_size=50, n_layer=2, n_head=2, n_embd=16)).eval()
+    sae = Dictionary(DictionaryConfig(16, 64, "topk", 2, layer=1)).eval()
+    seqs = [[(5 * i + 7 * j) % 50 for j in range(12)] for i in range(7)]  # 7 sequences: batches of 3, 3 and 1
+    fired = torch.zeros(64, dtype=torch.bool)
+    with torch.no_grad():
+        for seq in seqs:
+            ids = torch.tensor([seq])
+            x = model.transformer.wte(ids) + model.transformer.wpe(torch.arange(12))
+            for block in model.transformer.h:
+                x = x + _attention(block, x)
+                x = x + block.mlp(block.ln_2(x))
+            fired |= (sae.encode(x[0, 1:]) > 0).any(0)
+    dead, tokens = dead_fraction(model, sae, iter(seqs), batch=3)
+    assert tokens == 7 * 11 and dead == pytest.approx(1 - float(fired.float().mean()))
+    assert 0 < dead < 1  # k = 2 of 64 on 77 tokens: some fire, some never do
+
+
+def test_quality_judges_a_made_dictionary_on_held_out_text_and_counts_the_dead_over_its_window(tmp_path):
+    out = tmp_path / "d"
+    trained = features("train", "--layer", "1", "--width", "64", "--k", "4", "--tokens", "2048",
+                       "--corpus", corpus(tmp_path, 2000), "--out", str(out), "--batch", "512", "--context", "64",
+                       "--eval-sequences", "2", "--context-sequences", "0")
+    assert trained.returncode == 0, trained.stderr
+    made = json.loads((out / "quality.json").read_text())
+    assert made["dead_tokens"] == made["held_out_tokens"] == 2 * 63  # the train command's: its held-out text
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "other.jsonl").write_text("".join(json.dumps({"user": f"Name {i}.", "assistant": f"It is {i * 3}."})
+                                              + "\n" for i in range(600)))
+    run = features("quality", "--dictionary", str(out), "--corpus", str(held), "--sequences", "2",
+                   "--context", "64", "--dead-tokens", "2000")
+    assert run.returncode == 0, run.stderr
+    figures = json.loads(run.stdout)
+    assert figures["held_out_tokens"] == 2 * 63 and figures["dead_tokens"] == 32 * 63  # ceil(2000 / 63) sequences
+    assert figures["dead_fraction"] <= figures["silent_in_held_out"]  # more tokens: no more features silent
+    assert figures["l0"] == pytest.approx(4.0) and figures["held_out"] == "held"
+    assert json.loads((out / "quality.json").read_text()) == made  # without --write: printed only
+    kept = features("quality", "--dictionary", str(out), "--corpus", str(held), "--sequences", "2", "--context", "64",
+                    "--dead-tokens", "100000", "--write")
+    assert kept.returncode == 0 and "the corpus ran out after" in kept.stderr
+    written = json.loads((out / "quality.json").read_text())
+    assert written["dead_tokens"] < 100000 and written["width"] == 64 and written["tokens"] == 2048  # merged
+    wrong = features("quality", "--dictionary", str(out), "--corpus", str(held), "--dead-tokens", "0")
+    assert wrong.returncode == 2 and "--dead-tokens must be at least 1" in wrong.stderr

@@ -2,7 +2,8 @@
 
     explained variance   1 − Σ‖x − x̂‖² / Σ‖x − mean(x)‖², over every held-out token's stream
     L0                   features active per token, on average
-    dead                 the fraction of features active on no held-out token
+    dead                 the fraction of features active on no held-out token (dead_fraction: over a window of a
+                         million tokens or so, as SAELens counts it; over a few thousand, "dead" mostly means rare)
     loss recovered       (CE_zero − CE_spliced) / (CE_zero − CE_clean): the next-token cross-entropy with the
                          stream after the block replaced by its reconstruction x̂ (spliced), by zeros
                          (zero-ablated), and untouched (clean)
@@ -14,13 +15,14 @@ forward with only that stream changed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
+from webapp.chat.features.activations import activations
 from webapp.chat.features.sae import Dictionary
 from webapp.chat.model import hooked
 from webapp.chat.model.edits import Edit, ResidAdd
@@ -80,3 +82,17 @@ def _ce(model: Any, x: torch.Tensor, targets: torch.Tensor) -> float:
     """Mean next-token cross-entropy of a run's final stream x (1, T, C) against targets (T − 1,)."""
     logits = model.lm_head(model.transformer.ln_f(x[0, :-1])).float()
     return float(F.cross_entropy(logits, targets))
+
+
+@torch.inference_mode()
+def dead_fraction(model: Any, sae: Dictionary, seqs: Iterator[list[int]], batch: int = 16) -> tuple[float, int]:
+    """(the fraction of features active on none of the tokens, the tokens read) over sequences each [bos, ...]
+    (the start token left out, as everywhere here), read in batches through the hooked forward."""
+    layer = sae.config.layer
+    fired = torch.zeros(sae.config.d_sae, dtype=torch.bool)
+    tokens = 0
+    for rows, _ in activations(model, seqs, [layer], batch):
+        x = rows[layer].to(model.transformer.wte.weight.device)
+        fired |= (sae.encode(x) > 0).any(0).cpu()
+        tokens += x.size(0)
+    return 1.0 - float(fired.float().mean()), tokens
