@@ -2,6 +2,8 @@
 
 import json
 import re
+import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -34,6 +36,30 @@ def store(app):
         return service().store
 
 
+def sent_and_streamed(app, client, send_reply: Callable) -> tuple:
+    """(send_reply()'s response, its reply's stream's events), the stream opened while the reply is still being
+    written: the model is held before its next token until the stream is open (on a loaded machine a short reply
+    can end before the test asks for its stream, which then sends only the final fragment)."""
+    from webapp.chat.web.conversations import service
+    release = threading.Event()
+    model = glassbox(app).core.models["chat"].model
+    hook = model.lm_head.register_forward_hook(lambda *_: release.wait(60) and None)
+    got: list[str] = []
+    try:
+        sent = send_reply()
+        url = stream_url(sent.get_data(as_text=True))
+        with app.app_context():
+            job = service().job_for(int(re.search(r"/m/(\d+)/stream", url).group(1)))
+        reader = threading.Thread(target=lambda: got.append(client.get(url).get_data(as_text=True)), daemon=True)
+        reader.start()
+        assert wait_for(lambda: job.subscribers > 0, 60)  # the stream is open: now the reply goes on
+    finally:
+        release.set()
+        hook.remove()
+    reader.join(120)
+    return sent, sse_events(got[0])
+
+
 def messages(app, conversation_id):
     return store(app).messages(conversation_id)
 
@@ -50,12 +76,12 @@ def test_empty_chat_page_has_composer_and_sampling_controls(chat_app):
 
 def test_send_streams_tokens_then_final_bubble_and_saves_the_reply(chat_app):
     client = chat_app.test_client()
-    response = send(client, "Hello <b>there</b>", seed="7", max_new_tokens="30")
+    response, events = sent_and_streamed(chat_app, client, lambda: send(client, "Hello <b>there</b>", seed="7",
+                                                                         max_new_tokens="30"))
     assert response.status_code == 200
     html = response.get_data(as_text=True)
     assert "Hello &lt;b&gt;there&lt;/b&gt;" in html and "<b>there</b>" not in html
     assert response.headers["HX-Push-Url"].startswith("/chat/c/")
-    events = sse_events(client.get(stream_url(html)).get_data(as_text=True))
     names = [n for n, _ in events]
     assert names[-1] == "done" and names.count("done") == 1
     streamed = "".join(d for n, d in events if n == "token")

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from tests.chat.web.test_conversations import conversation_id_of, send, stream_url
+from tests.chat.web.test_conversations import conversation_id_of, send, sent_and_streamed, stream_url
 from tests.conftest import csrf_of, make_app, sse_events
 from webapp.web.state import glassbox
 
@@ -36,9 +36,18 @@ def reply(client, content, **fields):
     return conversation_id_of(sent), int(re.search(r"/m/(\d+)/stream", url).group(1)), events
 
 
+def live_reply(app, client, content, **fields):
+    """As reply(), its stream opened while the reply is still being written (sent_and_streamed)."""
+    sent, events = sent_and_streamed(app, client, lambda: send(client, content, **fields))
+    assert sent.status_code == 200 and events[-1][0] == "done"
+    url = stream_url(sent.get_data(as_text=True))
+    return conversation_id_of(sent), int(re.search(r"/m/(\d+)/stream", url).group(1)), events
+
+
 def test_the_token_view_shows_every_token_with_its_odds_and_a_panel_without_javascript(chat_app):
     client = chat_app.test_client()
-    cid, mid, events = reply(client, "Hello there", max_new_tokens="12", temperature="0.8", top_k="20", seed="3")
+    cid, mid, events = live_reply(chat_app, client, "Hello there", max_new_tokens="12", temperature="0.8",
+                                  top_k="20", seed="3")
     tokens_url = f"/chat/c/{cid}/m/{mid}/tokens"
     assert tokens_url in client.get(f"/chat/c/{cid}").get_data(as_text=True)  # linked from the reply
     page = client.get(tokens_url).get_data(as_text=True)

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import csrf_of, make_app, sse_events
+from tests.chat.web.test_conversations import sent_and_streamed
+from tests.conftest import csrf_of, make_app
 from tests.support.chat_models import tiny_checkpoint
 from webapp.chat.web.markdown import MAX_MARKDOWN_CHARS, render_markdown
 from webapp.web.state import glassbox
@@ -213,10 +214,9 @@ def assert_rendered_reply(html: str) -> None:
 def test_the_final_fragment_and_the_history_page_render_the_reply_but_not_the_question(markdown_app):
     client = markdown_app.test_client()
     question = "Is **this** <b>bold</b>?\nSecond line"
-    sent = client.post("/chat/send", data={"content": question, "csrf_token": csrf_of(client, "/chat/")},
-                       headers=HX)
-    html = sent.get_data(as_text=True)
-    events = sse_events(client.get(re.search(r'sse-connect="([^"]+)"', html).group(1)).get_data(as_text=True))
+    csrf = csrf_of(client, "/chat/")
+    sent, events = sent_and_streamed(markdown_app, client, lambda: client.post(
+        "/chat/send", data={"content": question, "csrf_token": csrf}, headers=HX))
     streamed = "".join(d for n, d in events if n == "token")
     tokens = re.sub(r'<span class="tok s\d" title="[\d.]+%">|</span>', "", streamed)  # a span per token
     assert "**bold**" in tokens and "<strong>" not in tokens  # while it streams: plain, escaped text
