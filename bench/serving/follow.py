@@ -52,8 +52,9 @@ def main() -> None:
     args = parser.parse_args()
     load_before = common.load_average()
     with tempfile.TemporaryDirectory() as work:
+        # every follower here comes from one loopback address, which may hold a quarter of the followers' pool
         env = {**model_env(Path(work), chat_arch="tiny:0.05"), "GLASSBOX_MAX_STREAMS": str(args.followers + 20),
-               "GLASSBOX_MAX_STREAMS_PER_CLIENT": "0"}
+               "GLASSBOX_MAX_STREAMS_PER_CLIENT": "0", "GLASSBOX_MAX_FOLLOWER_STREAMS": str(4 * (args.followers + 4))}
         server = Gunicorn(Path(work) / "instance", env).start()
         try:
             presenter = Client(server.url)

@@ -1,7 +1,8 @@
 """Issue 51, item 3, in Chromium: a projector that fits. In large type at 1280×720, 1280×800 and 1920×1080, every
-page a presenter opens (a conversation, a reply's tokens, Inside, the lens, attribution, a patching map, a Loop-lab
-run) is no wider than the screen, cuts no text off, fits its grid or map in its width, and puts that grid or map in
-the first screen: the prose that explains it is folded behind "What am I looking at?"."""
+page a presenter opens (a conversation, a reply's tokens, Inside, the lens, attribution, a patching map, two versions
+compared, a Loop-lab run and sweep) is no wider than the screen, cuts no text off, fits its grid or map in its
+width, and puts that grid or map in the first screen: the prose that explains it is folded behind "What am I
+looking at?"."""
 
 from __future__ import annotations
 
@@ -45,13 +46,23 @@ def presenter_pages(page) -> dict[str, tuple[str, str | None]]:
     chat = page.url
     reply = page.locator("li.message.assistant").last.get_attribute("id").split("-")[1]
     at = f"{chat}/m/{reply}"
+    page.locator(f"#message-{reply}").get_by_role("button", name="Regenerate").click()  # a second version
+    other = page.wait_for_selector(f"li.message.assistant.complete:not(#message-{reply})").get_attribute("id")
     run_loops(page, "12")
     page.wait_for_url(re.compile(r"/loops/traces/[^/?]+$"))
+    loop_run = page.url
+    page.goto("/loops/")
+    page.locator("#sweep summary").click()
+    page.fill("#sweep-k", "2,4")
+    page.fill("#sweep-tables", "2")
+    page.click("#sweep-run")
+    page.wait_for_selector(".sweep-status[data-done]", timeout=60_000)
     return {"conversation": (chat, "li.message.assistant"), "tokens": (f"{at}/tokens?t=1", ".token-view"),
             "inside": (f"{at}/inside/1", "table"), "lens": (f"{at}/lens", "table.lens"),
             "attribution": (f"{at}/attribution/1", "ol.largest"),
             "patching": (f"{at}/patching/1?corrupted=Where+is+Jordan%3F&against=65", "table.patching-map"),
-            "loop run": (page.url, "#results")}
+            "compare": (f"{chat}/m/{other.split('-')[1]}/compare/{reply}", ".compare"),
+            "loop run": (loop_run, "#results"), "loop sweep": (page.url, ".sweep-results")}
 
 
 @pytest.mark.parametrize("projector", PROJECTORS)

@@ -32,6 +32,10 @@ from webapp.web.sse import comment, frame, stream_events
 from webapp.web.streams import long_response
 
 KIND = "chat"
+# How long a follower waits after the presenter changes something before it reads the change: the followers'
+# reads and renders (one for all, then a write each) would otherwise compete with the presenter's own request
+SETTLE_SECONDS = 0.1
+TOKEN_LAG_SECONDS = 0.01
 
 
 def render_token(event: Event) -> str | None:
@@ -311,7 +315,9 @@ def follow_events(link: PresentLink) -> Iterator[str]:
                 return
             shown = None  # the reply whole again, as the presenter's page puts it back
             continue
-        seen = CHANGES.wait(key, seen, FOLLOW_POLL_SECONDS)
+        before, seen = seen, CHANGES.wait(key, seen, FOLLOW_POLL_SECONDS)
+        if seen != before:  # the presenter's request first (a new message's reply, its first token), the room after
+            time.sleep(SETTLE_SECONDS)
         if time.monotonic() - quiet_since >= heartbeat:
             quiet_since = time.monotonic()
             yield comment("heartbeat")
@@ -326,6 +332,8 @@ def follow_reply(message_id: int, heartbeat: float, pace: float,
     checked = quiet_since = time.monotonic()
     try:
         for item in paced(source, pace):
+            if item is not None:
+                time.sleep(TOKEN_LAG_SECONDS)  # the presenter's stream takes its token first
             now = time.monotonic()
             if now - checked >= FOLLOW_POLL_SECONDS:
                 checked = now
