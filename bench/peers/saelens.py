@@ -3,6 +3,8 @@ the same width, k, batch, learning rate and activation rows, in the same order, 
 
     .venv/bin/python -m bench.peers.saelens                       # the first run makes SAELens's venv (pip, minutes)
     .venv/bin/python -m bench.peers.saelens --tokens 2000000 --no-doc
+    .venv/bin/python -m bench.peers.saelens --end-to-end        # each reads the model its own way (SAELens:
+                                                                # TransformerLens's HookedTransformer, its runner)
 
 The rows: the bundled chat model's residual stream after block 2 on the project's own synthetic training text (what
 scripts/train_dictionary.py trains the bundled dictionary on), read once through Glassbox's activation stream (its
@@ -33,6 +35,7 @@ VPY = VENV / "bin" / "python"
 SAE_LENS = "sae-lens==6.54.12"
 TORCH = "torch==2.13.0"  # the CPU wheel; never unpinned: that would pull a CUDA build
 WORKER = Path(__file__).with_name("saelens_worker.py")
+E2E_WORKER = Path(__file__).with_name("saelens_e2e_worker.py")
 SAVED = HOME / "trained_by_saelens"  # SAELens's dictionary in SAELens's files, opened by Glassbox
 BUNDLED = ROOT / "models/chat/model.safetensors"
 LAYER = 2
@@ -48,6 +51,9 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--glassbox-lr-scale", type=float, default=1.0,
                    help="Glassbox's rate times this (SAELens keeps the default rate): each its own best rate")
+    p.add_argument("--end-to-end", action="store_true",
+                   help="each reads its own activations from the model (SAELens through TransformerLens's "
+                        "HookedTransformer and its own training runner) from the same token sequences")
     p.add_argument("--no-doc", action="store_true")
     return p.parse_args(argv)
 
@@ -121,11 +127,69 @@ def opened_here(rows: torch.Tensor) -> float:
         return float((sae.encode(rows) - torch.load(SAVED / "encoded_by_saelens.pt")).abs().max())
 
 
+def run_end_to_end(args, load_before: str) -> None:
+    """Activations and training together, each trainer its own way, on the same sequences of the same corpus (the
+    ones Glassbox's `train` reads: after its held-out sequences), the explained variance on the same held-out rows
+    (another seed's text, read by Glassbox)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from chat_corpus import write_jsonl
+
+    from webapp.chat.features.activations import activations, corpus_files, documents, sequences
+    from webapp.chat.features.train import Plan, train
+    from webapp.chat.model.loading import load_chat_model
+    HOME.mkdir(parents=True, exist_ok=True)
+    corpus, held_corpus = HOME / "corpus.jsonl", HOME / "held.jsonl"
+    if not corpus.exists():
+        write_jsonl(str(corpus), max(50_000, args.tokens // 6), seed=1)
+    if not held_corpus.exists():
+        write_jsonl(str(held_corpus), 20_000, seed=2)
+    loaded = load_chat_model(str(BUNDLED))
+    plan = Plan((LAYER,), args.width, args.k, args.tokens, batch=args.batch)
+    wanted = plan.eval_sequences + -(-args.tokens // (plan.context - 1)) + plan.buffer_batches * 40
+    seqs = [s for _, s in zip(range(wanted), sequences(documents(corpus_files(corpus), loaded.prompt), plan.context))]
+    torch.save(torch.tensor(seqs[plan.eval_sequences:]), HOME / "seqs.pt")
+    held_seqs = sequences(documents(corpus_files(held_corpus), loaded.prompt), plan.context)
+    held = torch.cat([rows[LAYER] for rows, _ in activations(loaded.model, held_seqs, [LAYER], 16)])[:args.held]
+    torch.save(held, HOME / "held.pt")
+    started = time.perf_counter()
+    ours = train(loaded.model, loaded.prompt, corpus, plan, HOME / "glassbox-e2e")[LAYER]
+    seconds = time.perf_counter() - started
+    with torch.no_grad():
+        ev = 1.0 - float(((ours(held)[1] - held) ** 2).sum() / ((held - held.mean(0)) ** 2).sum())
+    lr = plan.learning_rate(float(held.norm(dim=-1).mean()), held.size(1))
+    worker = subprocess.run([str(VPY), str(E2E_WORKER), str(HOME / "seqs.pt"), str(HOME / "held.pt"), "--model",
+                             str(BUNDLED.parent), "--layer", str(LAYER), "--tokens", str(args.tokens), "--width",
+                             str(args.width), "--k", str(args.k), "--batch", str(args.batch), "--lr", str(lr),
+                             "--threads", str(args.threads)], capture_output=True, text=True,
+                            env={"TQDM_DISABLE": "1", "WANDB_MODE": "disabled", "PATH": "/usr/bin:/bin"})
+    if worker.returncode:
+        raise SystemExit(f"SAELens's run failed:\n{worker.stderr[-3000:]}")
+    theirs = json.loads(worker.stdout.strip().splitlines()[-1])
+    ours_rate, their_rate = args.tokens / seconds, theirs["tokens"] / theirs["seconds"]
+    body = (common.table(["end to end", "tokens/s", "explained variance (held out)", "seconds"],
+                         [["Glassbox (`train`: its activation stream and its trainer)", f"{ours_rate:,.0f}",
+                           f"{ev:.3f}", f"{seconds:.1f}"],
+                          [f"SAELens {theirs['version']} (its runner, TransformerLens's HookedTransformer)",
+                           f"{their_rate:,.0f}", f"{theirs['explained_variance']:.3f}", f"{theirs['seconds']:.1f}"]])
+            + f"\n\n- Glassbox ÷ SAELens, end to end: **{ours_rate / their_rate:.2f}×**; explained variance "
+              f"{ev - theirs['explained_variance']:+.3f}"
+            + f"\n- the bundled chat model's stream after block {LAYER}, {args.width} features, k = {args.k}, "
+              f"{args.tokens:,} tokens of the same {len(seqs) - plan.eval_sequences:,} sequences of 128 tokens, "
+              f"batches of {args.batch}, Glassbox at its own rate, SAELens at {lr:.3g} (Glassbox's rule, on the "
+              f"held-out rows' norm); held out: {held.size(0):,} rows of another seed's text; {args.threads} torch "
+              f"threads each; SAELens's model built before its clock starts")
+    common.report("Dictionary training against SAELens, end to end", body, load_before=load_before,
+                  write_doc=not args.no_doc)
+
+
 def main(argv=None):
     args = parse_args(argv)
     load_before = common.load_average()
     torch.set_num_threads(args.threads)
     setup()
+    if args.end_to_end:
+        run_end_to_end(args, load_before)
+        return
     rows, read_rate = activation_rows(args.tokens + args.held)
     acts = HOME / "acts.pt"
     torch.save(rows, acts)

@@ -67,19 +67,13 @@ def main(argv: list[str] | None = None) -> int:
                           "fraction of the tokens since the last look (e.g. 1e-4; 0: never)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--resume", action="store_true", help="go on from the checkpoint in --out")
-    read = commands.add_parser("contexts", help="work out a dictionary's top contexts, density and histograms")
-    read.add_argument("--model", default=None, help="the registry's name (default: the first model)")
-    read.add_argument("--dictionary", type=Path, required=True, help="the dictionary's folder (SAELens's files)")
-    read.add_argument("--corpus", type=Path, required=True, help="a .txt or .jsonl file, or a folder of them")
+    read = made_dictionary(commands.add_parser("contexts", help="work out a dictionary's top contexts, density "
+                                               "and histograms"), "a .txt or .jsonl file, or a folder of them")
     read.add_argument("--sequences", type=int, default=512, help="sequences of the corpus read (512)")
-    read.add_argument("--context", type=int, default=128, help="tokens per sequence (128)")
-    judge = commands.add_parser("quality", help="a dictionary's figures on a held-out corpus")
-    judge.add_argument("--model", default=None, help="the registry's name (default: the first model)")
-    judge.add_argument("--dictionary", type=Path, required=True, help="the dictionary's folder (SAELens's files)")
-    judge.add_argument("--corpus", type=Path, required=True, help="held-out text: a .txt or .jsonl file, or a folder")
+    judge = made_dictionary(commands.add_parser("quality", help="a dictionary's figures on a held-out corpus"),
+                            "held-out text: a .txt or .jsonl file, or a folder")
     judge.add_argument("--sequences", type=int, default=64, help="sequences for the figures (64)")
     judge.add_argument("--dead-tokens", type=int, default=1_000_000, help="tokens the dead fraction is counted over")
-    judge.add_argument("--context", type=int, default=128, help="tokens per sequence (128)")
     judge.add_argument("--write", action="store_true", help="keep the figures in the dictionary's quality.json")
     args = parser.parse_args(argv)
     if args.command == "contexts":
@@ -136,6 +130,15 @@ def main(argv: list[str] | None = None) -> int:
                                     args.context_sequences)
             contexts.save(feature_contexts(model, sae, seqs), folder)
     return 0
+
+
+def made_dictionary(command: argparse.ArgumentParser, corpus: str) -> argparse.ArgumentParser:
+    """The arguments of a command on a dictionary already made: the model, the dictionary, a corpus, the context."""
+    command.add_argument("--model", default=None, help="the registry's name (default: the first model)")
+    command.add_argument("--dictionary", type=Path, required=True, help="the dictionary's folder (SAELens's files)")
+    command.add_argument("--corpus", type=Path, required=True, help=corpus)
+    command.add_argument("--context", type=int, default=128, help="tokens per sequence (128)")
+    return command
 
 
 def dictionary_of(args: argparse.Namespace) -> tuple[LoadedChatModel, Dictionary]:

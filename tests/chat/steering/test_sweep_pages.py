@@ -68,17 +68,23 @@ def test_the_sweep_form_lands_on_a_page_with_each_strength_beside_the_original(c
     assert f'/chat/c/{cid}/m/{ids[0]}/compare/{mid}"' in page
 
 
-def test_the_page_polls_while_a_version_is_being_written_and_stops_when_all_have_ended(chat_app):
-    client = chat_app.test_client()
+def a_sweep_still_being_written(app, client) -> tuple[str, int, list[int], str]:
+    """A sweep of two strengths whose second version reads as still being written -> (conversation, reply,
+    versions, the sweep's page)."""
     cid, mid = greedy_reply(client, n=4)
     assert direction(client, name="sweep", layer=0, vector=[1.0] * CONFIG.n_embd).status_code == 201
     sent = swept(client, cid, mid, "-2 2")
     ids = [int(v) for v in sent.headers["Location"].split("v=")[1].replace("%2C", ",").split(",")]
     for new in ids:
         finish(client, cid, new)
-    with store(chat_app).db.transaction() as db:  # as a version still being written reads
+    with store(app).db.transaction() as db:  # as a version still being written reads
         db.execute("UPDATE messages SET status = 'pending', content = 'Half a' WHERE id = ?", (ids[1],))
-    url = sent.headers["Location"]
+    return cid, mid, ids, sent.headers["Location"]
+
+
+def test_the_page_polls_while_a_version_is_being_written_and_stops_when_all_have_ended(chat_app):
+    client = chat_app.test_client()
+    cid, mid, ids, url = a_sweep_still_being_written(chat_app, client)
     live = client.get(url).get_data(as_text=True)
     assert 'hx-trigger="load delay:1s"' in live and '<meta http-equiv="refresh"' in live  # JavaScript or not
     assert columns(live)[2][1] == "Writing… 6 characters so far." and "Half a" in live
@@ -118,14 +124,7 @@ def test_the_presenters_sweep_fills_in_on_the_followers_screens_read_only(chat_a
     from tests.chat.web.test_present import present
     from tests.chat.web.test_presenter_view import state_of
     client, follower = chat_app.test_client(), chat_app.test_client()
-    cid, mid = greedy_reply(client, n=4)
-    assert direction(client, name="sweep", layer=0, vector=[1.0] * CONFIG.n_embd).status_code == 201
-    sent = swept(client, cid, mid, "-2 2")
-    ids = [int(v) for v in sent.headers["Location"].split("v=")[1].replace("%2C", ",").split(",")]
-    for new in ids:
-        finish(client, cid, new)
-    with store(chat_app).db.transaction() as db:  # as a version still being written reads
-        db.execute("UPDATE messages SET status = 'pending', content = 'Half a' WHERE id = ?", (ids[1],))
+    cid, mid, ids, _ = a_sweep_still_being_written(chat_app, client)
     link = present(client, cid)
     token = link.rsplit("/", 1)[1]
     listed = ",".join(map(str, ids))
