@@ -18,6 +18,7 @@ Quality: explained variance on the last --held rows, which neither trains on (SA
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import subprocess
 import sys
@@ -148,9 +149,10 @@ def run_end_to_end(args, load_before: str) -> None:
     wanted = plan.eval_sequences + -(-args.tokens // (plan.context - 1)) + plan.buffer_batches * 40
     seqs = [s for _, s in zip(range(wanted), sequences(documents(corpus_files(corpus), loaded.prompt), plan.context))]
     torch.save(torch.tensor(seqs[plan.eval_sequences:]), HOME / "seqs.pt")
-    held_seqs = sequences(documents(corpus_files(held_corpus), loaded.prompt), plan.context)
+    held_seqs = itertools.islice(sequences(documents(corpus_files(held_corpus), loaded.prompt), plan.context),
+                                 -(-args.held // (plan.context - 1)))
     held = torch.cat([rows[LAYER] for rows, _ in activations(loaded.model, held_seqs, [LAYER], 16)])[:args.held]
-    torch.save(held, HOME / "held.pt")
+    torch.save(held.clone(), HOME / "held.pt")  # the rows alone, not the storage they were cut from
     started = time.perf_counter()
     ours = train(loaded.model, loaded.prompt, corpus, plan, HOME / "glassbox-e2e")[LAYER]
     seconds = time.perf_counter() - started
