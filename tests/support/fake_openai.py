@@ -49,7 +49,8 @@ class Fake(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, text="Hi there", die_after=None, delay=0.0, status=200, *, style="openai", split="chars",
-                 finish="stop", interrupt=False, top_k_wanted=None, usage_tokens=None, timings=None, slots=None):
+                 finish="stop", interrupt=False, top_k_wanted=None, usage_tokens=None, timings=None, slots=None,
+                 n_ctx=None):
         super().__init__(("127.0.0.1", 0), Handler)
         self.text, self.die_after, self.delay, self.status = text, die_after, delay, status
         self.style, self.split, self.finish, self.interrupt = style, split, finish, interrupt
@@ -59,6 +60,7 @@ class Fake(ThreadingHTTPServer):
         self.streaming = 0  # requests being answered now
         self.most = 0  # the most answered at once
         self.slots = slots  # llama.cpp's llama-server: its `total_slots` in GET /props (None: no /props)
+        self.n_ctx = n_ctx  # and its slots' context, `default_generation_settings.n_ctx` (None: not said)
         self.arrivals = 0
         self.lock = threading.Lock()
         threading.Thread(target=self.serve_forever, daemon=True).start()
@@ -92,7 +94,9 @@ class Handler(BaseHTTPRequestHandler):
             if self.server.slots is None:
                 self._json(404, {"error": {"message": "File Not Found"}})
             else:
-                self._json(200, {"total_slots": self.server.slots, "model_alias": "fake"})
+                said = {"n_ctx": self.server.n_ctx} if self.server.n_ctx is not None else {}
+                self._json(200, {"total_slots": self.server.slots, "model_alias": "fake",
+                                 "default_generation_settings": said})
             return
         self.server.models_checked += 1
         if self.server.style == "llamacpp":  # llama-cpp-python's list

@@ -139,6 +139,20 @@ def test_replies_beyond_the_backends_slots_wait_in_the_front_and_every_one_compl
     fake.shutdown()
 
 
+@pytest.mark.parametrize("n_ctx_windows, replies_at_once", [(None, 4), (2.5, 2), (0.5, 1), (8, 4)])
+def test_no_more_replies_than_a_llama_server_s_shared_context_holds(loaded, n_ctx_windows, replies_at_once):
+    """llama-server on its default flags: 4 slots sharing one cache of n_ctx tokens. A real one (the bundled model's
+    GGUF, n_ctx 1,024, the window 1,024) failed 8 replies of 8 at once with "Context size has been exceeded"
+    (bench/peers/llamacpp_server.py); no more run at once than n_ctx holds windows."""
+    from webapp.chat.decode.remote.executor import remote_executor
+    from webapp.config import Settings
+    n_ctx = None if n_ctx_windows is None else int(n_ctx_windows * loaded.block_size)
+    fake = Fake("abc", slots=4, n_ctx=n_ctx)
+    executor = remote_executor(loaded, Settings(chat_backend=f"openai:{fake.url}"))
+    assert executor.max_rows == replies_at_once
+    fake.shutdown()
+
+
 def test_a_configured_slot_count_wins_and_a_failure_always_says_why(loaded):
     from webapp.chat.decode.remote.executor import remote_executor
     from webapp.config import Settings

@@ -105,19 +105,29 @@ class Backends:
         known = [n for n in self.slots.values() if n is not None]
         return sum(known) if len(known) == len(self.slots) else None
 
-    def ask_slots(self, configured: int = 0) -> None:
+    def ask_slots(self, configured: int = 0, window: int = 0) -> None:
         """Each backend's slots: `configured` (GLASSBOX_CHAT_BACKEND_SLOTS) when set, else what the
-        backend says: llama.cpp's server its `total_slots` (GET /props, beside /v1), llama-cpp-python's
-        server one (it ends a running reply when another arrives: its /v1/models lists a model "owned_by"
-        "me", with "permissions"); a backend that says neither, or does not answer, has no cap."""
+        backend says: llama.cpp's server its `total_slots` (GET /props, beside /v1), no more than its context
+        holds replies of `window` tokens; llama-cpp-python's server one (it ends a running reply when another
+        arrives: its /v1/models lists a model "owned_by" "me", with "permissions"); a backend that says
+        neither, or does not answer, has no cap."""
         for url in self.urls:
-            self.slots[url] = configured or self._said_slots(url)
+            self.slots[url] = configured or self._said_slots(url, window)
 
-    def _said_slots(self, url: str) -> int | None:
+    def _said_slots(self, url: str, window: int) -> int | None:
         root = path_of(url, "").removesuffix("/v1")
         props = self._get_json(url, root + "/props")
         if isinstance(props, dict) and isinstance(props.get("total_slots"), int) and props["total_slots"] > 0:
-            return int(props["total_slots"])
+            # On its default flags llama-server's slots share one cache of n_ctx tokens (kv_unified): replies
+            # that together hold more fail mid-reply ("Context size has been exceeded"). A reply may hold the
+            # whole window, so no more run at once than n_ctx holds windows (at least one). A server started
+            # with --no-kv-unified gives each slot n_ctx of its own: GLASSBOX_CHAT_BACKEND_SLOTS says so.
+            settings = props.get("default_generation_settings")
+            n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+            slots = int(props["total_slots"])
+            if window > 0 and isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > 0:
+                slots = max(1, min(slots, n_ctx // window))
+            return slots
         models = self._get_json(url, path_of(url, "/models"))
         listed = models.get("data") if isinstance(models, dict) else None
         if isinstance(listed, list) and listed and all(

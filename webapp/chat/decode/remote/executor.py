@@ -215,7 +215,7 @@ def remote_executor(loaded: LoadedChatModel, settings: Settings) -> RemoteChat:
     rest wait in the core's queue, each page saying how many are ahead."""
     backends = Backends(parse_backend(settings.chat_backend), read_key(settings.chat_backend_key_file),
                         retry_seconds=settings.chat_backend_retry_seconds)
-    backends.ask_slots(settings.chat_backend_slots)
+    backends.ask_slots(settings.chat_backend_slots, window=loaded.block_size)
     capacity = backends.capacity()
     rows = settings.chat_backend_max_replies if capacity is None else min(capacity, settings.chat_backend_max_replies)
     log.info("chat backends %s: slots %s, replies at once %d", ", ".join(backends.urls),
