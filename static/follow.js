@@ -2,7 +2,8 @@
 // happens. Every event carries HTML the server rendered (escaped by Jinja): `conversation` replaces the
 // messages, `token` adds to the live reply; `run` replaces the Loop-lab table, `rows` adds a live run's rows
 // (the table keeps its newest row in sight); `player` says what the presenter points at; `replay` and
-// `replay-token` write a reply again as the presenter replays it; `done` ends it.
+// `replay-token` write a reply again as the presenter replays it; `moved` (a presenting session's presenter
+// opened another page) loads the session's page again; `done` ends it.
 (function () {
   "use strict";
   function start() {
@@ -64,6 +65,8 @@
     }
     showView();
     source.addEventListener("player", function (e) { status.innerHTML = e.data; markLoop(); showView(); });
+    // A presenting session's presenter opened another page: this follower's page becomes that page's.
+    source.addEventListener("moved", function (e) { source.close(); window.location.assign(e.data); });
     source.addEventListener("done", function (e) {
       source.close();
       status.innerHTML = e.data;

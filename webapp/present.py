@@ -26,6 +26,10 @@ FOLLOW_POLL_SECONDS = 0.2
 MAX_STATE_BYTES = 2000
 
 
+# A presenting session's kind: one link for everything its owner opens (issue 51). Its state names the link of
+# the conversation or Loop lab the presenter has open ({"kind": ..., "target": ...}); its followers follow that.
+SESSION = "session"
+
 SHORT_CODE_LETTERS = 6  # a follow link's short code: 30 bits, typed from a projector (/f/ABC123)
 
 
@@ -69,6 +73,35 @@ class PresentLinks:
         with self.db.transaction() as db:
             db.execute("DELETE FROM present_links WHERE owner = ? AND kind = ? AND target = ?", (owner, kind, target))
 
+    def here(self, owner: str, kind: str, target: str) -> tuple[str | None, str | None]:
+        """The owner's page of (kind, target) is open -> (its link's token, the owner's presenting session's),
+        in one read. While a session runs it now shows this page, whose link is made if need be; a page
+        rendered again where the session already is writes nothing."""
+        with self.db.connect() as db:
+            rows = db.execute("SELECT kind, token, state FROM present_links WHERE owner = ?"
+                              " AND (kind = ? AND target = ? OR kind = ? AND target = '')",
+                              (owner, kind, target, SESSION)).fetchall()
+        own = next((row[1] for row in rows if row[0] == kind), None)
+        session = next((row for row in rows if row[0] == SESSION), None)
+        if session is None:
+            return own, None
+        own = own or self.make(owner, kind, target)
+        where = {"kind": kind, "target": target}
+        if (json.loads(session[2]) if session[2] else {}) != where:
+            with self.db.transaction() as db:
+                db.execute("UPDATE present_links SET state = ?, state_version = state_version + 1 WHERE token = ?",
+                           (json.dumps(where), session[1]))
+            CHANGES.notify(f"{SESSION}:{owner}")
+        return own, session[1]
+
+    def shown_by(self, session: PresentLink) -> PresentLink | None:
+        """The link a session shows now (None: the presenter opened nothing yet, or stopped presenting it)."""
+        kind, target = session.state.get("kind"), session.state.get("target")
+        if not isinstance(kind, str) or not isinstance(target, str):
+            return None
+        token = self.of(session.owner, kind, target)
+        return self.get(token) if token else None
+
     def token_of_code(self, code: str) -> str | None:
         """The live link whose short code this is (short_code), typed in any case; None when there is none."""
         code = code.strip().upper().replace("0", "O").replace("1", "I")
@@ -110,7 +143,8 @@ class PresentLinks:
         return 0
 
     def forget_owner(self, owner: str) -> int:
-        """Revoke every link the owner made (a Loop-lab link outlives no trace: it follows the owner)."""
+        """Revoke every link the owner made (a Loop-lab link outlives no trace: it follows the owner; a presenting
+        session's Stop ends all it showed)."""
         with self.db.transaction() as db:
             return db.execute("DELETE FROM present_links WHERE owner = ?", (owner,)).rowcount
 

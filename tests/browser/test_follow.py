@@ -52,6 +52,32 @@ def test_a_follower_page_updates_live_and_ends_on_revoke(open_context, problems)
     assert follower.goto(link).status == 404
 
 
+def test_the_room_follows_the_presenter_across_pages_on_one_link(open_context, problems):
+    """Issue 51: presenting is one session: the follower's phone shows the conversation, then the Loop lab when the
+    presenter opens it, then the new conversation the presenter starts, on the same link, never scrolling sideways."""
+    presenter, link = presenting(open_context, "Where do we start?")
+    follower = open_context().new_page()
+    follower.set_viewport_size({"width": 390, "height": 844})  # a follower's phone
+    follower.goto(link)
+    follower.wait_for_selector("#follow-live li.message.user:has-text('Where do we start?')")
+    presenter.goto("/loops/")
+    presenter.wait_for_selector("#present-url")  # the Loop lab's page says the room follows it too
+    follower.wait_for_selector("h1:has-text('Loop lab, live')")
+    assert follower.url == link
+    assert follower.evaluate("() => document.documentElement.scrollWidth") <= follower.viewport_size["width"]
+    presenter.goto("/chat/")
+    send(presenter, "A new conversation, watched", "5")
+    follower.wait_for_selector("#follow-live li.message.user:has-text('A new conversation, watched')")
+    follower.wait_for_selector("#follow-live li.message.assistant:not(.pending)")
+    assert follower.url == link and "Where do we start?" not in follower.locator("#follow-live").text_content()
+    assert follower.evaluate("() => document.documentElement.scrollWidth") <= follower.viewport_size["width"]
+    assert axe(follower) == []
+    presenter.click("#present button.danger")
+    follower.wait_for_function("() => document.querySelector('#follow-status').textContent"
+                               ".includes('stopped presenting')")
+    assert not problems
+
+
 def test_replay_writes_the_reply_again_and_stop_puts_it_back(page):
     page.goto("/chat/")
     send(page, "Replay me", "20")

@@ -17,10 +17,8 @@ from webapp.chat.web import token_views
 from webapp.chat.web.blueprint import owned_page, service, settings
 from webapp.chat.web.forms import FormError, FormErrors, remembered_sampling, submitted_sampling
 from webapp.core import Refused
-from webapp.present import PresentLinks
-from webapp.web import is_htmx, quotas, refusal_headers, refusal_status
+from webapp.web import follow, is_htmx, quotas, refusal_headers, refusal_status
 from webapp.web.security import owner_id
-from webapp.web.state import glassbox
 from webapp.web.streams import held_slot
 
 
@@ -84,12 +82,16 @@ def page_context(page: ChatPage | None, sampling: SamplingParams, *, draft: str 
             "budget": token_budget(messages, sampling.max_new_tokens, model),
             "model": model, "model_gone": service().model_gone(conversation),
             "beside": paired,
-            "present_token": present_token(conversation), **more}
+            **presenting(conversation), **more}
 
 
-def present_token(conversation: Conversation | None) -> str | None:
-    """The conversation's follow link while its owner presents it (webapp/chat/web/present.py)."""
-    return PresentLinks(glassbox().db).of(conversation.owner, "chat", conversation.id) if conversation else None
+def presenting(conversation: Conversation | None) -> dict:
+    """The conversation's follow link while its owner presents it (webapp/chat/web/present.py), and the
+    presenting session's, which then shows this conversation (webapp/web/follow.py)."""
+    if conversation is None or conversation.owner != owner_id():
+        return {"present_token": None, "present_session": None}
+    token, session = follow.presented_here("chat", conversation.id)
+    return {"present_token": token, "present_session": session}
 
 
 def default_sampling() -> SamplingParams:

@@ -25,7 +25,7 @@ from webapp.chat.web.composer import render_message
 from webapp.chat.web.pace import BadPace, paced, parse_pace, presentation_pace, replay_events, reply_tokens
 from webapp.core.jobs import Event
 from webapp.digits import plain_digits
-from webapp.present import CHANGES, FOLLOW_POLL_SECONDS, MAX_STATE_BYTES, PresentLink
+from webapp.present import CHANGES, FOLLOW_POLL_SECONDS, MAX_STATE_BYTES, SESSION, PresentLink
 from webapp.web import follow, is_htmx
 from webapp.web.security import owner_id
 from webapp.web.sse import comment, frame, stream_events
@@ -91,7 +91,8 @@ def shown_state(conversation_id: str) -> dict:
 
 def presented(conversation_id: str, token: str | None):
     if is_htmx():
-        return render_template("chat/_present.html", conversation_id=conversation_id, present_token=token)
+        return render_template("chat/_present.html", conversation_id=conversation_id, present_token=token,
+                               present_session=follow.links().of(owner_id(), SESSION, ""))
     return redirect(url_for("chat.conversation", conversation_id=conversation_id, _anchor="present"), 303)
 
 
@@ -272,9 +273,9 @@ def finished_here(message_id: int) -> bool:
     return job is not None and job.finished_state
 
 
-def follow_events(link: PresentLink) -> Iterator[str]:
+def follow_events(link: PresentLink, moved: follow.Moved) -> Iterator[str]:
     """The follower's stream: `conversation` (the branch shown, whenever it changes), `token` (the live
-    reply's tokens), `player` (what the presenter points at), then `done` once the link is revoked."""
+    reply's tokens), `player` (what the presenter points at), until the link is revoked or `moved()`."""
     links, token, cid = follow.links(), link.token, link.target
     key, heartbeat = f"chat:{cid}", settings().heartbeat_seconds
     pace = presentation_pace()
@@ -287,13 +288,14 @@ def follow_events(link: PresentLink) -> Iterator[str]:
     replayed: tuple | None = None  # (reply, start) of the replay followed last: each is followed once
 
     def check() -> Snapshot:
+        if moved():
+            return Snapshot(gone=True)
         return SHARED.read(token, CHANGES.version(key), lambda: snapshot(links, token, link.owner, cid), ended,
                            finished_here)
 
     while True:
         now = check()
         if now.gone:
-            yield frame("done", render_template("follow/_ended.html"))
             return
         if now.state_version != state_version:
             state_version = now.state_version
@@ -302,16 +304,13 @@ def follow_events(link: PresentLink) -> Iterator[str]:
             shown, quiet_since = now.shown, time.monotonic()
             yield frame("conversation", now.conversation)
             if now.live is not None:
-                ended = yield from follow_reply(now.live, heartbeat, pace, check)
-                if ended:
-                    yield frame("done", render_template("follow/_ended.html"))
+                if (yield from follow_reply(now.live, heartbeat, pace, check)):
                     return
                 shown, ended = None, now.live  # its end: read the branch again, and send it finished
             continue
         if now.replay is not None and (now.replay.message, now.replay.started) != replayed:
             replayed = now.replay.message, now.replay.started
             if (yield from follow_replay(now.replay, key, now.state_version, check)):
-                yield frame("done", render_template("follow/_ended.html"))
                 return
             shown = None  # the reply whole again, as the presenter's page puts it back
             continue
@@ -325,7 +324,8 @@ def follow_events(link: PresentLink) -> Iterator[str]:
 
 def follow_reply(message_id: int, heartbeat: float, pace: float,
                  check: Callable[[], Snapshot]) -> Generator[str, None, bool]:
-    """A live reply's tokens, as they come -> (returned) whether the link was revoked meanwhile."""
+    """A live reply's tokens, as they come -> (returned) whether the link was revoked (or the session that
+    showed it moved on) meanwhile."""
     job = service().job_for(message_id)
     source = (job.subscribe_batches(FOLLOW_POLL_SECONDS, watch=True) if job is not None
               else service().follow(message_id, FOLLOW_POLL_SECONDS))  # another front end runs it

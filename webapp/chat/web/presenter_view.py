@@ -31,6 +31,7 @@ def show_followers(page: Page, conversation_id: str, message_id: int, path: str,
     query = urlencode({name: request.args[name] for name in keep if request.args.get(name)})
     state = {"view": "page", "message": str(message_id), "path": (path + (f"?{query}" if query else ""))[:200],
              "label": label[:200]}
+    follow.presented_here(KIND, conversation_id)  # a presenting session shows it from now on
     if follow.links().report(owner_id(), KIND, conversation_id, state):
         CHANGES.notify(f"chat:{conversation_id}")
     return page

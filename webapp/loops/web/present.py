@@ -18,7 +18,7 @@ from webapp.core.jobs import Event
 from webapp.digits import plain_digits
 from webapp.loops.trace import RowsEvent
 from webapp.loops.web.blueprint import bp, service, settings
-from webapp.present import CHANGES, FOLLOW_POLL_SECONDS, PresentLink
+from webapp.present import CHANGES, FOLLOW_POLL_SECONDS, SESSION, PresentLink
 from webapp.web import follow, is_htmx
 from webapp.web.security import owner_id
 from webapp.web.sse import comment, frame
@@ -41,7 +41,8 @@ def unpresent():
 
 def presented(token: str | None):
     if is_htmx():
-        return render_template("loops/_present.html", present_token=token)
+        return render_template("loops/_present.html", present_token=token,
+                               present_session=follow.links().of(owner_id(), SESSION, ""))
     return redirect(url_for("loops.index", _anchor="present"), 303)
 
 
@@ -61,12 +62,16 @@ def present_state():
 def show_followers(state: dict) -> None:
     """The presenter's page shows something of its own (a sweep): its followers show it too, until the lab's
     page reports again (present_state). Nothing when the Loop lab is not presented."""
+    follow.presented_here(KIND, "")  # a presenting session shows the lab from now on
     if follow.links().report(owner_id(), KIND, "", state):
         CHANGES.notify(f"loops:{owner_id()}")
 
 
-def present_token() -> str | None:
-    return follow.links().of(owner_id(), KIND, "")
+def presenting() -> dict:
+    """The lab's follow link while its owner presents it, and the presenting session's, which then shows
+    the lab (webapp/web/follow.py)."""
+    token, session = follow.presented_here(KIND, "")
+    return {"present_token": token, "present_session": session}
 
 
 # -- the followers --------------------------------------------------------------------------------
@@ -102,9 +107,9 @@ def follow_page(link: PresentLink):
     return render_template("follow/loops.html", token=link.token, table=table, state=link.state)
 
 
-def follow_events(link: PresentLink) -> Iterator[str]:
+def follow_events(link: PresentLink, moved: follow.Moved) -> Iterator[str]:
     """`run` (a run's table: live and empty, then finished; or a saved trace), `rows` (a live run's rows),
-    `player` (the loop the presenter's player is at), `done` once the link is revoked."""
+    `player` (the loop the presenter's player is at), until the link is revoked or `moved()`."""
     links, token, owner = follow.links(), link.token, link.owner
     key, heartbeat = f"loops:{owner}", settings().heartbeat_seconds
     seen, quiet_since = CHANGES.version(key), time.monotonic()
@@ -112,8 +117,7 @@ def follow_events(link: PresentLink) -> Iterator[str]:
     yield comment("open")
     while True:
         now = links.get(token)
-        if now is None:
-            yield frame("done", render_template("follow/_ended.html"))
+        if now is None or moved():
             return
         job_id = service().latest.get(owner)
         job = service().job(owner, job_id) if job_id else None
@@ -127,8 +131,7 @@ def follow_events(link: PresentLink) -> Iterator[str]:
             for batch in job.subscribe_batches(FOLLOW_POLL_SECONDS, watch=True):
                 if time.monotonic() - checked >= FOLLOW_POLL_SECONDS:
                     checked = time.monotonic()
-                    if links.get(token) is None:
-                        yield frame("done", render_template("follow/_ended.html"))
+                    if links.get(token) is None or moved():
                         return
                 if batch is None:
                     yield comment("heartbeat")

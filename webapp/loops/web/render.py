@@ -17,7 +17,7 @@ from webapp.loops.web import pictures, state_pictures
 from webapp.loops.web.attention import attention_view
 from webapp.loops.web.blueprint import bp, model_choices, service
 from webapp.loops.web.forms import PRESET_LABELS, EditorState
-from webapp.loops.web.present import present_token
+from webapp.loops.web.present import presenting
 from webapp.loops.web.sweep_form import FAMILY_LABELS, SweepForm
 from webapp.web.security import owner_id
 
@@ -32,7 +32,7 @@ def render_lab(state: EditorState, *, results: str = "", status: int = 200, uplo
     recent = service().store.recent(owner_id())
     return render_template("loops/page.html", results=results, recent=recent, upload_error=upload_error,
                            sweep_form=sweep_form or SweepForm.default(model_choices()), families=FAMILY_LABELS,
-                           recent_sweeps=service().store.recent_sweeps(owner_id()), present_token=present_token(),
+                           recent_sweeps=service().store.recent_sweeps(owner_id()), **presenting(),
                            **editor_context(state)), status
 
 
