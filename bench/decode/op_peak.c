@@ -10,6 +10,12 @@
  *              32 bits (madd), converted to float32 and multiplied by x's block scale into the sums (the sign
  *              trick, as llama.cpp's q8_0 on AVX2 does too)
  *
+ * Where the compiler targets AVX-512 (-march=native on such a CPU), the ways a prefill's matrix products run there
+ * too (oneDNN's float32 and bfloat16 inner products, issue 53), their peak for "the forward at a fraction of it":
+ *
+ *   float32-avx512    16 weights a fused multiply-add on 512-bit vectors
+ *   bfloat16-dpbf16   32 weights a vdpbf16ps: pairs of bfloat16 products summed into 16 float32 sums
+ *
  * Prints one line per way, "rate NAME GMAC/s", the best of `reps` runs of `n` iterations.
  * cc -O2 -march=native -o op_peak op_peak.c; ./op_peak [n] [reps]
  */
@@ -92,17 +98,73 @@ static float int8_way(long n, double *seconds) {
     return _mm256_cvtss_f32(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
 }
 
+#ifdef __AVX512F__
+static float float32_avx512_way(long n, double *seconds) {
+    volatile float seed = 1.0f;
+    __m512 w = _mm512_set1_ps(seed * 0.999f), x = _mm512_set1_ps(seed * 1e-3f);
+    __m512 s0 = _mm512_set1_ps(seed), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0, s8 = s0,
+           s9 = s0, s10 = s0, s11 = s0;
+    double t = now();
+    for (long i = 0; i < n; i++) {
+        s0 = _mm512_fmadd_ps(s0, w, x), s1 = _mm512_fmadd_ps(s1, w, x), s2 = _mm512_fmadd_ps(s2, w, x);
+        s3 = _mm512_fmadd_ps(s3, w, x), s4 = _mm512_fmadd_ps(s4, w, x), s5 = _mm512_fmadd_ps(s5, w, x);
+        s6 = _mm512_fmadd_ps(s6, w, x), s7 = _mm512_fmadd_ps(s7, w, x), s8 = _mm512_fmadd_ps(s8, w, x);
+        s9 = _mm512_fmadd_ps(s9, w, x), s10 = _mm512_fmadd_ps(s10, w, x), s11 = _mm512_fmadd_ps(s11, w, x);
+        OPAQUE(s0); OPAQUE(s1); OPAQUE(s2); OPAQUE(s3); OPAQUE(s4); OPAQUE(s5);
+        OPAQUE(s6); OPAQUE(s7); OPAQUE(s8); OPAQUE(s9); OPAQUE(s10); OPAQUE(s11);
+    }
+    *seconds = now() - t;
+    __m512 all = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)),
+                               _mm512_add_ps(_mm512_add_ps(s4, s5), _mm512_add_ps(s6, s7)));
+    all = _mm512_add_ps(all, _mm512_add_ps(_mm512_add_ps(s8, s9), _mm512_add_ps(s10, s11)));
+    return _mm512_reduce_add_ps(all);
+}
+#endif
+
+#ifdef __AVX512BF16__
+static float bfloat16_dpbf16_way(long n, double *seconds) {
+    volatile float seed = 1.0f;
+    __m512bh w = (__m512bh)_mm512_set1_epi16(0x3f80), x = (__m512bh)_mm512_set1_epi16(0x3a83);
+    __m512 s0 = _mm512_set1_ps(seed), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0, s8 = s0,
+           s9 = s0, s10 = s0, s11 = s0;
+    double t = now();
+    for (long i = 0; i < n; i++) {
+        s0 = _mm512_dpbf16_ps(s0, w, x), s1 = _mm512_dpbf16_ps(s1, w, x), s2 = _mm512_dpbf16_ps(s2, w, x);
+        s3 = _mm512_dpbf16_ps(s3, w, x), s4 = _mm512_dpbf16_ps(s4, w, x), s5 = _mm512_dpbf16_ps(s5, w, x);
+        s6 = _mm512_dpbf16_ps(s6, w, x), s7 = _mm512_dpbf16_ps(s7, w, x), s8 = _mm512_dpbf16_ps(s8, w, x);
+        s9 = _mm512_dpbf16_ps(s9, w, x), s10 = _mm512_dpbf16_ps(s10, w, x), s11 = _mm512_dpbf16_ps(s11, w, x);
+        OPAQUE(s0); OPAQUE(s1); OPAQUE(s2); OPAQUE(s3); OPAQUE(s4); OPAQUE(s5);
+        OPAQUE(s6); OPAQUE(s7); OPAQUE(s8); OPAQUE(s9); OPAQUE(s10); OPAQUE(s11);
+    }
+    *seconds = now() - t;
+    __m512 all = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)),
+                               _mm512_add_ps(_mm512_add_ps(s4, s5), _mm512_add_ps(s6, s7)));
+    all = _mm512_add_ps(all, _mm512_add_ps(_mm512_add_ps(s8, s9), _mm512_add_ps(s10, s11)));
+    return _mm512_reduce_add_ps(all);
+}
+#endif
+
+typedef float (*way_fn)(long, double *);
+
 int main(int argc, char **argv) {
     long n = argc > 1 ? atol(argv[1]) : 50000000;
     int reps = argc > 2 ? atoi(argv[2]) : 3;
-    const char *names[3] = {"float32", "bfloat16", "int8"};
-    const double macs[3] = {12 * 8, 8 * 8, 4 * 32};  /* multiply-adds an iteration */
+    const char *names[5] = {"float32", "bfloat16", "int8", "float32-avx512", "bfloat16-dpbf16"};
+    const double macs[5] = {12 * 8, 8 * 8, 4 * 32, 12 * 16, 12 * 32};  /* multiply-adds an iteration */
+    way_fn ways[5] = {float32_way, bfloat16_way, int8_way, NULL, NULL};
+#ifdef __AVX512F__
+    ways[3] = float32_avx512_way;
+#endif
+#ifdef __AVX512BF16__
+    ways[4] = bfloat16_dpbf16_way;
+#endif
     float sink = 0.0f;
-    for (int way = 0; way < 3; way++) {
+    for (int way = 0; way < 5; way++) {
+        if (ways[way] == NULL) continue;
         double best = 1e30;
         for (int r = 0; r < reps; r++) {
             double s;
-            sink += way == 0 ? float32_way(n, &s) : way == 1 ? bfloat16_way(n, &s) : int8_way(n, &s);
+            sink += ways[way](n, &s);
             best = s < best ? s : best;
         }
         printf("rate %s %.3f\n", names[way], n * macs[way] / best / 1e9);
