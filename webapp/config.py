@@ -145,7 +145,7 @@ class Settings:
     max_jobs_per_client: int = 8           # queued or running at once, all browsers of one address: half a batch
     max_new_sessions_per_minute: int = 30  # new session cookies handed to one address
     # the most of the worker's time whole jobs (Inside, Loop-lab runs) take while replies are running
-    bulk_share: float = 0.5
+    bulk_share: float = 0.4
     # Inside reports as JSON and trace files sent to one address (webapp/web/heavy.py); 0: no limit
     heavy_read_bytes_per_second: int = 4 * 2**20
     # Storage, per browser (webapp/web/quotas.py); 0: unlimited

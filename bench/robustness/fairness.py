@@ -203,7 +203,7 @@ def _row(name: str, share: str, kind: str, got: dict, alone: dict, flood: Flood 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="bundled,26m", help="bundled, 26m, or both (comma-separated)")
-    p.add_argument("--shares", default="1,0.5", help="GLASSBOX_BULK_SHARE values, side by side")
+    p.add_argument("--shares", default="1,0.4", help="GLASSBOX_BULK_SHARE values, side by side")
     p.add_argument("--seconds", type=float, default=20.0, help="the good user's time in each case")
     p.add_argument("--tokens", type=int, default=64, help="max_new_tokens of every reply")
     p.add_argument("--replies", type=int, default=3, help="replies each attacker looks inside")

@@ -44,7 +44,7 @@ class InferenceCore(WorkerSharing):
                  warmups: dict[str, Callable[[Any], None]] | None = None,
                  load_seconds: dict[str, float] | None = None, torch_threads: int = 0,
                  max_queue: int = 64, max_jobs_per_owner: int = 0, max_jobs_per_client: int = 0,
-                 keep_finished: int = 512, bulk_share: float = 0.5) -> None:
+                 keep_finished: int = 512, bulk_share: float = 0.4) -> None:
         # Models are loaded by the caller (a broken checkpoint must stop start-up); from here
         # on only the worker thread touches them, through the executors.
         self.models = models
