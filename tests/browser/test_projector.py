@@ -1,6 +1,7 @@
 """Issue 51, item 3, in Chromium: a projector that fits. In large type at 1280×720, 1280×800 and 1920×1080, every
 page a presenter opens (a conversation, a reply's tokens, Inside, the lens, attribution, a patching map, two versions
-compared, a Loop-lab run and sweep) is no wider than the screen, cuts no text off, fits its grid or map in its
+compared, a sweep of steering strengths, a Loop-lab run and sweep; a feature's page: tests/browser/test_features.py)
+is no wider than the screen, cuts no text off, fits its grid or map in its
 width, and puts that grid or map in the first screen: the prose that explains it is folded behind "What am I
 looking at?"."""
 
@@ -48,6 +49,22 @@ def presenter_pages(page) -> dict[str, tuple[str, str | None]]:
     at = f"{chat}/m/{reply}"
     page.locator(f"#message-{reply}").get_by_role("button", name="Regenerate").click()  # a second version
     other = page.wait_for_selector(f"li.message.assistant.complete:not(#message-{reply})").get_attribute("id")
+    page.goto("/chat/directions")  # a direction to steer by, then a sweep of its strength on the reply
+    page.get_by_label("Name").first.fill("cheer")
+    page.locator("#contrastive-layer").fill("1")
+    page.get_by_label("Toward: one prompt a line").fill("Hello there\nHi, how are you?")
+    page.get_by_label("Away from: one prompt a line").fill("Goodbye\nI am leaving now.")
+    page.get_by_role("button", name="Make the direction").click()
+    page.wait_for_selector("td:has-text('cheer')")
+    page.goto(chat)
+    steered = page.locator(f"#{other}")  # the version shown
+    steered.locator("details.steer summary").click()
+    steered.locator("form.steer-sweep").get_by_label("Direction").fill("cheer")
+    steered.locator("form.steer-sweep").get_by_label("Strengths").fill("-30, 30, 0")
+    steered.get_by_role("button", name="Sweep α").click()
+    page.wait_for_url("**/sweep?v=**")
+    page.wait_for_selector("#sweep:not([hx-get])")
+    sweep = page.url
     run_loops(page, "12")
     page.wait_for_url(re.compile(r"/loops/traces/[^/?]+$"))
     loop_run = page.url
@@ -62,6 +79,7 @@ def presenter_pages(page) -> dict[str, tuple[str, str | None]]:
             "attribution": (f"{at}/attribution/1", "ol.largest"),
             "patching": (f"{at}/patching/1?corrupted=Where+is+Jordan%3F&against=65", "table.patching-map"),
             "compare": (f"{chat}/m/{other.split('-')[1]}/compare/{reply}", ".compare"),
+            "steer sweep": (sweep, "#sweep .side"),
             "loop run": (loop_run, "#results"), "loop sweep": (page.url, ".sweep-results")}
 
 
@@ -79,15 +97,7 @@ def test_every_page_a_presenter_opens_fits_a_projector_in_large_type(open_page, 
         page.wait_for_selector(shown)
         if name == "patching":  # the map worked out whole
             page.wait_for_function("() => document.querySelector('.run-status')?.textContent.includes('Done.')")
-        page.wait_for_load_state()
-        width = page.evaluate("() => document.documentElement.scrollWidth")
-        cut, wide = page.evaluate(CUT), page.evaluate(WIDE)
-        if width > PROJECTORS[projector]["width"]:
-            cut.append(f"the page is {width} px wide")
-        top = page.evaluate(f"() => document.querySelector({shown!r}).getBoundingClientRect().top")
-        height = PROJECTORS[projector]["height"]
-        below = [f"{shown} starts at {top:.0f} px, below the first screen"] if top > height else []
-        problems_here = cut + wide + below
+        problems_here = misfits(page, shown, PROJECTORS[projector])
         if problems_here:
             found[name] = problems_here
         if name in ("inside", "lens", "patching"):  # the prose is there, folded: a click opens it
@@ -96,6 +106,18 @@ def test_every_page_a_presenter_opens_fits_a_projector_in_large_type(open_page, 
         screenshot(page, f"projector-{name}-{projector}")
     assert not found, found
 
+
+def misfits(page, shown: str, screen: dict) -> list[str]:
+    """What does not fit the screen on the page loaded: text cut off, a grid scrolling sideways, the page wider
+    than the screen, `shown` (the page's grid or map) below the first screen."""
+    page.wait_for_load_state()
+    width = page.evaluate("() => document.documentElement.scrollWidth")
+    cut, wide = page.evaluate(CUT), page.evaluate(WIDE)
+    if width > screen["width"]:
+        cut.append(f"the page is {width} px wide")
+    top = page.evaluate(f"() => document.querySelector({shown!r}).getBoundingClientRect().top")
+    below = [f"{shown} starts at {top:.0f} px, below the first screen"] if top > screen["height"] else []
+    return cut + wide + below
 
 def test_out_of_large_type_the_prose_is_open_and_folds_on_a_click(open_page):
     page = open_page()
