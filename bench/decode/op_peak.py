@@ -68,8 +68,8 @@ def main(argv=None) -> int:
         rate = common.median([r[name] for r in runs])
         rows.append([name, f"{rate:.2f}", f"{args.threads * rate * 1e9 / macs:.1f}"])
     note = ("" if "avx512f" not in flags else
-            "\n\nThis CPU has AVX-512: the decode kernels' AVX2 sequences above; float32-avx512 and bfloat16-dpbf16 are "
-            "the ways oneDNN's prefill multiplies here (bench.decode.prefill_peak divides by them).")
+            "\n\nThis CPU has AVX-512: the decode kernels' AVX2 sequences above; float32-avx512 and bfloat16-dpbf16 "
+            "are the ways oneDNN's prefill multiplies here (bench.decode.prefill_peak divides by them).")
     body = (f"One core's multiply-adds a second in each precision's AVX2 sequence, in registers (best of 3 runs of "
             f"{args.iterations:,} iterations, median of {args.rounds} runs); the ceiling it puts on a decode step of "
             f"{args.size} ({macs / 1e6:.1f}M multiply-adds a token in its linear layers) at {args.threads} threads, "

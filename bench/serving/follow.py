@@ -7,6 +7,7 @@ model at 50 ms a token (tests/support/served_models.py), so the figures are the 
 
     .venv/bin/python -m bench.serving.follow                 # 50 followers, 5 rounds of each
     .venv/bin/python -m bench.serving.follow --followers 20 --rounds 3
+    .venv/bin/python -m bench.serving.follow --session       # followers of a presenting session's link
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import statistics
 import tempfile
 import threading
 import time
+from html import unescape
 from pathlib import Path
 
 from bench import common
@@ -48,6 +50,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--pace", type=float, default=20.0, help="the replay's tokens a second")
+    parser.add_argument("--session", action="store_true",
+                        help="the followers follow a presenting session's link (POST /present), not the conversation's")
     parser.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks-history.md")
     args = parser.parse_args()
     load_before = common.load_average()
@@ -63,11 +67,16 @@ def main() -> None:
             list(presenter.open_stream(stream_url(first.text)).events())
             cid = re.search(r"/chat/c/([^/]+)/m/", stream_url(first.text)).group(1)
             alone = [one_reply(presenter, cid, args.tokens)[0] for _ in range(args.rounds)]
-            page = presenter.post(f"/chat/c/{cid}/present")
+            if args.session:
+                presenter.post("/present", {"next": f"/chat/c/{cid}"})
+                page = presenter.get(f"/chat/c/{cid}")
+            else:
+                page = presenter.post(f"/chat/c/{cid}/present")
             link = re.search(r'value="http://[^"]+?(/follow/[A-Za-z0-9_-]+)"', page.text).group(1)
+            events = unescape(re.search(r'data-follow="([^"]+)"', Client(server.url).get(link).text).group(1))
             logs = [[] for _ in range(args.followers)]
             opened = [threading.Event() for _ in logs]
-            threads = [reader(Client(server.url), link + "/events", log, o) for log, o in zip(logs, opened)]
+            threads = [reader(Client(server.url), events, log, o) for log, o in zip(logs, opened)]
             assert all(o.wait(60) for o in opened)
             followed, delays = [], []
             for _ in range(args.rounds):
@@ -87,7 +96,7 @@ def main() -> None:
                                           for log, m in zip(logs, marks)), 60)
             skews = [abs(theirs.at - ours.at) for log, m in zip(logs, marks)
                      for theirs, ours in zip([e for e in log[m:] if e.name == "replay-token"], own)]
-            presenter.post(f"/chat/c/{cid}/unpresent")
+            presenter.post("/present/stop" if args.session else f"/chat/c/{cid}/unpresent")
             for t in threads:
                 t.join(30)
         finally:
@@ -98,8 +107,8 @@ def main() -> None:
         ["followers", "replies × tokens", "follower delay p50 (ms)", "p95 (ms)", "presenter first token alone (ms)",
          f"with {args.followers} followers (ms)", "ratio"],
         [[args.followers, f"{args.rounds} × {args.tokens}", p50 * 1000, p95 * 1000, a * 1000, f * 1000, f / a]])
-    common.report("Follow links: followers of one presenter", body, load_before=load_before,
-                  write_doc=not args.no_doc)
+    title = "Follow links: followers of one presenter" + (" (a presenting session)" if args.session else "")
+    common.report(title, body, load_before=load_before, write_doc=not args.no_doc)
     body = common.table(
         ["followers", "replay (tokens at tokens/s)", "follower's token off the presenter's, p50 (ms)", "p95 (ms)",
          "largest (ms)"],
