@@ -100,20 +100,6 @@ class Dictionary(nn.Module):
         return z, self.decode(z)
 
 
-def aux_loss(sae: Dictionary, x: Tensor, x_hat: Tensor, pre: Tensor, dead: Tensor, k_aux: int) -> Tensor:
-    """Gao et al.'s AuxK: the k_aux largest pre-activations of the dead features reconstruct the error
-    x − x̂; its mean squared error over the error's own, 0 when no feature is dead."""
-    n_dead = int(dead.sum())
-    if n_dead == 0:
-        return x.new_zeros(())
-    masked = torch.where(dead, torch.relu(pre), torch.zeros_like(pre))
-    top = masked.topk(min(k_aux, n_dead), dim=-1)
-    z_aux = torch.zeros_like(pre).scatter_(-1, top.indices, top.values)
-    error = x - x_hat.detach()
-    error_hat = z_aux @ sae.W_dec
-    return ((error_hat - error) ** 2).sum(-1).mean() / (error ** 2).sum(-1).mean().clamp_min(1e-8)
-
-
 @torch.no_grad()
 def remove_parallel_gradient(sae: Dictionary) -> None:
     """Drop the part of W_dec's gradient that would change its rows' norms (they stay at 1)."""

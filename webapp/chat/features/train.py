@@ -28,7 +28,8 @@ import torch
 
 from webapp.chat.features import saelens
 from webapp.chat.features.activations import ShuffleBuffer, activations, corpus_files, documents, sequences
-from webapp.chat.features.sae import Dictionary, DictionaryConfig, aux_loss, remove_parallel_gradient
+from webapp.chat.features.sae import Dictionary, DictionaryConfig, remove_parallel_gradient
+from webapp.chat.features.topk_step import choose, losses
 
 STATE = "glassbox_training.pt"
 DEAD_TOKENS = 1_000_000  # a feature silent this long is dead (for AuxK and the figures)
@@ -189,24 +190,20 @@ def train_step(saes: dict[int, Dictionary], rows: dict[int, torch.Tensor], optim
 
 def _step(sae: Dictionary, x: torch.Tensor, quiet: torch.Tensor, d_in: int, counts: torch.Tensor | None
           ) -> tuple[float, float]:
-    """One batch's losses backward (the optimiser steps for every dictionary at once) -> (explained variance, L0)."""
-    pre = sae.pre_activations(x)
-    z = sae.activate(pre)
-    x_hat = sae.decode(z)
-    error = ((x_hat - x) ** 2).sum(-1)
-    total = ((x - x.mean(0)) ** 2).sum(-1)
-    loss = error.mean() / total.mean().clamp_min(1e-8)  # normalised MSE
-    active = z > 0
-    fired = active.any(0).cpu()
+    """One batch's losses backward (the optimiser steps for every dictionary at once) -> (explained variance, L0).
+    The losses are worked out on the features each row uses (webapp/chat/features/topk_step.py)."""
+    chosen = choose(sae, x)
+    active = chosen[1].gather(-1, chosen[2]) > 0  # (N, k): a row's chosen features that fire
+    fires = torch.bincount(chosen[2][active], minlength=sae.config.d_sae).cpu()
     quiet += x.size(0)
-    quiet[fired] = 0
+    quiet[fires > 0] = 0
     if counts is not None:
-        counts += active.sum(0).cpu()
-    dead = (quiet > DEAD_TOKENS).to(z.device)
-    loss = loss + aux_loss(sae, x, x_hat, pre, dead, d_in // 2) * AUX_WEIGHT
+        counts += fires
+    dead = (quiet > DEAD_TOKENS).to(x.device)
+    loss, error = losses(sae, x, chosen, dead, d_in // 2, AUX_WEIGHT)
     loss.backward()  # type: ignore[no-untyped-call]
-    with torch.no_grad():
-        return 1.0 - float(error.sum() / total.sum().clamp_min(1e-8)), float((z > 0).sum(-1).float().mean())
+    total = ((x - x.mean(0)) ** 2).sum()
+    return 1.0 - float(error.sum() / total.clamp_min(1e-8)), float(active.sum(-1).float().mean())
 
 
 @torch.no_grad()
