@@ -163,7 +163,8 @@ def run_end_to_end(args, load_before: str) -> None:
                              str(BUNDLED.parent), "--layer", str(LAYER), "--tokens", str(args.tokens), "--width",
                              str(args.width), "--k", str(args.k), "--batch", str(args.batch), "--lr", str(lr),
                              "--threads", str(args.threads)], capture_output=True, text=True,
-                            env={"TQDM_DISABLE": "1", "WANDB_MODE": "disabled", "PATH": "/usr/bin:/bin"})
+                            env={"TQDM_DISABLE": "1", "WANDB_MODE": "disabled", "PATH": "/usr/bin:/bin"},
+                            cwd=HOME)  # its runner writes its dictionary into ./output: kept under .bench
     if worker.returncode:
         raise SystemExit(f"SAELens's run failed:\n{worker.stderr[-3000:]}")
     theirs = json.loads(worker.stdout.strip().splitlines()[-1])
