@@ -363,3 +363,20 @@ def test_the_presenters_token_features_and_feature_pages_are_shown_to_the_follow
     assert follower.get(url).status_code == 200
     assert client.get("/chat/features/glassbox/early/999").status_code == 404
     assert state_of(chat_app, link)["url"] == url  # an error page is not shown to the room
+
+
+def test_a_feature_page_opened_while_a_session_shows_the_loop_lab_is_shown_there(chat_app, tmp_path):
+    """Issue 51: a presenting session shows the Loop lab, the presenter opens a feature's page (a page of no
+    conversation): the lab's followers see it, as a conversation's would."""
+    from tests.web.test_follow_session import start_session
+    client, follower = chat_app.test_client(), chat_app.test_client()
+    cid, mid = greedy_reply(client, n=4)
+    with_early_dictionary(chat_app, tmp_path)
+    link = start_session(client, "/loops/")
+    index = client.get(f"/chat/c/{cid}/m/{mid}/features/1.json").get_json()["dictionaries"][0]["features"][0]["index"]
+    assert "Loop lab, live" in follower.get(link).get_data(as_text=True)
+    url = f"/chat/features/glassbox/early/{index}"
+    assert client.get(url).status_code == 200
+    page = follower.get(link).get_data(as_text=True)
+    assert "Loop lab, live" in page and f'data-view="{url}"' in page
+    assert f"<strong>feature {index} of early</strong>" in page

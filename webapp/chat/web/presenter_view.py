@@ -39,10 +39,11 @@ def show_followers(page: Page, conversation_id: str, message_id: int, path: str,
 
 def show_followers_everywhere(page: Page, label: str) -> Page:
     """As show_followers, for a page of no conversation that anyone may open (a feature's): every conversation
-    the owner presents shows this very page (its path and query) to its followers."""
+    the owner presents, and their Loop lab, shows this very page (its path and query) to its followers."""
     if isinstance(page, tuple):
         return page
     state = {"view": "page", "url": request.full_path.rstrip("?")[:300], "label": label[:200]}
     for target in follow.links().report_all(owner_id(), KIND, state):
         CHANGES.notify(f"chat:{target}")
+    follow.links().report_all(owner_id(), "loops", state)  # the Loop lab's followers too (a session showing it)
     return page
