@@ -8,6 +8,7 @@ TransformerLens' TransformerBridge on the HF export of the same weights (bench/s
     .venv/bin/python -m bench.serving.patching --first 0             # every cell needs a forward
     .venv/bin/python -m bench.serving.patching --size gpt2 --no-doc  # quicker
     .venv/bin/python -m bench.serving.patching --tl .bench-tl/bin/python   # + TransformerLens 4.3
+    .venv/bin/python -m bench.serving.patching --nnsight .bench-nnsight/bin/python   # + nnsight (its own venv)
     .venv/bin/python -m bench.serving.patching --bundled             # the bundled model, a 690-character message
     .venv/bin/python -m bench.serving.patching --bundled --question "What is the capital of France?" \
         --edited "What is the capital of Greece?" --reply 25            # the token that names the capital
@@ -43,6 +44,8 @@ def parse_args(argv=None):
     p.add_argument("--context", type=int, default=32)
     p.add_argument("--first", type=int, default=8, help="the first position where the contexts differ")
     p.add_argument("--tl", default="", help="a Python with transformer_lens 4.3 (its own venv)")
+    p.add_argument("--nnsight", default="", help="a Python with nnsight (its own venv)")
+    p.add_argument("--nnsight-batch", type=int, default=8, help="nnsight's patched invokes to a trace (one batch)")
     p.add_argument("--skip-hooks", action="store_true", help="skip the one-forward-per-cell baseline")
     p.add_argument("--sample", type=int, default=0,
                    help="time only this many of the baselines' cells (spread over the map) and scale to all")
@@ -206,13 +209,23 @@ def hooks(model, clean, corrupted, chosen, against, sample: int = 0) -> dict:
 
 def transformer_lens(python: str, model, clean, corrupted, chosen, against, sample: int = 0) -> dict:
     """bench/serving/patching_tl.py in the TransformerLens environment, on the HF export of the weights."""
+    return peer(python, "patching_tl.py", model, clean, corrupted, chosen, against, {"sample": sample})
+
+
+def nnsight(python: str, model, clean, corrupted, chosen, against, sample: int = 0, batch: int = 8) -> dict:
+    """bench/serving/patching_nnsight.py in nnsight's environment, on the HF export of the weights."""
+    return peer(python, "patching_nnsight.py", model, clean, corrupted, chosen, against,
+                {"sample": sample, "batch": batch})
+
+
+def peer(python: str, script: str, model, clean, corrupted, chosen, against, more: dict) -> dict:
+    """Another library's patching map (its script in its own Python) of the same weights, exported as HF's GPT-2."""
     from webapp.chat.model.hf import export_hf
     with tempfile.TemporaryDirectory() as folder:
         export_hf(common.loaded(model, common.gpt2_tokenizer()), Path(folder) / "hf")
         spec = json.dumps({"hf": str(Path(folder) / "hf"), "clean": clean, "corrupted": corrupted,
-                           "chosen": chosen, "against": against, "threads": torch.get_num_threads(),
-                           "sample": sample})
-        out = subprocess.run([python, str(Path(__file__).with_name("patching_tl.py"))], input=spec,
+                           "chosen": chosen, "against": against, "threads": torch.get_num_threads(), **more})
+        out = subprocess.run([python, str(Path(__file__).with_name(script))], input=spec,
                              capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
@@ -256,6 +269,12 @@ def main(argv=None):
                                                                                 chosen, against, args.sample)
         except RuntimeError as error:
             print(f"TransformerLens could not run: {error}")
+    if args.nnsight:
+        try:
+            results[f"nnsight, {args.nnsight_batch} patched invokes to a trace"] = nnsight(
+                args.nnsight, model, clean, corrupted, chosen, against, args.sample, args.nnsight_batch)
+        except RuntimeError as error:
+            print(f"nnsight could not run: {error}")
     ours = results["Glassbox (patching job on the core)"]
     forward = plain_forward(model, clean)
     r, error, compared = agreement(ours, args.first)
