@@ -33,6 +33,14 @@ static double now(void) {
 /* each iteration's chains are the values the compiler cannot see through (the asm), so none is folded away */
 #define OPAQUE(v) __asm__ volatile("" : "+x"(v))
 
+/* twelve independent chains s0..s11, each s = op(s, w, x), then each made opaque: enough to hide the latency */
+#define TWELVE_CHAINS(op, w, x)                                                                           \
+    s0 = op(s0, w, x), s1 = op(s1, w, x), s2 = op(s2, w, x), s3 = op(s3, w, x), s4 = op(s4, w, x);       \
+    s5 = op(s5, w, x), s6 = op(s6, w, x), s7 = op(s7, w, x), s8 = op(s8, w, x), s9 = op(s9, w, x);       \
+    s10 = op(s10, w, x), s11 = op(s11, w, x);                                                             \
+    OPAQUE(s0); OPAQUE(s1); OPAQUE(s2); OPAQUE(s3); OPAQUE(s4); OPAQUE(s5);                               \
+    OPAQUE(s6); OPAQUE(s7); OPAQUE(s8); OPAQUE(s9); OPAQUE(s10); OPAQUE(s11);
+
 static float float32_way(long n, double *seconds) {
     volatile float seed = 1.0f;
     __m256 w = _mm256_set1_ps(seed * 0.999f), x = _mm256_set1_ps(seed * 1e-3f);
@@ -40,12 +48,7 @@ static float float32_way(long n, double *seconds) {
            s9 = s0, s10 = s0, s11 = s0;
     double t = now();
     for (long i = 0; i < n; i++) {
-        s0 = _mm256_fmadd_ps(s0, w, x), s1 = _mm256_fmadd_ps(s1, w, x), s2 = _mm256_fmadd_ps(s2, w, x);
-        s3 = _mm256_fmadd_ps(s3, w, x), s4 = _mm256_fmadd_ps(s4, w, x), s5 = _mm256_fmadd_ps(s5, w, x);
-        s6 = _mm256_fmadd_ps(s6, w, x), s7 = _mm256_fmadd_ps(s7, w, x), s8 = _mm256_fmadd_ps(s8, w, x);
-        s9 = _mm256_fmadd_ps(s9, w, x), s10 = _mm256_fmadd_ps(s10, w, x), s11 = _mm256_fmadd_ps(s11, w, x);
-        OPAQUE(s0); OPAQUE(s1); OPAQUE(s2); OPAQUE(s3); OPAQUE(s4); OPAQUE(s5);
-        OPAQUE(s6); OPAQUE(s7); OPAQUE(s8); OPAQUE(s9); OPAQUE(s10); OPAQUE(s11);
+        TWELVE_CHAINS(_mm256_fmadd_ps, w, x)
     }
     *seconds = now() - t;
     __m256 all = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)),
@@ -106,12 +109,7 @@ static float float32_avx512_way(long n, double *seconds) {
            s9 = s0, s10 = s0, s11 = s0;
     double t = now();
     for (long i = 0; i < n; i++) {
-        s0 = _mm512_fmadd_ps(s0, w, x), s1 = _mm512_fmadd_ps(s1, w, x), s2 = _mm512_fmadd_ps(s2, w, x);
-        s3 = _mm512_fmadd_ps(s3, w, x), s4 = _mm512_fmadd_ps(s4, w, x), s5 = _mm512_fmadd_ps(s5, w, x);
-        s6 = _mm512_fmadd_ps(s6, w, x), s7 = _mm512_fmadd_ps(s7, w, x), s8 = _mm512_fmadd_ps(s8, w, x);
-        s9 = _mm512_fmadd_ps(s9, w, x), s10 = _mm512_fmadd_ps(s10, w, x), s11 = _mm512_fmadd_ps(s11, w, x);
-        OPAQUE(s0); OPAQUE(s1); OPAQUE(s2); OPAQUE(s3); OPAQUE(s4); OPAQUE(s5);
-        OPAQUE(s6); OPAQUE(s7); OPAQUE(s8); OPAQUE(s9); OPAQUE(s10); OPAQUE(s11);
+        TWELVE_CHAINS(_mm512_fmadd_ps, w, x)
     }
     *seconds = now() - t;
     __m512 all = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)),
@@ -129,12 +127,7 @@ static float bfloat16_dpbf16_way(long n, double *seconds) {
            s9 = s0, s10 = s0, s11 = s0;
     double t = now();
     for (long i = 0; i < n; i++) {
-        s0 = _mm512_dpbf16_ps(s0, w, x), s1 = _mm512_dpbf16_ps(s1, w, x), s2 = _mm512_dpbf16_ps(s2, w, x);
-        s3 = _mm512_dpbf16_ps(s3, w, x), s4 = _mm512_dpbf16_ps(s4, w, x), s5 = _mm512_dpbf16_ps(s5, w, x);
-        s6 = _mm512_dpbf16_ps(s6, w, x), s7 = _mm512_dpbf16_ps(s7, w, x), s8 = _mm512_dpbf16_ps(s8, w, x);
-        s9 = _mm512_dpbf16_ps(s9, w, x), s10 = _mm512_dpbf16_ps(s10, w, x), s11 = _mm512_dpbf16_ps(s11, w, x);
-        OPAQUE(s0); OPAQUE(s1); OPAQUE(s2); OPAQUE(s3); OPAQUE(s4); OPAQUE(s5);
-        OPAQUE(s6); OPAQUE(s7); OPAQUE(s8); OPAQUE(s9); OPAQUE(s10); OPAQUE(s11);
+        TWELVE_CHAINS(_mm512_dpbf16_ps, w, x)
     }
     *seconds = now() - t;
     __m512 all = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)),

@@ -14,6 +14,7 @@ import pytest
 from tests.browser import test_room
 from tests.browser.conftest import large_type, screenshot
 from tests.browser.test_chat import send
+from tests.browser.test_steering import make_direction
 from tests.browser.test_usability import run_loops
 
 pytestmark = pytest.mark.browser
@@ -49,13 +50,7 @@ def presenter_pages(page) -> dict[str, tuple[str, str | None]]:
     at = f"{chat}/m/{reply}"
     page.locator(f"#message-{reply}").get_by_role("button", name="Regenerate").click()  # a second version
     other = page.wait_for_selector(f"li.message.assistant.complete:not(#message-{reply})").get_attribute("id")
-    page.goto("/chat/directions")  # a direction to steer by, then a sweep of its strength on the reply
-    page.get_by_label("Name").first.fill("cheer")
-    page.locator("#contrastive-layer").fill("1")
-    page.get_by_label("Toward: one prompt a line").fill("Hello there\nHi, how are you?")
-    page.get_by_label("Away from: one prompt a line").fill("Goodbye\nI am leaving now.")
-    page.get_by_role("button", name="Make the direction").click()
-    page.wait_for_selector("td:has-text('cheer')")
+    make_direction(page)  # a direction to steer by, then a sweep of its strength on the reply
     page.goto(chat)
     steered = page.locator(f"#{other}")  # the version shown
     steered.locator("details.steer summary").click()

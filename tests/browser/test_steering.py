@@ -14,15 +14,20 @@ from tests.browser.test_usability import axe, every_size_and_scheme
 pytestmark = pytest.mark.browser
 
 
-def test_sweep_a_replys_strength_and_read_the_versions_beside_the_original(open_page):
-    page = open_page()
+def make_direction(page, name: str = "cheer") -> None:
+    """A direction after block 1 from two short lists of prompts, made on the Directions page."""
     page.goto("/chat/directions")
-    page.get_by_label("Name").first.fill("cheer")
+    page.get_by_label("Name").first.fill(name)
     page.locator("#contrastive-layer").fill("1")
     page.get_by_label("Toward: one prompt a line").fill("Hello there\nHi, how are you?")
     page.get_by_label("Away from: one prompt a line").fill("Goodbye\nI am leaving now.")
     page.get_by_role("button", name="Make the direction").click()
-    page.wait_for_selector("td:has-text('cheer')")
+    page.wait_for_selector(f"td:has-text('{name}')")
+
+
+def test_sweep_a_replys_strength_and_read_the_versions_beside_the_original(open_page):
+    page = open_page()
+    make_direction(page)
 
     page.goto("/chat/")
     send(page, "Steer this reply", max_new_tokens="12")
