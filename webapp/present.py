@@ -75,8 +75,9 @@ class PresentLinks:
 
     def here(self, owner: str, kind: str, target: str) -> tuple[str | None, str | None]:
         """The owner's page of (kind, target) is open -> (its link's token, the owner's presenting session's),
-        in one read. While a session runs it now shows this page, whose link is made if need be; a page
-        rendered again where the session already is writes nothing."""
+        in one read while nothing changes. While a session runs it now shows this page, whose link is made if
+        there is none. A link the session made is the session's own: it is revoked when the session moves on, so
+        the room keeps no way into a page it was shown once (the session's state says which it made: "made")."""
         with self.db.connect() as db:
             rows = db.execute("SELECT kind, token, state FROM present_links WHERE owner = ?"
                               " AND (kind = ? AND target = ? OR kind = ? AND target = '')",
@@ -85,14 +86,30 @@ class PresentLinks:
         session = next((row for row in rows if row[0] == SESSION), None)
         if session is None:
             return own, None
-        own = own or self.make(owner, kind, target)
-        where = {"kind": kind, "target": target}
-        if (json.loads(session[2]) if session[2] else {}) != where:
-            with self.db.transaction() as db:
-                db.execute("UPDATE present_links SET state = ?, state_version = state_version + 1 WHERE token = ?",
-                           (json.dumps(where), session[1]))
-            CHANGES.notify(f"{SESSION}:{owner}")
+        state = json.loads(session[2]) if session[2] else {}
+        if own is not None and state.get("kind") == kind and state.get("target") == target:
+            return own, session[1]  # the session is here already
+        with self.db.transaction() as db:
+            made = secrets.token_urlsafe(18)
+            db.execute("INSERT INTO present_links (token, owner, kind, target, created_at) VALUES (?, ?, ?, ?, ?)"
+                       " ON CONFLICT DO NOTHING", (made, owner, kind, target, time.time()))
+            own = db.execute("SELECT token FROM present_links WHERE owner = ? AND kind = ? AND target = ?",
+                             (owner, kind, target)).fetchone()[0]
+            left = state.get("made")
+            if isinstance(left, str) and left and left != own:  # the page the session leaves, if it made its link
+                db.execute("DELETE FROM present_links WHERE token = ? AND owner = ?", (left, owner))
+            where = {"kind": kind, "target": target, "made": own if own == made else ""}
+            db.execute("UPDATE present_links SET state = ?, state_version = state_version + 1 WHERE token = ?",
+                       (json.dumps(where), session[1]))
+        CHANGES.notify(f"{SESSION}:{owner}")
         return own, session[1]
+
+    def made_by_session(self, token: str) -> str | None:
+        """The presenting session whose own link `token` is (made for the page it shows), else None."""
+        link = self.get(token)
+        session = self.of(link.owner, SESSION, "") if link is not None and link.kind != SESSION else None
+        shown = self.get(session) if session else None
+        return session if shown is not None and shown.state.get("made") == token else None
 
     def shown_by(self, session: PresentLink) -> PresentLink | None:
         """The link a session shows now (None: the presenter opened nothing yet, or stopped presenting it)."""

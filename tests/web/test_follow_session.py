@@ -49,9 +49,12 @@ def test_the_room_follows_the_presenter_from_a_conversation_to_the_loop_lab_and_
     html, stream = following(follower, link)
     assert "The first question" in html and "Another question" not in html
     assert wait_for(lambda: "event: conversation" in stream.text)
+    shown = re.search(r"shown=([A-Za-z0-9_-]+)", html).group(1)  # the link the session made for this page
+    assert follower.get(f"/follow/{shown}").status_code == 200
 
     presenter.get("/loops/")  # the presenter opens the Loop lab
     assert moved_to(stream, link)
+    assert follower.get(f"/follow/{shown}").status_code == 404  # the room keeps no way into a page it left
     html, stream = following(follower, link)
     assert "Loop lab, live" in html
     assert wait_for(lambda: "event: player" in stream.text)
@@ -67,12 +70,13 @@ def test_the_room_follows_the_presenter_from_a_conversation_to_the_loop_lab_and_
     assert moved_to(stream, link)
     html, stream = following(follower, link)
     assert "The first question" in html and f"/m/{reply.id}/tokens" in html
+    assert wait_for(lambda: "event: conversation" in stream.text)  # the stream is open before Stop
 
     # a follower looking around goes back to the session, not to the conversation's own link
     twin = re.search(r'data-view="([^"]+)"', html).group(1)
     assert f'href="{link}"' in follower.get(unescape(twin)).get_data(as_text=True)
 
-    presenter.post("/present/stop", data={"csrf_token": csrf_of(presenter, "/loops/"), "next": "/loops/"})
+    presenter.post("/present/stop", data={"csrf_token": csrf_of(presenter, "/"), "next": "/loops/"})
     stream.reader.join(5)
     assert not stream.reader.is_alive() and sse_events(stream.text)[-1][0] == "done"
     assert follower.get(link).status_code == 404
@@ -117,3 +121,40 @@ def test_present_goes_back_only_to_a_page_of_this_site(chat_app):
         response = client.post("/present", data={"csrf_token": csrf, "next": elsewhere})
         assert response.status_code == 303 and response.headers["Location"] == "/", elsewhere
     assert client.post("/present", data={"csrf_token": csrf, "next": "/loops/\r\nX: y"}).status_code == 400
+
+
+def test_a_link_to_one_conversation_outlives_the_sessions_visits_and_leads_back_to_itself(chat_app):
+    """A "Present only this conversation" link made before the session is not the session's: shown by it, then
+    left, it still shows that conversation, and a view opened through it leads back to it, not to the session."""
+    presenter, follower = chat_app.test_client(), chat_app.test_client()
+    cid = a_conversation(presenter, "Only this one")
+    csrf = csrf_of(presenter, "/")
+    assert presenter.post(f"/chat/c/{cid}/present", data={"csrf_token": csrf}).status_code == 303
+    own = re.search(r'value="http://localhost(/follow/[A-Za-z0-9_-]+)"',
+                    presenter.get(f"/chat/c/{cid}").get_data(as_text=True)).group(1)
+    session = start_session(presenter, f"/chat/c/{cid}")
+    assert session != own
+    reply = messages(chat_app, cid)[-1]
+    presenter.get(f"/chat/c/{cid}/m/{reply.id}/tokens")
+    presenter.get("/loops/")  # the session moves on
+    html = follower.get(own).get_data(as_text=True)
+    assert "Only this one" in html
+    twin = unescape(re.search(r'data-view="([^"]+)"', html).group(1))
+    assert f'href="{own}"' in follower.get(twin).get_data(as_text=True)
+
+
+def test_a_page_whose_link_was_revoked_under_the_session_is_shown_again_when_the_presenter_reopens_it(chat_app):
+    presenter, follower = chat_app.test_client(), chat_app.test_client()
+    cid = a_conversation(presenter, "Back again")
+    link = start_session(presenter, f"/chat/c/{cid}")
+    presenter.post(f"/chat/c/{cid}/unpresent", data={"csrf_token": csrf_of(presenter, "/")})  # a stale tab's
+    html, stream = following(follower, link)
+    assert "Waiting for the presenter" in html
+    presenter.get(f"/chat/c/{cid}")
+    assert moved_to(stream, link)
+    html, stream = following(follower, link)
+    assert "Back again" in html
+    assert wait_for(lambda: "event: conversation" in stream.text)  # the stream is open before Stop
+    presenter.post("/present/stop", data={"csrf_token": csrf_of(presenter, "/"), "next": "/"})
+    stream.reader.join(5)
+    assert not stream.reader.is_alive() and sse_events(stream.text)[-1][0] == "done"

@@ -131,7 +131,7 @@ def session_events(session: PresentLink, page_shows: str, heartbeat: float) -> I
         yield from follower_of(shown).events(shown, moved)
     else:
         yield from waiting(session.owner, moved, heartbeat)
-    if SESSIONS.read(session.token) is None:
+    if links().get(session.token) is None:  # read afresh: a kept read may be from before Stop
         yield frame("done", render_template("follow/_ended.html"))
     else:  # moved on, or the link it showed was revoked: the session's page again says what it shows now
         yield frame("moved", url_for("follow.page", token=session.token))
@@ -163,7 +163,8 @@ def present_session():
 
 @short.post("/present/stop")
 def stop_session():
-    """Stop presenting: the session's link and every link it showed are revoked (their streams end)."""
+    """Stop presenting: every follow link of this browser is revoked, the session's and any "only this" link made
+    beside it (their streams end): the room sees nothing more."""
     links().forget_owner(owner_id())
     return back_to_page()
 
@@ -197,14 +198,9 @@ def follow_context() -> dict:
 
 
 def back_to_presenter(token: str) -> str:
-    """Where "back to the presenter" goes from a view opened through follow link `token`: the presenting
-    session that shows it, if any (the room follows the session), else the link's own page."""
-    link = links().get(token)
-    if link is not None and link.kind != SESSION:
-        session = links().of(link.owner, SESSION, "")
-        if session is not None:
-            token = session
-    return url_for("follow.page", token=token)
+    """Where "back to the presenter" goes from a view opened through follow link `token`: the presenting session
+    whose own link it is (the room came through the session), else the link's own page."""
+    return url_for("follow.page", token=links().made_by_session(token) or token)
 
 
 def follow_address(token: str) -> FollowAddress:

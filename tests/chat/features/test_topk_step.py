@@ -37,13 +37,14 @@ def gradients(sae: Dictionary, loss: torch.Tensor) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("n_dead", [0, 5, 40])
 @pytest.mark.parametrize("subtract_b_dec", [True, False])
-def test_the_sparse_step_gives_the_dense_loss_and_gradients(n_dead, subtract_b_dec):
+@pytest.mark.parametrize("b_enc_mean", [0.0, -2.0])  # -2: most rows have fewer than k positive pre-activations
+def test_the_sparse_step_gives_the_dense_loss_and_gradients(n_dead, subtract_b_dec, b_enc_mean):
     torch.manual_seed(n_dead)
     sae = Dictionary(DictionaryConfig(d_in=16, d_sae=64, architecture="topk", k=4,
                                       apply_b_dec_to_input=subtract_b_dec))
     with torch.no_grad():
         sae.b_dec.normal_(0, 0.3)
-        sae.b_enc.normal_(0, 0.1)
+        sae.b_enc.normal_(b_enc_mean, 0.1)
     x = torch.randn(32, 16)
     dead = torch.zeros(64, dtype=torch.bool)
     dead[torch.randperm(64)[:n_dead]] = True
@@ -55,5 +56,9 @@ def test_the_sparse_step_gives_the_dense_loss_and_gradients(n_dead, subtract_b_d
     assert set(got) == set(want) == {"W_enc", "b_enc", "W_dec", "b_dec"}
     for name in want:
         assert torch.allclose(got[name], want[name], rtol=1e-4, atol=1e-6), name
-    assert want["W_enc"].abs().sum() > 0 and (n_dead == 0 or want["W_enc"].count_nonzero() > 0)
-    assert error.shape == (32,)
+    assert want["W_enc"].abs().sum() > 0 and error.shape == (32,)
+    if b_enc_mean < 0:  # the case where relu-then-topk and topk-then-relu could part: fewer than k positive
+        inputs = (x - sae.b_dec) if subtract_b_dec else x
+        assert ((inputs @ sae.W_enc + sae.b_enc > 0).sum(-1) < 4).any()
+    if n_dead:  # AuxK is in the loss compared
+        assert expected.item() > dense_loss(sae, x, torch.zeros(64, dtype=torch.bool), 8, 1 / 32).item()
