@@ -312,3 +312,6 @@ def test_followers_replay_a_reply_on_the_presenters_clock_and_put_it_back_after(
     assert state_of(chat_app, link)["view"] == ""
     # then the reply whole again, as the presenter's page puts it back
     assert wait_for(lambda: "event: conversation" in following.text[following.text.rindex("event: replay-token"):], 10)
+    client.post(f"/chat/c/{cid}/unpresent", data={"csrf_token": csrf})  # the follower's stream ends before the app
+    following.reader.join(5)
+    assert not following.reader.is_alive()
