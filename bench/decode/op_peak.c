@@ -40,21 +40,22 @@ static double now(void) {
     s10 = op(s10, w, x), s11 = op(s11, w, x);                                                             \
     OPAQUE(s0); OPAQUE(s1); OPAQUE(s2); OPAQUE(s3); OPAQUE(s4); OPAQUE(s5);                               \
     OPAQUE(s6); OPAQUE(s7); OPAQUE(s8); OPAQUE(s9); OPAQUE(s10); OPAQUE(s11);
+/* the twelve chains' sums, each started at `start`, and their total (so that none is dead code) */
+#define TWELVE_SUMS(type, start) type s0 = start, s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0, \
+                                      s8 = s0, s9 = s0, s10 = s0, s11 = s0
+#define TWELVE_TOTAL(add) add(add(add(add(s0, s1), add(s2, s3)), add(add(s4, s5), add(s6, s7))), \
+                              add(add(s8, s9), add(s10, s11)))
 
 static float float32_way(long n, double *seconds) {
     volatile float seed = 1.0f;
     __m256 w = _mm256_set1_ps(seed * 0.999f), x = _mm256_set1_ps(seed * 1e-3f);
-    __m256 s0 = _mm256_set1_ps(seed), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0, s8 = s0,
-           s9 = s0, s10 = s0, s11 = s0;
+    TWELVE_SUMS(__m256, _mm256_set1_ps(seed));
     double t = now();
     for (long i = 0; i < n; i++) {
         TWELVE_CHAINS(_mm256_fmadd_ps, w, x)
     }
     *seconds = now() - t;
-    __m256 all = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)),
-                               _mm256_add_ps(_mm256_add_ps(s4, s5), _mm256_add_ps(s6, s7)));
-    all = _mm256_add_ps(all, _mm256_add_ps(_mm256_add_ps(s8, s9), _mm256_add_ps(s10, s11)));
-    return _mm256_cvtss_f32(all);
+    return _mm256_cvtss_f32(TWELVE_TOTAL(_mm256_add_ps));
 }
 
 #define BF16_STEP(lo, hi, v)                                                          \
@@ -105,17 +106,13 @@ static float int8_way(long n, double *seconds) {
 static float float32_avx512_way(long n, double *seconds) {
     volatile float seed = 1.0f;
     __m512 w = _mm512_set1_ps(seed * 0.999f), x = _mm512_set1_ps(seed * 1e-3f);
-    __m512 s0 = _mm512_set1_ps(seed), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0, s8 = s0,
-           s9 = s0, s10 = s0, s11 = s0;
+    TWELVE_SUMS(__m512, _mm512_set1_ps(seed));
     double t = now();
     for (long i = 0; i < n; i++) {
         TWELVE_CHAINS(_mm512_fmadd_ps, w, x)
     }
     *seconds = now() - t;
-    __m512 all = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)),
-                               _mm512_add_ps(_mm512_add_ps(s4, s5), _mm512_add_ps(s6, s7)));
-    all = _mm512_add_ps(all, _mm512_add_ps(_mm512_add_ps(s8, s9), _mm512_add_ps(s10, s11)));
-    return _mm512_reduce_add_ps(all);
+    return _mm512_reduce_add_ps(TWELVE_TOTAL(_mm512_add_ps));
 }
 #endif
 
@@ -123,17 +120,13 @@ static float float32_avx512_way(long n, double *seconds) {
 static float bfloat16_dpbf16_way(long n, double *seconds) {
     volatile float seed = 1.0f;
     __m512bh w = (__m512bh)_mm512_set1_epi16(0x3f80), x = (__m512bh)_mm512_set1_epi16(0x3a83);
-    __m512 s0 = _mm512_set1_ps(seed), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0, s8 = s0,
-           s9 = s0, s10 = s0, s11 = s0;
+    TWELVE_SUMS(__m512, _mm512_set1_ps(seed));
     double t = now();
     for (long i = 0; i < n; i++) {
         TWELVE_CHAINS(_mm512_dpbf16_ps, w, x)
     }
     *seconds = now() - t;
-    __m512 all = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)),
-                               _mm512_add_ps(_mm512_add_ps(s4, s5), _mm512_add_ps(s6, s7)));
-    all = _mm512_add_ps(all, _mm512_add_ps(_mm512_add_ps(s8, s9), _mm512_add_ps(s10, s11)));
-    return _mm512_reduce_add_ps(all);
+    return _mm512_reduce_add_ps(TWELVE_TOTAL(_mm512_add_ps));
 }
 #endif
 
